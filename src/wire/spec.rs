@@ -1,0 +1,534 @@
+//! The worker specification (spec §1.9): how the engine installs, verifies, starts, reaches
+//! and cleans up a UDF worker, and what the worker can do.
+//!
+//! These messages are configuration, not traffic on the `Execute` stream: a worker ships a
+//! [`UdfWorkerSpecification`] and the engine's dispatcher acts on it (spec §6).
+
+use std::collections::BTreeMap;
+
+/// Everything the engine needs to run a kind of UDF worker (spec §1.9). The 4.3.0 schema has
+/// fields 1–3 only.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct UdfWorkerSpecification {
+    /// Field 1: setup / verification / cleanup callables (required; spec §1.9).
+    #[prost(message, optional, tag = "1")]
+    pub environment: Option<WorkerEnvironment>,
+    /// Field 2: what the worker supports, used for planning (required; spec §1.9).
+    #[prost(message, optional, tag = "2")]
+    pub capabilities: Option<WorkerCapabilities>,
+    /// How workers are created (required; only direct creation exists so far; spec §1.9).
+    #[prost(oneof = "udf_worker_specification::Worker", tags = "3")]
+    pub worker: Option<udf_worker_specification::Worker>,
+}
+
+/// Oneof types nested in [`UdfWorkerSpecification`].
+pub mod udf_worker_specification {
+    /// The branches of [`UdfWorkerSpecification::worker`](super::UdfWorkerSpecification::worker)
+    /// (spec §1.9).
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Worker {
+        /// Field 3: the engine spawns the worker process itself (spec §1.9, §6.1).
+        #[prost(message, tag = "3")]
+        Direct(super::DirectWorker),
+    }
+}
+
+/// Callables run once per executor around worker creation: verification, then installation
+/// if verification failed or is absent, then (after all workers ended) cleanup (spec §1.9,
+/// §6.3). All are optional, but a verification callable requires an installation callable.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WorkerEnvironment {
+    /// Field 1: installs the runtime, dependencies and worker binaries (required when
+    /// [`environment_verification`](Self::environment_verification) is set; spec §1.9).
+    #[prost(message, optional, tag = "1")]
+    pub installation: Option<ProcessCallable>,
+    /// Field 2: checks that the worker and its dependencies are present (spec §1.9).
+    #[prost(message, optional, tag = "2")]
+    pub environment_verification: Option<ProcessCallable>,
+    /// Field 3: runs after every worker has terminated, to remove temporary resources
+    /// (spec §1.9).
+    #[prost(message, optional, tag = "3")]
+    pub environment_cleanup: Option<ProcessCallable>,
+}
+
+/// What a worker supports, used for query planning and execution (spec §1.9).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WorkerCapabilities {
+    /// Field 1: [`UdfWorkerDataFormat`](crate::wire::UdfWorkerDataFormat)s the worker accepts
+    /// and produces, as raw `i32`s (packed on the wire); must include `Arrow` (spec §1.9).
+    #[prost(enumeration = "crate::wire::UdfWorkerDataFormat", repeated, tag = "1")]
+    pub supported_data_formats: Vec<i32>,
+    /// Field 2: every
+    /// [`UdfProtoCommunicationPattern`](crate::wire::UdfProtoCommunicationPattern) the worker
+    /// supports, as raw `i32`s (packed on the wire) (spec §1.9).
+    #[prost(
+        enumeration = "crate::wire::UdfProtoCommunicationPattern",
+        repeated,
+        tag = "2"
+    )]
+    pub supported_communication_patterns: Vec<i32>,
+    /// Field 3: whether one worker can run several UDF sessions concurrently; not used by the
+    /// engine yet (spec §1.9).
+    #[prost(bool, optional, tag = "3")]
+    pub supports_concurrent_udfs: Option<bool>,
+    /// Field 4: whether a worker may be reused for later invocations; when false it is
+    /// terminated after each one (spec §1.9).
+    #[prost(bool, optional, tag = "4")]
+    pub supports_reuse: Option<bool>,
+}
+
+/// A worker process the engine spawns and stops itself (spec §1.9, §6.1).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct DirectWorker {
+    /// Field 1: the blocking worker command, stopped with SIGTERM then SIGKILL (required;
+    /// spec §1.9).
+    #[prost(message, optional, tag = "1")]
+    pub runner: Option<ProcessCallable>,
+    /// Field 2: timeouts and the connection endpoint (required; spec §1.9).
+    #[prost(message, optional, tag = "2")]
+    pub properties: Option<UdfWorkerProperties>,
+}
+
+/// Timeouts and connection of a [`DirectWorker`] (spec §1.9).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct UdfWorkerProperties {
+    /// Field 1: milliseconds to wait for the worker to accept connections; the engine caps it
+    /// with its own maximum (spec §1.9, §7).
+    #[prost(int32, optional, tag = "1")]
+    pub initialization_timeout_ms: Option<i32>,
+    /// Field 2: milliseconds between SIGTERM and SIGKILL on engine-initiated termination;
+    /// the engine caps it with its own maximum (spec §1.9, §7).
+    #[prost(int32, optional, tag = "2")]
+    pub graceful_termination_timeout_ms: Option<i32>,
+    /// Field 3: the single endpoint all of the worker's sessions share (required; spec §1.9).
+    #[prost(message, optional, tag = "3")]
+    pub connection: Option<WorkerConnectionSpec>,
+}
+
+/// The transport of a worker's single connection endpoint (spec §1.9, §6.4).
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct WorkerConnectionSpec {
+    /// Which transport (required; spec §1.9).
+    #[prost(oneof = "worker_connection_spec::Transport", tags = "1, 2")]
+    pub transport: Option<worker_connection_spec::Transport>,
+}
+
+/// Oneof types nested in [`WorkerConnectionSpec`].
+pub mod worker_connection_spec {
+    /// The branches of
+    /// [`WorkerConnectionSpec::transport`](super::WorkerConnectionSpec::transport)
+    /// (spec §1.9).
+    #[derive(Clone, PartialEq, ::prost::Oneof)]
+    pub enum Transport {
+        /// Field 1: a Unix domain socket; the engine passes the socket path.
+        #[prost(message, tag = "1")]
+        UnixDomainSocket(super::UnixDomainSocket),
+        /// Field 2: localhost TCP; the engine passes a port the worker binds on both
+        /// 127.0.0.1 and ::1.
+        #[prost(message, tag = "2")]
+        Tcp(super::LocalTcpConnection),
+    }
+}
+
+/// Marker: the worker listens on a Unix domain socket whose path the engine passes as
+/// `--connection PATH` (spec §1.9). Has no fields.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct UnixDomainSocket {}
+
+/// Marker: the worker listens on localhost TCP at the port the engine passes as
+/// `--connection PORT` (spec §1.9). Has no fields.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct LocalTcpConnection {}
+
+/// A process to run: executable, arguments and environment (spec §1.9). Exit code 0 means
+/// success. The engine always appends `--id <worker id>` and `--connection <address>` itself.
+#[derive(Clone, PartialEq, ::prost::Message)]
+pub struct ProcessCallable {
+    /// Field 1: the executable and any leading words, e.g. `["python3", "-m"]` (required;
+    /// spec §1.9).
+    #[prost(string, repeated, tag = "1")]
+    pub command: Vec<String>,
+    /// Field 2: arguments after the command; must not contain `--id` or `--connection`
+    /// (spec §1.9).
+    #[prost(string, repeated, tag = "2")]
+    pub arguments: Vec<String>,
+    /// Field 3: environment variables for the process, name to value (spec §1.9).
+    #[prost(btree_map = "string, string", tag = "3")]
+    pub environment_variables: BTreeMap<String, String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::proto_oracle::{self, Probe};
+    use crate::wire::{UdfProtoCommunicationPattern, UdfWorkerDataFormat};
+    use prost::Message;
+
+    fn roundtrip<M: Message + Default + PartialEq + std::fmt::Debug>(m: &M) -> Vec<u8> {
+        let encoded = m.encode_to_vec();
+        assert_eq!(encoded.len(), m.encoded_len());
+        assert_eq!(&M::decode(encoded.as_slice()).expect("decodes"), m);
+        encoded
+    }
+
+    fn empty_roundtrip<M: Message + Default + PartialEq + std::fmt::Debug>() {
+        assert_eq!(roundtrip(&M::default()), Vec::<u8>::new());
+    }
+
+    fn callable(cmd: &str) -> ProcessCallable {
+        ProcessCallable {
+            command: vec![cmd.into(), "-m".into()],
+            arguments: vec!["worker".into(), "--max_concurrency".into(), "5".into()],
+            environment_variables: [("PYTHONPATH".to_string(), "/opt/w".to_string())].into(),
+        }
+    }
+
+    fn full_spec() -> UdfWorkerSpecification {
+        UdfWorkerSpecification {
+            environment: Some(WorkerEnvironment {
+                installation: Some(callable("install")),
+                environment_verification: Some(callable("verify")),
+                environment_cleanup: Some(callable("cleanup")),
+            }),
+            capabilities: Some(WorkerCapabilities {
+                supported_data_formats: vec![UdfWorkerDataFormat::Arrow as i32],
+                supported_communication_patterns: vec![
+                    UdfProtoCommunicationPattern::BidirectionalStreaming as i32,
+                ],
+                supports_concurrent_udfs: Some(false),
+                supports_reuse: Some(true),
+            }),
+            worker: Some(udf_worker_specification::Worker::Direct(DirectWorker {
+                runner: Some(callable("python3")),
+                properties: Some(UdfWorkerProperties {
+                    initialization_timeout_ms: Some(5_000),
+                    graceful_termination_timeout_ms: Some(10_000),
+                    connection: Some(WorkerConnectionSpec {
+                        transport: Some(worker_connection_spec::Transport::UnixDomainSocket(
+                            UnixDomainSocket {},
+                        )),
+                    }),
+                }),
+            })),
+        }
+    }
+
+    #[test]
+    fn every_spec_message_roundtrips_when_empty() {
+        empty_roundtrip::<UdfWorkerSpecification>();
+        empty_roundtrip::<WorkerEnvironment>();
+        empty_roundtrip::<WorkerCapabilities>();
+        empty_roundtrip::<DirectWorker>();
+        empty_roundtrip::<UdfWorkerProperties>();
+        empty_roundtrip::<WorkerConnectionSpec>();
+        empty_roundtrip::<UnixDomainSocket>();
+        empty_roundtrip::<LocalTcpConnection>();
+        empty_roundtrip::<ProcessCallable>();
+        let empty = UdfWorkerSpecification::default();
+        assert_eq!(empty.environment, None);
+        assert_eq!(empty.worker, None);
+    }
+
+    #[test]
+    fn every_spec_message_roundtrips_with_all_fields() {
+        let spec = full_spec();
+        let bytes = roundtrip(&spec);
+        let decoded = UdfWorkerSpecification::decode(bytes.as_slice()).unwrap();
+        let caps = decoded.capabilities.clone().unwrap();
+        assert_eq!(
+            caps.supported_data_formats().collect::<Vec<_>>(),
+            vec![UdfWorkerDataFormat::Arrow]
+        );
+        assert_eq!(caps.supports_reuse, Some(true));
+        let Some(udf_worker_specification::Worker::Direct(direct)) = decoded.worker else {
+            panic!("direct worker expected");
+        };
+        let props = direct.properties.clone().unwrap();
+        assert_eq!(props.initialization_timeout_ms, Some(5_000));
+        assert_eq!(
+            direct.runner.as_ref().unwrap().command,
+            vec!["python3", "-m"]
+        );
+        roundtrip(decoded.environment.as_ref().unwrap());
+        roundtrip(&caps);
+        roundtrip(&direct);
+        roundtrip(&props);
+        roundtrip(&callable("x"));
+        roundtrip(&WorkerConnectionSpec {
+            transport: Some(worker_connection_spec::Transport::Tcp(
+                LocalTcpConnection {},
+            )),
+        });
+        roundtrip(&UnixDomainSocket {});
+        roundtrip(&LocalTcpConnection {});
+    }
+
+    #[test]
+    fn literal_bytes_match_the_schema() {
+        // tcp = field 2 of the transport oneof, an empty message.
+        let tcp = WorkerConnectionSpec {
+            transport: Some(worker_connection_spec::Transport::Tcp(
+                LocalTcpConnection {},
+            )),
+        };
+        assert_eq!(tcp.encode_to_vec(), vec![0x12, 0x00]);
+        let uds = WorkerConnectionSpec {
+            transport: Some(worker_connection_spec::Transport::UnixDomainSocket(
+                UnixDomainSocket {},
+            )),
+        };
+        assert_eq!(uds.encode_to_vec(), vec![0x0A, 0x00]);
+        // direct = field 3 of UDFWorkerSpecification.
+        let spec = UdfWorkerSpecification {
+            worker: Some(udf_worker_specification::Worker::Direct(
+                DirectWorker::default(),
+            )),
+            ..UdfWorkerSpecification::default()
+        };
+        assert_eq!(spec.encode_to_vec(), vec![0x1A, 0x00]);
+        // Repeated enums are packed: field 1, length 2, values 1 and 0.
+        let caps = WorkerCapabilities {
+            supported_data_formats: vec![1, 0],
+            ..WorkerCapabilities::default()
+        };
+        assert_eq!(caps.encode_to_vec(), vec![0x0A, 0x02, 0x01, 0x00]);
+        // ... and the unpacked form other encoders may emit decodes the same.
+        let unpacked = WorkerCapabilities::decode(&[0x08, 0x01, 0x08, 0x00][..]).unwrap();
+        assert_eq!(unpacked.supported_data_formats, vec![1, 0]);
+        // Timeouts are int32 varints on fields 1 and 2.
+        let props = UdfWorkerProperties {
+            initialization_timeout_ms: Some(300),
+            graceful_termination_timeout_ms: Some(0),
+            connection: None,
+        };
+        assert_eq!(props.encode_to_vec(), vec![0x08, 0xAC, 0x02, 0x10, 0x00]);
+        // Repeated strings and the environment map.
+        let callable = ProcessCallable {
+            command: vec!["a".into()],
+            arguments: vec!["b".into(), "c".into()],
+            environment_variables: [("K".to_string(), "V".to_string())].into(),
+        };
+        assert_eq!(
+            callable.encode_to_vec(),
+            vec![
+                0x0A, 0x01, b'a', // 1: command
+                0x12, 0x01, b'b', 0x12, 0x01, b'c', // 2: arguments
+                0x1A, 0x06, 0x0A, 0x01, b'K', 0x12, 0x01, b'V', // 3: environment_variables
+            ]
+        );
+    }
+
+    #[test]
+    fn unknown_capability_values_are_kept_but_skipped_by_the_getter() {
+        let caps = WorkerCapabilities {
+            supported_data_formats: vec![1, 9],
+            ..WorkerCapabilities::default()
+        };
+        let decoded = WorkerCapabilities::decode(roundtrip(&caps).as_slice()).unwrap();
+        assert_eq!(decoded.supported_data_formats, vec![1, 9]);
+        assert_eq!(
+            decoded.supported_data_formats().collect::<Vec<_>>(),
+            vec![UdfWorkerDataFormat::Arrow]
+        );
+    }
+
+    fn probes() -> Vec<Probe> {
+        fn p<M: Message>(message: &'static str, field: &'static str, set: M) -> Probe {
+            Probe::new(message, field, set.encode_to_vec(), None)
+        }
+        fn z<M: Message>(message: &'static str, field: &'static str, set: M, zero: M) -> Probe {
+            Probe::new(
+                message,
+                field,
+                set.encode_to_vec(),
+                Some(zero.encode_to_vec()),
+            )
+        }
+        let pc = || Some(ProcessCallable::default());
+        let s = || vec!["s".to_string()];
+        use worker_connection_spec::Transport;
+        vec![
+            p(
+                "UDFWorkerSpecification",
+                "environment",
+                UdfWorkerSpecification {
+                    environment: Some(WorkerEnvironment::default()),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "UDFWorkerSpecification",
+                "capabilities",
+                UdfWorkerSpecification {
+                    capabilities: Some(WorkerCapabilities::default()),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "UDFWorkerSpecification",
+                "direct",
+                UdfWorkerSpecification {
+                    worker: Some(udf_worker_specification::Worker::Direct(
+                        DirectWorker::default(),
+                    )),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "WorkerEnvironment",
+                "installation",
+                WorkerEnvironment {
+                    installation: pc(),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "WorkerEnvironment",
+                "environment_verification",
+                WorkerEnvironment {
+                    environment_verification: pc(),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "WorkerEnvironment",
+                "environment_cleanup",
+                WorkerEnvironment {
+                    environment_cleanup: pc(),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "WorkerCapabilities",
+                "supported_data_formats",
+                WorkerCapabilities {
+                    supported_data_formats: vec![1],
+                    ..Default::default()
+                },
+            ),
+            p(
+                "WorkerCapabilities",
+                "supported_communication_patterns",
+                WorkerCapabilities {
+                    supported_communication_patterns: vec![1],
+                    ..Default::default()
+                },
+            ),
+            z(
+                "WorkerCapabilities",
+                "supports_concurrent_udfs",
+                WorkerCapabilities {
+                    supports_concurrent_udfs: Some(true),
+                    ..Default::default()
+                },
+                WorkerCapabilities {
+                    supports_concurrent_udfs: Some(false),
+                    ..Default::default()
+                },
+            ),
+            z(
+                "WorkerCapabilities",
+                "supports_reuse",
+                WorkerCapabilities {
+                    supports_reuse: Some(true),
+                    ..Default::default()
+                },
+                WorkerCapabilities {
+                    supports_reuse: Some(false),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "DirectWorker",
+                "runner",
+                DirectWorker {
+                    runner: pc(),
+                    properties: None,
+                },
+            ),
+            p(
+                "DirectWorker",
+                "properties",
+                DirectWorker {
+                    runner: None,
+                    properties: Some(UdfWorkerProperties::default()),
+                },
+            ),
+            z(
+                "UDFWorkerProperties",
+                "initialization_timeout_ms",
+                UdfWorkerProperties {
+                    initialization_timeout_ms: Some(7),
+                    ..Default::default()
+                },
+                UdfWorkerProperties {
+                    initialization_timeout_ms: Some(0),
+                    ..Default::default()
+                },
+            ),
+            z(
+                "UDFWorkerProperties",
+                "graceful_termination_timeout_ms",
+                UdfWorkerProperties {
+                    graceful_termination_timeout_ms: Some(7),
+                    ..Default::default()
+                },
+                UdfWorkerProperties {
+                    graceful_termination_timeout_ms: Some(0),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "UDFWorkerProperties",
+                "connection",
+                UdfWorkerProperties {
+                    connection: Some(WorkerConnectionSpec::default()),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "WorkerConnectionSpec",
+                "unix_domain_socket",
+                WorkerConnectionSpec {
+                    transport: Some(Transport::UnixDomainSocket(UnixDomainSocket {})),
+                },
+            ),
+            p(
+                "WorkerConnectionSpec",
+                "tcp",
+                WorkerConnectionSpec {
+                    transport: Some(Transport::Tcp(LocalTcpConnection {})),
+                },
+            ),
+            p(
+                "ProcessCallable",
+                "command",
+                ProcessCallable {
+                    command: s(),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "ProcessCallable",
+                "arguments",
+                ProcessCallable {
+                    arguments: s(),
+                    ..Default::default()
+                },
+            ),
+            p(
+                "ProcessCallable",
+                "environment_variables",
+                ProcessCallable {
+                    environment_variables: [("k".to_string(), "v".to_string())].into(),
+                    ..Default::default()
+                },
+            ),
+        ]
+    }
+
+    #[test]
+    fn matches_the_official_schema() {
+        proto_oracle::check(&["worker_spec.proto"], &probes(), &[]);
+    }
+}

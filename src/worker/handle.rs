@@ -1,0 +1,178 @@
+//! [`WorkerHandle`]: the engine's view of one worker process (spec §3, §6.1).
+
+use std::fmt;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+
+use super::termination::Termination;
+
+/// The engine's view of a worker that serves sessions (spec §3 `WorkerHandle`).
+///
+/// A session calls, exactly once, when it is finalized (by `close()` or by drop cleanup), in
+/// this order: [`session_terminated`](Self::session_terminated), then
+/// [`mark_invalid`](Self::mark_invalid) if the outcome is unsalvageable, then
+/// [`release_session`](Self::release_session). `mark_invalid` strictly before release means a
+/// released worker is never recycled while unsafe (spec §5.1 step 5).
+pub trait WorkerHandle: Send + Sync + fmt::Debug {
+    /// Stable identity of the worker, used in logs and as a dispatcher key.
+    fn id(&self) -> &str;
+
+    /// Marks the worker unsafe to reuse. Idempotent and sticky (spec §6.1).
+    fn mark_invalid(&self);
+
+    /// Whether [`mark_invalid`](Self::mark_invalid) was called.
+    fn is_invalid(&self) -> bool;
+
+    /// Ends one session's use of the worker (decrements its session count). Called exactly
+    /// once per session, so it need not be idempotent.
+    ///
+    /// # Errors
+    /// [`HandleError::Underflow`] when more sessions are released than were acquired (a
+    /// dispatcher bug); the session logs it and carries on.
+    fn release_session(&self) -> Result<(), HandleError>;
+
+    /// Observes the outcome of a session on this worker, just before it is released. The
+    /// default does nothing; pools, metrics and tests use it.
+    fn session_terminated(&self, termination: &Termination) {
+        let _ = termination;
+    }
+}
+
+/// Errors of a [`WorkerHandle`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HandleError {
+    /// `release_session` was called more often than sessions were acquired.
+    #[error("worker {id}: release_session without a matching acquire (session count underflow)")]
+    Underflow {
+        /// The worker's id.
+        id: String,
+    },
+    /// The worker was closed; no new session can be acquired.
+    #[error("worker {id} is closed")]
+    Closed {
+        /// The worker's id.
+        id: String,
+    },
+}
+
+/// A reference-counted [`WorkerHandle`] that records what happened to its sessions: the
+/// in-process building block for dispatchers, pools and tests.
+///
+/// The count starts at zero; [`acquire_session`](Self::acquire_session) adds one,
+/// `release_session` takes one away and fails on underflow without wrapping (spec §6.1).
+#[derive(Debug, Default)]
+pub struct CountingHandle {
+    id: String,
+    sessions: AtomicUsize,
+    releases: AtomicUsize,
+    invalid: AtomicBool,
+    closed: AtomicBool,
+    outcomes: Mutex<Vec<Termination>>,
+}
+
+impl CountingHandle {
+    /// A handle with the given id, no sessions, valid.
+    pub fn new(id: impl Into<String>) -> Self {
+        CountingHandle { id: id.into(), ..Default::default() }
+    }
+
+    /// A handle with a fresh UUID v4 id and one session already acquired: what a session
+    /// created outside a dispatcher needs.
+    pub fn for_one_session() -> Self {
+        let h = CountingHandle::new(uuid::Uuid::new_v4().to_string());
+        h.sessions.store(1, Ordering::SeqCst);
+        h
+    }
+
+    /// Adds one session.
+    ///
+    /// # Errors
+    /// [`HandleError::Closed`] after [`close`](Self::close).
+    pub fn acquire_session(&self) -> Result<(), HandleError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(HandleError::Closed { id: self.id.clone() });
+        }
+        self.sessions.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Refuses further [`acquire_session`](Self::acquire_session) calls.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::SeqCst);
+    }
+
+    /// Sessions currently acquired and not released.
+    pub fn active_sessions(&self) -> usize {
+        self.sessions.load(Ordering::SeqCst)
+    }
+
+    /// How many times `release_session` succeeded.
+    pub fn releases(&self) -> usize {
+        self.releases.load(Ordering::SeqCst)
+    }
+
+    /// The outcomes of the sessions finalized on this worker, in order.
+    pub fn outcomes(&self) -> Vec<Termination> {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The outcome of the most recently finalized session.
+    pub fn last_outcome(&self) -> Option<Termination> {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).last().cloned()
+    }
+}
+
+impl WorkerHandle for CountingHandle {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn mark_invalid(&self) {
+        self.invalid.store(true, Ordering::SeqCst);
+    }
+
+    fn is_invalid(&self) -> bool {
+        self.invalid.load(Ordering::SeqCst)
+    }
+
+    fn release_session(&self) -> Result<(), HandleError> {
+        self.sessions
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .map_err(|_| HandleError::Underflow { id: self.id.clone() })?;
+        self.releases.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn session_terminated(&self, termination: &Termination) {
+        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).push(termination.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn release_underflow_is_an_error_not_a_wrap() {
+        let h = CountingHandle::new("w1");
+        assert_eq!(h.release_session(), Err(HandleError::Underflow { id: "w1".into() }));
+        assert_eq!(h.active_sessions(), 0);
+        h.acquire_session().unwrap();
+        assert_eq!(h.release_session(), Ok(()));
+        assert_eq!(h.releases(), 1);
+        assert!(h.release_session().is_err());
+    }
+
+    #[test]
+    fn mark_invalid_is_sticky_and_closed_refuses_acquire() {
+        let h = CountingHandle::for_one_session();
+        assert!(!h.is_invalid());
+        h.mark_invalid();
+        h.mark_invalid();
+        assert!(h.is_invalid());
+        h.close();
+        assert!(matches!(h.acquire_session(), Err(HandleError::Closed { .. })));
+        assert_eq!(h.active_sessions(), 1);
+    }
+}

@@ -1,0 +1,1032 @@
+//! The engine side of a worker session as typestates: [`Session<S, C>`](Session).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::Stream;
+use futures::channel::oneshot;
+use futures::future::{FutureExt, Shared, poll_fn};
+
+use crate::connection::Connection;
+use crate::wire::{Init as InitMessage, InitResponse, UdfRequest, UdfResponse};
+
+use super::config::{Deadline, SessionConfig};
+use super::core::{EngineCore, InitStatus, Phase};
+use super::handle::WorkerHandle;
+use super::termination::{SessionError, Termination, Wait};
+
+/// Typestate markers of an engine-side [`Session`] (spec §4.1).
+pub mod state {
+    mod sealed {
+        pub trait Sealed {}
+    }
+
+    /// A typestate of [`Session`](super::Session). Sealed: the five markers below are all.
+    pub trait State: sealed::Sealed + Send + Sync + 'static {
+        /// The marker's name, for `Debug` output.
+        const NAME: &'static str;
+    }
+
+    macro_rules! marker {
+        ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+            pub struct $name;
+            impl sealed::Sealed for $name {}
+            impl State for $name { const NAME: &'static str = stringify!($name); }
+        )*};
+    }
+
+    marker! {
+        /// Created; `init` not yet called (spec `Created`).
+        Init,
+        /// `InitResponse` accepted: data flows both ways (spec `Initialized`/`Streaming`).
+        Streaming,
+        /// `Finish` sent: trailing output and the terminator follow (spec `Finishing`).
+        Finishing,
+        /// Cancel sent: the terminator follows (spec `Cancelling`).
+        Cancelling,
+        /// The session has settled its [`Termination`](crate::worker::Termination); only
+        /// inspection and `close` remain (spec `Terminal`).
+        Terminated,
+    }
+}
+
+use state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
+
+/// A future-or-present view of a session's final [`Termination`], available after the
+/// session is finalized by `close()` or by drop cleanup. Cheap to clone.
+#[derive(Clone)]
+pub struct TerminationWatch {
+    rx: Shared<oneshot::Receiver<Termination>>,
+}
+
+impl TerminationWatch {
+    /// The final outcome, if the session has been finalized.
+    pub fn get(&self) -> Option<Termination> {
+        self.rx.peek().and_then(|r| r.as_ref().ok().cloned())
+    }
+
+    /// Waits until the session is finalized (by `close()` or drop cleanup) and returns the
+    /// outcome. `None` only if the session was leaked without finalization (`mem::forget`).
+    pub async fn wait(self) -> Option<Termination> {
+        self.rx.await.ok()
+    }
+}
+
+impl fmt::Debug for TerminationWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TerminationWatch").field("outcome", &self.get()).finish()
+    }
+}
+
+/// What a session is doing, for the context of an `Interrupted` outcome.
+#[derive(Debug, Clone, Copy)]
+enum Activity {
+    Idle,
+    AwaitingInit,
+    Sending,
+    Receiving,
+    AwaitingTerminator,
+}
+
+impl Activity {
+    fn context(self) -> &'static str {
+        match self {
+            Activity::Idle => "the session was dropped",
+            Activity::AwaitingInit => "waiting for InitResponse",
+            Activity::Sending => "sending UDF input",
+            Activity::Receiving => "reading UDF result",
+            Activity::AwaitingTerminator => "waiting for the stream terminator",
+        }
+    }
+}
+
+pub(crate) struct Inner<C> {
+    id: uuid::Uuid,
+    core: EngineCore,
+    conn: C,
+    handle: Arc<dyn WorkerHandle>,
+    config: SessionConfig,
+    watch_tx: Option<oneshot::Sender<Termination>>,
+    watch_rx: Shared<oneshot::Receiver<Termination>>,
+    activity: Activity,
+    needs_flush: bool,
+    send_broken: bool,
+    recv_ended: bool,
+    finalized: bool,
+}
+
+impl<C> fmt::Debug for Inner<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Session")
+            .field("id", &self.id)
+            .field("worker", &self.handle.id())
+            .field("phase", &self.core.phase())
+            .field("terminal", &self.core.terminal())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> Inner<C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// Moves queued requests to the connection and received responses into the core.
+    /// Returns whether anything moved (a worker event, for per-poll deadlines).
+    fn poll_io(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while self.core.has_transmit() && !self.send_broken {
+            match self.conn.poll_ready(cx) {
+                Poll::Ready(Ok(())) => {
+                    let Some(req) = self.core.poll_transmit() else { break };
+                    if let Err(e) = self.conn.start_send(req) {
+                        self.send_broken = true;
+                        self.core.handle_connection_error(e);
+                    } else {
+                        self.needs_flush = true;
+                        progress = true;
+                    }
+                }
+                Poll::Ready(Err(e)) => {
+                    self.send_broken = true;
+                    self.core.handle_connection_error(e);
+                }
+                Poll::Pending => break,
+            }
+        }
+        if self.needs_flush && !self.send_broken {
+            match self.conn.poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.needs_flush = false,
+                Poll::Ready(Err(e)) => {
+                    self.send_broken = true;
+                    self.core.handle_connection_error(e);
+                }
+                Poll::Pending => {}
+            }
+        }
+        while !self.recv_ended
+            && !self.core.is_terminal()
+            && self.core.output_len() < self.config.output_buffer.max(1)
+        {
+            match self.conn.poll_recv(cx) {
+                Poll::Ready(Some(Ok(msg))) => {
+                    self.core.handle_response(msg);
+                    progress = true;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.recv_ended = true;
+                    self.core.handle_connection_error(e);
+                    progress = true;
+                }
+                Poll::Ready(None) => {
+                    self.recv_ended = true;
+                    self.core.handle_stream_end();
+                    progress = true;
+                }
+                Poll::Pending => break,
+            }
+        }
+        progress
+    }
+
+    /// Drives I/O until `check` yields a value. When `deadline` expires the core settles
+    /// `TransportFailed(Timeout(wait))`; `per_poll` restarts the deadline on every event.
+    async fn drive<T>(
+        &mut self,
+        wait: Wait,
+        timeout: Duration,
+        per_poll: bool,
+        mut check: impl FnMut(&mut Self) -> Option<T>,
+    ) -> T {
+        let mut deadline = Deadline::new(self.config.timer.clone(), timeout);
+        poll_fn(|cx| {
+            loop {
+                let progress = self.poll_io(cx);
+                if let Some(v) = check(self) {
+                    return Poll::Ready(v);
+                }
+                if progress {
+                    if per_poll {
+                        deadline.extend();
+                    }
+                    continue;
+                }
+                if deadline.poll_expired(cx) {
+                    self.core.handle_timeout(wait, deadline.duration());
+                    continue;
+                }
+                return Poll::Pending;
+            }
+        })
+        .await
+    }
+
+    /// Waits for the terminal, discarding output, within `timeout` (total).
+    async fn await_terminal(&mut self, timeout: Duration) {
+        self.activity = Activity::AwaitingTerminator;
+        self.drive(Wait::Terminator, timeout, false, |s| {
+            let dropped = s.core.discard_output();
+            if dropped > 0 {
+                tracing::debug!(dropped, "discarding UDF output while waiting for the terminator");
+            }
+            s.core.is_terminal().then_some(())
+        })
+        .await;
+    }
+
+    /// Best-effort: hands still-queued requests (a timeout's Cancel) to the transport and
+    /// half-closes the request side (rule R9), bounded by the interrupt-cancel timeout.
+    async fn shutdown_request_side(&mut self) {
+        if self.send_broken {
+            return;
+        }
+        let timer = self.config.timer.clone();
+        let mut deadline = Deadline::new(timer, self.config.interrupt_cancel_timeout);
+        poll_fn(|cx| {
+            self.poll_io(cx);
+            if self.send_broken {
+                return Poll::Ready(());
+            }
+            if !self.core.has_transmit() {
+                match self.conn.poll_close(cx) {
+                    Poll::Ready(_) => {
+                        self.send_broken = true;
+                        return Poll::Ready(());
+                    }
+                    Poll::Pending => {}
+                }
+            }
+            if deadline.poll_expired(cx) { Poll::Ready(()) } else { Poll::Pending }
+        })
+        .await;
+    }
+
+    /// `close()` (spec §5.2): cancel if needed, wait for the terminal, half-close, finalize.
+    async fn close(&mut self) -> Termination {
+        if !self.core.is_terminal() {
+            self.core.cancel(Some("session closed".into()));
+            self.await_terminal(self.config.terminal_timeout).await;
+        }
+        self.shutdown_request_side().await;
+        self.finalize()
+    }
+
+    /// Bounded cleanup of a dropped, non-terminal session (the Rust form of an interrupt,
+    /// spec §4.9): Cancel, then up to `interrupt_cancel_timeout` for the acknowledgement.
+    #[cfg(feature = "tokio")]
+    async fn interrupt(&mut self) -> Termination {
+        let context = self.activity.context();
+        let waited = self.config.interrupt_cancel_timeout;
+        if !self.core.is_terminal() {
+            self.core.cancel(Some(format!("interrupted while {context}")));
+            let ack = tokio::time::timeout(waited, self.drive_terminal_untimed()).await;
+            if ack.is_err() {
+                self.core.handle_interrupt(context, waited);
+            }
+        }
+        self.shutdown_request_side().await;
+        self.finalize()
+    }
+
+    #[cfg(feature = "tokio")]
+    async fn drive_terminal_untimed(&mut self) {
+        poll_fn(|cx| {
+            loop {
+                let progress = self.poll_io(cx);
+                self.core.discard_output();
+                if self.core.is_terminal() {
+                    return Poll::Ready(());
+                }
+                if !progress {
+                    return Poll::Pending;
+                }
+            }
+        })
+        .await
+    }
+
+    /// Runs the release protocol once (spec §5.1 step 5): observe, `mark_invalid` if
+    /// unsalvageable, `release_session`, publish to watchers.
+    fn finalize(&mut self) -> Termination {
+        if !self.core.is_terminal() {
+            // Defensive guard (spec §5.1 step 3): never finalize a non-terminal session.
+            self.core.handle_interrupt(self.activity.context(), Duration::ZERO);
+        }
+        let termination = self.core.terminal().cloned().unwrap_or_else(Termination::cancelled_before_start);
+        if !self.finalized {
+            self.finalized = true;
+            self.handle.session_terminated(&termination);
+            if !termination.is_salvageable() {
+                self.handle.mark_invalid();
+            }
+            if let Err(e) = self.handle.release_session() {
+                tracing::warn!(error = %e, "release_session failed");
+            }
+            if let Some(tx) = self.watch_tx.take() {
+                let _ = tx.send(termination.clone());
+            }
+            tracing::debug!(session = %self.id, worker = self.handle.id(), outcome = %termination, "worker session finalized");
+        }
+        termination
+    }
+
+    fn terminal_error(&self) -> Option<SessionError> {
+        self.core.terminal().and_then(Termination::to_error)
+    }
+
+    /// The error to report for a call on a session that is cancelling or terminal.
+    fn cancelled_error(&self) -> SessionError {
+        if let Some(e) = self.core.execution_error() {
+            return SessionError::Execution(e.clone());
+        }
+        self.terminal_error().unwrap_or(SessionError::Cancelled)
+    }
+
+    async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
+        self.activity = Activity::Receiving;
+        let timeout = self.config.terminal_timeout;
+        let out = self
+            .drive(Wait::Output, timeout, true, |s| {
+                if let Some(b) = s.core.pop_output() {
+                    return Some(Ok(Some(b)));
+                }
+                s.core.terminal().map(|t| match t.to_error() {
+                    None => Ok(None),
+                    Some(e) => Err(e),
+                })
+            })
+            .await;
+        self.activity = Activity::Idle;
+        out
+    }
+
+    /// Drives until the outbox is empty (everything handed to the transport) or terminal.
+    async fn flush(&mut self, activity: Activity) {
+        self.activity = activity;
+        let timeout = self.config.terminal_timeout;
+        self.drive(Wait::Output, timeout, true, |s| {
+            (!s.core.has_transmit() || s.core.is_terminal()).then_some(())
+        })
+        .await;
+        self.activity = Activity::Idle;
+    }
+}
+
+/// How a dropped, unfinalized session is cleaned up; chosen where `C: Send + 'static` is
+/// known so `Drop` needs no bounds.
+type Cleanup<C> = fn(Box<Inner<C>>);
+
+fn cleanup_on_drop<C>(mut inner: Box<Inner<C>>)
+where
+    C: Connection<UdfRequest, UdfResponse> + Send + 'static,
+{
+    if inner.finalized {
+        return;
+    }
+    if inner.core.is_terminal() {
+        let _ = inner.finalize();
+        return;
+    }
+    #[cfg(feature = "tokio")]
+    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        rt.spawn(async move {
+            let _ = inner.interrupt().await;
+        });
+        return;
+    }
+    // No runtime to wait on: the worker cannot be proven healthy, so invalidate it now.
+    let context = inner.activity.context();
+    inner.core.handle_interrupt(context, Duration::ZERO);
+    let _ = inner.finalize();
+}
+
+/// One UDF execution on a worker, from the engine's side, as a typestate (spec §4–§5).
+///
+/// ```text
+///            init() ok                 finish()                 FinishResponse
+///   Init ───────────────► Streaming ───────────────► Finishing ─────────────────┐
+///    │  init() err           │  │ cancel()              │ cancel()              ▼
+///    │  (Cancel round trip)  │  └────────► Cancelling ◄─┘   CancelResponse   Terminated
+///    └───────────────────────┴─────────────────┴──── errors, timeouts ───────►  (close)
+/// ```
+///
+/// - `S` is the typestate ([`state`]); `C` the [`Connection`] carrying `UdfRequest` out and
+///   `UdfResponse` in.
+/// - Methods exist only where the protocol allows them: no data before `init`, no `init`
+///   twice, no `finish` before `init`, nothing but inspection and `close` on `Terminated`.
+///   Transitions consume `self`; a failed transition hands back a `Session<Terminated, C>`
+///   inside [`SessionFailed`], so the outcome is never lost and the worker handle is always
+///   released.
+/// - The runtime phase (a worker may end the session at any time, e.g. with an unsolicited
+///   `CancelResponse`) is the source of truth: operations on a session the worker already
+///   ended report the [`SessionError`] derived from its [`Termination`].
+/// - [`close`](Session::close) is the single finalizer, from any state: it returns the
+///   `Termination` (spec §5.3), calls [`WorkerHandle::mark_invalid`] before
+///   [`WorkerHandle::release_session`] when the outcome is unsalvageable, and releases exactly
+///   once.
+///
+/// # Drop and cancellation
+///
+/// Dropping a session that was not closed, including a transition future dropped mid-await
+/// (the Rust form of Spark's thread interrupt), never blocks and releases the handle exactly
+/// once:
+///
+/// - already terminal: it is finalized with that outcome at once;
+/// - with the `tokio` feature inside a runtime: a cleanup task sends Cancel and waits up to
+///   [`SessionConfig::interrupt_cancel_timeout`] (2 s) for the acknowledgement. An ack gives
+///   `Cancelled` (the worker stays valid); silence gives `Interrupted` and the worker is
+///   marked invalid before release;
+/// - without a runtime: `Interrupted` at once, worker marked invalid.
+///
+/// The outcome is observable through [`watch`](Session::watch) and
+/// [`WorkerHandle::session_terminated`]. Every `async` method is cancel-safe in this sense:
+/// dropping its future (and with it the session) never loses the release.
+#[must_use = "a session must be driven to its end and closed; dropping it cancels it"]
+pub struct Session<S: State, C> {
+    inner: Option<Box<Inner<C>>>,
+    cleanup: Cleanup<C>,
+    _state: PhantomData<S>,
+}
+
+impl<S: State, C> fmt::Debug for Session<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Some(i) => write!(f, "Session<{}> {:?}", S::NAME, i),
+            None => write!(f, "Session<{}> (finalized)", S::NAME),
+        }
+    }
+}
+
+impl<S: State, C> Drop for Session<S, C> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            (self.cleanup)(inner);
+        }
+    }
+}
+
+/// A transition that ended the session: the error, and the session in `Terminated` so it can
+/// still be inspected and closed (its outcome is never lost).
+#[derive(Debug)]
+pub struct SessionFailed<C> {
+    /// What went wrong, derived from the session's [`Termination`] (the first recorded
+    /// execution error when the worker reported one).
+    pub error: SessionError,
+    /// The ended session; `close()` returns its full `Termination`.
+    pub session: Session<Terminated, C>,
+}
+
+impl<C> fmt::Display for SessionFailed<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<C: fmt::Debug> std::error::Error for SessionFailed<C> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<S: State, C> Session<S, C> {
+    fn inner(&self) -> &Inner<C> {
+        self.inner.as_deref().expect("a live session always holds its state")
+    }
+
+    fn inner_mut(&mut self) -> &mut Inner<C> {
+        self.inner.as_deref_mut().expect("a live session always holds its state")
+    }
+
+    fn into_state<T: State>(mut self) -> Session<T, C> {
+        Session { inner: self.inner.take(), cleanup: self.cleanup, _state: PhantomData }
+    }
+
+    /// This session's id (UUID v4), for logs.
+    pub fn id(&self) -> uuid::Uuid {
+        self.inner().id
+    }
+
+    /// The worker handle this session runs on.
+    pub fn worker(&self) -> &Arc<dyn WorkerHandle> {
+        &self.inner().handle
+    }
+
+    /// The runtime phase (the typestate is a static lower bound of it: a worker can end the
+    /// session at any time).
+    pub fn phase(&self) -> Phase {
+        self.inner().core.phase()
+    }
+
+    /// The settled outcome, if the session has ended (it may end before `close`).
+    pub fn termination(&self) -> Option<&Termination> {
+        self.inner().core.terminal()
+    }
+
+    /// Counters of ignored or discarded events (late messages, duplicate `InitResponse`s…).
+    pub fn stats(&self) -> super::core::CoreStats {
+        self.inner().core.stats()
+    }
+
+    /// A handle on the final outcome, resolved when the session is finalized by `close()` or
+    /// by drop cleanup.
+    pub fn watch(&self) -> TerminationWatch {
+        TerminationWatch { rx: self.inner().watch_rx.clone() }
+    }
+}
+
+impl<S: State, C> Session<S, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// The single finalizer (spec §5): from any state, sends Cancel if the session is not yet
+    /// terminal (nothing if `init` was never called), waits up to
+    /// [`SessionConfig::terminal_timeout`] for the terminator, half-closes the request side,
+    /// then finalizes the worker handle (mark invalid if unsalvageable, release once) and
+    /// returns the [`Termination`] (spec §5.3 case table). Never fails.
+    pub async fn close(mut self) -> Termination {
+        let mut inner = self.inner.take().expect("a live session always holds its state");
+        inner.close().await
+    }
+
+    fn fail(self) -> SessionFailed<C> {
+        let error = self.inner().terminal_error().unwrap_or(SessionError::Cancelled);
+        SessionFailed { error, session: self.into_state() }
+    }
+}
+
+impl<C> Session<Init, C>
+where
+    C: Connection<UdfRequest, UdfResponse> + Send + 'static,
+{
+    /// A new session on `connection` for the worker behind `handle` (the handle's session
+    /// count must already include this session: it is released once when the session ends).
+    /// Nothing is sent until [`init`](Self::init).
+    pub fn new(connection: C, handle: Arc<dyn WorkerHandle>, config: SessionConfig) -> Self {
+        let (tx, rx) = oneshot::channel();
+        let inner = Inner {
+            id: uuid::Uuid::new_v4(),
+            core: EngineCore::new(),
+            conn: connection,
+            handle,
+            config,
+            watch_tx: Some(tx),
+            watch_rx: rx.shared(),
+            activity: Activity::Idle,
+            needs_flush: false,
+            send_broken: false,
+            recv_ended: false,
+            finalized: false,
+        };
+        Session { inner: Some(Box::new(inner)), cleanup: cleanup_on_drop::<C>, _state: PhantomData }
+    }
+}
+
+impl<C> Session<Init, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// Sends `Init` and waits for `InitResponse` (spec §4.6).
+    ///
+    /// Returns the streaming session and the worker's `InitResponse`. On failure returns
+    /// [`SessionFailed`] with the session already `Terminated`:
+    /// - the worker reported an error (`InitResponse.error`, or an `ErrorResponse` before or
+    ///   right behind the `InitResponse`): Cancel is sent and the `CancelResponse` awaited
+    ///   (up to the terminal timeout), giving `Cancelled` carrying the error; the error is
+    ///   [`SessionError::Execution`];
+    /// - no `InitResponse` within [`SessionConfig::init_timeout`]: Cancel is sent and the
+    ///   session settles `TransportFailed(Timeout)`;
+    /// - a worker protocol violation or transport failure: `TransportFailed`.
+    pub async fn init(self, init: InitMessage) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+        self.init_with_chunks(init, Vec::new()).await
+    }
+
+    /// Like [`init`](Self::init), but sends the UDF payload as `PayloadChunk`s of at most
+    /// `chunk_size` bytes (at least 1) after an `Init` whose inline payload is empty and whose
+    /// `is_chunking_payload` is set; the final chunk carries `last = true` (spec §1.3, R1).
+    /// `udf.payload_size` is set to the total size if unset. An empty payload is sent inline.
+    pub async fn init_chunked(
+        self,
+        mut init: InitMessage,
+        chunk_size: usize,
+    ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+        let chunk_size = chunk_size.max(1);
+        let mut chunks = Vec::new();
+        if let Some(udf) = init.udf.as_mut() {
+            let payload = std::mem::take(&mut udf.payload);
+            if payload.is_empty() {
+                udf.payload = payload;
+            } else {
+                udf.payload_size.get_or_insert(payload.len() as i64);
+                let mut offset = 0;
+                while offset < payload.len() {
+                    let end = (offset + chunk_size).min(payload.len());
+                    chunks.push(payload.slice(offset..end));
+                    offset = end;
+                }
+            }
+        }
+        self.init_with_chunks(init, chunks).await
+    }
+
+    async fn init_with_chunks(
+        mut self,
+        init: InitMessage,
+        chunks: Vec<Bytes>,
+    ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+        let inner = self.inner_mut();
+        inner.core.start_init(init, chunks).expect("the Init typestate is the Created phase");
+        inner.activity = Activity::AwaitingInit;
+        let timeout = inner.config.init_timeout;
+        let status = inner
+            .drive(Wait::InitResponse, timeout, false, |s| match s.core.init_status() {
+                InitStatus::Pending => None,
+                status => Some(status),
+            })
+            .await;
+        match status {
+            InitStatus::Accepted => {
+                inner.activity = Activity::Idle;
+                let response = inner.core.init_response().cloned().unwrap_or_default();
+                Ok((self.into_state(), response))
+            }
+            InitStatus::Failed => {
+                inner.await_terminal(inner.config.terminal_timeout).await;
+                inner.activity = Activity::Idle;
+                let error = inner
+                    .core
+                    .execution_error()
+                    .cloned()
+                    .map(SessionError::Execution)
+                    .or_else(|| inner.terminal_error())
+                    .unwrap_or(SessionError::Cancelled);
+                Err(SessionFailed { error, session: self.into_state() })
+            }
+            InitStatus::Pending | InitStatus::Terminated => {
+                inner.activity = Activity::Idle;
+                Err(self.fail())
+            }
+        }
+    }
+}
+
+impl<C> Session<Streaming, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// The `InitResponse` the worker accepted the session with.
+    pub fn init_response(&self) -> &InitResponse {
+        self.inner().core.init_response().expect("a streaming session has an InitResponse")
+    }
+
+    /// Sends one `DataRequest` (one batch in the session's data format, spec §1.4) and waits
+    /// until the connection has taken it, reading worker output into the bounded output
+    /// buffer meanwhile.
+    ///
+    /// Backpressure: when the worker does not read and the output buffer is full, nothing
+    /// moves; after [`SessionConfig::terminal_timeout`] without any worker event the session
+    /// settles `TransportFailed(Timeout)`. Interleave [`recv`](Self::recv), or use
+    /// [`process`](Self::process), which never blocks that way.
+    ///
+    /// # Errors
+    /// If the worker has reported an error or ended the session: the error derived from it
+    /// (the data is not sent; nothing is sent after Cancel). Receiving stays possible.
+    pub async fn send(&mut self, data: Bytes) -> Result<(), SessionError> {
+        let inner = self.inner_mut();
+        if inner.core.cancel_requested() || inner.core.is_terminal() {
+            return Err(inner.cancelled_error());
+        }
+        inner.core.send_data(data).expect("the Streaming typestate allows data");
+        inner.flush(Activity::Sending).await;
+        match inner.core.terminal() {
+            Some(_) => Err(inner.cancelled_error()),
+            None => Ok(()),
+        }
+    }
+
+    /// Receives the next `DataResponse` payload (spec §1.4); see
+    /// [`Session<Finishing, C>::recv`] for the shared semantics.
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
+        self.inner_mut().recv().await
+    }
+
+    /// Sends `Finish` (all input sent; spec §1.5): `Streaming → Finishing`.
+    ///
+    /// If the worker already reported an error, the Finish is skipped (a Cancel is out) and
+    /// the `Finishing` session reports the error at the end of its output.
+    ///
+    /// # Errors
+    /// [`SessionFailed`] when the session ended badly before or while sending (transport
+    /// failure, unsolicited `CancelResponse`…).
+    pub async fn finish(mut self) -> Result<Session<Finishing, C>, SessionFailed<C>> {
+        let inner = self.inner_mut();
+        inner.core.finish().expect("the Streaming typestate allows finish");
+        inner.flush(Activity::Sending).await;
+        if inner.terminal_error().is_some() {
+            return Err(self.fail());
+        }
+        Ok(self.into_state())
+    }
+
+    /// Sends `Cancel { reason }` (spec §1.5, §4.8): `Streaming → Cancelling`. Idempotent with
+    /// any Cancel already sent.
+    pub async fn cancel(self, reason: Option<String>) -> Session<Cancelling, C> {
+        cancel_session(self, reason).await
+    }
+
+    /// Runs the session Spark's iterator-to-iterator way (spec §4.7): returns a stream of the
+    /// worker's output that pulls the next input batch only when no output is waiting, sends
+    /// `Finish` once `input` ends, and ends after the terminator. A worker error or failure is
+    /// the stream's last item. [`Process::close`] finalizes the session.
+    pub fn process<I>(self, input: I) -> Process<C, I>
+    where
+        I: Stream<Item = Bytes> + Unpin,
+    {
+        let timer = self.inner().config.timer.clone();
+        let timeout = self.inner().config.terminal_timeout;
+        Process {
+            session: self,
+            input,
+            input_done: false,
+            done: false,
+            deadline: Deadline::new(timer, timeout),
+        }
+    }
+}
+
+async fn cancel_session<S: State, C>(mut session: Session<S, C>, reason: Option<String>) -> Session<Cancelling, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    let inner = session.inner_mut();
+    inner.core.cancel(reason);
+    inner.flush(Activity::AwaitingTerminator).await;
+    session.into_state()
+}
+
+/// Waits for the terminator, discarding any output not yet received.
+async fn wait_terminated<S: State, C>(mut session: Session<S, C>) -> Session<Terminated, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    let inner = session.inner_mut();
+    if !inner.core.is_terminal() {
+        inner.activity = Activity::AwaitingTerminator;
+        let timeout = inner.config.terminal_timeout;
+        inner
+            .drive(Wait::Terminator, timeout, true, |s| {
+                s.core.discard_output();
+                s.core.is_terminal().then_some(())
+            })
+            .await;
+        inner.activity = Activity::Idle;
+    }
+    session.into_state()
+}
+
+impl<C> Session<Finishing, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// Receives the next `DataResponse` payload, in arrival order.
+    ///
+    /// - `Ok(Some(batch))`: the next batch (every batch received before the terminator is
+    ///   delivered);
+    /// - `Ok(None)`: the session finished cleanly (`FinishResponse` without error); stays
+    ///   `None` on later calls;
+    /// - `Err(e)`: the session ended otherwise; the error is derived from the
+    ///   [`Termination`] (recorded worker error first, then the callback error, spec §4.7).
+    ///
+    /// Waits at most [`SessionConfig::terminal_timeout`] for each worker event (per-poll,
+    /// spec §4.7): expiry settles `TransportFailed(Timeout)`.
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
+        self.inner_mut().recv().await
+    }
+
+    /// Sends Cancel after Finish (spec R5 (c)): the worker answers `FinishResponse` if it
+    /// already produced it, otherwise `CancelResponse`; both are accepted.
+    pub async fn cancel(self, reason: Option<String>) -> Session<Cancelling, C> {
+        cancel_session(self, reason).await
+    }
+
+    /// Waits for the terminator (per-poll terminal timeout), discarding output not yet
+    /// received, and returns the ended session.
+    pub async fn wait(self) -> Session<Terminated, C> {
+        wait_terminated(self).await
+    }
+}
+
+impl<C> Session<Cancelling, C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// Receives output the worker sent before it saw the Cancel; see
+    /// [`Session<Finishing, C>::recv`]. Ends with `Err(SessionError::Cancelled)` (or the
+    /// worker's error) once the `CancelResponse` arrives, or `Ok(None)` if the worker had
+    /// already finished.
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
+        self.inner_mut().recv().await
+    }
+
+    /// Waits for the terminator, discarding output not yet received, and returns the ended
+    /// session.
+    pub async fn wait(self) -> Session<Terminated, C> {
+        wait_terminated(self).await
+    }
+}
+
+impl<C> Session<Terminated, C> {
+    /// The settled outcome.
+    pub fn outcome(&self) -> &Termination {
+        self.inner().core.terminal().expect("a Terminated session has settled")
+    }
+}
+
+/// The stream returned by [`Session::process`]: the worker's output batches, pulling input on
+/// demand (spec §4.7).
+///
+/// Items are `Ok(batch)` in arrival order; the last item is `Err(e)` if the session ended
+/// with an error (cancelled, worker error, transport failure, timeout); then the stream ends
+/// and stays ended. Finalize with [`close`](Self::close) (dropping it drops the session, see
+/// [`Session`]'s drop rule).
+#[must_use = "streams do nothing unless polled"]
+pub struct Process<C, I> {
+    session: Session<Streaming, C>,
+    input: I,
+    input_done: bool,
+    done: bool,
+    deadline: Deadline,
+}
+
+impl<C, I> fmt::Debug for Process<C, I> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Process")
+            .field("session", &self.session)
+            .field("input_done", &self.input_done)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl<C, I> Process<C, I>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// The session's outcome if it has ended.
+    pub fn termination(&self) -> Option<&Termination> {
+        self.session.termination()
+    }
+
+    /// Finalizes the session (see [`Session::close`]); cancels it if the output was not
+    /// drained.
+    pub async fn close(self) -> Termination {
+        self.session.close().await
+    }
+}
+
+impl<C, I> Stream for Process<C, I>
+where
+    C: Connection<UdfRequest, UdfResponse> + Unpin,
+    I: Stream<Item = Bytes> + Unpin,
+{
+    type Item = Result<Bytes, SessionError>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        if this.done {
+            return Poll::Ready(None);
+        }
+        let inner = this.session.inner.as_deref_mut().expect("a live session always holds its state");
+        loop {
+            let progress = inner.poll_io(cx);
+            if let Some(batch) = inner.core.pop_output() {
+                this.deadline.extend();
+                return Poll::Ready(Some(Ok(batch)));
+            }
+            if let Some(t) = inner.core.terminal() {
+                this.done = true;
+                inner.activity = Activity::Idle;
+                return Poll::Ready(t.to_error().map(Err));
+            }
+            if progress {
+                this.deadline.extend();
+                continue;
+            }
+            let may_send = !inner.core.cancel_requested() && inner.core.phase() == Phase::Streaming;
+            if may_send && !this.input_done && !inner.core.has_transmit() {
+                inner.activity = Activity::Sending;
+                match Pin::new(&mut this.input).poll_next(cx) {
+                    Poll::Ready(Some(batch)) => {
+                        let _ = inner.core.send_data(batch);
+                        continue;
+                    }
+                    Poll::Ready(None) => {
+                        this.input_done = true;
+                        let _ = inner.core.finish();
+                        this.deadline.extend();
+                        continue;
+                    }
+                    Poll::Pending => return Poll::Pending,
+                }
+            }
+            // Waiting on the worker (output, terminator or transport capacity): per-poll timeout.
+            inner.activity = Activity::Receiving;
+            if this.deadline.poll_expired(cx) {
+                inner.core.handle_timeout(Wait::Output, this.deadline.duration());
+                continue;
+            }
+            return Poll::Pending;
+        }
+    }
+}
+
+/// A worker session in any state: the erased runtime form for keeping sessions in maps
+/// (like rustls' `ConnectionState`). Convert back with `TryFrom`.
+#[derive(Debug)]
+pub enum AnySession<C> {
+    /// [`Session<Init, C>`].
+    Init(Session<Init, C>),
+    /// [`Session<Streaming, C>`].
+    Streaming(Session<Streaming, C>),
+    /// [`Session<Finishing, C>`].
+    Finishing(Session<Finishing, C>),
+    /// [`Session<Cancelling, C>`].
+    Cancelling(Session<Cancelling, C>),
+    /// [`Session<Terminated, C>`].
+    Terminated(Session<Terminated, C>),
+}
+
+macro_rules! any_session_conversions {
+    ($($state:ident),*) => {$(
+        impl<C> From<Session<$state, C>> for AnySession<C> {
+            fn from(s: Session<$state, C>) -> Self {
+                AnySession::$state(s)
+            }
+        }
+        impl<C> TryFrom<AnySession<C>> for Session<$state, C> {
+            type Error = AnySession<C>;
+            fn try_from(any: AnySession<C>) -> Result<Self, AnySession<C>> {
+                match any {
+                    AnySession::$state(s) => Ok(s),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+any_session_conversions!(Init, Streaming, Finishing, Cancelling, Terminated);
+
+impl<C> AnySession<C>
+where
+    C: Connection<UdfRequest, UdfResponse>,
+{
+    /// The typestate's name (`"Init"`, `"Streaming"`, …).
+    pub fn state_name(&self) -> &'static str {
+        match self {
+            AnySession::Init(_) => Init::NAME,
+            AnySession::Streaming(_) => Streaming::NAME,
+            AnySession::Finishing(_) => Finishing::NAME,
+            AnySession::Cancelling(_) => Cancelling::NAME,
+            AnySession::Terminated(_) => Terminated::NAME,
+        }
+    }
+
+    /// The runtime phase.
+    pub fn phase(&self) -> Phase {
+        match self {
+            AnySession::Init(s) => s.phase(),
+            AnySession::Streaming(s) => s.phase(),
+            AnySession::Finishing(s) => s.phase(),
+            AnySession::Cancelling(s) => s.phase(),
+            AnySession::Terminated(s) => s.phase(),
+        }
+    }
+
+    /// The settled outcome, if any.
+    pub fn termination(&self) -> Option<&Termination> {
+        match self {
+            AnySession::Init(s) => s.termination(),
+            AnySession::Streaming(s) => s.termination(),
+            AnySession::Finishing(s) => s.termination(),
+            AnySession::Cancelling(s) => s.termination(),
+            AnySession::Terminated(s) => s.termination(),
+        }
+    }
+
+    /// Closes the session from whatever state it is in (see [`Session::close`]).
+    pub async fn close(self) -> Termination {
+        match self {
+            AnySession::Init(s) => s.close().await,
+            AnySession::Streaming(s) => s.close().await,
+            AnySession::Finishing(s) => s.close().await,
+            AnySession::Cancelling(s) => s.close().await,
+            AnySession::Terminated(s) => s.close().await,
+        }
+    }
+}

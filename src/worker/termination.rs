@@ -1,0 +1,278 @@
+//! [`Termination`]: the single terminal outcome of a worker session, and the errors derived
+//! from it.
+
+use std::fmt;
+use std::time::Duration;
+
+use crate::connection::ConnectionError;
+use crate::wire::{CancelResponse, ExecutionError, FinishResponse, MalformedMessage};
+
+/// How a worker session ended: exactly one per session, the first one settled wins and never
+/// changes afterwards (spec §4.1, §4.2 `completeTerminal`).
+///
+/// `close()` returns it from any state. Whether the worker may be reused is
+/// [`is_salvageable`](Self::is_salvageable): `Finished`, `Cancelled` and `Failed` keep the
+/// worker; `TransportFailed` and `Interrupted` invalidate it (spec §6.5).
+#[derive(Debug, Clone)]
+#[must_use]
+pub enum Termination {
+    /// The worker sent `FinishResponse` after the engine had sent `Finish` (spec §4.4
+    /// `finished`). `response.error` carries a finish-callback error, if any.
+    Finished {
+        /// The worker's `FinishResponse` (metrics, opaque data, finish-callback error).
+        response: FinishResponse,
+        /// The first `ExecutionError` the worker reported before the terminator, if any (an
+        /// `ErrorResponse` raced with Finish, spec R5 (c)). It takes precedence over
+        /// `response.error` when the outcome is turned into an error (spec §4.7).
+        execution_error: Option<ExecutionError>,
+    },
+    /// The worker sent `CancelResponse`, or the session was closed before anything was on the
+    /// wire (then `response` is empty and synthetic, spec §5.3).
+    Cancelled {
+        /// The worker's `CancelResponse` (partial metrics, cancel-callback error).
+        response: CancelResponse,
+        /// The first `ExecutionError` the worker reported (`ErrorResponse` or
+        /// `InitResponse.error`) that led to the Cancel. tether keeps both this and
+        /// `response.error`, where Spark drops the second (spec §10 gap 12).
+        execution_error: Option<ExecutionError>,
+    },
+    /// An execution error ended the session with no terminator round trip possible (spec
+    /// §4.1; never produced by the engine session itself, kept for other implementations).
+    /// Salvageable.
+    Failed(ExecutionError),
+    /// The transport failed, the worker violated the protocol, or a timeout expired (spec
+    /// §4.5, §6.5). The worker is invalidated.
+    TransportFailed(TransportFailure),
+    /// The session was dropped or interrupted mid-operation and the worker did not
+    /// acknowledge the best-effort Cancel within the interrupt-cancel timeout (spec §4.9).
+    /// The worker is invalidated.
+    Interrupted(Interrupted),
+}
+
+/// The variant of a [`Termination`] without its payload, for matching and assertions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum TerminationKind {
+    /// [`Termination::Finished`].
+    Finished,
+    /// [`Termination::Cancelled`].
+    Cancelled,
+    /// [`Termination::Failed`].
+    Failed,
+    /// [`Termination::TransportFailed`].
+    TransportFailed,
+    /// [`Termination::Interrupted`].
+    Interrupted,
+}
+
+impl Termination {
+    /// The synthetic outcome of a session closed before anything was sent (spec §5.3 first
+    /// row): `Cancelled` with an empty `CancelResponse`.
+    pub fn cancelled_before_start() -> Self {
+        Termination::Cancelled { response: CancelResponse::default(), execution_error: None }
+    }
+
+    /// The variant, without payload.
+    pub fn kind(&self) -> TerminationKind {
+        match self {
+            Termination::Finished { .. } => TerminationKind::Finished,
+            Termination::Cancelled { .. } => TerminationKind::Cancelled,
+            Termination::Failed(_) => TerminationKind::Failed,
+            Termination::TransportFailed(_) => TerminationKind::TransportFailed,
+            Termination::Interrupted(_) => TerminationKind::Interrupted,
+        }
+    }
+
+    /// Whether the worker may serve another session: true for `Finished`, `Cancelled` and
+    /// `Failed`, false for `TransportFailed` and `Interrupted` (spec §4.1, §6.5).
+    pub fn is_salvageable(&self) -> bool {
+        matches!(
+            self,
+            Termination::Finished { .. } | Termination::Cancelled { .. } | Termination::Failed(_)
+        )
+    }
+
+    /// The first `ExecutionError` the worker reported (`ErrorResponse`, `InitResponse.error`),
+    /// or the `Failed` error.
+    pub fn execution_error(&self) -> Option<&ExecutionError> {
+        match self {
+            Termination::Finished { execution_error, .. }
+            | Termination::Cancelled { execution_error, .. } => execution_error.as_ref(),
+            Termination::Failed(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The error a finish or cancel callback reported in the terminator
+    /// (`FinishResponse.error` / `CancelResponse.error`, spec §1.5).
+    pub fn callback_error(&self) -> Option<&ExecutionError> {
+        match self {
+            Termination::Finished { response, .. } => response.error.as_ref(),
+            Termination::Cancelled { response, .. } => response.error.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// The worker-reported metrics of the terminator (empty for other outcomes).
+    pub fn metrics(&self) -> Option<&std::collections::BTreeMap<String, String>> {
+        match self {
+            Termination::Finished { response, .. } => Some(&response.metrics),
+            Termination::Cancelled { response, .. } => Some(&response.metrics),
+            _ => None,
+        }
+    }
+
+    /// The error this outcome means to whoever consumed the session's output, or `None` for
+    /// a clean `Finished` (spec §4.7 `throwIfTerminalError`, with tether's precedence: the
+    /// recorded execution error first, then the callback error).
+    pub fn to_error(&self) -> Option<SessionError> {
+        match self {
+            Termination::Finished { response, execution_error } => execution_error
+                .as_ref()
+                .or(response.error.as_ref())
+                .map(|e| SessionError::Execution(e.clone())),
+            Termination::Cancelled { response, execution_error } => Some(
+                execution_error
+                    .as_ref()
+                    .or(response.error.as_ref())
+                    .map(|e| SessionError::Execution(e.clone()))
+                    .unwrap_or(SessionError::Cancelled),
+            ),
+            Termination::Failed(e) => Some(SessionError::Execution(e.clone())),
+            Termination::TransportFailed(f) => Some(SessionError::Transport(f.clone())),
+            Termination::Interrupted(i) => Some(SessionError::Interrupted(i.clone())),
+        }
+    }
+}
+
+impl fmt::Display for Termination {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Termination::Finished { execution_error, response } => {
+                f.write_str("Finished")?;
+                if let Some(e) = execution_error {
+                    write!(f, " (execution error: {e})")?;
+                }
+                if let Some(e) = &response.error {
+                    write!(f, " (finish callback error: {e})")?;
+                }
+                Ok(())
+            }
+            Termination::Cancelled { execution_error, response } => {
+                f.write_str("Cancelled")?;
+                if let Some(e) = execution_error {
+                    write!(f, " (execution error: {e})")?;
+                }
+                if let Some(e) = &response.error {
+                    write!(f, " (cancel callback error: {e})")?;
+                }
+                Ok(())
+            }
+            Termination::Failed(e) => write!(f, "Failed ({e})"),
+            Termination::TransportFailed(t) => write!(f, "TransportFailed ({t})"),
+            Termination::Interrupted(i) => write!(f, "Interrupted ({i})"),
+        }
+    }
+}
+
+/// Why a session settled `TransportFailed` (spec §4.5, §4.11, §6.5).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportFailure {
+    /// The connection reported an error (I/O, codec, RPC) or failed a write.
+    #[error(transparent)]
+    Connection(#[from] ConnectionError),
+    /// The worker broke the stream ordering rules.
+    #[error("protocol violation by the worker: {0}")]
+    Protocol(#[from] PeerViolation),
+    /// A deadline expired.
+    #[error("timed out waiting for {waiting_for} after {after:?}")]
+    Timeout {
+        /// What the session was waiting for.
+        waiting_for: Wait,
+        /// The timeout that expired.
+        after: Duration,
+    },
+}
+
+/// What a session was waiting for when a timeout expired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Wait {
+    /// `InitResponse` (init timeout, default 30 s).
+    InitResponse,
+    /// The next worker event while reading output or sending input (per-poll timeout,
+    /// default 30 s).
+    Output,
+    /// The stream terminator (`FinishResponse` / `CancelResponse`), default 30 s.
+    Terminator,
+}
+
+impl fmt::Display for Wait {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Wait::InitResponse => "InitResponse",
+            Wait::Output => "UDF output",
+            Wait::Terminator => "the stream terminator",
+        })
+    }
+}
+
+/// A worker message that breaks the protocol (spec §4.5). Each one settles
+/// `TransportFailed` and invalidates the worker.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PeerViolation {
+    /// A `DataResponse` arrived before the `InitResponse` (rule R2).
+    #[error("DataResponse before InitResponse")]
+    DataBeforeInitResponse,
+    /// A `FinishResponse` arrived before the engine sent `Finish`.
+    #[error("FinishResponse before the engine sent Finish")]
+    FinishResponseBeforeFinish,
+    /// A message with an unset oneof.
+    #[error("malformed message: {0}")]
+    Malformed(#[from] MalformedMessage),
+    /// The worker ended its stream without a terminator (rule R10).
+    #[error("response stream closed without a terminator")]
+    StreamEndedWithoutTerminator,
+}
+
+/// Why a session settled `Interrupted` (spec §4.9).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("interrupted while {context}; the worker did not acknowledge Cancel within {waited:?}")]
+pub struct Interrupted {
+    /// What the session was doing when it was interrupted (e.g. "waiting for InitResponse").
+    pub context: &'static str,
+    /// How long the session waited for the Cancel acknowledgement (zero without a runtime).
+    pub waited: Duration,
+}
+
+/// The error a session operation reports when the session has ended badly: derived from the
+/// [`Termination`] (spec §4.7 `throwIfTerminalError`). The session itself still holds the
+/// full `Termination`; `close()` returns it.
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum SessionError {
+    /// The worker reported an execution error (user, worker or protocol error), including
+    /// finish- and cancel-callback errors.
+    #[error("UDF worker reported an error: {0}")]
+    Execution(ExecutionError),
+    /// The execution was cancelled without an error (by the engine, or unsolicited by the
+    /// worker).
+    #[error("UDF execution was cancelled")]
+    Cancelled,
+    /// The transport failed, the worker broke the protocol, or a timeout expired.
+    #[error("UDF worker stream failed: {0}")]
+    Transport(TransportFailure),
+    /// The session was interrupted and the worker did not acknowledge the Cancel.
+    #[error("UDF execution was interrupted: {0}")]
+    Interrupted(Interrupted),
+}
+
+impl SessionError {
+    /// The worker-reported error, if this is one.
+    pub fn execution_error(&self) -> Option<&ExecutionError> {
+        match self {
+            SessionError::Execution(e) => Some(e),
+            _ => None,
+        }
+    }
+}
