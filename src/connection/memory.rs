@@ -43,6 +43,7 @@ impl<Out, In> MemoryConnection<Out, In> {
         self.tx.close_channel();
         self.rx.close();
         self.send_closed = true;
+        self.recv_ended = true;
     }
 }
 
@@ -86,7 +87,8 @@ impl<Out, In> Connection<Out, In> for MemoryConnection<Out, In> {
     }
 
     fn is_active(&self) -> bool {
-        !(self.send_closed && self.recv_ended) && !self.tx.is_closed()
+        // Usable while either direction is still open.
+        !(self.tx.is_closed() && self.recv_ended)
     }
 }
 

@@ -8,9 +8,9 @@
 //! and writing the transport is the caller's job.
 //!
 //! Robustness: a length prefix above the configured maximum is rejected as soon as the four
-//! prefix bytes are buffered, and the codec never reserves buffer space for a claimed length
-//! beyond [`MAX_RESERVE`]-sized steps, so a hostile peer cannot make it allocate memory it has
-//! not actually sent. A frame whose body fails to decode is consumed before the error is
+//! prefix bytes are buffered, and while waiting for a body the codec asks for at most 64 KiB
+//! of extra buffer capacity beyond the bytes already received, so a hostile length prefix
+//! cannot make it allocate memory the peer has not actually sent. A frame whose body fails to decode is consumed before the error is
 //! returned, so decoding can continue with the next frame.
 
 use bytes::{Buf, BufMut, BytesMut};
@@ -109,8 +109,8 @@ impl FrameCodec {
 
     /// Takes the next complete frame off the front of `src` and decodes it.
     ///
-    /// Returns `Ok(None)` when `src` does not yet hold a whole frame (nothing is consumed; the
-    /// buffer may grow by at most 64 KiB of spare capacity). The length prefix is checked
+    /// Returns `Ok(None)` when `src` does not yet hold a whole frame (nothing is consumed; at
+    /// most 64 KiB of extra capacity is reserved in `src`, however long the claimed body). The length prefix is checked
     /// against the maximum as soon as it is buffered, so an oversize frame errors at once
     /// without waiting for (or allocating) its body. On [`FrameError::Decode`] the bad frame
     /// has been consumed.
@@ -476,7 +476,10 @@ mod tests {
         let oversize = FrameError::Oversize { len: 5, max: 4 };
         assert!(oversize.source().is_none());
         let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(oversize);
-        assert_eq!(boxed.to_string(), "frame of 5 bytes exceeds the maximum of 4 bytes");
+        assert_eq!(
+            boxed.to_string(),
+            "frame of 5 bytes exceeds the maximum of 4 bytes"
+        );
     }
 
     #[test]

@@ -104,6 +104,10 @@ pub struct UdfRequest {
 /// Oneof types nested in [`UdfRequest`].
 pub mod udf_request {
     /// The branches of [`UdfRequest::request`](super::UdfRequest::request) (spec §1.2).
+    #[allow(
+        clippy::large_enum_variant,
+        reason = "mirrors the schema like prost-build output; boxing `Init` would change the public shape"
+    )]
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Request {
         /// Field 1: a control message (`Init`, `PayloadChunk`, `Finish` or `Cancel`).
@@ -153,6 +157,10 @@ pub struct UdfControlRequest {
 pub mod udf_control_request {
     /// The branches of [`UdfControlRequest::control`](super::UdfControlRequest::control)
     /// (spec §1.2).
+    #[allow(
+        clippy::large_enum_variant,
+        reason = "mirrors the schema like prost-build output; boxing `Init` would change the public shape"
+    )]
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Control {
         /// Field 1: opens the session; first message of the stream (spec §1.3).
@@ -541,6 +549,10 @@ pub struct ShutdownResponse {
 
 /// A [`UdfRequest`] with both oneof levels resolved: one variant per message the engine can
 /// send (spec §1.2). Convert with [`UdfRequest::into_message`] and back with `From`.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "a flattened view of the wire enum; boxing `Init` would only add an allocation per session"
+)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestMessage {
     /// Opens the session (spec §1.3).
@@ -921,10 +933,8 @@ impl fmt::Display for ExecutionError {
             Some(execution_error::Kind::Protocol(e)) => write!(f, "ProtocolError: {}", e.message)?,
             None => f.write_str("ExecutionError: <unset>")?,
         }
-        if f.alternate() {
-            if let Some(traceback) = self.traceback() {
-                write!(f, "\n{traceback}")?;
-            }
+        if let Some(traceback) = self.traceback().filter(|_| f.alternate()) {
+            write!(f, "\n{traceback}")?;
         }
         Ok(())
     }

@@ -8,6 +8,7 @@
 
 pub mod config;
 pub mod core;
+pub mod endpoint;
 pub mod handle;
 pub mod session;
 pub mod termination;

@@ -3,14 +3,13 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::Stream;
-use futures::channel::oneshot;
-use futures::future::{FutureExt, Shared, poll_fn};
+use futures::future::poll_fn;
 
 use crate::connection::Connection;
 use crate::wire::{Init as InitMessage, InitResponse, UdfRequest, UdfResponse};
@@ -61,21 +60,53 @@ use state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
 
 /// A future-or-present view of a session's final [`Termination`], available after the
 /// session is finalized by `close()` or by drop cleanup. Cheap to clone.
-#[derive(Clone)]
+#[derive(Clone, Default)]
 pub struct TerminationWatch {
-    rx: Shared<oneshot::Receiver<Termination>>,
+    shared: Arc<Mutex<WatchState>>,
+}
+
+#[derive(Default)]
+struct WatchState {
+    outcome: Option<Termination>,
+    wakers: Vec<Waker>,
 }
 
 impl TerminationWatch {
+    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn publish(&self, termination: Termination) {
+        let wakers = {
+            let mut st = self.lock();
+            if st.outcome.is_some() {
+                return;
+            }
+            st.outcome = Some(termination);
+            std::mem::take(&mut st.wakers)
+        };
+        wakers.into_iter().for_each(Waker::wake);
+    }
+
     /// The final outcome, if the session has been finalized.
     pub fn get(&self) -> Option<Termination> {
-        self.rx.peek().and_then(|r| r.as_ref().ok().cloned())
+        self.lock().outcome.clone()
     }
 
     /// Waits until the session is finalized (by `close()` or drop cleanup) and returns the
-    /// outcome. `None` only if the session was leaked without finalization (`mem::forget`).
-    pub async fn wait(self) -> Option<Termination> {
-        self.rx.await.ok()
+    /// outcome. Never resolves for a session leaked with `mem::forget`.
+    pub async fn wait(self) -> Termination {
+        poll_fn(|cx| {
+            let mut st = self.lock();
+            match &st.outcome {
+                Some(t) => Poll::Ready(t.clone()),
+                None => {
+                    st.wakers.push(cx.waker().clone());
+                    Poll::Pending
+                }
+            }
+        })
+        .await
     }
 }
 
@@ -113,8 +144,7 @@ pub(crate) struct Inner<C> {
     conn: C,
     handle: Arc<dyn WorkerHandle>,
     config: SessionConfig,
-    watch_tx: Option<oneshot::Sender<Termination>>,
-    watch_rx: Shared<oneshot::Receiver<Termination>>,
+    watch: TerminationWatch,
     activity: Activity,
     needs_flush: bool,
     send_broken: bool,
@@ -328,9 +358,7 @@ where
             if let Err(e) = self.handle.release_session() {
                 tracing::warn!(error = %e, "release_session failed");
             }
-            if let Some(tx) = self.watch_tx.take() {
-                let _ = tx.send(termination.clone());
-            }
+            self.watch.publish(termination.clone());
             tracing::debug!(session = %self.id, worker = self.handle.id(), outcome = %termination, "worker session finalized");
         }
         termination
@@ -536,7 +564,7 @@ impl<S: State, C> Session<S, C> {
     /// A handle on the final outcome, resolved when the session is finalized by `close()` or
     /// by drop cleanup.
     pub fn watch(&self) -> TerminationWatch {
-        TerminationWatch { rx: self.inner().watch_rx.clone() }
+        self.inner().watch.clone()
     }
 }
 
@@ -568,15 +596,13 @@ where
     /// count must already include this session: it is released once when the session ends).
     /// Nothing is sent until [`init`](Self::init).
     pub fn new(connection: C, handle: Arc<dyn WorkerHandle>, config: SessionConfig) -> Self {
-        let (tx, rx) = oneshot::channel();
         let inner = Inner {
             id: uuid::Uuid::new_v4(),
             core: EngineCore::new(),
             conn: connection,
             handle,
             config,
-            watch_tx: Some(tx),
-            watch_rx: rx.shared(),
+            watch: TerminationWatch::default(),
             activity: Activity::Idle,
             needs_flush: false,
             send_broken: false,

@@ -1,0 +1,1 @@
+//! The worker side of a worker session (placeholder; being written).
