@@ -7,8 +7,8 @@
 
 use std::task::{Context, Poll};
 
-use futures::channel::mpsc;
 use futures::StreamExt;
+use futures::channel::mpsc;
 
 use super::{Connection, ConnectionError};
 
@@ -31,8 +31,18 @@ pub fn pair<A, B>(capacity: usize) -> (MemoryConnection<A, B>, MemoryConnection<
     let (tx_a, rx_a) = mpsc::channel(buffer);
     let (tx_b, rx_b) = mpsc::channel(buffer);
     (
-        MemoryConnection { tx: tx_a, rx: rx_b, send_closed: false, recv_ended: false },
-        MemoryConnection { tx: tx_b, rx: rx_a, send_closed: false, recv_ended: false },
+        MemoryConnection {
+            tx: tx_a,
+            rx: rx_b,
+            send_closed: false,
+            recv_ended: false,
+        },
+        MemoryConnection {
+            tx: tx_b,
+            rx: rx_a,
+            send_closed: false,
+            recv_ended: false,
+        },
     )
 }
 

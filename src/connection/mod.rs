@@ -53,7 +53,9 @@ impl fmt::Debug for ConnectionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             ConnectionError::Closed => f.write_str("Closed"),
-            ConnectionError::Transport(e) => f.debug_tuple("Transport").field(&e.to_string()).finish(),
+            ConnectionError::Transport(e) => {
+                f.debug_tuple("Transport").field(&e.to_string()).finish()
+            }
         }
     }
 }

@@ -16,6 +16,10 @@ pub trait Timer: Send + Sync + fmt::Debug + 'static {
 }
 
 /// [`Timer`] on tokio's clock (`tokio::time`), available with the `tokio` feature.
+///
+/// Outside a tokio runtime (a session driven by another executor) its sleeps never complete,
+/// so timeouts are disabled there; a warning is logged. Supply your own [`Timer`] for other
+/// executors.
 #[cfg(feature = "tokio")]
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TokioTimer;
@@ -27,7 +31,15 @@ impl Timer for TokioTimer {
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> {
-        Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(deadline)))
+        if tokio::runtime::Handle::try_current().is_err() {
+            tracing::warn!(
+                "TokioTimer used outside a tokio runtime: session timeouts are disabled"
+            );
+            return Box::pin(std::future::pending());
+        }
+        Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
+            deadline,
+        )))
     }
 }
 
@@ -94,7 +106,12 @@ pub(crate) struct Deadline {
 impl Deadline {
     pub(crate) fn new(timer: Option<Arc<dyn Timer>>, duration: Duration) -> Self {
         let at = timer.as_ref().map(|t| t.now() + duration);
-        Deadline { timer, duration, at, sleep: None }
+        Deadline {
+            timer,
+            duration,
+            at,
+            sleep: None,
+        }
     }
 
     pub(crate) fn duration(&self) -> Duration {
@@ -110,7 +127,9 @@ impl Deadline {
 
     /// Polls for expiry; registers the waker when not expired.
     pub(crate) fn poll_expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        let (Some(timer), Some(at)) = (&self.timer, self.at) else { return false };
+        let (Some(timer), Some(at)) = (&self.timer, self.at) else {
+            return false;
+        };
         loop {
             let sleep = self.sleep.get_or_insert_with(|| timer.sleep_until(at));
             if sleep.as_mut().poll(cx).is_pending() {

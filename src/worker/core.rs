@@ -195,7 +195,10 @@ impl EngineCore {
         chunks: impl IntoIterator<Item = Bytes>,
     ) -> Result<(), Misuse> {
         if self.phase != Phase::Created {
-            return Err(Misuse { call: "init", phase: self.phase });
+            return Err(Misuse {
+                call: "init",
+                phase: self.phase,
+            });
         }
         let chunks: Vec<Bytes> = chunks.into_iter().filter(|c| !c.is_empty()).collect();
         if !chunks.is_empty() {
@@ -205,7 +208,8 @@ impl EngineCore {
         self.outbox.push_back(UdfRequest::init(init));
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
-            self.outbox.push_back(UdfRequest::payload_chunk(chunk, i + 1 == n));
+            self.outbox
+                .push_back(UdfRequest::payload_chunk(chunk, i + 1 == n));
         }
         Ok(())
     }
@@ -225,7 +229,10 @@ impl EngineCore {
                 self.stats.skipped_after_cancel += 1;
                 Ok(false)
             }
-            phase => Err(Misuse { call: "send", phase }),
+            phase => Err(Misuse {
+                call: "send",
+                phase,
+            }),
         }
     }
 
@@ -245,7 +252,10 @@ impl EngineCore {
                 self.stats.skipped_after_cancel += 1;
                 Ok(false)
             }
-            phase => Err(Misuse { call: "finish", phase }),
+            phase => Err(Misuse {
+                call: "finish",
+                phase,
+            }),
         }
     }
 
@@ -359,14 +369,20 @@ impl EngineCore {
             ResponseMessage::Finish(resp) => {
                 if self.finish_sent {
                     let execution_error = self.execution_error.clone();
-                    self.settle(Termination::Finished { response: resp, execution_error });
+                    self.settle(Termination::Finished {
+                        response: resp,
+                        execution_error,
+                    });
                 } else {
                     self.fail(PeerViolation::FinishResponseBeforeFinish.into());
                 }
             }
             ResponseMessage::Cancel(resp) => {
                 let execution_error = self.execution_error.clone();
-                self.settle(Termination::Cancelled { response: resp, execution_error });
+                self.settle(Termination::Cancelled {
+                    response: resp,
+                    execution_error,
+                });
             }
         }
     }

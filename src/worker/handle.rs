@@ -74,7 +74,10 @@ pub struct CountingHandle {
 impl CountingHandle {
     /// A handle with the given id, no sessions, valid.
     pub fn new(id: impl Into<String>) -> Self {
-        CountingHandle { id: id.into(), ..Default::default() }
+        CountingHandle {
+            id: id.into(),
+            ..Default::default()
+        }
     }
 
     /// A handle with a fresh UUID v4 id and one session already acquired: what a session
@@ -91,7 +94,9 @@ impl CountingHandle {
     /// [`HandleError::Closed`] after [`close`](Self::close).
     pub fn acquire_session(&self) -> Result<(), HandleError> {
         if self.closed.load(Ordering::SeqCst) {
-            return Err(HandleError::Closed { id: self.id.clone() });
+            return Err(HandleError::Closed {
+                id: self.id.clone(),
+            });
         }
         self.sessions.fetch_add(1, Ordering::SeqCst);
         Ok(())
@@ -114,12 +119,19 @@ impl CountingHandle {
 
     /// The outcomes of the sessions finalized on this worker, in order.
     pub fn outcomes(&self) -> Vec<Termination> {
-        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     /// The outcome of the most recently finalized session.
     pub fn last_outcome(&self) -> Option<Termination> {
-        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).last().cloned()
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .last()
+            .cloned()
     }
 }
 
@@ -139,13 +151,18 @@ impl WorkerHandle for CountingHandle {
     fn release_session(&self) -> Result<(), HandleError> {
         self.sessions
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
-            .map_err(|_| HandleError::Underflow { id: self.id.clone() })?;
+            .map_err(|_| HandleError::Underflow {
+                id: self.id.clone(),
+            })?;
         self.releases.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
     fn session_terminated(&self, termination: &Termination) {
-        self.outcomes.lock().unwrap_or_else(|p| p.into_inner()).push(termination.clone());
+        self.outcomes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(termination.clone());
     }
 }
 
@@ -156,7 +173,10 @@ mod tests {
     #[test]
     fn release_underflow_is_an_error_not_a_wrap() {
         let h = CountingHandle::new("w1");
-        assert_eq!(h.release_session(), Err(HandleError::Underflow { id: "w1".into() }));
+        assert_eq!(
+            h.release_session(),
+            Err(HandleError::Underflow { id: "w1".into() })
+        );
         assert_eq!(h.active_sessions(), 0);
         h.acquire_session().unwrap();
         assert_eq!(h.release_session(), Ok(()));
@@ -172,7 +192,10 @@ mod tests {
         h.mark_invalid();
         assert!(h.is_invalid());
         h.close();
-        assert!(matches!(h.acquire_session(), Err(HandleError::Closed { .. })));
+        assert!(matches!(
+            h.acquire_session(),
+            Err(HandleError::Closed { .. })
+        ));
         assert_eq!(h.active_sessions(), 1);
     }
 }

@@ -14,9 +14,9 @@ pub mod session;
 pub mod termination;
 
 pub use config::SessionConfig;
+pub use config::Timer;
 #[cfg(feature = "tokio")]
 pub use config::TokioTimer;
-pub use config::Timer;
 pub use core::{CoreStats, EngineCore, InitStatus, Misuse, Phase};
 pub use handle::{CountingHandle, HandleError, WorkerHandle};
 pub use session::{AnySession, Process, Session, SessionFailed, TerminationWatch, state};

@@ -112,7 +112,9 @@ impl TerminationWatch {
 
 impl fmt::Debug for TerminationWatch {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("TerminationWatch").field("outcome", &self.get()).finish()
+        f.debug_struct("TerminationWatch")
+            .field("outcome", &self.get())
+            .finish()
     }
 }
 
@@ -170,11 +172,48 @@ where
     /// Moves queued requests to the connection and received responses into the core.
     /// Returns whether anything moved (a worker event, for per-poll deadlines).
     fn poll_io(&mut self, cx: &mut Context<'_>) -> bool {
+        // Receive first: a terminator that is already here wins over requests still queued
+        // (nothing is sent after the terminal).
+        let mut progress = self.poll_receive(cx);
+        progress |= self.poll_transmit(cx);
+        progress
+    }
+
+    fn poll_receive(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while !self.recv_ended
+            && !self.core.is_terminal()
+            && self.core.output_len() < self.config.output_buffer.max(1)
+        {
+            match self.conn.poll_recv(cx) {
+                Poll::Ready(Some(Ok(msg))) => {
+                    self.core.handle_response(msg);
+                    progress = true;
+                }
+                Poll::Ready(Some(Err(e))) => {
+                    self.recv_ended = true;
+                    self.core.handle_connection_error(e);
+                    progress = true;
+                }
+                Poll::Ready(None) => {
+                    self.recv_ended = true;
+                    self.core.handle_stream_end();
+                    progress = true;
+                }
+                Poll::Pending => break,
+            }
+        }
+        progress
+    }
+
+    fn poll_transmit(&mut self, cx: &mut Context<'_>) -> bool {
         let mut progress = false;
         while self.core.has_transmit() && !self.send_broken {
             match self.conn.poll_ready(cx) {
                 Poll::Ready(Ok(())) => {
-                    let Some(req) = self.core.poll_transmit() else { break };
+                    let Some(req) = self.core.poll_transmit() else {
+                        break;
+                    };
                     if let Err(e) = self.conn.start_send(req) {
                         self.send_broken = true;
                         self.core.handle_connection_error(e);
@@ -198,28 +237,6 @@ where
                     self.core.handle_connection_error(e);
                 }
                 Poll::Pending => {}
-            }
-        }
-        while !self.recv_ended
-            && !self.core.is_terminal()
-            && self.core.output_len() < self.config.output_buffer.max(1)
-        {
-            match self.conn.poll_recv(cx) {
-                Poll::Ready(Some(Ok(msg))) => {
-                    self.core.handle_response(msg);
-                    progress = true;
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    self.recv_ended = true;
-                    self.core.handle_connection_error(e);
-                    progress = true;
-                }
-                Poll::Ready(None) => {
-                    self.recv_ended = true;
-                    self.core.handle_stream_end();
-                    progress = true;
-                }
-                Poll::Pending => break,
             }
         }
         progress
@@ -263,7 +280,10 @@ where
         self.drive(Wait::Terminator, timeout, false, |s| {
             let dropped = s.core.discard_output();
             if dropped > 0 {
-                tracing::debug!(dropped, "discarding UDF output while waiting for the terminator");
+                tracing::debug!(
+                    dropped,
+                    "discarding UDF output while waiting for the terminator"
+                );
             }
             s.core.is_terminal().then_some(())
         })
@@ -292,7 +312,11 @@ where
                     Poll::Pending => {}
                 }
             }
-            if deadline.poll_expired(cx) { Poll::Ready(()) } else { Poll::Pending }
+            if deadline.poll_expired(cx) {
+                Poll::Ready(())
+            } else {
+                Poll::Pending
+            }
         })
         .await;
     }
@@ -314,7 +338,8 @@ where
         let context = self.activity.context();
         let waited = self.config.interrupt_cancel_timeout;
         if !self.core.is_terminal() {
-            self.core.cancel(Some(format!("interrupted while {context}")));
+            self.core
+                .cancel(Some(format!("interrupted while {context}")));
             let ack = tokio::time::timeout(waited, self.drive_terminal_untimed()).await;
             if ack.is_err() {
                 self.core.handle_interrupt(context, waited);
@@ -346,9 +371,14 @@ where
     fn finalize(&mut self) -> Termination {
         if !self.core.is_terminal() {
             // Defensive guard (spec §5.1 step 3): never finalize a non-terminal session.
-            self.core.handle_interrupt(self.activity.context(), Duration::ZERO);
+            self.core
+                .handle_interrupt(self.activity.context(), Duration::ZERO);
         }
-        let termination = self.core.terminal().cloned().unwrap_or_else(Termination::cancelled_before_start);
+        let termination = self
+            .core
+            .terminal()
+            .cloned()
+            .unwrap_or_else(Termination::cancelled_before_start);
         if !self.finalized {
             self.finalized = true;
             self.handle.session_terminated(&termination);
@@ -524,15 +554,23 @@ impl<C: fmt::Debug> std::error::Error for SessionFailed<C> {
 
 impl<S: State, C> Session<S, C> {
     fn inner(&self) -> &Inner<C> {
-        self.inner.as_deref().expect("a live session always holds its state")
+        self.inner
+            .as_deref()
+            .expect("a live session always holds its state")
     }
 
     fn inner_mut(&mut self) -> &mut Inner<C> {
-        self.inner.as_deref_mut().expect("a live session always holds its state")
+        self.inner
+            .as_deref_mut()
+            .expect("a live session always holds its state")
     }
 
     fn into_state<T: State>(mut self) -> Session<T, C> {
-        Session { inner: self.inner.take(), cleanup: self.cleanup, _state: PhantomData }
+        Session {
+            inner: self.inner.take(),
+            cleanup: self.cleanup,
+            _state: PhantomData,
+        }
     }
 
     /// This session's id (UUID v4), for logs.
@@ -578,13 +616,22 @@ where
     /// then finalizes the worker handle (mark invalid if unsalvageable, release once) and
     /// returns the [`Termination`] (spec §5.3 case table). Never fails.
     pub async fn close(mut self) -> Termination {
-        let mut inner = self.inner.take().expect("a live session always holds its state");
+        let mut inner = self
+            .inner
+            .take()
+            .expect("a live session always holds its state");
         inner.close().await
     }
 
     fn fail(self) -> SessionFailed<C> {
-        let error = self.inner().terminal_error().unwrap_or(SessionError::Cancelled);
-        SessionFailed { error, session: self.into_state() }
+        let error = self
+            .inner()
+            .terminal_error()
+            .unwrap_or(SessionError::Cancelled);
+        SessionFailed {
+            error,
+            session: self.into_state(),
+        }
     }
 }
 
@@ -609,7 +656,11 @@ where
             recv_ended: false,
             finalized: false,
         };
-        Session { inner: Some(Box::new(inner)), cleanup: cleanup_on_drop::<C>, _state: PhantomData }
+        Session {
+            inner: Some(Box::new(inner)),
+            cleanup: cleanup_on_drop::<C>,
+            _state: PhantomData,
+        }
     }
 }
 
@@ -628,7 +679,10 @@ where
     /// - no `InitResponse` within [`SessionConfig::init_timeout`]: Cancel is sent and the
     ///   session settles `TransportFailed(Timeout)`;
     /// - a worker protocol violation or transport failure: `TransportFailed`.
-    pub async fn init(self, init: InitMessage) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+    pub async fn init(
+        self,
+        init: InitMessage,
+    ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
         self.init_with_chunks(init, Vec::new()).await
     }
 
@@ -666,13 +720,18 @@ where
         chunks: Vec<Bytes>,
     ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
         let inner = self.inner_mut();
-        inner.core.start_init(init, chunks).expect("the Init typestate is the Created phase");
+        inner
+            .core
+            .start_init(init, chunks)
+            .expect("the Init typestate is the Created phase");
         inner.activity = Activity::AwaitingInit;
         let timeout = inner.config.init_timeout;
         let status = inner
-            .drive(Wait::InitResponse, timeout, false, |s| match s.core.init_status() {
-                InitStatus::Pending => None,
-                status => Some(status),
+            .drive(Wait::InitResponse, timeout, false, |s| {
+                match s.core.init_status() {
+                    InitStatus::Pending => None,
+                    status => Some(status),
+                }
             })
             .await;
         match status {
@@ -691,7 +750,10 @@ where
                     .map(SessionError::Execution)
                     .or_else(|| inner.terminal_error())
                     .unwrap_or(SessionError::Cancelled);
-                Err(SessionFailed { error, session: self.into_state() })
+                Err(SessionFailed {
+                    error,
+                    session: self.into_state(),
+                })
             }
             InitStatus::Pending | InitStatus::Terminated => {
                 inner.activity = Activity::Idle;
@@ -707,7 +769,10 @@ where
 {
     /// The `InitResponse` the worker accepted the session with.
     pub fn init_response(&self) -> &InitResponse {
-        self.inner().core.init_response().expect("a streaming session has an InitResponse")
+        self.inner()
+            .core
+            .init_response()
+            .expect("a streaming session has an InitResponse")
     }
 
     /// Sends one `DataRequest` (one batch in the session's data format, spec §1.4) and waits
@@ -727,7 +792,10 @@ where
         if inner.core.cancel_requested() || inner.core.is_terminal() {
             return Err(inner.cancelled_error());
         }
-        inner.core.send_data(data).expect("the Streaming typestate allows data");
+        inner
+            .core
+            .send_data(data)
+            .expect("the Streaming typestate allows data");
         inner.flush(Activity::Sending).await;
         match inner.core.terminal() {
             Some(_) => Err(inner.cancelled_error()),
@@ -751,7 +819,10 @@ where
     /// failure, unsolicited `CancelResponse`…).
     pub async fn finish(mut self) -> Result<Session<Finishing, C>, SessionFailed<C>> {
         let inner = self.inner_mut();
-        inner.core.finish().expect("the Streaming typestate allows finish");
+        inner
+            .core
+            .finish()
+            .expect("the Streaming typestate allows finish");
         inner.flush(Activity::Sending).await;
         if inner.terminal_error().is_some() {
             return Err(self.fail());
@@ -785,7 +856,10 @@ where
     }
 }
 
-async fn cancel_session<S: State, C>(mut session: Session<S, C>, reason: Option<String>) -> Session<Cancelling, C>
+async fn cancel_session<S: State, C>(
+    mut session: Session<S, C>,
+    reason: Option<String>,
+) -> Session<Cancelling, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -869,7 +943,10 @@ where
 impl<C> Session<Terminated, C> {
     /// The settled outcome.
     pub fn outcome(&self) -> &Termination {
-        self.inner().core.terminal().expect("a Terminated session has settled")
+        self.inner()
+            .core
+            .terminal()
+            .expect("a Terminated session has settled")
     }
 }
 
@@ -927,7 +1004,11 @@ where
         if this.done {
             return Poll::Ready(None);
         }
-        let inner = this.session.inner.as_deref_mut().expect("a live session always holds its state");
+        let inner = this
+            .session
+            .inner
+            .as_deref_mut()
+            .expect("a live session always holds its state");
         loop {
             let progress = inner.poll_io(cx);
             if let Some(batch) = inner.core.pop_output() {
@@ -963,7 +1044,9 @@ where
             // Waiting on the worker (output, terminator or transport capacity): per-poll timeout.
             inner.activity = Activity::Receiving;
             if this.deadline.poll_expired(cx) {
-                inner.core.handle_timeout(Wait::Output, this.deadline.duration());
+                inner
+                    .core
+                    .handle_timeout(Wait::Output, this.deadline.duration());
                 continue;
             }
             return Poll::Pending;

@@ -68,7 +68,10 @@ impl Termination {
     /// The synthetic outcome of a session closed before anything was sent (spec §5.3 first
     /// row): `Cancelled` with an empty `CancelResponse`.
     pub fn cancelled_before_start() -> Self {
-        Termination::Cancelled { response: CancelResponse::default(), execution_error: None }
+        Termination::Cancelled {
+            response: CancelResponse::default(),
+            execution_error: None,
+        }
     }
 
     /// The variant, without payload.
@@ -95,8 +98,12 @@ impl Termination {
     /// or the `Failed` error.
     pub fn execution_error(&self) -> Option<&ExecutionError> {
         match self {
-            Termination::Finished { execution_error, .. }
-            | Termination::Cancelled { execution_error, .. } => execution_error.as_ref(),
+            Termination::Finished {
+                execution_error, ..
+            }
+            | Termination::Cancelled {
+                execution_error, ..
+            } => execution_error.as_ref(),
             Termination::Failed(e) => Some(e),
             _ => None,
         }
@@ -126,11 +133,17 @@ impl Termination {
     /// recorded execution error first, then the callback error).
     pub fn to_error(&self) -> Option<SessionError> {
         match self {
-            Termination::Finished { response, execution_error } => execution_error
+            Termination::Finished {
+                response,
+                execution_error,
+            } => execution_error
                 .as_ref()
                 .or(response.error.as_ref())
                 .map(|e| SessionError::Execution(e.clone())),
-            Termination::Cancelled { response, execution_error } => Some(
+            Termination::Cancelled {
+                response,
+                execution_error,
+            } => Some(
                 execution_error
                     .as_ref()
                     .or(response.error.as_ref())
@@ -147,7 +160,10 @@ impl Termination {
 impl fmt::Display for Termination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Termination::Finished { execution_error, response } => {
+            Termination::Finished {
+                execution_error,
+                response,
+            } => {
                 f.write_str("Finished")?;
                 if let Some(e) = execution_error {
                     write!(f, " (execution error: {e})")?;
@@ -157,7 +173,10 @@ impl fmt::Display for Termination {
                 }
                 Ok(())
             }
-            Termination::Cancelled { execution_error, response } => {
+            Termination::Cancelled {
+                execution_error,
+                response,
+            } => {
                 f.write_str("Cancelled")?;
                 if let Some(e) = execution_error {
                     write!(f, " (execution error: {e})")?;
