@@ -65,10 +65,11 @@ fn config() -> SessionConfig {
 }
 
 fn huge_timeouts() -> SessionConfig {
-    let mut c = SessionConfig::default();
-    c.init_timeout = Duration::from_secs(600);
-    c.terminal_timeout = Duration::from_secs(600);
-    c
+    SessionConfig {
+        init_timeout: Duration::from_secs(600),
+        terminal_timeout: Duration::from_secs(600),
+        ..SessionConfig::default()
+    }
 }
 
 fn setup(config: SessionConfig) -> (Session<InitState, EngineConn>, Worker, Arc<CountingHandle>) {
@@ -232,8 +233,10 @@ async fn udf_s006_close_after_finish_response_returns_finished() {
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Data));
         assert_eq!(w.recv_kind().await, Some(RequestKind::Finish));
-        let mut r = FinishResponse::default();
-        r.data = Some(Bytes::from_static(b"done"));
+        let r = FinishResponse {
+            data: Some(Bytes::from_static(b"done")),
+            ..Default::default()
+        };
         w.send(UdfResponse::finish(r)).await;
         w.drain().await
     });

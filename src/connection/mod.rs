@@ -13,6 +13,8 @@
 //! [`memory::pair`] gives a bounded, backpressured in-memory pair for tests and for running an
 //! engine and a worker in one process.
 
+#[cfg(feature = "tokio")]
+pub mod framed;
 pub mod memory;
 
 use std::error::Error as StdError;

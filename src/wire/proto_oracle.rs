@@ -248,7 +248,13 @@ const VARINT_SCALARS: &[&str] = &[
 /// resolved across all oracle files. Skips (with a notice) when the oracle is not present.
 pub(crate) fn check(files: &[&str], probes: &[Probe], enums: &[(&str, i32, &str)]) {
     let Some(dir) = oracle_dir() else {
-        eprintln!("proto oracle not found (set TETHER_UDF_PROTO_DIR); skipping schema check");
+        // Under CI the oracle must be there: a missing one fails instead of passing silently.
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "proto oracle not found under CI (expected ../shared/oracle/udf-proto-4.3.0 or \
+             TETHER_UDF_PROTO_DIR)"
+        );
+        eprintln!("SKIPPED: proto oracle not found (set TETHER_UDF_PROTO_DIR); schema check not run");
         return;
     };
     let mut all = Schema::default();

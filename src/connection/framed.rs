@@ -1,0 +1,348 @@
+//! Length-delimited frames over any `AsyncRead + AsyncWrite` (Unix sockets, TCP), as a
+//! [`Connection`]. Available with the `tokio` feature.
+//!
+//! Each message travels as one frame of [`FrameCodec`](crate::wire::FrameCodec): a 4-byte
+//! big-endian length, then the protobuf body. It is tether's lightweight alternative to gRPC:
+//! one socket connection per session, no HTTP/2.
+//!
+//! Robustness against a hostile or broken peer:
+//! - a length prefix above [`FramedConfig::max_frame_len`] is a typed error at once, and the
+//!   claimed length is never allocated;
+//! - a peer that closes mid-frame gives [`FramedError::Frame`] (`Truncated`);
+//! - a frame that has started must complete within [`FramedConfig::frame_timeout`] (30 s by
+//!   default), so a peer trickling bytes cannot hold a session forever.
+
+use std::io;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::BytesMut;
+use futures::{Sink, Stream};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio_util::codec::{Decoder, Encoder, Framed};
+
+use super::{Connection, ConnectionError};
+use crate::wire::{DEFAULT_MAX_FRAME_LEN, FrameCodec, FrameError};
+
+/// Settings of a framed connection.
+#[derive(Debug, Clone)]
+pub struct FramedConfig {
+    /// Largest accepted frame body in bytes (default 128 MiB, as Spark's gRPC limit).
+    pub max_frame_len: usize,
+    /// Initial read buffer capacity in bytes (default 64 KiB).
+    pub read_buffer: usize,
+    /// Bytes buffered for writing before `poll_ready` waits for the socket (default 64 KiB).
+    pub write_buffer: usize,
+    /// Longest time a started frame may take to arrive completely (default 30 s).
+    pub frame_timeout: Duration,
+}
+
+impl Default for FramedConfig {
+    fn default() -> Self {
+        FramedConfig {
+            max_frame_len: DEFAULT_MAX_FRAME_LEN,
+            read_buffer: 64 * 1024,
+            write_buffer: 64 * 1024,
+            frame_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Errors of a framed connection. Converted into [`ConnectionError::Transport`] when seen
+/// through the [`Connection`] trait (the original stays reachable as the source).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum FramedError {
+    /// Socket I/O failed.
+    #[error("I/O error: {0}")]
+    Io(#[from] io::Error),
+    /// A frame was oversize, truncated by the peer closing, or undecodable.
+    #[error(transparent)]
+    Frame(#[from] FrameError),
+    /// A started frame did not complete in time.
+    #[error("frame started but not completed within {0:?}")]
+    FrameTimeout(Duration),
+}
+
+impl From<FramedError> for ConnectionError {
+    fn from(e: FramedError) -> Self {
+        ConnectionError::transport(e)
+    }
+}
+
+/// The tokio-util codec: messages of type `Out` encoded, `In` decoded.
+#[derive(Debug)]
+pub struct MessageCodec<Out, In> {
+    codec: FrameCodec,
+    _types: PhantomData<fn(Out) -> In>,
+}
+
+impl<Out, In> MessageCodec<Out, In> {
+    /// A codec with the given maximum frame body length in bytes.
+    pub fn new(max_frame_len: usize) -> Self {
+        MessageCodec {
+            codec: FrameCodec::new(max_frame_len),
+            _types: PhantomData,
+        }
+    }
+}
+
+impl<Out, In: prost::Message + Default> Decoder for MessageCodec<Out, In> {
+    type Item = In;
+    type Error = FramedError;
+
+    fn decode(&mut self, src: &mut BytesMut) -> Result<Option<In>, FramedError> {
+        Ok(self.codec.decode(src)?)
+    }
+
+    fn decode_eof(&mut self, src: &mut BytesMut) -> Result<Option<In>, FramedError> {
+        Ok(self.codec.decode_eof(src)?)
+    }
+}
+
+impl<Out: prost::Message, In> Encoder<Out> for MessageCodec<Out, In> {
+    type Error = FramedError;
+
+    fn encode(&mut self, item: Out, dst: &mut BytesMut) -> Result<(), FramedError> {
+        Ok(self.codec.encode(&item, dst)?)
+    }
+}
+
+/// A [`Connection`] over a byte stream `T`, sending `Out` and receiving `In` as
+/// length-delimited frames.
+pub struct FramedConnection<T, Out, In> {
+    inner: Framed<T, MessageCodec<Out, In>>,
+    frame_timeout: Duration,
+    frame_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
+    recv_ended: bool,
+    send_closed: bool,
+}
+
+impl<T, Out, In> std::fmt::Debug for FramedConnection<T, Out, In> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FramedConnection")
+            .field("recv_ended", &self.recv_ended)
+            .field("send_closed", &self.send_closed)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<T, Out, In> FramedConnection<T, Out, In>
+where
+    T: AsyncRead + AsyncWrite,
+{
+    /// Wraps an established byte stream.
+    pub fn new(io: T, config: &FramedConfig) -> Self {
+        let mut inner = Framed::with_capacity(
+            io,
+            MessageCodec::new(config.max_frame_len),
+            config.read_buffer,
+        );
+        inner.set_backpressure_boundary(config.write_buffer.max(1));
+        FramedConnection {
+            inner,
+            frame_timeout: config.frame_timeout,
+            frame_deadline: None,
+            recv_ended: false,
+            send_closed: false,
+        }
+    }
+
+    /// The underlying byte stream.
+    pub fn get_ref(&self) -> &T {
+        self.inner.get_ref()
+    }
+}
+
+impl<T, Out, In> Connection<Out, In> for FramedConnection<T, Out, In>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+    Out: prost::Message,
+    In: prost::Message + Default,
+{
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        Sink::<Out>::poll_ready(Pin::new(&mut self.inner), cx).map_err(Into::into)
+    }
+
+    fn start_send(&mut self, msg: Out) -> Result<(), ConnectionError> {
+        Sink::<Out>::start_send(Pin::new(&mut self.inner), msg).map_err(Into::into)
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        Sink::<Out>::poll_flush(Pin::new(&mut self.inner), cx).map_err(Into::into)
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        let r = Sink::<Out>::poll_close(Pin::new(&mut self.inner), cx).map_err(Into::into);
+        if r.is_ready() {
+            self.send_closed = true;
+        }
+        r
+    }
+
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<In, ConnectionError>>> {
+        if self.recv_ended {
+            return Poll::Ready(None);
+        }
+        match Pin::new(&mut self.inner).poll_next(cx) {
+            Poll::Ready(item) => {
+                self.frame_deadline = None;
+                if !matches!(item, Some(Ok(_))) {
+                    self.recv_ended = true;
+                }
+                Poll::Ready(item.map(|r| r.map_err(Into::into)))
+            }
+            Poll::Pending => {
+                if self.inner.read_buffer().is_empty() {
+                    self.frame_deadline = None;
+                    return Poll::Pending;
+                }
+                // A frame has started: it must complete in time.
+                let timeout = self.frame_timeout;
+                let deadline = self
+                    .frame_deadline
+                    .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+                if deadline.as_mut().poll(cx).is_ready() {
+                    self.frame_deadline = None;
+                    self.recv_ended = true;
+                    return Poll::Ready(Some(Err(FramedError::FrameTimeout(timeout).into())));
+                }
+                Poll::Pending
+            }
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        !(self.recv_ended && self.send_closed)
+    }
+}
+
+use std::future::Future as _;
+
+/// Connects to a Unix-domain socket at `path` (engine side: one connection per session).
+///
+/// # Errors
+/// The socket error (no listener, permission…).
+pub async fn connect_unix<Out, In>(
+    path: impl AsRef<Path>,
+    config: &FramedConfig,
+) -> io::Result<FramedConnection<UnixStream, Out, In>> {
+    let io = UnixStream::connect(path).await?;
+    Ok(FramedConnection::new(io, config))
+}
+
+/// Connects over TCP (loopback) to `addr`.
+///
+/// # Errors
+/// The socket error.
+pub async fn connect_tcp<Out, In>(
+    addr: std::net::SocketAddr,
+    config: &FramedConfig,
+) -> io::Result<FramedConnection<TcpStream, Out, In>> {
+    let io = TcpStream::connect(addr).await?;
+    io.set_nodelay(true)?;
+    Ok(FramedConnection::new(io, config))
+}
+
+/// The worker side's listener: accepts one framed connection per session, on a Unix socket
+/// path or a TCP address.
+#[derive(Debug)]
+pub enum FramedListener {
+    /// Listening on a Unix-domain socket.
+    Unix(UnixListener),
+    /// Listening on TCP.
+    Tcp(TcpListener),
+}
+
+impl FramedListener {
+    /// Binds a Unix-domain socket at `path` (the worker's `--connection` argument).
+    ///
+    /// # Errors
+    /// The bind error (e.g. the path exists, or is longer than the platform limit).
+    pub fn bind_unix(path: impl AsRef<Path>) -> io::Result<Self> {
+        Ok(FramedListener::Unix(UnixListener::bind(path)?))
+    }
+
+    /// Binds TCP on `addr` (use a loopback address).
+    ///
+    /// # Errors
+    /// The bind error.
+    pub async fn bind_tcp(addr: std::net::SocketAddr) -> io::Result<Self> {
+        Ok(FramedListener::Tcp(TcpListener::bind(addr).await?))
+    }
+
+    /// The bound TCP address, for a TCP listener.
+    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        match self {
+            FramedListener::Tcp(l) => l.local_addr().ok(),
+            FramedListener::Unix(_) => None,
+        }
+    }
+
+    /// Accepts the next session's connection.
+    ///
+    /// # Errors
+    /// The accept error.
+    pub async fn accept<Out, In>(
+        &self,
+        config: &FramedConfig,
+    ) -> io::Result<AcceptedConnection<Out, In>> {
+        Ok(match self {
+            FramedListener::Unix(l) => {
+                AcceptedConnection::Unix(FramedConnection::new(l.accept().await?.0, config))
+            }
+            FramedListener::Tcp(l) => {
+                let (io, _) = l.accept().await?;
+                io.set_nodelay(true)?;
+                AcceptedConnection::Tcp(FramedConnection::new(io, config))
+            }
+        })
+    }
+}
+
+/// A connection accepted by a [`FramedListener`]: Unix or TCP.
+#[derive(Debug)]
+pub enum AcceptedConnection<Out, In> {
+    /// Over a Unix-domain socket.
+    Unix(FramedConnection<UnixStream, Out, In>),
+    /// Over TCP.
+    Tcp(FramedConnection<TcpStream, Out, In>),
+}
+
+macro_rules! delegate {
+    ($self:ident, $c:ident => $e:expr) => {
+        match $self {
+            AcceptedConnection::Unix($c) => $e,
+            AcceptedConnection::Tcp($c) => $e,
+        }
+    };
+}
+
+impl<Out, In> Connection<Out, In> for AcceptedConnection<Out, In>
+where
+    Out: prost::Message,
+    In: prost::Message + Default,
+{
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        delegate!(self, c => c.poll_ready(cx))
+    }
+    fn start_send(&mut self, msg: Out) -> Result<(), ConnectionError> {
+        delegate!(self, c => c.start_send(msg))
+    }
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        delegate!(self, c => c.poll_flush(cx))
+    }
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        delegate!(self, c => c.poll_close(cx))
+    }
+    fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<In, ConnectionError>>> {
+        delegate!(self, c => c.poll_recv(cx))
+    }
+    fn is_active(&self) -> bool {
+        delegate!(self, c => Connection::<Out, In>::is_active(c))
+    }
+}
