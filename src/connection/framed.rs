@@ -290,23 +290,24 @@ impl FramedListener {
     pub async fn accept<Out, In>(
         &self,
         config: &FramedConfig,
-    ) -> io::Result<AcceptedConnection<Out, In>> {
+    ) -> io::Result<SocketConnection<Out, In>> {
         Ok(match self {
             FramedListener::Unix(l) => {
-                AcceptedConnection::Unix(FramedConnection::new(l.accept().await?.0, config))
+                SocketConnection::Unix(FramedConnection::new(l.accept().await?.0, config))
             }
             FramedListener::Tcp(l) => {
                 let (io, _) = l.accept().await?;
                 io.set_nodelay(true)?;
-                AcceptedConnection::Tcp(FramedConnection::new(io, config))
+                SocketConnection::Tcp(FramedConnection::new(io, config))
             }
         })
     }
 }
 
-/// A connection accepted by a [`FramedListener`]: Unix or TCP.
+/// A framed connection over a Unix or TCP socket (what [`FramedListener::accept`] returns, and
+/// the engine side of [`FramedTransport`](crate::worker::transport::FramedTransport)).
 #[derive(Debug)]
-pub enum AcceptedConnection<Out, In> {
+pub enum SocketConnection<Out, In> {
     /// Over a Unix-domain socket.
     Unix(FramedConnection<UnixStream, Out, In>),
     /// Over TCP.
@@ -316,13 +317,13 @@ pub enum AcceptedConnection<Out, In> {
 macro_rules! delegate {
     ($self:ident, $c:ident => $e:expr) => {
         match $self {
-            AcceptedConnection::Unix($c) => $e,
-            AcceptedConnection::Tcp($c) => $e,
+            SocketConnection::Unix($c) => $e,
+            SocketConnection::Tcp($c) => $e,
         }
     };
 }
 
-impl<Out, In> Connection<Out, In> for AcceptedConnection<Out, In>
+impl<Out, In> Connection<Out, In> for SocketConnection<Out, In>
 where
     Out: prost::Message,
     In: prost::Message + Default,

@@ -1,0 +1,124 @@
+//! How a dispatcher reaches a worker process and opens one connection per session.
+//!
+//! A worker listens on one endpoint (spec §1.1, §6.4: a Unix socket path passed as
+//! `--connection`, or a loopback TCP port). [`WorkerTransport`] says how to reach it: first a
+//! per-worker [`Channel`](WorkerTransport::Channel) (nothing for the framed transport, an
+//! HTTP/2 channel shared by all sessions for gRPC), then one
+//! [`Connection`](WorkerTransport::Connection) per session.
+
+use std::io;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use futures::future::BoxFuture;
+
+use crate::connection::Connection;
+use crate::wire::{UdfRequest, UdfResponse};
+
+/// Where a worker listens (the value behind its `--connection` argument).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum WorkerEndpoint {
+    /// A Unix-domain socket path.
+    Unix(PathBuf),
+    /// A TCP address (loopback).
+    Tcp(SocketAddr),
+}
+
+impl WorkerEndpoint {
+    /// The string passed to the worker as `--connection`: the socket path, or the port for
+    /// TCP (spec §1.9 `ProcessCallable`).
+    pub fn to_argument(&self) -> String {
+        match self {
+            WorkerEndpoint::Unix(p) => p.display().to_string(),
+            WorkerEndpoint::Tcp(a) => a.port().to_string(),
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerEndpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerEndpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+            WorkerEndpoint::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+/// A way to reach workers: readiness, a shared per-worker channel, and one connection per
+/// session.
+pub trait WorkerTransport: Send + Sync + 'static {
+    /// State shared by all sessions of one worker (e.g. a gRPC channel; `()` for framed).
+    type Channel: Send + Sync + 'static;
+    /// One session's connection to the worker.
+    type Connection: Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static;
+
+    /// Tries once to reach the worker at `endpoint`. `Ok` means the worker serves sessions
+    /// now (a socket file alone is not readiness, spec §6.4); dispatchers call it in a loop
+    /// until their readiness deadline.
+    fn connect<'a>(
+        &'a self,
+        endpoint: &'a WorkerEndpoint,
+    ) -> BoxFuture<'a, io::Result<Self::Channel>>;
+
+    /// Opens the connection of a new session on `channel`.
+    fn open_session<'a>(
+        &'a self,
+        channel: &'a Self::Channel,
+        endpoint: &'a WorkerEndpoint,
+    ) -> BoxFuture<'a, io::Result<Self::Connection>>;
+
+    /// Whether `channel` is still usable (spec §3 `WorkerConnection.isActive`).
+    fn is_active(&self, channel: &Self::Channel) -> bool {
+        let _ = channel;
+        true
+    }
+}
+
+/// The framed transport ([`crate::connection::framed`]): a fresh socket connection per
+/// session; readiness is a successful connect (the probe connection is closed at once, which
+/// a tether worker treats as a session that never started).
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Default)]
+pub struct FramedTransport {
+    /// Frame settings of every connection.
+    pub config: crate::connection::framed::FramedConfig,
+}
+
+#[cfg(feature = "tokio")]
+impl WorkerTransport for FramedTransport {
+    type Channel = ();
+    type Connection = FramedSessionConnection;
+
+    fn connect<'a>(&'a self, endpoint: &'a WorkerEndpoint) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            match endpoint {
+                WorkerEndpoint::Unix(p) => drop(tokio::net::UnixStream::connect(p).await?),
+                WorkerEndpoint::Tcp(a) => drop(tokio::net::TcpStream::connect(a).await?),
+            }
+            Ok(())
+        })
+    }
+
+    fn open_session<'a>(
+        &'a self,
+        _channel: &'a (),
+        endpoint: &'a WorkerEndpoint,
+    ) -> BoxFuture<'a, io::Result<FramedSessionConnection>> {
+        use crate::connection::framed::{connect_tcp, connect_unix};
+        Box::pin(async move {
+            Ok(match endpoint {
+                WorkerEndpoint::Unix(p) => {
+                    FramedSessionConnection::Unix(connect_unix(p, &self.config).await?)
+                }
+                WorkerEndpoint::Tcp(a) => {
+                    FramedSessionConnection::Tcp(connect_tcp(*a, &self.config).await?)
+                }
+            })
+        })
+    }
+}
+
+/// The engine side of a framed session connection: Unix or TCP.
+#[cfg(feature = "tokio")]
+pub type FramedSessionConnection =
+    crate::connection::framed::SocketConnection<UdfRequest, UdfResponse>;
