@@ -1,4 +1,71 @@
-//! tether (work in progress)
+//! # tether
+//!
+//! Apache Spark's external-UDF-worker session protocol as compile-time typestates over any
+//! transport.
+//!
+//! ## Worker sessions (engine side, [`worker::Session`])
+//!
+//! One UDF execution on an external worker process: `Init`, data streamed both ways, then
+//! `Finish` or `Cancel`, and exactly one terminal outcome ([`worker::Termination`]):
+//!
+//! ```text
+//!                    init() ─ InitResponse ok
+//!   ┌──────┐ ───────────────────────────────────► ┌───────────┐ send()/recv()
+//!   │ Init │                                      │ Streaming │ ◄────────────┐
+//!   └──────┘ ──┐ InitResponse.error /             └───────────┘ ─────────────┘
+//!              │ ErrorResponse: Cancel round trip    │      │
+//!              │                          finish()   │      │ cancel(), ErrorResponse
+//!              │                                     ▼      ▼
+//!              │                            ┌───────────┐ cancel() ┌────────────┐
+//!              │                            │ Finishing │ ───────► │ Cancelling │
+//!              │                            └───────────┘          └────────────┘
+//!              │                  FinishResponse │   CancelResponse │
+//!              ▼                                 ▼                  ▼
+//!   ┌─────────────────────────────────────────────────────────────────────────┐
+//!   │ Terminated: Finished | Cancelled | Failed | TransportFailed | Interrupted │
+//!   └─────────────────────────────────────────────────────────────────────────┘
+//!        any state ── transport error, peer violation, timeout ──► TransportFailed
+//!        any state ── dropped, Cancel not acknowledged in 2 s ───► Interrupted
+//!        any state ── close() ──► Cancel if needed ──► Terminated ──► handle released once
+//! ```
+//!
+//! - Methods exist only where the protocol allows them: no data before `init`, no second
+//!   `init`, no `finish` before `init`, nothing but inspection and `close` after
+//!   `Terminated`. Transitions consume the session.
+//! - `close()` is the single finalizer: it returns the [`worker::Termination`], calls
+//!   [`worker::WorkerHandle::mark_invalid`] before
+//!   [`worker::WorkerHandle::release_session`] when the outcome is unsalvageable
+//!   (`TransportFailed`, `Interrupted`), and releases the worker exactly once.
+//! - Dropping a session, or a transition future mid-await, is a defined cancel (see
+//!   [`worker::Session`]).
+//!
+//! ## Worker sessions (worker side, [`worker::endpoint`])
+//!
+//! ```text
+//!   AwaitingInit ─ Init (+ PayloadChunks … last) ─► InitPending ─ accept ─► Data ─ Finish ─► Draining
+//!        │                                              │ reject                │ fail        │ finish
+//!        │                                              ▼                       ▼             ▼
+//!        └── Cancel (any time) ──► CancelResponse    PostError ─ Cancel ─► CancelResponse   FinishResponse
+//!   engine protocol violation ─► ErrorResponse(ProtocolError) (or in InitResponse) ─► CancelResponse ─► close
+//! ```
+//!
+//! ## Layers
+//!
+//! - [`wire`]: the Spark 4.3.0 protobuf messages (`org.apache.spark.udf.worker`), written by
+//!   hand with prost and the official field numbers, and a length-delimited frame codec.
+//! - [`connection`]: the small [`connection::Connection`] trait that any transport
+//!   implements (blanket impl for `Sink + Stream`), and a bounded in-memory pair.
+//! - [`worker`]: the sans-IO protocol cores ([`worker::EngineCore`],
+//!   [`worker::endpoint::WorkerCore`]) and the async typestate drivers over them.
+//!
+//! Reference: `spec/udf-worker-protocol.md` (section numbers in the docs, e.g. "spec §4.5",
+//! refer to it).
+//!
+//! ## Features
+//!
+//! - `tokio` (default): tokio's clock for the session timeouts and the bounded drop-cleanup
+//!   task. With `default-features = false` the crate is runtime-agnostic (bytes, futures,
+//!   pin-project, thiserror, prost, uuid, tracing); supply a [`worker::Timer`] for timeouts.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 

@@ -12,6 +12,7 @@ pub mod endpoint;
 pub mod handle;
 pub mod session;
 pub mod termination;
+pub mod transport;
 
 pub use config::SessionConfig;
 pub use config::Timer;

@@ -1,0 +1,864 @@
+//! The worker side of a worker session as a sans-IO state machine: [`WorkerCore`].
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::time::Duration;
+
+use bytes::{Bytes, BytesMut};
+
+use crate::connection::ConnectionError;
+use crate::wire::{
+    Cancel, CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
+    ResponseKind, UdfRequest, UdfResponse,
+};
+
+use super::config::EndpointConfig;
+use super::crc32::crc32;
+
+/// Where a worker-side session stands (the states of the reference worker, spec §2.1, plus
+/// `InitPending` for the time the user code holds the `Init`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WorkerPhase {
+    /// Nothing received yet; waiting for `Init`.
+    AwaitingInit,
+    /// A chunked `Init` arrived; `PayloadChunk`s are being assembled until `last = true`.
+    AwaitingChunks,
+    /// The `Init` is assembled and verified; the user has not answered it yet (no
+    /// `InitResponse` sent).
+    InitPending,
+    /// `InitResponse` sent without error: input may arrive, output may be sent.
+    Data,
+    /// The worker sent its own `ErrorResponse` or `InitResponse.error` and waits for the
+    /// engine's `Cancel` (spec §2 R4). `Finish` is ignored here.
+    PostError,
+    /// `Finish` received: the user may still emit output, then answers with
+    /// `FinishResponse`.
+    Draining,
+    /// `Cancel` received: nothing but the `CancelResponse` will be sent; the user produces
+    /// it.
+    Cancelling,
+    /// The terminator was queued (or the transport failed): nothing more is sent or read.
+    Done,
+}
+
+/// How a worker-side session ended (see [`WorkerCore::outcome`]). Settled once, never
+/// changed, except that a transport failure before the terminator was handed to the
+/// transport turns it into [`TransportFailed`](Self::TransportFailed).
+#[derive(Debug, Clone)]
+#[must_use]
+pub enum EndpointOutcome {
+    /// `FinishResponse` sent after the engine's `Finish` (spec §2 R5 (a), or (c) when a
+    /// `Cancel` arrived only after it).
+    Finished,
+    /// `CancelResponse` sent answering the engine's `Cancel` (spec §2 R5 (b)/(c), R4, R7).
+    Cancelled {
+        /// The `Cancel.reason` the engine gave.
+        reason: Option<String>,
+        /// The error the worker reported before the Cancel (its `ErrorResponse` or
+        /// `InitResponse.error`), if any.
+        reported: Option<ExecutionError>,
+    },
+    /// The engine broke the ordering rules (or went silent where a `Cancel` was due): the
+    /// worker sent a `ProtocolError` and a `CancelResponse` and closed (spec §2 R6).
+    ProtocolViolation(String),
+    /// The connection failed; nothing more was sent (spec §2 R8).
+    TransportFailed(ConnectionError),
+}
+
+/// The variant of an [`EndpointOutcome`], without payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OutcomeKind {
+    /// [`EndpointOutcome::Finished`].
+    Finished,
+    /// [`EndpointOutcome::Cancelled`].
+    Cancelled,
+    /// [`EndpointOutcome::ProtocolViolation`].
+    ProtocolViolation,
+    /// [`EndpointOutcome::TransportFailed`].
+    TransportFailed,
+}
+
+impl EndpointOutcome {
+    /// The variant, without payload.
+    pub fn kind(&self) -> OutcomeKind {
+        match self {
+            EndpointOutcome::Finished => OutcomeKind::Finished,
+            EndpointOutcome::Cancelled { .. } => OutcomeKind::Cancelled,
+            EndpointOutcome::ProtocolViolation(_) => OutcomeKind::ProtocolViolation,
+            EndpointOutcome::TransportFailed(_) => OutcomeKind::TransportFailed,
+        }
+    }
+
+    /// The error the worker reported before being cancelled, if any.
+    pub fn reported_error(&self) -> Option<&ExecutionError> {
+        match self {
+            EndpointOutcome::Cancelled { reported, .. } => reported.as_ref(),
+            _ => None,
+        }
+    }
+
+    /// Whether the session ended by the protocol's rules with a terminator the engine
+    /// asked for (`Finished` or `Cancelled`).
+    pub fn is_clean(&self) -> bool {
+        matches!(
+            self,
+            EndpointOutcome::Finished | EndpointOutcome::Cancelled { .. }
+        )
+    }
+}
+
+impl fmt::Display for EndpointOutcome {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EndpointOutcome::Finished => f.write_str("Finished"),
+            EndpointOutcome::Cancelled { reason, reported } => {
+                f.write_str("Cancelled")?;
+                if let Some(r) = reason {
+                    write!(f, " ({r})")?;
+                }
+                if let Some(e) = reported {
+                    write!(f, " after reporting {e}")?;
+                }
+                Ok(())
+            }
+            EndpointOutcome::ProtocolViolation(m) => write!(f, "ProtocolViolation ({m})"),
+            EndpointOutcome::TransportFailed(e) => write!(f, "TransportFailed ({e})"),
+        }
+    }
+}
+
+/// A call made in a phase that does not allow it. The typed
+/// [`Endpoint`](super::Endpoint) makes these impossible; the sans-IO form reports them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("{call} is not allowed in worker phase {phase:?}")]
+pub struct EndpointMisuse {
+    /// The call that was made.
+    pub call: &'static str,
+    /// The phase the session was in.
+    pub phase: WorkerPhase,
+}
+
+/// Counters of events the core observed but ignored or discarded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WorkerStats {
+    /// `DataRequest`s accepted into the input queue.
+    pub data_received: u64,
+    /// `DataResponse`s queued for the engine.
+    pub data_sent: u64,
+    /// Input batches dropped unread (on Cancel, on error, or at the end of input).
+    pub input_discarded: u64,
+    /// Output batches dropped because a Cancel or error came first (nothing after Cancel).
+    pub output_dropped: u64,
+    /// `DataRequest`s and `Finish`es that raced with the worker's own `ErrorResponse`
+    /// (ignored while waiting for the Cancel).
+    pub ignored_after_error: u64,
+    /// Requests received after the session was done (a late Cancel, spec R5 (c)).
+    pub ignored_after_done: u64,
+    /// `Cancel`s after the first one.
+    pub duplicate_cancels: u64,
+}
+
+/// The internal state, with the data each phase owns.
+#[derive(Debug)]
+enum State {
+    AwaitingInit,
+    AwaitingChunks {
+        init: Box<Init>,
+        assembled: BytesMut,
+        /// A validation error found at `Init`; answered once the last chunk arrived (an
+        /// `InitResponse` never precedes the final chunk, spec §1.3).
+        pending_error: Option<ExecutionError>,
+    },
+    InitPending,
+    Data,
+    /// `after_init`: the error was an `InitResponse.error` (no data phase happened).
+    PostError {
+        after_init: bool,
+    },
+    Draining,
+    Cancelling,
+    Done,
+}
+
+/// The worker side of one worker session, without I/O (spec §2, §2.1).
+///
+/// Events go in — [`handle_request`](Self::handle_request) for each received `UdfRequest`,
+/// [`handle_stream_end`](Self::handle_stream_end),
+/// [`handle_connection_error`](Self::handle_connection_error),
+/// [`handle_cancel_timeout`](Self::handle_cancel_timeout) — together with the user's
+/// answers ([`accept_init`](Self::accept_init), [`reject_init`](Self::reject_init),
+/// [`send_data`](Self::send_data), [`fail`](Self::fail), [`finish`](Self::finish),
+/// [`cancelled`](Self::cancelled)); `UdfResponse`s to send come out of
+/// [`poll_transmit`](Self::poll_transmit) and input batches out of
+/// [`pop_input`](Self::pop_input). No clock is read: the driver decides when the cancel
+/// timeout expired.
+///
+/// Rules enforced:
+/// - `Init` validation (spec §1.3): a `protocol_version` other than the configured one, a
+///   data format not supported, a missing `udf`, an assembled payload whose `payload_size` or
+///   `payload_crc32` does not match ⇒ `InitResponse(error = ProtocolError)`, then wait for
+///   the Cancel, answered automatically with `CancelResponse`.
+/// - Chunk assembly (R1): inline payload followed by non-empty chunks until `last = true`;
+///   no `InitResponse` before the last chunk.
+/// - Engine protocol violations (R6; second `Init`, chunk outside chunking, data or `Finish`
+///   before `InitResponse` or after `Finish`/`Cancel`, empty oneofs, request stream ended
+///   early) ⇒ the `ProtocolError` goes into the `InitResponse` if none was sent yet, else
+///   into an `ErrorResponse` if none was sent and no Cancel arrived, else into the
+///   `CancelResponse`; a `CancelResponse` always follows; then the session is done and the
+///   stream is closed without waiting.
+/// - Cancel at any time gets exactly one `CancelResponse` (automatic while the user has not
+///   seen the `Init`, otherwise the user's [`cancelled`](Self::cancelled)); after a Cancel
+///   no more `DataResponse`s are sent (queued ones are dropped). Cancel after `Finish`
+///   before the `FinishResponse` is answered with `CancelResponse` (R5 (c)); a Cancel after
+///   the terminator is ignored.
+/// - `DataResponse`s only after the `InitResponse`, never after an error or a terminator;
+///   at most one `InitResponse`, at most one error, exactly one terminator.
+/// - A transport failure ends the session silently (R8).
+#[derive(Debug)]
+pub struct WorkerCore {
+    state: State,
+    supported_formats: Vec<i32>,
+    protocol_version: u32,
+    max_payload_size: u64,
+    /// The assembled `Init`, until the user takes it.
+    init: Option<Init>,
+    /// Whether the user has been handed the `Init` (then the user answers a Cancel).
+    user_involved: bool,
+    input: VecDeque<Bytes>,
+    outbox: VecDeque<UdfResponse>,
+    init_response_sent: bool,
+    error_sent: bool,
+    /// The error sent in `InitResponse.error` / `ErrorResponse`.
+    reported: Option<ExecutionError>,
+    /// An error the user raised after the Cancel arrived; goes into `CancelResponse.error`.
+    deferred_error: Option<ExecutionError>,
+    cancel: Option<Cancel>,
+    finish_received: bool,
+    outcome: Option<EndpointOutcome>,
+    stats: WorkerStats,
+}
+
+impl Default for WorkerCore {
+    fn default() -> Self {
+        Self::new(&EndpointConfig::default())
+    }
+}
+
+impl WorkerCore {
+    /// A session in phase [`AwaitingInit`](WorkerPhase::AwaitingInit) that validates `Init`s
+    /// against `config` (supported data formats, protocol version, payload size bound).
+    pub fn new(config: &EndpointConfig) -> Self {
+        WorkerCore {
+            state: State::AwaitingInit,
+            supported_formats: config
+                .supported_data_formats
+                .iter()
+                .map(|f| *f as i32)
+                .filter(|f| config.accepts_data_format(*f))
+                .collect(),
+            protocol_version: config.protocol_version,
+            max_payload_size: config.max_payload_size,
+            init: None,
+            user_involved: false,
+            input: VecDeque::new(),
+            outbox: VecDeque::new(),
+            init_response_sent: false,
+            error_sent: false,
+            reported: None,
+            deferred_error: None,
+            cancel: None,
+            finish_received: false,
+            outcome: None,
+            stats: WorkerStats::default(),
+        }
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Queries
+    // -----------------------------------------------------------------------------------
+
+    /// The current phase.
+    pub fn phase(&self) -> WorkerPhase {
+        match self.state {
+            State::AwaitingInit => WorkerPhase::AwaitingInit,
+            State::AwaitingChunks { .. } => WorkerPhase::AwaitingChunks,
+            State::InitPending => WorkerPhase::InitPending,
+            State::Data => WorkerPhase::Data,
+            State::PostError { .. } => WorkerPhase::PostError,
+            State::Draining => WorkerPhase::Draining,
+            State::Cancelling => WorkerPhase::Cancelling,
+            State::Done => WorkerPhase::Done,
+        }
+    }
+
+    /// Whether the session is done (terminator queued or transport failed).
+    pub fn is_done(&self) -> bool {
+        matches!(self.state, State::Done)
+    }
+
+    /// The outcome, once [`Done`](WorkerPhase::Done).
+    pub fn outcome(&self) -> Option<&EndpointOutcome> {
+        self.outcome.as_ref()
+    }
+
+    /// The assembled, verified `Init` while [`InitPending`](WorkerPhase::InitPending) (its
+    /// `udf.payload` holds the whole payload, inline part and chunks joined), until taken.
+    pub fn init(&self) -> Option<&Init> {
+        self.init.as_ref()
+    }
+
+    /// Takes the assembled `Init` (see [`init`](Self::init)).
+    pub fn take_init(&mut self) -> Option<Init> {
+        self.init.take()
+    }
+
+    /// The engine's `Cancel`, if one arrived.
+    pub fn cancel_received(&self) -> Option<&Cancel> {
+        self.cancel.as_ref()
+    }
+
+    /// Whether the engine's `Finish` arrived.
+    pub fn finish_received(&self) -> bool {
+        self.finish_received
+    }
+
+    /// The error the worker reported (`InitResponse.error` or `ErrorResponse`), if any.
+    pub fn reported_error(&self) -> Option<&ExecutionError> {
+        self.reported.as_ref()
+    }
+
+    /// Whether an `InitResponse` has been queued.
+    pub fn init_response_sent(&self) -> bool {
+        self.init_response_sent
+    }
+
+    /// Ignored/discarded event counters.
+    pub fn stats(&self) -> WorkerStats {
+        self.stats
+    }
+
+    /// The next received input batch, in arrival order.
+    pub fn pop_input(&mut self) -> Option<Bytes> {
+        self.input.pop_front()
+    }
+
+    /// How many received input batches wait to be read.
+    pub fn input_len(&self) -> usize {
+        self.input.len()
+    }
+
+    /// Drops every queued input batch and returns how many there were.
+    pub fn discard_input(&mut self) -> usize {
+        let n = self.input.len();
+        self.input.clear();
+        self.stats.input_discarded += n as u64;
+        n
+    }
+
+    /// The next response to hand to the transport, if any.
+    pub fn poll_transmit(&mut self) -> Option<UdfResponse> {
+        self.outbox.pop_front()
+    }
+
+    /// Whether responses are waiting for [`poll_transmit`](Self::poll_transmit).
+    pub fn has_transmit(&self) -> bool {
+        !self.outbox.is_empty()
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Events from the engine / transport
+    // -----------------------------------------------------------------------------------
+
+    /// Feeds one request received from the engine (spec §2, §2.1).
+    pub fn handle_request(&mut self, request: UdfRequest) {
+        if self.is_done() {
+            self.stats.ignored_after_done += 1;
+            tracing::debug!(kind = ?request.kind(), "ignoring an engine message after the terminator");
+            return;
+        }
+        let msg = match request.into_message() {
+            Ok(m) => m,
+            Err(e) => return self.violation(format!("malformed request: {e}")),
+        };
+        match msg {
+            RequestMessage::Cancel(cancel) => self.on_cancel(cancel),
+            RequestMessage::Init(init) => self.on_init(init),
+            RequestMessage::PayloadChunk(chunk) => {
+                self.on_chunk(chunk.data, chunk.last == Some(true))
+            }
+            RequestMessage::Data(data) => self.on_data(data),
+            RequestMessage::Finish(_) => self.on_finish(),
+        }
+    }
+
+    /// The engine ended its request stream (gRPC `onCompleted`). Fine once done; before that
+    /// it is a protocol violation (spec §2.1 last row): the engine half-closes only once
+    /// the outcome is known (R9).
+    pub fn handle_stream_end(&mut self) {
+        if !self.is_done() {
+            self.violation("the request stream ended before the session did".into());
+        }
+    }
+
+    /// The connection failed (gRPC `onError`, a failed write). Fine once done and the
+    /// terminator was handed over; otherwise the session ends `TransportFailed` and nothing
+    /// more is sent (spec §2 R8).
+    pub fn handle_connection_error(&mut self, error: ConnectionError) {
+        if self.is_done() && self.outbox.is_empty() {
+            return;
+        }
+        tracing::debug!(%error, "worker session transport failed");
+        self.stats.output_dropped += self.outbox.iter().filter(|r| is_data(r)).count() as u64;
+        self.outbox.clear();
+        self.discard_input();
+        self.init = None;
+        self.state = State::Done;
+        self.outcome = Some(EndpointOutcome::TransportFailed(error));
+    }
+
+    /// The driver's cancel timeout expired while [`PostError`](WorkerPhase::PostError)
+    /// (waiting for the engine's mandatory Cancel, spec §2 R4): closes the stream as a
+    /// protocol violation (`CancelResponse(error = ProtocolError)`). Ignored in other phases.
+    pub fn handle_cancel_timeout(&mut self, after: Duration) {
+        if matches!(self.state, State::PostError { .. }) {
+            self.violation(format!(
+                "no Cancel within {after:?} after the worker reported an error"
+            ));
+        }
+    }
+
+    fn on_cancel(&mut self, cancel: Cancel) {
+        match self.state {
+            State::Cancelling => {
+                self.stats.duplicate_cancels += 1;
+            }
+            State::Done => unreachable!("handled by handle_request"),
+            _ if !self.user_involved => {
+                // The user never saw the Init: answer on its behalf.
+                let reason = cancel.reason.clone();
+                self.cancel = Some(cancel);
+                self.enter_cancelling();
+                self.terminate_cancelled(CancelResponse::default(), reason);
+            }
+            _ => {
+                self.cancel = Some(cancel);
+                self.enter_cancelling();
+            }
+        }
+    }
+
+    fn enter_cancelling(&mut self) {
+        self.discard_input();
+        let before = self.outbox.len();
+        self.outbox.retain(|r| !is_data(r));
+        self.stats.output_dropped += (before - self.outbox.len()) as u64;
+        self.state = State::Cancelling;
+    }
+
+    fn on_init(&mut self, mut init: Init) {
+        if !matches!(self.state, State::AwaitingInit) {
+            return self.violation(
+                match self.state {
+                    State::AwaitingChunks { .. } => {
+                        "a second Init while its payload chunks were awaited"
+                    }
+                    _ => "a second Init on the stream",
+                }
+                .into(),
+            );
+        }
+        let mut error = self.validate_init(&init);
+        let Some(udf) = init.udf.as_mut() else {
+            let e = error.unwrap_or_else(|| ExecutionError::protocol("Init without a udf payload"));
+            return self.reject_automatically(e);
+        };
+        if udf.payload.len() as u64 > self.max_payload_size {
+            return self.violation(format!(
+                "the inline payload of {} bytes exceeds the worker's limit of {} bytes",
+                udf.payload.len(),
+                self.max_payload_size
+            ));
+        }
+        if init.is_chunking_payload == Some(true) {
+            let inline = std::mem::take(&mut udf.payload);
+            self.state = State::AwaitingChunks {
+                assembled: BytesMut::from(&inline[..]),
+                init: Box::new(init),
+                pending_error: error,
+            };
+            return;
+        }
+        if error.is_none() {
+            error = verify_payload(udf);
+        }
+        match error {
+            Some(e) => self.reject_automatically(e),
+            None => {
+                self.init = Some(init);
+                self.user_involved = true;
+                self.state = State::InitPending;
+            }
+        }
+    }
+
+    fn validate_init(&self, init: &Init) -> Option<ExecutionError> {
+        if let Some(v) = init
+            .protocol_version
+            .filter(|v| *v != self.protocol_version)
+        {
+            return Some(ExecutionError::protocol(format!(
+                "unsupported protocol_version {v}; this worker speaks version {}",
+                self.protocol_version
+            )));
+        }
+        if !self.supported_formats.contains(&init.data_format) {
+            let name = crate::wire::UdfWorkerDataFormat::try_from(init.data_format)
+                .map(|f| f.as_str_name().to_string())
+                .unwrap_or_else(|_| format!("unknown value {}", init.data_format));
+            return Some(ExecutionError::protocol(format!(
+                "unsupported data_format {name}; this worker supports {:?}",
+                self.supported_formats
+                    .iter()
+                    .filter_map(|f| crate::wire::UdfWorkerDataFormat::try_from(*f).ok())
+                    .map(|f| f.as_str_name())
+                    .collect::<Vec<_>>()
+            )));
+        }
+        None
+    }
+
+    fn on_chunk(&mut self, data: Bytes, last: bool) {
+        let State::AwaitingChunks { assembled, .. } = &mut self.state else {
+            let context = match self.state {
+                State::AwaitingInit => "a PayloadChunk before Init",
+                State::InitPending
+                    if self
+                        .init
+                        .as_ref()
+                        .is_some_and(|i| i.is_chunking_payload == Some(true)) =>
+                {
+                    "a PayloadChunk after the last chunk"
+                }
+                State::InitPending => "a PayloadChunk after an Init that did not declare chunking",
+                State::Cancelling => "a PayloadChunk after Cancel",
+                _ => "a PayloadChunk after InitResponse",
+            };
+            return self.violation(context.into());
+        };
+        if data.is_empty() {
+            return self.violation("an empty PayloadChunk (chunk data must be non-empty)".into());
+        }
+        if (assembled.len() + data.len()) as u64 > self.max_payload_size {
+            let limit = self.max_payload_size;
+            return self.violation(format!(
+                "the chunked payload exceeds the worker's limit of {limit} bytes"
+            ));
+        }
+        assembled.extend_from_slice(&data);
+        if !last {
+            return;
+        }
+        let State::AwaitingChunks {
+            init,
+            assembled,
+            pending_error,
+        } = std::mem::replace(&mut self.state, State::AwaitingInit)
+        else {
+            unreachable!("matched above");
+        };
+        let mut init = *init;
+        let udf = init.udf.as_mut().expect("checked at Init");
+        udf.payload = assembled.freeze();
+        match pending_error.or_else(|| verify_payload(udf)) {
+            Some(e) => self.reject_automatically(e),
+            None => {
+                self.init = Some(init);
+                self.user_involved = true;
+                self.state = State::InitPending;
+            }
+        }
+    }
+
+    fn on_data(&mut self, data: Bytes) {
+        match self.state {
+            State::Data => {
+                self.stats.data_received += 1;
+                self.input.push_back(data);
+            }
+            State::PostError { after_init: false } if !self.finish_received => {
+                // Raced with our ErrorResponse: the engine had not seen it yet.
+                self.stats.ignored_after_error += 1;
+            }
+            State::AwaitingInit | State::AwaitingChunks { .. } | State::InitPending => {
+                self.violation("a DataRequest before InitResponse".into())
+            }
+            State::PostError { after_init: true } => {
+                self.violation("a DataRequest after a failed init".into())
+            }
+            State::PostError { .. } | State::Draining => {
+                self.violation("a DataRequest after Finish".into())
+            }
+            State::Cancelling => self.violation("a DataRequest after Cancel".into()),
+            State::Done => unreachable!("handled by handle_request"),
+        }
+    }
+
+    fn on_finish(&mut self) {
+        match self.state {
+            State::Data => {
+                self.finish_received = true;
+                self.state = State::Draining;
+            }
+            State::PostError { .. } => {
+                // Spec §2.1: ignored; the Cancel is still due.
+                self.finish_received = true;
+                self.stats.ignored_after_error += 1;
+            }
+            State::AwaitingInit | State::AwaitingChunks { .. } | State::InitPending => {
+                self.violation("Finish before InitResponse".into())
+            }
+            State::Draining => self.violation("a second Finish".into()),
+            State::Cancelling => self.violation("Finish after Cancel".into()),
+            State::Done => unreachable!("handled by handle_request"),
+        }
+    }
+
+    /// Answers a bad `Init` with `InitResponse(error)` and waits for the Cancel, which is
+    /// answered automatically (the user never saw the Init).
+    fn reject_automatically(&mut self, error: ExecutionError) {
+        tracing::debug!(%error, "rejecting Init");
+        self.init = None;
+        self.queue_init_error(error);
+    }
+
+    fn queue_init_error(&mut self, error: ExecutionError) {
+        self.outbox.push_back(UdfResponse::init(InitResponse {
+            data: None,
+            error: Some(error.clone()),
+        }));
+        self.init_response_sent = true;
+        self.error_sent = true;
+        self.reported = Some(error);
+        self.state = State::PostError { after_init: true };
+    }
+
+    /// Protocol-error close (spec §2 R6): report, terminate with `CancelResponse`, done.
+    fn violation(&mut self, message: String) {
+        if self.is_done() {
+            return;
+        }
+        tracing::debug!(%message, "engine protocol violation");
+        self.init = None;
+        self.discard_input();
+        let before = self.outbox.len();
+        self.outbox.retain(|r| !is_data(r));
+        self.stats.output_dropped += (before - self.outbox.len()) as u64;
+        let error = ExecutionError::protocol(message.clone());
+        let mut cancel_response = CancelResponse::default();
+        if self.cancel.is_some() {
+            cancel_response.error = Some(error);
+        } else if !self.init_response_sent {
+            self.outbox.push_back(UdfResponse::init(InitResponse {
+                data: None,
+                error: Some(error),
+            }));
+            self.init_response_sent = true;
+            self.error_sent = true;
+        } else if !self.error_sent {
+            self.outbox.push_back(UdfResponse::error(error));
+            self.error_sent = true;
+        } else {
+            cancel_response.error = Some(error);
+        }
+        self.outbox.push_back(UdfResponse::cancel(cancel_response));
+        self.state = State::Done;
+        self.outcome = Some(EndpointOutcome::ProtocolViolation(message));
+    }
+
+    fn terminate_cancelled(&mut self, mut response: CancelResponse, reason: Option<String>) {
+        if response.error.is_none() {
+            response.error = self.deferred_error.take();
+        }
+        let reported = self.reported.clone().or_else(|| response.error.clone());
+        self.outbox.push_back(UdfResponse::cancel(response));
+        self.state = State::Done;
+        self.outcome = Some(EndpointOutcome::Cancelled { reason, reported });
+    }
+
+    // -----------------------------------------------------------------------------------
+    // Calls from the user
+    // -----------------------------------------------------------------------------------
+
+    fn misuse(&self, call: &'static str) -> EndpointMisuse {
+        EndpointMisuse {
+            call,
+            phase: self.phase(),
+        }
+    }
+
+    /// Answers the pending `Init` with `InitResponse { data }`: `InitPending → Data`. After a
+    /// Cancel (or once done) nothing is sent: the session is cancelling.
+    ///
+    /// # Errors
+    /// [`EndpointMisuse`] unless `InitPending`, `Cancelling` (with no `InitResponse` sent)
+    /// or `Done`.
+    pub fn accept_init(&mut self, data: Option<Bytes>) -> Result<(), EndpointMisuse> {
+        match self.state {
+            State::InitPending => {
+                self.init = None;
+                self.outbox
+                    .push_back(UdfResponse::init(InitResponse { data, error: None }));
+                self.init_response_sent = true;
+                self.state = State::Data;
+                Ok(())
+            }
+            State::Cancelling if !self.init_response_sent => Ok(()),
+            State::Done => Ok(()),
+            _ => Err(self.misuse("accept_init")),
+        }
+    }
+
+    /// Answers the pending `Init` with `InitResponse { error }`: `InitPending → PostError`
+    /// (then the engine's Cancel is awaited). After a Cancel the error is kept for the
+    /// `CancelResponse.error` instead (nothing but the `CancelResponse` is sent).
+    ///
+    /// # Errors
+    /// [`EndpointMisuse`] unless `InitPending`, `Cancelling` (with no `InitResponse` sent)
+    /// or `Done`.
+    pub fn reject_init(&mut self, error: ExecutionError) -> Result<(), EndpointMisuse> {
+        match self.state {
+            State::InitPending => {
+                self.init = None;
+                self.queue_init_error(error);
+                Ok(())
+            }
+            State::Cancelling if !self.init_response_sent => {
+                self.deferred_error.get_or_insert(error);
+                Ok(())
+            }
+            State::Done => Ok(()),
+            _ => Err(self.misuse("reject_init")),
+        }
+    }
+
+    /// Queues one `DataResponse` (spec §1.4). Returns `Ok(false)`, sending nothing, after
+    /// the worker's own error, after a Cancel, or once done.
+    ///
+    /// # Errors
+    /// [`EndpointMisuse`] before the `InitResponse` (R2).
+    pub fn send_data(&mut self, data: Bytes) -> Result<bool, EndpointMisuse> {
+        match self.state {
+            State::Data | State::Draining => {
+                self.stats.data_sent += 1;
+                self.outbox.push_back(UdfResponse::data(data));
+                Ok(true)
+            }
+            State::PostError { .. } | State::Cancelling | State::Done => {
+                self.stats.output_dropped += 1;
+                Ok(false)
+            }
+            State::AwaitingInit | State::AwaitingChunks { .. } | State::InitPending => {
+                Err(self.misuse("send_data"))
+            }
+        }
+    }
+
+    /// Reports a user or worker error from the data phase: queues `ErrorResponse(error)`
+    /// after the output already queued, drops unread input: `Data`/`Draining → PostError`
+    /// (spec §2 R4). After a Cancel the error goes into the `CancelResponse.error` instead.
+    ///
+    /// # Errors
+    /// [`EndpointMisuse`] before the `InitResponse` (use [`reject_init`](Self::reject_init))
+    /// or when an error was already reported (at most one per stream).
+    pub fn fail(&mut self, error: ExecutionError) -> Result<(), EndpointMisuse> {
+        match self.state {
+            State::Data | State::Draining => {
+                self.discard_input();
+                self.outbox.push_back(UdfResponse::error(error.clone()));
+                self.error_sent = true;
+                self.reported = Some(error);
+                self.state = State::PostError { after_init: false };
+                Ok(())
+            }
+            State::Cancelling => {
+                self.deferred_error.get_or_insert(error);
+                Ok(())
+            }
+            State::Done => Ok(()),
+            _ => Err(self.misuse("fail")),
+        }
+    }
+
+    /// Ends the session after `Finish`: queues `response` (spec §2 R5 (a)), or — when a
+    /// Cancel arrived after the `Finish` — a `CancelResponse` carrying the response's metrics
+    /// and error instead (R5 (c)). `→ Done`.
+    ///
+    /// # Errors
+    /// [`EndpointMisuse`] unless `Draining`, `Cancelling` or `Done`.
+    pub fn finish(&mut self, response: FinishResponse) -> Result<(), EndpointMisuse> {
+        match self.state {
+            State::Draining => {
+                self.outbox.push_back(UdfResponse::finish(response));
+                self.state = State::Done;
+                self.outcome = Some(EndpointOutcome::Finished);
+                Ok(())
+            }
+            State::Cancelling => {
+                let reason = self.cancel.as_ref().and_then(|c| c.reason.clone());
+                let cancel = CancelResponse {
+                    metrics: response.metrics,
+                    error: response.error,
+                };
+                self.terminate_cancelled(cancel, reason);
+                Ok(())
+            }
+            State::Done => Ok(()),
+            _ => Err(self.misuse("finish")),
+        }
+    }
+
+    /// Answers the engine's Cancel with `response` (spec §2 R4, R7): `Cancelling → Done`.
+    /// When `response.error` is unset, an error the user raised after the Cancel
+    /// ([`fail`](Self::fail)/[`reject_init`](Self::reject_init)) is put there.
+    ///
+    /// # Errors
+    /// [`EndpointMisuse`] unless `Cancelling` or `Done` (in `PostError` the Cancel has not
+    /// arrived yet).
+    pub fn cancelled(&mut self, response: CancelResponse) -> Result<(), EndpointMisuse> {
+        match self.state {
+            State::Cancelling => {
+                let reason = self.cancel.as_ref().and_then(|c| c.reason.clone());
+                self.terminate_cancelled(response, reason);
+                Ok(())
+            }
+            State::Done => Ok(()),
+            _ => Err(self.misuse("cancelled")),
+        }
+    }
+}
+
+fn is_data(response: &UdfResponse) -> bool {
+    response.kind() == Some(ResponseKind::Data)
+}
+
+/// Checks `payload_size` and `payload_crc32` against the assembled payload (spec §1.3).
+fn verify_payload(udf: &crate::wire::UdfPayload) -> Option<ExecutionError> {
+    let len = udf.payload.len();
+    if let Some(size) = udf
+        .payload_size
+        .filter(|s| u64::try_from(*s).ok() != Some(len as u64))
+    {
+        return Some(ExecutionError::protocol(format!(
+            "payload_size {size} does not match the assembled payload of {len} bytes"
+        )));
+    }
+    if let Some(expected) = udf.payload_crc32 {
+        let actual = crc32(&udf.payload);
+        if actual != expected {
+            return Some(ExecutionError::protocol(format!(
+                "payload_crc32 mismatch: declared {expected:#010x}, assembled payload has {actual:#010x}"
+            )));
+        }
+    }
+    None
+}

@@ -1,0 +1,207 @@
+//! The high-level worker API: implement [`Udf`] and run sessions with [`serve`]; answer the
+//! `Manage` RPC with [`handle_manage`].
+
+use std::collections::BTreeMap;
+
+use bytes::Bytes;
+
+use crate::connection::Connection;
+use crate::wire::{
+    CancelResponse, ExecutionError, FinishResponse, HeartbeatResponse, Init, ShutdownRequest,
+    ShutdownResponse, UdfRequest, UdfResponse, WorkerRequest, WorkerResponse, worker_request,
+    worker_response,
+};
+use crate::worker::state::{Cancelling, Finishing};
+
+use super::config::EndpointConfig;
+use super::machine::EndpointOutcome;
+use super::typed::{Endpoint, InputEnd};
+
+/// One UDF as the worker runs it, one instance per session: the callbacks [`serve`] calls as
+/// the protocol unfolds (spec §1.3–§1.5).
+///
+/// Output goes into the `out` vector and is sent, in order, as `DataResponse`s right after
+/// the callback returns. Errors become the protocol's error messages: see each method.
+pub trait Udf {
+    /// Called once with the assembled, verified `Init` (its `udf.payload` is the whole
+    /// payload, chunks joined). `Ok(data)` answers `InitResponse { data }`; `Err(e)` answers
+    /// `InitResponse { error: e }`, after which only [`cancel`](Self::cancel) is called.
+    fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError>;
+
+    /// Called for each input batch, in order. `Err(e)` sends whatever was pushed to `out`,
+    /// then `ErrorResponse(e)`; the session then waits for the engine's Cancel and calls
+    /// [`cancel`](Self::cancel) (spec §2 R4).
+    fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError>;
+
+    /// Called once after the engine's `Finish` (all input processed): push trailing output
+    /// to `out` and return the `FinishResponse` (metrics, opaque data). `Err(e)` sends the
+    /// trailing output, then `FinishResponse { error: e }` (spec §1.5).
+    fn finish(&mut self, out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError>;
+
+    /// Called when the engine's `Cancel` arrived after the user code was involved (after
+    /// `init` was called): clean up and return the `CancelResponse` (partial metrics, a
+    /// cleanup error). Not called for a Cancel before the Init was complete (answered
+    /// automatically). The default returns an empty response.
+    fn cancel(&mut self) -> CancelResponse {
+        CancelResponse::default()
+    }
+}
+
+/// Runs one worker-side session of `udf` on `connection` to its end and returns the outcome
+/// (spec §2, §2.1).
+///
+/// `Init` → [`Udf::init`] → `InitResponse`; each `DataRequest` → [`Udf::process`] → its
+/// output as `DataResponse`s; `Finish` → [`Udf::finish`] → trailing output and
+/// `FinishResponse`; `Cancel` (at any time) → [`Udf::cancel`] → `CancelResponse`. User
+/// errors from `init`/`process` are reported (`InitResponse.error` / `ErrorResponse`), then
+/// the engine's Cancel is awaited and answered; `finish` errors go into
+/// `FinishResponse.error`. Engine protocol violations and transport failures end the
+/// session as [`Endpoint`] describes.
+///
+/// The callbacks run on the task polling this future; a callback that blocks delays the
+/// noticing of a Cancel (spec §1.1: hanging user code is out of the protocol's scope).
+pub async fn serve<C, U>(connection: C, mut udf: U, config: EndpointConfig) -> EndpointOutcome
+where
+    C: Connection<UdfResponse, UdfRequest>,
+    U: Udf,
+{
+    let request = match Endpoint::new(connection, config).recv_init().await {
+        Ok(request) => request,
+        Err(ended) => return ended.close(),
+    };
+    let mut endpoint = match udf.init(request.init()) {
+        Ok(data) => request.accept(data).await,
+        Err(error) => return answer_cancel(request.reject(error).await, &mut udf).await,
+    };
+    let mut out = Vec::new();
+    // Some(error) when process failed.
+    let mut failure = None;
+    'input: while let Ok(Some(batch)) = endpoint.recv().await {
+        let result = udf.process(batch, &mut out);
+        for output in out.drain(..) {
+            if endpoint.send(output).await.is_err() {
+                // Cancelled or ended: nothing more is sent (the drain drops the rest);
+                // end_of_input tells which.
+                break 'input;
+            }
+        }
+        if let Err(error) = result {
+            failure = Some(error);
+            break;
+        }
+    }
+    if let Some(error) = failure {
+        return answer_cancel(endpoint.fail(error).await, &mut udf).await;
+    }
+    match endpoint.end_of_input().await {
+        InputEnd::Finish(finishing) => run_finish(finishing, &mut udf).await,
+        InputEnd::Cancel(cancelling) => answer_cancel(cancelling, &mut udf).await,
+        InputEnd::Ended(ended) => ended.close(),
+    }
+}
+
+async fn run_finish<C, U>(mut endpoint: Endpoint<Finishing, C>, udf: &mut U) -> EndpointOutcome
+where
+    C: Connection<UdfResponse, UdfRequest>,
+    U: Udf,
+{
+    let mut out = Vec::new();
+    let response = udf.finish(&mut out).unwrap_or_else(|error| FinishResponse {
+        error: Some(error),
+        ..FinishResponse::default()
+    });
+    for output in out {
+        if endpoint.send(output).await.is_err() {
+            break;
+        }
+    }
+    let response = if endpoint.cancel_requested() {
+        // R5 (c): answered with a CancelResponse; let the UDF clean up and contribute.
+        let mut cancel = udf.cancel();
+        cancel.metrics.extend(response.metrics);
+        FinishResponse {
+            metrics: cancel.metrics,
+            data: None,
+            error: cancel.error.or(response.error),
+        }
+    } else {
+        response
+    };
+    endpoint.finish(response).await.close()
+}
+
+async fn answer_cancel<C, U>(mut endpoint: Endpoint<Cancelling, C>, udf: &mut U) -> EndpointOutcome
+where
+    C: Connection<UdfResponse, UdfRequest>,
+    U: Udf,
+{
+    let response = match endpoint.wait_cancel().await {
+        Ok(()) => udf.cancel(),
+        Err(_) => CancelResponse::default(),
+    };
+    endpoint.cancelled(response).await.close()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Manage RPC
+// ---------------------------------------------------------------------------------------------
+
+/// Why a `Manage` request could not be answered (spec §1.7). Its `Display` starts with the
+/// gRPC status code a server should answer with.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManageError {
+    /// The `WorkerRequest` has no operation set (an empty oneof): gRPC `INVALID_ARGUMENT`.
+    #[error("INVALID_ARGUMENT: WorkerRequest has no operation set")]
+    EmptyRequest,
+}
+
+impl ManageError {
+    /// The gRPC status code name for this error (`"INVALID_ARGUMENT"`).
+    pub fn grpc_code(&self) -> &'static str {
+        match self {
+            ManageError::EmptyRequest => "INVALID_ARGUMENT",
+        }
+    }
+}
+
+/// What a worker knows to answer the `Manage` RPC with (spec §1.7).
+pub trait WorkerControl {
+    /// Worker-global metrics for a `HeartbeatResponse` (free-form). Default: none.
+    fn heartbeat_metrics(&self) -> BTreeMap<String, String> {
+        BTreeMap::new()
+    }
+
+    /// Starts a graceful shutdown as `request` asks (with `cancel_sessions`, in-flight
+    /// streams are to be cancelled by sending `ErrorResponse(WorkerError)` then
+    /// `CancelResponse`) and returns whether every `Execute` stream had settled before
+    /// replying (`ShutdownResponse.sessions_settled`).
+    fn shutdown(&self, request: &ShutdownRequest) -> bool;
+}
+
+/// Answers one `Manage` request (spec §1.7): a heartbeat with a `HeartbeatResponse`
+/// carrying [`WorkerControl::heartbeat_metrics`], a shutdown with a `ShutdownResponse` from
+/// [`WorkerControl::shutdown`]. The response branch always matches the request's.
+///
+/// # Errors
+/// [`ManageError::EmptyRequest`] (gRPC `INVALID_ARGUMENT`) when no operation is set.
+pub fn handle_manage<W>(request: WorkerRequest, control: &W) -> Result<WorkerResponse, ManageError>
+where
+    W: WorkerControl + ?Sized,
+{
+    let manage = match request.manage.ok_or(ManageError::EmptyRequest)? {
+        worker_request::Manage::Heartbeat(_) => {
+            worker_response::Manage::Heartbeat(HeartbeatResponse {
+                metrics: control.heartbeat_metrics(),
+            })
+        }
+        worker_request::Manage::Shutdown(shutdown) => {
+            worker_response::Manage::Shutdown(ShutdownResponse {
+                sessions_settled: control.shutdown(&shutdown),
+            })
+        }
+    };
+    Ok(WorkerResponse {
+        manage: Some(manage),
+    })
+}

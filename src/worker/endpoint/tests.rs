@@ -1,0 +1,1213 @@
+//! Unit and property tests of [`WorkerCore`]: init validation, chunk assembly, every
+//! protocol-violation row, Cancel handling (R5 (c) included), and invariants over arbitrary
+//! request sequences.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use bytes::Bytes;
+use proptest::prelude::*;
+
+use super::crc32::crc32;
+use super::*;
+use crate::connection::ConnectionError;
+use crate::wire::{
+    CancelResponse, ExecutionError, FinishResponse, Init, ResponseKind, ResponseMessage,
+    UdfControlRequest, UdfPayload, UdfRequest, UdfWorkerDataFormat, execution_error, udf_request,
+};
+
+// ---------------------------------------------------------------------------------------------
+// Helpers
+// ---------------------------------------------------------------------------------------------
+
+fn config() -> EndpointConfig {
+    EndpointConfig {
+        timer: None,
+        ..EndpointConfig::default()
+    }
+}
+
+fn core() -> WorkerCore {
+    WorkerCore::new(&config())
+}
+
+fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+fn init(payload: &str) -> Init {
+    Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("test", b(payload)),
+    )
+}
+
+fn chunked_init(inline: &str, total: &str) -> Init {
+    let mut i = init(inline);
+    i.is_chunking_payload = Some(true);
+    let udf = i.udf.as_mut().unwrap();
+    udf.payload_size = Some(total.len() as i64);
+    udf.payload_crc32 = Some(crc32(total.as_bytes()));
+    i
+}
+
+/// Everything queued so far, flattened.
+fn drain(core: &mut WorkerCore) -> Vec<ResponseMessage> {
+    std::iter::from_fn(|| core.poll_transmit())
+        .map(|r| r.into_message().unwrap())
+        .collect()
+}
+
+fn kinds(msgs: &[ResponseMessage]) -> Vec<ResponseKind> {
+    msgs.iter().map(ResponseMessage::kind).collect()
+}
+
+fn is_protocol(e: &ExecutionError) -> bool {
+    matches!(e.kind, Some(execution_error::Kind::Protocol(_)))
+}
+
+/// The ProtocolError carried by `msg` (InitResponse.error, ErrorResponse, CancelResponse.error).
+fn protocol_error(msg: &ResponseMessage) -> Option<&str> {
+    let e = match msg {
+        ResponseMessage::Init(r) => r.error.as_ref(),
+        ResponseMessage::Error(r) => r.error.as_ref(),
+        ResponseMessage::Cancel(r) => r.error.as_ref(),
+        ResponseMessage::Finish(r) => r.error.as_ref(),
+        ResponseMessage::Data(_) => None,
+    }?;
+    is_protocol(e).then(|| e.message())
+}
+
+/// A core in phase Data: Init accepted, InitResponse drained.
+fn data_core() -> WorkerCore {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(init("udf")));
+    c.accept_init(None).unwrap();
+    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Init]);
+    assert_eq!(c.phase(), WorkerPhase::Data);
+    c
+}
+
+fn assert_violation(c: &WorkerCore, fragment: &str) {
+    match c.outcome() {
+        Some(EndpointOutcome::ProtocolViolation(m)) => {
+            assert!(
+                m.contains(fragment),
+                "violation message {m:?} lacks {fragment:?}"
+            )
+        }
+        other => panic!("expected a protocol violation, got {other:?}"),
+    }
+    assert_eq!(c.phase(), WorkerPhase::Done);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Init, chunk assembly, validation
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn plain_init_waits_for_the_user_then_accept_sends_init_response() {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(init("udf")));
+    assert_eq!(c.phase(), WorkerPhase::InitPending);
+    assert!(!c.has_transmit(), "no InitResponse before the user answers");
+    assert_eq!(c.init().unwrap().udf.as_ref().unwrap().payload, b("udf"));
+    c.accept_init(Some(b("schema"))).unwrap();
+    let out = drain(&mut c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Init(r)] if r.data == Some(b("schema")) && r.error.is_none())
+    );
+    assert_eq!(c.phase(), WorkerPhase::Data);
+    // Output before the first input is allowed (spec §1.4).
+    assert_eq!(c.send_data(b("gen")), Ok(true));
+    assert_eq!(drain(&mut c), [ResponseMessage::Data(b("gen"))]);
+}
+
+#[test]
+fn chunks_are_appended_to_the_inline_payload_and_verified() {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(chunked_init("ab", "abcdef")));
+    assert_eq!(c.phase(), WorkerPhase::AwaitingChunks);
+    c.handle_request(UdfRequest::payload_chunk(b("cd"), false));
+    assert_eq!(c.phase(), WorkerPhase::AwaitingChunks);
+    assert!(!c.has_transmit(), "no InitResponse before the last chunk");
+    c.handle_request(UdfRequest::payload_chunk(b("ef"), true));
+    assert_eq!(c.phase(), WorkerPhase::InitPending);
+    let assembled = c.take_init().unwrap();
+    assert_eq!(assembled.udf.unwrap().payload, b("abcdef"));
+}
+
+#[test]
+fn chunked_init_with_empty_inline_payload_and_one_last_chunk() {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(chunked_init("", "whole")));
+    c.handle_request(UdfRequest::payload_chunk(b("whole"), true));
+    assert_eq!(c.phase(), WorkerPhase::InitPending);
+    assert_eq!(c.init().unwrap().udf.as_ref().unwrap().payload, b("whole"));
+}
+
+fn assert_init_rejected(c: &mut WorkerCore, fragment: &str) {
+    let out = drain(c);
+    assert_eq!(kinds(&out), [ResponseKind::Init], "{out:?}");
+    let msg = protocol_error(&out[0]).expect("a ProtocolError in the InitResponse");
+    assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
+    assert_eq!(c.phase(), WorkerPhase::PostError);
+    // Finish is ignored while the Cancel is due (spec §2.1).
+    c.handle_request(UdfRequest::finish());
+    assert_eq!(c.phase(), WorkerPhase::PostError);
+    assert!(!c.has_transmit());
+    // The Cancel is answered automatically: the user never saw the Init.
+    c.handle_request(UdfRequest::cancel(Some("init failed".into())));
+    let out = drain(c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.is_none()),
+        "{out:?}"
+    );
+    match c.outcome() {
+        Some(EndpointOutcome::Cancelled {
+            reason,
+            reported: Some(e),
+        }) => {
+            assert_eq!(reason.as_deref(), Some("init failed"));
+            assert!(is_protocol(e));
+        }
+        other => panic!("unexpected outcome {other:?}"),
+    }
+}
+
+#[test]
+fn crc_mismatch_is_a_protocol_error_in_the_init_response() {
+    let mut c = core();
+    let mut i = chunked_init("", "abc");
+    i.udf.as_mut().unwrap().payload_crc32 = Some(crc32(b"abd"));
+    c.handle_request(UdfRequest::init(i));
+    c.handle_request(UdfRequest::payload_chunk(b("abc"), true));
+    assert_init_rejected(&mut c, "payload_crc32");
+
+    let mut c = core();
+    let mut i = init("inline");
+    i.udf.as_mut().unwrap().payload_crc32 = Some(0xdead_beef);
+    c.handle_request(UdfRequest::init(i));
+    assert_init_rejected(&mut c, "payload_crc32");
+}
+
+#[test]
+fn size_mismatch_is_a_protocol_error_in_the_init_response() {
+    let mut c = core();
+    let mut i = chunked_init("a", "abc");
+    i.udf.as_mut().unwrap().payload_crc32 = None;
+    i.udf.as_mut().unwrap().payload_size = Some(4);
+    c.handle_request(UdfRequest::init(i));
+    c.handle_request(UdfRequest::payload_chunk(b("bc"), true));
+    assert_init_rejected(&mut c, "payload_size 4");
+
+    let mut c = core();
+    let mut i = init("abc");
+    i.udf.as_mut().unwrap().payload_size = Some(-1);
+    c.handle_request(UdfRequest::init(i));
+    assert_init_rejected(&mut c, "payload_size -1");
+}
+
+#[test]
+fn matching_size_and_crc_on_an_inline_payload_are_accepted() {
+    let mut c = core();
+    let mut i = init("abc");
+    i.udf.as_mut().unwrap().payload_size = Some(3);
+    i.udf.as_mut().unwrap().payload_crc32 = Some(crc32(b"abc"));
+    c.handle_request(UdfRequest::init(i));
+    assert_eq!(c.phase(), WorkerPhase::InitPending);
+}
+
+#[test]
+fn protocol_version_is_checked_only_when_set() {
+    for (version, ok) in [
+        (None, true),
+        (Some(1), true),
+        (Some(0), false),
+        (Some(1000), false),
+    ] {
+        let mut c = core();
+        let mut i = init("udf");
+        i.protocol_version = version;
+        c.handle_request(UdfRequest::init(i));
+        if ok {
+            assert_eq!(c.phase(), WorkerPhase::InitPending, "{version:?}");
+        } else {
+            assert_init_rejected(&mut c, "unsupported protocol_version");
+        }
+    }
+}
+
+#[test]
+fn data_format_must_be_declared_and_specified() {
+    for (format, ok) in [(1, true), (0, false), (42, false), (-3, false)] {
+        let mut c = core();
+        let mut i = init("udf");
+        i.data_format = format;
+        c.handle_request(UdfRequest::init(i));
+        if ok {
+            assert_eq!(c.phase(), WorkerPhase::InitPending, "{format}");
+        } else {
+            assert_init_rejected(&mut c, "unsupported data_format");
+        }
+    }
+    // A worker declaring no formats accepts none; declaring UNSPECIFIED does not help.
+    let cfg = EndpointConfig {
+        supported_data_formats: vec![UdfWorkerDataFormat::Unspecified],
+        ..config()
+    };
+    for format in [0, 1] {
+        let mut c = WorkerCore::new(&cfg);
+        let mut i = init("udf");
+        i.data_format = format;
+        c.handle_request(UdfRequest::init(i));
+        assert_init_rejected(&mut c, "unsupported data_format");
+    }
+}
+
+#[test]
+fn init_without_udf_is_rejected() {
+    let mut c = core();
+    let mut i = init("x");
+    i.udf = None;
+    c.handle_request(UdfRequest::init(i));
+    assert_init_rejected(&mut c, "without a udf");
+}
+
+#[test]
+fn a_bad_chunked_init_is_answered_only_after_the_last_chunk() {
+    let mut c = core();
+    let mut i = chunked_init("", "abc");
+    i.protocol_version = Some(7);
+    c.handle_request(UdfRequest::init(i));
+    assert_eq!(c.phase(), WorkerPhase::AwaitingChunks);
+    c.handle_request(UdfRequest::payload_chunk(b("ab"), false));
+    assert!(
+        !c.has_transmit(),
+        "InitResponse must not precede the last chunk (spec §1.3)"
+    );
+    c.handle_request(UdfRequest::payload_chunk(b("c"), true));
+    assert_init_rejected(&mut c, "unsupported protocol_version 7");
+}
+
+#[test]
+fn an_oversized_payload_is_a_violation() {
+    let cfg = EndpointConfig {
+        max_payload_size: 4,
+        ..config()
+    };
+    let mut c = WorkerCore::new(&cfg);
+    c.handle_request(UdfRequest::init(chunked_init("ab", "abcdef")));
+    c.handle_request(UdfRequest::payload_chunk(b("cdef"), true));
+    assert_violation(&c, "limit of 4 bytes");
+    assert_eq!(
+        kinds(&drain(&mut c)),
+        [ResponseKind::Init, ResponseKind::Cancel]
+    );
+
+    let mut c = WorkerCore::new(&cfg);
+    c.handle_request(UdfRequest::init(init("abcdef")));
+    assert_violation(&c, "limit of 4 bytes");
+}
+
+#[test]
+fn user_rejection_sends_the_error_in_the_init_response_then_waits_for_cancel() {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(init("udf")));
+    c.reject_init(ExecutionError::worker("no such function"))
+        .unwrap();
+    let out = drain(&mut c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Init(r)] if r.error.as_ref().unwrap().message() == "no such function")
+    );
+    assert_eq!(c.phase(), WorkerPhase::PostError);
+    assert!(
+        c.cancelled(CancelResponse::default()).is_err(),
+        "the Cancel has not arrived"
+    );
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(
+        c.phase(),
+        WorkerPhase::Cancelling,
+        "the user answers: it saw the Init"
+    );
+    let mut metrics = BTreeMap::new();
+    metrics.insert("cleanup".to_string(), "done".to_string());
+    c.cancelled(CancelResponse {
+        metrics: metrics.clone(),
+        error: None,
+    })
+    .unwrap();
+    let out = drain(&mut c);
+    assert!(matches!(&out[..], [ResponseMessage::Cancel(r)] if r.metrics == metrics));
+    assert_eq!(
+        c.outcome().unwrap().reported_error().unwrap().message(),
+        "no such function"
+    );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Protocol violations (spec §2 R6, §2.1 "any other combination")
+// ---------------------------------------------------------------------------------------------
+
+/// Where the ProtocolError of a violation goes.
+#[derive(Debug, Clone, Copy)]
+enum Carrier {
+    /// `[InitResponse(error), CancelResponse]`.
+    Init,
+    /// `[ErrorResponse(error), CancelResponse]`.
+    Error,
+    /// `[CancelResponse(error)]`.
+    Cancel,
+}
+
+fn check_violation(
+    mut c: WorkerCore,
+    trigger: impl FnOnce(&mut WorkerCore),
+    carrier: Carrier,
+    fragment: &str,
+) {
+    drain(&mut c);
+    trigger(&mut c);
+    assert_violation(&c, fragment);
+    let out = drain(&mut c);
+    match carrier {
+        Carrier::Init => {
+            assert_eq!(
+                kinds(&out),
+                [ResponseKind::Init, ResponseKind::Cancel],
+                "{fragment}"
+            );
+            assert!(protocol_error(&out[0]).unwrap().contains(fragment));
+            assert!(protocol_error(&out[1]).is_none());
+        }
+        Carrier::Error => {
+            assert_eq!(
+                kinds(&out),
+                [ResponseKind::Error, ResponseKind::Cancel],
+                "{fragment}"
+            );
+            assert!(protocol_error(&out[0]).unwrap().contains(fragment));
+            assert!(protocol_error(&out[1]).is_none());
+        }
+        Carrier::Cancel => {
+            assert_eq!(kinds(&out), [ResponseKind::Cancel], "{fragment}");
+            assert!(protocol_error(&out[0]).unwrap().contains(fragment));
+        }
+    }
+    // Nothing after the terminator, whatever comes next.
+    c.handle_request(UdfRequest::cancel(None));
+    c.handle_request(UdfRequest::data(b("late")));
+    c.handle_stream_end();
+    assert!(c.send_data(b("late")).is_ok_and(|sent| !sent));
+    assert!(!c.has_transmit());
+    assert_violation(&c, fragment);
+}
+
+fn awaiting_chunks() -> WorkerCore {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(chunked_init("", "abc")));
+    c
+}
+
+fn init_pending() -> WorkerCore {
+    let mut c = core();
+    c.handle_request(UdfRequest::init(init("udf")));
+    c
+}
+
+fn draining() -> WorkerCore {
+    let mut c = data_core();
+    c.handle_request(UdfRequest::finish());
+    assert_eq!(c.phase(), WorkerPhase::Draining);
+    c
+}
+
+fn cancelling() -> WorkerCore {
+    let mut c = data_core();
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(c.phase(), WorkerPhase::Cancelling);
+    c
+}
+
+fn post_init_error() -> WorkerCore {
+    let mut c = init_pending();
+    c.reject_init(ExecutionError::worker("init failed"))
+        .unwrap();
+    c
+}
+
+fn post_data_error() -> WorkerCore {
+    let mut c = data_core();
+    c.fail(ExecutionError::user("boom", None)).unwrap();
+    c
+}
+
+fn empty_request() -> UdfRequest {
+    UdfRequest { request: None }
+}
+
+fn empty_control() -> UdfRequest {
+    UdfRequest {
+        request: Some(udf_request::Request::Control(UdfControlRequest {
+            control: None,
+        })),
+    }
+}
+
+fn send(req: UdfRequest) -> impl FnOnce(&mut WorkerCore) {
+    move |c| c.handle_request(req)
+}
+
+#[test]
+fn violations_before_any_init_response_go_into_the_init_response() {
+    use Carrier::Init as I;
+    check_violation(
+        core(),
+        send(UdfRequest::data(b("x"))),
+        I,
+        "DataRequest before InitResponse",
+    );
+    check_violation(
+        core(),
+        send(UdfRequest::finish()),
+        I,
+        "Finish before InitResponse",
+    );
+    check_violation(
+        core(),
+        send(UdfRequest::payload_chunk(b("x"), true)),
+        I,
+        "PayloadChunk before Init",
+    );
+    check_violation(core(), send(empty_request()), I, "empty UdfRequest");
+    check_violation(core(), send(empty_control()), I, "empty UdfControlRequest");
+    check_violation(core(), |c| c.handle_stream_end(), I, "request stream ended");
+
+    check_violation(
+        awaiting_chunks(),
+        send(UdfRequest::init(init("x"))),
+        I,
+        "second Init",
+    );
+    check_violation(
+        awaiting_chunks(),
+        send(UdfRequest::data(b("x"))),
+        I,
+        "DataRequest before InitResponse",
+    );
+    check_violation(
+        awaiting_chunks(),
+        send(UdfRequest::finish()),
+        I,
+        "Finish before InitResponse",
+    );
+    check_violation(
+        awaiting_chunks(),
+        send(UdfRequest::payload_chunk(Bytes::new(), false)),
+        I,
+        "empty PayloadChunk",
+    );
+    check_violation(
+        awaiting_chunks(),
+        send(UdfRequest::payload_chunk(Bytes::new(), true)),
+        I,
+        "empty PayloadChunk",
+    );
+    check_violation(
+        awaiting_chunks(),
+        |c| c.handle_stream_end(),
+        I,
+        "request stream ended",
+    );
+
+    // The user holds the Init but has not answered: still the init phase.
+    check_violation(
+        init_pending(),
+        send(UdfRequest::init(init("x"))),
+        I,
+        "second Init",
+    );
+    check_violation(
+        init_pending(),
+        send(UdfRequest::data(b("x"))),
+        I,
+        "DataRequest before InitResponse",
+    );
+    check_violation(
+        init_pending(),
+        send(UdfRequest::finish()),
+        I,
+        "Finish before InitResponse",
+    );
+    check_violation(
+        init_pending(),
+        send(UdfRequest::payload_chunk(b("x"), true)),
+        I,
+        "PayloadChunk after an Init that did not declare chunking",
+    );
+    let mut after_last = awaiting_chunks();
+    after_last.handle_request(UdfRequest::payload_chunk(b("abc"), true));
+    check_violation(
+        after_last,
+        send(UdfRequest::payload_chunk(b("x"), true)),
+        I,
+        "after the last chunk",
+    );
+}
+
+#[test]
+fn violations_in_the_data_phase_go_into_an_error_response() {
+    use Carrier::Error as E;
+    check_violation(
+        data_core(),
+        send(UdfRequest::init(init("x"))),
+        E,
+        "second Init",
+    );
+    check_violation(
+        data_core(),
+        send(UdfRequest::payload_chunk(b("x"), true)),
+        E,
+        "PayloadChunk after InitResponse",
+    );
+    check_violation(data_core(), send(empty_request()), E, "empty UdfRequest");
+    check_violation(
+        data_core(),
+        send(empty_control()),
+        E,
+        "empty UdfControlRequest",
+    );
+    check_violation(
+        data_core(),
+        |c| c.handle_stream_end(),
+        E,
+        "request stream ended",
+    );
+    check_violation(
+        draining(),
+        send(UdfRequest::data(b("x"))),
+        E,
+        "DataRequest after Finish",
+    );
+    check_violation(draining(), send(UdfRequest::finish()), E, "second Finish");
+    check_violation(
+        draining(),
+        send(UdfRequest::init(init("x"))),
+        E,
+        "second Init",
+    );
+}
+
+#[test]
+fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
+    use Carrier::Cancel as C;
+    check_violation(
+        cancelling(),
+        send(UdfRequest::data(b("x"))),
+        C,
+        "DataRequest after Cancel",
+    );
+    check_violation(
+        cancelling(),
+        send(UdfRequest::finish()),
+        C,
+        "Finish after Cancel",
+    );
+    check_violation(
+        cancelling(),
+        send(UdfRequest::init(init("x"))),
+        C,
+        "second Init",
+    );
+    check_violation(
+        cancelling(),
+        |c| c.handle_stream_end(),
+        C,
+        "request stream ended",
+    );
+    check_violation(
+        post_init_error(),
+        send(UdfRequest::data(b("x"))),
+        C,
+        "DataRequest after a failed init",
+    );
+    check_violation(
+        post_init_error(),
+        send(UdfRequest::init(init("x"))),
+        C,
+        "second Init",
+    );
+    check_violation(
+        post_data_error(),
+        send(UdfRequest::payload_chunk(b("x"), false)),
+        C,
+        "PayloadChunk",
+    );
+    check_violation(
+        post_data_error(),
+        |c| c.handle_stream_end(),
+        C,
+        "request stream ended",
+    );
+    let mut finished_then_failed = draining();
+    finished_then_failed
+        .fail(ExecutionError::user("late", None))
+        .unwrap();
+    check_violation(
+        finished_then_failed,
+        send(UdfRequest::data(b("x"))),
+        C,
+        "DataRequest after Finish",
+    );
+}
+
+#[test]
+fn a_violation_during_a_user_cancel_drops_queued_output() {
+    let mut c = data_core();
+    c.send_data(b("queued")).unwrap();
+    c.handle_request(UdfRequest::init(init("again")));
+    let out = drain(&mut c);
+    assert_eq!(kinds(&out), [ResponseKind::Error, ResponseKind::Cancel]);
+    assert_eq!(c.stats().output_dropped, 1);
+}
+
+#[test]
+fn cancel_timeout_closes_a_post_error_session() {
+    let mut c = post_data_error();
+    drain(&mut c);
+    c.handle_cancel_timeout(Duration::from_secs(30));
+    assert_violation(&c, "no Cancel within 30s");
+    let out = drain(&mut c);
+    assert_eq!(kinds(&out), [ResponseKind::Cancel]);
+    assert!(protocol_error(&out[0]).unwrap().contains("no Cancel"));
+
+    // Elsewhere it means nothing.
+    let mut c = data_core();
+    c.handle_cancel_timeout(Duration::from_secs(30));
+    assert_eq!(c.phase(), WorkerPhase::Data);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Cancel (R3, R5, R7)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn cancel_before_init_and_after_a_non_final_chunk_is_answered_automatically() {
+    let mut c = core();
+    c.handle_request(UdfRequest::cancel(Some("early".into())));
+    let out = drain(&mut c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.is_none() && r.metrics.is_empty())
+    );
+    assert!(
+        matches!(c.outcome(), Some(EndpointOutcome::Cancelled { reason: Some(r), reported: None }) if r == "early")
+    );
+
+    let mut c = awaiting_chunks();
+    c.handle_request(UdfRequest::payload_chunk(b("a"), false));
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
+    assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Cancelled);
+    // A late Cancel is ignored.
+    c.handle_request(UdfRequest::cancel(None));
+    assert!(!c.has_transmit());
+    assert_eq!(c.stats().ignored_after_done, 1);
+}
+
+#[test]
+fn cancel_while_the_user_holds_the_init_sends_nothing_but_the_cancel_response() {
+    let mut c = init_pending();
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(c.phase(), WorkerPhase::Cancelling);
+    c.accept_init(Some(b("ignored"))).unwrap();
+    assert!(c.send_data(b("x")).is_ok_and(|sent| !sent));
+    assert!(!c.has_transmit(), "no InitResponse after Cancel");
+    c.cancelled(CancelResponse::default()).unwrap();
+    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
+
+    // A rejection after the Cancel ends up in the CancelResponse.
+    let mut c = init_pending();
+    c.handle_request(UdfRequest::cancel(None));
+    c.reject_init(ExecutionError::worker("bad udf")).unwrap();
+    c.cancelled(CancelResponse::default()).unwrap();
+    let out = drain(&mut c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.as_ref().unwrap().message() == "bad udf")
+    );
+}
+
+#[test]
+fn cancel_in_the_data_phase_drops_queued_output_and_unread_input() {
+    let mut c = data_core();
+    c.handle_request(UdfRequest::data(b("in1")));
+    c.handle_request(UdfRequest::data(b("in2")));
+    c.send_data(b("out1")).unwrap();
+    c.handle_request(UdfRequest::cancel(Some("stop".into())));
+    assert_eq!(c.phase(), WorkerPhase::Cancelling);
+    assert_eq!(c.pop_input(), None);
+    assert!(!c.has_transmit(), "queued DataResponse dropped");
+    assert_eq!(c.send_data(b("out2")), Ok(false));
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(c.stats().duplicate_cancels, 1);
+    c.fail(ExecutionError::user("while cancelling", None))
+        .unwrap();
+    c.cancelled(CancelResponse::default()).unwrap();
+    let out = drain(&mut c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.as_ref().unwrap().message() == "while cancelling")
+    );
+    assert!(
+        matches!(c.outcome(), Some(EndpointOutcome::Cancelled { reason: Some(r), .. }) if r == "stop")
+    );
+    let stats = c.stats();
+    assert_eq!((stats.input_discarded, stats.output_dropped), (2, 2));
+}
+
+#[test]
+fn r5c_cancel_after_finish_before_the_finish_response_gets_a_cancel_response() {
+    let mut c = draining();
+    c.send_data(b("trailing")).unwrap();
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(c.phase(), WorkerPhase::Cancelling);
+    let mut metrics = BTreeMap::new();
+    metrics.insert("status".to_string(), "ok".to_string());
+    c.finish(FinishResponse {
+        metrics: metrics.clone(),
+        ..Default::default()
+    })
+    .unwrap();
+    let out = drain(&mut c);
+    assert!(
+        matches!(&out[..], [ResponseMessage::Cancel(r)] if r.metrics == metrics),
+        "{out:?}"
+    );
+    assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Cancelled);
+}
+
+#[test]
+fn r5c_cancel_after_the_finish_response_is_ignored() {
+    let mut c = draining();
+    c.finish(FinishResponse::default()).unwrap();
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Finish]);
+    assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Finished);
+    assert_eq!(c.stats().ignored_after_done, 1);
+}
+
+#[test]
+fn post_error_ignores_racing_data_and_finish_until_the_cancel() {
+    let mut c = data_core();
+    c.handle_request(UdfRequest::data(b("unread")));
+    c.send_data(b("before error")).unwrap();
+    c.fail(ExecutionError::user("boom", Some("ValueError".into())))
+        .unwrap();
+    assert_eq!(c.send_data(b("after error")), Ok(false));
+    assert_eq!(
+        c.fail(ExecutionError::user("second", None))
+            .unwrap_err()
+            .call,
+        "fail"
+    );
+    assert_eq!(c.pop_input(), None, "unread input dropped");
+    assert_eq!(
+        kinds(&drain(&mut c)),
+        [ResponseKind::Data, ResponseKind::Error],
+        "output before the error"
+    );
+    c.handle_request(UdfRequest::data(b("in flight")));
+    c.handle_request(UdfRequest::finish());
+    assert_eq!(c.phase(), WorkerPhase::PostError);
+    assert_eq!(c.stats().ignored_after_error, 2);
+    c.handle_request(UdfRequest::cancel(None));
+    c.cancelled(CancelResponse::default()).unwrap();
+    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
+    assert_eq!(
+        c.outcome().unwrap().reported_error().unwrap().error_class(),
+        Some("ValueError")
+    );
+}
+
+#[test]
+fn user_calls_out_of_phase_are_misuse() {
+    let mut c = core();
+    assert_eq!(c.send_data(b("x")).unwrap_err().call, "send_data");
+    assert!(c.accept_init(None).is_err());
+    assert!(c.reject_init(ExecutionError::worker("x")).is_err());
+    assert!(c.fail(ExecutionError::worker("x")).is_err());
+    assert!(c.finish(FinishResponse::default()).is_err());
+    assert!(c.cancelled(CancelResponse::default()).is_err());
+    let mut c = init_pending();
+    assert!(
+        c.send_data(b("x")).is_err(),
+        "no DataResponse before InitResponse (R2)"
+    );
+    assert!(c.fail(ExecutionError::worker("x")).is_err());
+    let mut c = data_core();
+    assert!(c.accept_init(None).is_err(), "one InitResponse");
+    assert!(
+        c.finish(FinishResponse::default()).is_err(),
+        "Finish not received"
+    );
+    assert!(!c.has_transmit());
+}
+
+// ---------------------------------------------------------------------------------------------
+// Transport (R8)
+// ---------------------------------------------------------------------------------------------
+
+#[test]
+fn transport_failure_ends_the_session_silently() {
+    let mut c = data_core();
+    c.send_data(b("unsent")).unwrap();
+    c.handle_connection_error(ConnectionError::Closed);
+    assert!(!c.has_transmit());
+    assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::TransportFailed);
+    c.handle_request(UdfRequest::cancel(None));
+    assert!(!c.has_transmit());
+
+    // Once the terminator was handed over, a failure changes nothing.
+    let mut c = draining();
+    c.finish(FinishResponse::default()).unwrap();
+    drain(&mut c);
+    c.handle_connection_error(ConnectionError::Closed);
+    c.handle_stream_end();
+    assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Finished);
+
+    // A terminator still queued is lost: the outcome says so.
+    let mut c = draining();
+    c.finish(FinishResponse::default()).unwrap();
+    c.handle_connection_error(ConnectionError::Closed);
+    assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::TransportFailed);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Property test: arbitrary request sequences and user calls
+// ---------------------------------------------------------------------------------------------
+
+#[derive(Debug, Clone)]
+enum Step {
+    Init {
+        version: Option<u32>,
+        format: i32,
+        chunking: bool,
+        payload: Vec<u8>,
+        size: Option<i64>,
+        crc: Option<bool>,
+    },
+    Chunk {
+        data: Vec<u8>,
+        last: bool,
+    },
+    Data(Vec<u8>),
+    Finish,
+    Cancel,
+    EmptyRequest,
+    EmptyControl,
+    StreamEnd,
+    ConnectionError,
+    CancelTimeout,
+    /// Hands everything queued to the "transport".
+    Transmit,
+    Accept,
+    Reject,
+    Send(Vec<u8>),
+    Fail,
+    UserFinish,
+    UserCancelled,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    let bytes = || proptest::collection::vec(any::<u8>(), 0..3);
+    prop_oneof![
+        1 => (
+            prop_oneof![3 => Just(None), 2 => Just(Some(1)), 1 => (0u32..3).prop_map(Some)],
+            prop_oneof![6 => Just(1), 1 => Just(0), 1 => Just(9)],
+            any::<bool>(),
+            bytes(),
+            prop_oneof![3 => Just(None), 1 => (-1i64..4).prop_map(Some)],
+            prop_oneof![3 => Just(None), 2 => Just(Some(true)), 1 => Just(Some(false))],
+        )
+            .prop_map(|(version, format, chunking, payload, size, crc)| Step::Init {
+                version, format, chunking, payload, size, crc
+            }),
+        2 => (bytes(), any::<bool>()).prop_map(|(data, last)| Step::Chunk { data, last }),
+        6 => bytes().prop_map(Step::Data),
+        2 => Just(Step::Finish),
+        2 => Just(Step::Cancel),
+        1 => prop_oneof![Just(Step::EmptyRequest), Just(Step::EmptyControl)],
+        1 => Just(Step::StreamEnd),
+        1 => Just(Step::ConnectionError),
+        1 => Just(Step::CancelTimeout),
+        4 => Just(Step::Transmit),
+        3 => Just(Step::Accept),
+        1 => Just(Step::Reject),
+        6 => bytes().prop_map(Step::Send),
+        1 => Just(Step::Fail),
+        2 => Just(Step::UserFinish),
+        2 => Just(Step::UserCancelled),
+    ]
+}
+
+/// A step sequence; most start like a correct engine (a valid Init, chunked or not, and the
+/// user's answer) so the later phases are explored too.
+fn session() -> impl Strategy<Value = Vec<Step>> {
+    let good_start = (
+        any::<bool>(),
+        proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..3), 1..3),
+    )
+        .prop_map(|(chunked, chunks)| {
+            let total = chunks.concat();
+            let mut steps = vec![Step::Init {
+                version: None,
+                format: 1,
+                chunking: chunked,
+                payload: if chunked { Vec::new() } else { total.clone() },
+                size: Some(total.len() as i64),
+                crc: Some(true),
+            }];
+            if chunked {
+                let n = chunks.len();
+                steps.extend(chunks.into_iter().enumerate().map(|(i, data)| Step::Chunk {
+                    data,
+                    last: i + 1 == n,
+                }));
+            }
+            steps.push(Step::Accept);
+            steps
+        });
+    let prefix = prop_oneof![1 => Just(Vec::new()), 4 => good_start];
+    (prefix, proptest::collection::vec(step(), 0..40)).prop_map(|(mut p, rest)| {
+        p.extend(rest);
+        p
+    })
+}
+
+/// A test driver: applies steps, records what the transport got, and notes where the first
+/// Cancel arrived (in the transmitted log) while the session was still live.
+struct Harness {
+    core: WorkerCore,
+    log: Vec<ResponseMessage>,
+    /// `Some(n)`: a Cancel arrived when `n` messages had been handed over.
+    cancel_at: Option<usize>,
+    connection_failed: bool,
+}
+
+impl Harness {
+    fn transmit(&mut self) {
+        if self.connection_failed {
+            return;
+        }
+        while let Some(r) = self.core.poll_transmit() {
+            self.log.push(
+                r.into_message()
+                    .expect("the worker never sends an empty oneof"),
+            );
+        }
+    }
+
+    fn apply(&mut self, step: Step) {
+        let c = &mut self.core;
+        match step {
+            Step::Init {
+                version,
+                format,
+                chunking,
+                payload,
+                size,
+                crc,
+            } => {
+                let mut udf = UdfPayload::new("t", Bytes::from(payload.clone()));
+                udf.payload_size = size;
+                udf.payload_crc32 = crc.map(|ok| {
+                    if ok {
+                        crc32(&payload)
+                    } else {
+                        crc32(&payload) ^ 1
+                    }
+                });
+                let mut i = Init::new(UdfWorkerDataFormat::Arrow, udf);
+                i.protocol_version = version;
+                i.data_format = format;
+                i.is_chunking_payload = chunking.then_some(true);
+                c.handle_request(UdfRequest::init(i));
+            }
+            Step::Chunk { data, last } => {
+                c.handle_request(UdfRequest::payload_chunk(Bytes::from(data), last))
+            }
+            Step::Data(d) => c.handle_request(UdfRequest::data(Bytes::from(d))),
+            Step::Finish => c.handle_request(UdfRequest::finish()),
+            Step::Cancel => {
+                if !c.is_done() && c.cancel_received().is_none() {
+                    self.cancel_at = Some(self.log.len());
+                }
+                c.handle_request(UdfRequest::cancel(None));
+            }
+            Step::EmptyRequest => c.handle_request(empty_request()),
+            Step::EmptyControl => c.handle_request(empty_control()),
+            Step::StreamEnd => c.handle_stream_end(),
+            Step::ConnectionError => {
+                c.handle_connection_error(ConnectionError::Closed);
+                if c.outcome()
+                    .is_some_and(|o| o.kind() == OutcomeKind::TransportFailed)
+                {
+                    self.connection_failed = true;
+                }
+            }
+            Step::CancelTimeout => c.handle_cancel_timeout(Duration::from_secs(1)),
+            Step::Transmit => self.transmit(),
+            Step::Accept => drop(c.accept_init(Some(Bytes::from_static(b"i")))),
+            Step::Reject => drop(c.reject_init(ExecutionError::worker("reject"))),
+            Step::Send(d) => drop(c.send_data(Bytes::from(d))),
+            Step::Fail => drop(c.fail(ExecutionError::user("fail", None))),
+            Step::UserFinish => drop(c.finish(FinishResponse::default())),
+            Step::UserCancelled => drop(c.cancelled(CancelResponse::default())),
+        }
+        assert_eq!(
+            self.core.is_done(),
+            self.core.outcome().is_some(),
+            "Done iff an outcome"
+        );
+    }
+}
+
+fn is_terminator(m: &ResponseMessage) -> bool {
+    matches!(m, ResponseMessage::Finish(_) | ResponseMessage::Cancel(_))
+}
+
+fn carries_error(m: &ResponseMessage) -> bool {
+    matches!(m, ResponseMessage::Error(_))
+        || matches!(m, ResponseMessage::Init(r) if r.error.is_some())
+}
+
+fn check_invariants(h: &Harness) {
+    let log = &h.log;
+    let inits: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| matches!(m, ResponseMessage::Init(_)))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(inits.len() <= 1, "at most one InitResponse: {log:?}");
+    assert!(
+        log.iter().filter(|m| carries_error(m)).count() <= 1,
+        "at most one reported error: {log:?}"
+    );
+    let terminators: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, m)| is_terminator(m))
+        .map(|(i, _)| i)
+        .collect();
+    assert!(terminators.len() <= 1, "at most one terminator: {log:?}");
+    if let Some(&t) = terminators.first() {
+        assert_eq!(t, log.len() - 1, "nothing after the terminator: {log:?}");
+    }
+    let mut init_ok = false;
+    let mut errored = false;
+    for (i, m) in log.iter().enumerate() {
+        match m {
+            ResponseMessage::Init(r) => {
+                init_ok = r.error.is_none();
+                errored |= r.error.is_some();
+            }
+            ResponseMessage::Data(_) => {
+                assert!(
+                    init_ok,
+                    "DataResponse only after a successful InitResponse: {log:?}"
+                );
+                assert!(!errored, "no DataResponse after an error: {log:?}");
+                if let Some(at) = h.cancel_at {
+                    assert!(i < at, "no DataResponse after the Cancel: {log:?}");
+                }
+            }
+            ResponseMessage::Error(_) => {
+                assert!(
+                    inits.first().is_some_and(|&first| first < i),
+                    "ErrorResponse after InitResponse: {log:?}"
+                );
+                errored = true;
+            }
+            ResponseMessage::Finish(_) => {
+                assert!(
+                    h.cancel_at.is_none_or(|at| i < at),
+                    "after a live Cancel the terminator is CancelResponse: {log:?}"
+                );
+                assert!(!errored, "no FinishResponse after an error: {log:?}");
+            }
+            ResponseMessage::Cancel(_) => {}
+        }
+    }
+    match h.core.outcome() {
+        Some(EndpointOutcome::TransportFailed(_)) => {}
+        Some(outcome) => {
+            let last = log.last().expect("a settled session sent its terminator");
+            assert!(is_terminator(last), "ends with a terminator: {log:?}");
+            match outcome {
+                EndpointOutcome::Finished => assert!(matches!(last, ResponseMessage::Finish(_))),
+                _ => assert!(
+                    matches!(last, ResponseMessage::Cancel(_)),
+                    "{outcome} ends with CancelResponse: {log:?}"
+                ),
+            }
+            if let EndpointOutcome::ProtocolViolation(_) = outcome {
+                assert!(
+                    log.iter().any(|m| protocol_error(m).is_some()),
+                    "a violation reports a ProtocolError: {log:?}"
+                );
+            }
+        }
+        None => assert!(terminators.is_empty(), "no terminator while live: {log:?}"),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2048, ..ProptestConfig::default() })]
+
+    #[test]
+    fn arbitrary_sequences_keep_the_invariants(steps in session()) {
+        let mut h = Harness { core: core(), log: Vec::new(), cancel_at: None, connection_failed: false };
+        for s in steps {
+            h.apply(s);
+        }
+        h.transmit();
+        check_invariants(&h);
+    }
+
+    #[test]
+    fn well_formed_sessions_finish(batches in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..4), 0..8),
+                                   chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..4), 0..4)) {
+        // A correct engine with an echoing user: always Finished, output = input.
+        let mut h = Harness { core: core(), log: Vec::new(), cancel_at: None, connection_failed: false };
+        let total: Vec<u8> = chunks.concat();
+        let mut i = init("");
+        if !chunks.is_empty() {
+            i.is_chunking_payload = Some(true);
+            let udf = i.udf.as_mut().unwrap();
+            udf.payload_size = Some(total.len() as i64);
+            udf.payload_crc32 = Some(crc32(&total));
+        }
+        h.core.handle_request(UdfRequest::init(i));
+        for (n, chunk) in chunks.iter().enumerate() {
+            h.core.handle_request(UdfRequest::payload_chunk(Bytes::from(chunk.clone()), n + 1 == chunks.len()));
+        }
+        prop_assert_eq!(h.core.phase(), WorkerPhase::InitPending);
+        prop_assert_eq!(&h.core.init().unwrap().udf.as_ref().unwrap().payload[..], &total[..]);
+        h.core.accept_init(None).unwrap();
+        for batch in &batches {
+            h.core.handle_request(UdfRequest::data(Bytes::from(batch.clone())));
+            let input = h.core.pop_input().unwrap();
+            h.core.send_data(input).unwrap();
+        }
+        h.core.handle_request(UdfRequest::finish());
+        h.core.finish(FinishResponse::default()).unwrap();
+        h.transmit();
+        check_invariants(&h);
+        prop_assert_eq!(h.core.outcome().map(EndpointOutcome::kind), Some(OutcomeKind::Finished));
+        let echoed: Vec<Vec<u8>> = h.log.iter().filter_map(|m| match m {
+            ResponseMessage::Data(d) => Some(d.to_vec()),
+            _ => None,
+        }).collect();
+        prop_assert_eq!(echoed, batches);
+    }
+}

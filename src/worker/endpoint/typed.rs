@@ -1,0 +1,688 @@
+//! The worker side of a worker session as typestates: [`Endpoint<S, C>`](Endpoint).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use futures::future::poll_fn;
+
+use crate::connection::{Connection, ConnectionError};
+use crate::wire::{CancelResponse, ExecutionError, FinishResponse, Init as InitMessage};
+use crate::wire::{UdfRequest, UdfResponse};
+use crate::worker::config::Deadline;
+use crate::worker::state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
+
+use super::config::EndpointConfig;
+use super::machine::{EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
+
+/// Why an [`Endpoint`] operation could not go on: the engine cancelled, or the session ended.
+/// The endpoint itself still holds the full [`EndpointOutcome`].
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum EndpointError {
+    /// The engine sent `Cancel` (spec §1.5): stop producing output; the next transition
+    /// leads to the `CancelResponse`.
+    #[error("the engine cancelled the UDF execution{}", reason_suffix(.reason))]
+    Cancelled {
+        /// The `Cancel.reason` the engine gave.
+        reason: Option<String>,
+    },
+    /// The engine broke the protocol; the worker already answered with a `ProtocolError`
+    /// and a `CancelResponse` and closed the stream (spec §2 R6).
+    #[error("protocol violation by the engine: {0}")]
+    ProtocolViolation(String),
+    /// The connection failed; nothing more can be sent (spec §2 R8).
+    #[error(transparent)]
+    Transport(ConnectionError),
+    /// The session already ended normally (its terminator was sent).
+    #[error("the worker session has already ended")]
+    Ended,
+}
+
+fn reason_suffix(reason: &Option<String>) -> String {
+    reason
+        .as_ref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default()
+}
+
+impl EndpointError {
+    fn from_outcome(outcome: &EndpointOutcome) -> Self {
+        match outcome {
+            EndpointOutcome::Finished => EndpointError::Ended,
+            EndpointOutcome::Cancelled { reason, .. } => EndpointError::Cancelled {
+                reason: reason.clone(),
+            },
+            EndpointOutcome::ProtocolViolation(m) => EndpointError::ProtocolViolation(m.clone()),
+            EndpointOutcome::TransportFailed(e) => EndpointError::Transport(e.clone()),
+        }
+    }
+}
+
+struct Inner<C> {
+    core: WorkerCore,
+    conn: C,
+    config: EndpointConfig,
+    needs_flush: bool,
+    /// The send side failed or must not be used any more (R8).
+    send_broken: bool,
+    recv_ended: bool,
+    /// The response side was half-closed.
+    closed: bool,
+    /// The running cancel timeout, armed when the worker starts waiting for the engine's
+    /// Cancel after its own error (kept across calls so repeated waits do not extend it).
+    cancel_deadline: Option<Deadline>,
+    /// Best-effort, non-blocking close for `Drop` (chosen where the `Connection` bound is
+    /// known, so `Drop` needs none).
+    close_now: fn(&mut C),
+}
+
+impl<C> Drop for Inner<C> {
+    fn drop(&mut self) {
+        if !self.closed && !self.send_broken {
+            if !self.core.is_done() {
+                tracing::debug!(phase = ?self.core.phase(), "worker endpoint dropped before its terminator; closing the stream");
+            }
+            (self.close_now)(&mut self.conn);
+        }
+    }
+}
+
+fn close_now<C: Connection<UdfResponse, UdfRequest>>(conn: &mut C) {
+    let waker = futures::task::noop_waker();
+    let mut cx = Context::from_waker(&waker);
+    let _ = conn.poll_close(&mut cx);
+}
+
+impl<C> Inner<C>
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    /// Moves queued responses to the connection, half-closes once done, and reads requests
+    /// into the core while the input buffer has room. Returns whether anything moved.
+    fn poll_io(&mut self, cx: &mut Context<'_>) -> bool {
+        let mut progress = false;
+        while self.core.has_transmit() && !self.send_broken {
+            match self.conn.poll_ready(cx) {
+                Poll::Ready(Ok(())) => {
+                    let Some(msg) = self.core.poll_transmit() else {
+                        break;
+                    };
+                    match self.conn.start_send(msg) {
+                        Ok(()) => {
+                            self.needs_flush = true;
+                            progress = true;
+                        }
+                        Err(e) => self.transport_failed(e),
+                    }
+                }
+                Poll::Ready(Err(e)) => self.transport_failed(e),
+                Poll::Pending => break,
+            }
+        }
+        if self.needs_flush && !self.send_broken {
+            match self.conn.poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.needs_flush = false,
+                Poll::Ready(Err(e)) => self.transport_failed(e),
+                Poll::Pending => {}
+            }
+        }
+        if self.core.is_done()
+            && !self.core.has_transmit()
+            && !self.needs_flush
+            && !self.send_broken
+            && !self.closed
+        {
+            // Half-close the response side once the terminator is out (spec §2.1).
+            if self.conn.poll_close(cx).is_ready() {
+                self.closed = true;
+                progress = true;
+            }
+        }
+        while !self.recv_ended
+            && !self.core.is_done()
+            && self.core.input_len() < self.config.input_buffer.max(1)
+        {
+            match self.conn.poll_recv(cx) {
+                Poll::Ready(Some(Ok(request))) => self.core.handle_request(request),
+                Poll::Ready(Some(Err(e))) => {
+                    self.recv_ended = true;
+                    self.transport_failed(e);
+                }
+                Poll::Ready(None) => {
+                    self.recv_ended = true;
+                    self.core.handle_stream_end();
+                }
+                Poll::Pending => break,
+            }
+            progress = true;
+        }
+        progress
+    }
+
+    fn transport_failed(&mut self, error: ConnectionError) {
+        self.send_broken = true;
+        self.core.handle_connection_error(error);
+    }
+
+    /// Done, and the terminator handed over and the stream half-closed (or the transport
+    /// gone): nothing is left to drive.
+    fn settled(&self) -> bool {
+        self.core.is_done() && !self.core.has_transmit() && (self.closed || self.send_broken)
+    }
+
+    /// Drives I/O until `check` yields a value. While the worker waits for the Cancel after
+    /// its own error, the cancel timeout runs.
+    async fn drive<T>(&mut self, mut check: impl FnMut(&mut Self) -> Option<T>) -> T {
+        poll_fn(|cx| {
+            loop {
+                let progress = self.poll_io(cx);
+                if let Some(v) = check(self) {
+                    return Poll::Ready(v);
+                }
+                if progress {
+                    continue;
+                }
+                if self.core.phase() == WorkerPhase::PostError
+                    && let Some(timeout) = self.config.cancel_timeout
+                {
+                    let timer = self.config.timer.clone();
+                    let d = self
+                        .cancel_deadline
+                        .get_or_insert_with(|| Deadline::new(timer, timeout));
+                    if d.poll_expired(cx) {
+                        let after = d.duration();
+                        self.core.handle_cancel_timeout(after);
+                        continue;
+                    }
+                }
+                return Poll::Pending;
+            }
+        })
+        .await
+    }
+
+    /// Drives until every queued response is handed to the transport (or the session is
+    /// settled).
+    async fn flush(&mut self) {
+        self.drive(|s| (!s.core.has_transmit() || s.settled()).then_some(()))
+            .await
+    }
+
+    /// Drives until settled.
+    async fn settle(&mut self) {
+        self.drive(|s| s.settled().then_some(())).await
+    }
+
+    /// The error for an operation that cannot go on (Cancel received or session ended).
+    fn stop_error(&self) -> Option<EndpointError> {
+        if let Some(outcome) = self.core.outcome() {
+            return Some(EndpointError::from_outcome(outcome));
+        }
+        self.core
+            .cancel_received()
+            .map(|c| EndpointError::Cancelled {
+                reason: c.reason.clone(),
+            })
+    }
+
+    async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
+        if let Some(e) = self.stop_error() {
+            self.core.send_data(data).ok();
+            return Err(e);
+        }
+        match self.core.send_data(data) {
+            Ok(true) => {}
+            Ok(false) | Err(_) => {
+                return Err(self.stop_error().unwrap_or(EndpointError::Ended));
+            }
+        }
+        let dropped_before = self.core.stats().output_dropped;
+        self.drive(|s| {
+            let dropped = s.core.stats().output_dropped > dropped_before;
+            if !dropped && !s.core.has_transmit() {
+                // Handed to the transport before any Cancel or failure was seen.
+                return Some(Ok(()));
+            }
+            // Cancelled or ended (once a violation's answer is out): the batch is dropped.
+            if !s.core.is_done() || s.settled() {
+                return s.stop_error().map(Err);
+            }
+            None
+        })
+        .await
+    }
+}
+
+/// One UDF execution on the worker side, as a typestate (spec §2, §2.1): the protocol a UDF
+/// worker written in Rust speaks on one `Execute` stream.
+///
+/// ```text
+///   Endpoint<Init> ── recv_init ──► InitRequest ── accept ──► Endpoint<Streaming>
+///        │ (bad Init / Cancel:          │ reject                 │ recv()* send()*
+///        │  answered automatically)     ▼                        │ end_of_input()
+///        │                      Endpoint<Cancelling> ◄── fail ───┼─── InputEnd::Cancel
+///        │                          │ cancelled(resp)            ▼ InputEnd::Finish
+///        │                          │                    Endpoint<Finishing> ── fail ──► Cancelling
+///        ▼                          ▼                            │ send()* finish(resp)
+///   Endpoint<Terminated> ◄──────────┴────────────────────────────┘
+///        outcome(): Finished | Cancelled | ProtocolViolation | TransportFailed
+/// ```
+///
+/// - `S` is one of the engine's typestate markers ([`state`](crate::worker::state)); `C` is
+///   the [`Connection`] carrying `UdfResponse` out and `UdfRequest` in.
+/// - Methods exist only where the protocol allows them: no output before the
+///   `InitResponse` (R2), no second error, no output after an error or a terminator.
+///   Transitions consume `self` and always hand back an endpoint that leads to
+///   `Terminated`, so the outcome is never lost.
+/// - The rules live in [`WorkerCore`], which the endpoint drives; it reads requests while
+///   it sends, so a `Cancel` is noticed promptly (unless the bounded input buffer is full:
+///   a Cancel is in order with the data before it, spec §1.1). Engine protocol violations
+///   are answered by the core on its own (R6); the runtime phase is the source of truth, so
+///   after one every operation reports [`EndpointError::ProtocolViolation`] and
+///   `end_of_input` leads to `Terminated`.
+///
+/// # Drop
+///
+/// Dropping a non-terminal endpoint (or a transition future mid-await) never blocks: it
+/// closes the response side at once, without a terminator, so the engine sees the stream
+/// end (R10: it settles a transport failure). Dropping a `Terminated` endpoint is the same
+/// as [`close`](Endpoint::close).
+#[must_use = "an endpoint must be driven to Terminated; dropping it closes the stream without a terminator"]
+pub struct Endpoint<S: State, C> {
+    inner: Box<Inner<C>>,
+    _state: PhantomData<S>,
+}
+
+impl<S: State, C> fmt::Debug for Endpoint<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Endpoint")
+            .field("state", &S::NAME)
+            .field("phase", &self.inner.core.phase())
+            .field("outcome", &self.inner.core.outcome())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: State, C> Endpoint<S, C> {
+    fn into_state<T: State>(self) -> Endpoint<T, C> {
+        Endpoint {
+            inner: self.inner,
+            _state: PhantomData,
+        }
+    }
+
+    /// The runtime phase (the typestate is a static lower bound of it: the engine can cancel
+    /// or break the protocol at any time).
+    pub fn phase(&self) -> WorkerPhase {
+        self.inner.core.phase()
+    }
+
+    /// Whether the engine has sent `Cancel` (output is no longer sent).
+    pub fn cancel_requested(&self) -> bool {
+        self.inner.core.cancel_received().is_some()
+    }
+
+    /// The engine's `Cancel.reason`, if a Cancel with a reason arrived.
+    pub fn cancel_reason(&self) -> Option<&str> {
+        self.inner
+            .core
+            .cancel_received()
+            .and_then(|c| c.reason.as_deref())
+    }
+
+    /// The outcome, if the session has already ended.
+    pub fn outcome_if_ended(&self) -> Option<&EndpointOutcome> {
+        self.inner.core.outcome()
+    }
+
+    /// Counters of ignored or discarded events.
+    pub fn stats(&self) -> WorkerStats {
+        self.inner.core.stats()
+    }
+
+    /// The configuration this endpoint runs with.
+    pub fn config(&self) -> &EndpointConfig {
+        &self.inner.config
+    }
+}
+
+impl<C> Endpoint<Init, C>
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    /// A worker-side session on `connection` (one `Execute` stream). Nothing is read until
+    /// [`recv_init`](Self::recv_init).
+    pub fn new(connection: C, config: EndpointConfig) -> Self {
+        let inner = Inner {
+            core: WorkerCore::new(&config),
+            conn: connection,
+            config,
+            needs_flush: false,
+            send_broken: false,
+            recv_ended: false,
+            closed: false,
+            cancel_deadline: None,
+            close_now: close_now::<C>,
+        };
+        Endpoint {
+            inner: Box::new(inner),
+            _state: PhantomData,
+        }
+    }
+
+    /// Waits for the engine's `Init` (and, when it declares chunking, every `PayloadChunk`
+    /// up to `last = true`), assembled and verified (spec §1.3, R1).
+    ///
+    /// Returns an [`InitRequest`] holding the `Init`, to [`accept`](InitRequest::accept) or
+    /// [`reject`](InitRequest::reject). Everything else is answered here, without the user,
+    /// and gives `Err(Endpoint<Terminated>)`:
+    /// - `Cancel` before the Init is complete: `CancelResponse`, outcome `Cancelled`;
+    /// - an unsupported `protocol_version` or `data_format`, a missing `udf`, a
+    ///   `payload_size`/`payload_crc32` mismatch: `InitResponse(error = ProtocolError)`, then
+    ///   the engine's Cancel is awaited (up to [`EndpointConfig::cancel_timeout`]) and
+    ///   answered, outcome `Cancelled` with the reported error;
+    /// - any other message out of order, an empty chunk or an empty oneof:
+    ///   `InitResponse(error = ProtocolError)` and `CancelResponse`, then close, outcome
+    ///   `ProtocolViolation`;
+    /// - a transport failure: outcome `TransportFailed`.
+    ///
+    /// Cancel-safe in the sense of [`Endpoint`]'s drop rule.
+    pub async fn recv_init(mut self) -> Result<InitRequest<C>, Endpoint<Terminated, C>> {
+        let ready = self
+            .inner
+            .drive(|s| {
+                if s.core.phase() == WorkerPhase::InitPending {
+                    Some(true)
+                } else {
+                    s.settled().then_some(false)
+                }
+            })
+            .await;
+        if !ready {
+            return Err(self.into_state());
+        }
+        let init = self
+            .inner
+            .core
+            .take_init()
+            .expect("InitPending holds the assembled Init");
+        Ok(InitRequest {
+            init,
+            endpoint: self,
+        })
+    }
+}
+
+/// An assembled, verified `Init` waiting for the user's answer (phase
+/// [`InitPending`](WorkerPhase::InitPending)); returned by [`Endpoint::recv_init`].
+///
+/// Exactly one `InitResponse` answers it: [`accept`](Self::accept) or
+/// [`reject`](Self::reject). Dropping it drops the endpoint (see [`Endpoint`]'s drop rule).
+#[must_use = "an Init must be accepted or rejected"]
+pub struct InitRequest<C> {
+    init: InitMessage,
+    endpoint: Endpoint<Init, C>,
+}
+
+impl<C> fmt::Debug for InitRequest<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InitRequest")
+            .field("init", &self.init)
+            .field("endpoint", &self.endpoint)
+            .finish()
+    }
+}
+
+impl<C> InitRequest<C>
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    /// The engine's `Init`. When the payload came in chunks, `udf.payload` holds the whole
+    /// assembled payload (inline part first, spec §1.3) and `is_chunking_payload` is as sent.
+    pub fn init(&self) -> &InitMessage {
+        &self.init
+    }
+
+    /// The assembled UDF payload bytes (`init().udf.payload`).
+    pub fn payload(&self) -> &Bytes {
+        static EMPTY: Bytes = Bytes::new();
+        self.init.udf.as_ref().map(|u| &u.payload).unwrap_or(&EMPTY)
+    }
+
+    /// Whether the engine has already cancelled (then `accept` and `reject` send nothing and
+    /// lead to the `CancelResponse`).
+    pub fn cancel_requested(&self) -> bool {
+        self.endpoint.cancel_requested()
+    }
+
+    /// Answers with `InitResponse { data }` (spec §1.3) and waits until the transport took
+    /// it: the data phase begins.
+    ///
+    /// If the engine cancelled meanwhile, nothing is sent and the returned endpoint's
+    /// [`end_of_input`](Endpoint::end_of_input) gives [`InputEnd::Cancel`]; if it broke the
+    /// protocol, the session has already ended (`end_of_input` gives [`InputEnd::Ended`]).
+    pub async fn accept(mut self, data: Option<Bytes>) -> Endpoint<Streaming, C> {
+        let inner = &mut self.endpoint.inner;
+        inner
+            .core
+            .accept_init(data)
+            .expect("InitRequest holds an unanswered Init");
+        inner.flush().await;
+        self.endpoint.into_state()
+    }
+
+    /// Answers with `InitResponse { error }` (init failed, spec §1.3, R4): no data follows;
+    /// the returned endpoint waits for the engine's mandatory Cancel and answers it with
+    /// [`cancelled`](Endpoint::cancelled).
+    ///
+    /// If the engine cancelled meanwhile, the error is not sent on its own but put into the
+    /// `CancelResponse.error` (unless the user's response has one).
+    pub async fn reject(mut self, error: ExecutionError) -> Endpoint<Cancelling, C> {
+        let inner = &mut self.endpoint.inner;
+        inner
+            .core
+            .reject_init(error)
+            .expect("InitRequest holds an unanswered Init");
+        inner.flush().await;
+        self.endpoint.into_state()
+    }
+}
+
+/// How the input of a streaming [`Endpoint`] ended; returned by
+/// [`Endpoint::end_of_input`].
+#[derive(Debug)]
+#[must_use]
+pub enum InputEnd<C> {
+    /// The engine sent `Finish`: emit trailing output, then
+    /// [`finish`](Endpoint::finish) (spec §2 R5 (a)).
+    Finish(Endpoint<Finishing, C>),
+    /// The engine sent `Cancel`: produce the `CancelResponse` with
+    /// [`cancelled`](Endpoint::cancelled) (spec §2 R5 (b), R7).
+    Cancel(Endpoint<Cancelling, C>),
+    /// The session already ended (engine protocol violation, transport failure); nothing
+    /// more is sent.
+    Ended(Endpoint<Terminated, C>),
+}
+
+impl<C> Endpoint<Streaming, C>
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    /// Receives the next input batch (`DataRequest.data`, spec §1.4), in arrival order.
+    ///
+    /// - `Ok(Some(batch))`: the next batch;
+    /// - `Ok(None)`: the input ended — the engine sent `Finish` (every batch before it has
+    ///   been delivered) or `Cancel` (unread batches are dropped); call
+    ///   [`end_of_input`](Self::end_of_input);
+    /// - `Err(e)`: the session ended otherwise (protocol violation, transport failure);
+    ///   `end_of_input` gives [`InputEnd::Ended`].
+    ///
+    /// Cancel-safe: a batch is only taken out of the buffer when it is returned.
+    pub async fn recv(&mut self) -> Result<Option<Bytes>, EndpointError> {
+        self.inner
+            .drive(|s| {
+                if let Some(batch) = s.core.pop_input() {
+                    return Some(Ok(Some(batch)));
+                }
+                match s.core.phase() {
+                    WorkerPhase::Data => None,
+                    WorkerPhase::Done => s.settled().then(|| match s.core.outcome() {
+                        Some(EndpointOutcome::Cancelled { .. }) | None => Ok(None),
+                        Some(o) => Err(EndpointError::from_outcome(o)),
+                    }),
+                    _ => Some(Ok(None)),
+                }
+            })
+            .await
+    }
+
+    /// Sends one output batch as a `DataResponse` (spec §1.4) and waits until the
+    /// connection has taken it (backpressure), reading requests meanwhile.
+    ///
+    /// # Errors
+    /// [`EndpointError::Cancelled`] if the engine's `Cancel` arrived before or while
+    /// sending (the batch is dropped: nothing but the `CancelResponse` follows a Cancel);
+    /// another [`EndpointError`] if the session ended. Either way, continue with
+    /// [`end_of_input`](Self::end_of_input).
+    pub async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
+        self.inner.send(data).await
+    }
+
+    /// Reports a data-phase error (a user error, a worker error): sends
+    /// `ErrorResponse(error)` after every batch already sent, drops unread input, and
+    /// returns the endpoint waiting for the engine's Cancel (spec §2 R4). If the engine
+    /// already cancelled, the error goes into the `CancelResponse.error` instead.
+    pub async fn fail(mut self, error: ExecutionError) -> Endpoint<Cancelling, C> {
+        fail_endpoint(&mut self.inner, error).await;
+        self.into_state()
+    }
+
+    /// Waits until the input has ended and returns how: `Finish`, `Cancel`, or the session
+    /// ended otherwise. Input batches not yet received are dropped.
+    pub async fn end_of_input(mut self) -> InputEnd<C> {
+        let phase = self
+            .inner
+            .drive(|s| {
+                s.core.discard_input();
+                match s.core.phase() {
+                    WorkerPhase::Data => None,
+                    WorkerPhase::Done => s.settled().then_some(WorkerPhase::Done),
+                    phase => Some(phase),
+                }
+            })
+            .await;
+        match phase {
+            WorkerPhase::Draining => InputEnd::Finish(self.into_state()),
+            WorkerPhase::Done => InputEnd::Ended(self.into_state()),
+            _ => InputEnd::Cancel(self.into_state()),
+        }
+    }
+}
+
+async fn fail_endpoint<C>(inner: &mut Inner<C>, error: ExecutionError)
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    if let Err(misuse) = inner.core.fail(error) {
+        // Only reachable if the runtime phase cannot take an error (typestates prevent it).
+        tracing::warn!(%misuse, "ignoring a second worker error");
+    }
+    inner.flush().await;
+}
+
+impl<C> Endpoint<Finishing, C>
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    /// Sends trailing output after `Finish`; see [`Endpoint<Streaming, C>::send`]. A
+    /// `Cancel` after the `Finish` makes it fail with [`EndpointError::Cancelled`] (then
+    /// [`finish`](Self::finish) sends a `CancelResponse`, spec §2 R5 (c)).
+    pub async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
+        self.inner.send(data).await
+    }
+
+    /// Ends the session with `response` (spec §2 R5 (a)) — or, if the engine's `Cancel`
+    /// arrived first, with a `CancelResponse` carrying the response's metrics and error
+    /// (R5 (c)); the outcome tells which. A Cancel the transport already delivered counts
+    /// as arrived. Waits until the terminator is handed to the
+    /// transport and the response side is half-closed.
+    pub async fn finish(mut self, response: FinishResponse) -> Endpoint<Terminated, C> {
+        // One non-blocking I/O pass first, so a Cancel already delivered is honoured (R5 (c)).
+        poll_fn(|cx| {
+            self.inner.poll_io(cx);
+            Poll::Ready(())
+        })
+        .await;
+        if let Err(misuse) = self.inner.core.finish(response) {
+            tracing::warn!(%misuse, "finish in an unexpected phase");
+        }
+        self.inner.settle().await;
+        self.into_state()
+    }
+
+    /// Reports an error after `Finish` as an `ErrorResponse` (spec §2 R4; the engine then
+    /// sends Cancel-after-Finish). A finish-callback error should rather go into
+    /// `FinishResponse.error` via [`finish`](Self::finish) (spec §1.5).
+    pub async fn fail(mut self, error: ExecutionError) -> Endpoint<Cancelling, C> {
+        fail_endpoint(&mut self.inner, error).await;
+        self.into_state()
+    }
+}
+
+impl<C> Endpoint<Cancelling, C>
+where
+    C: Connection<UdfResponse, UdfRequest>,
+{
+    /// Waits for the engine's `Cancel` (it is due after the worker's error, spec §2 R4),
+    /// up to [`EndpointConfig::cancel_timeout`].
+    ///
+    /// # Errors
+    /// The session ended without a Cancel (timeout, protocol violation, transport failure):
+    /// the error derived from the outcome; [`cancelled`](Self::cancelled) then just returns
+    /// the ended endpoint.
+    pub async fn wait_cancel(&mut self) -> Result<(), EndpointError> {
+        self.inner
+            .drive(|s| match s.core.phase() {
+                WorkerPhase::Cancelling => Some(Ok(())),
+                WorkerPhase::Done if s.settled() => Some(Err(s
+                    .core
+                    .outcome()
+                    .map(EndpointError::from_outcome)
+                    .unwrap_or(EndpointError::Ended))),
+                _ => None,
+            })
+            .await
+    }
+
+    /// Answers the engine's `Cancel` with `response` (partial metrics, cancel-callback
+    /// error; spec §1.5, R7), waiting for the Cancel first if it has not arrived; then
+    /// half-closes. If `response.error` is unset, an error reported after the Cancel
+    /// arrived is put there. If the session ended without a Cancel, nothing is sent.
+    pub async fn cancelled(mut self, response: CancelResponse) -> Endpoint<Terminated, C> {
+        if self.wait_cancel().await.is_ok()
+            && let Err(misuse) = self.inner.core.cancelled(response)
+        {
+            tracing::warn!(%misuse, "cancelled in an unexpected phase");
+        }
+        self.inner.settle().await;
+        self.into_state()
+    }
+}
+
+impl<C> Endpoint<Terminated, C> {
+    /// How the session ended.
+    pub fn outcome(&self) -> &EndpointOutcome {
+        self.inner
+            .core
+            .outcome()
+            .expect("a Terminated endpoint has an outcome")
+    }
+
+    /// Releases the connection (the response side is already half-closed) and returns the
+    /// outcome.
+    pub fn close(self) -> EndpointOutcome {
+        self.outcome().clone()
+    }
+}
