@@ -31,10 +31,16 @@ struct TextUdf {
 
 impl Udf for TextUdf {
     fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError> {
-        let payload = init.udf.as_ref().map(|u| u.payload.clone()).unwrap_or_default();
+        let payload = init
+            .udf
+            .as_ref()
+            .map(|u| u.payload.clone())
+            .unwrap_or_default();
         let text = std::str::from_utf8(&payload).unwrap_or_default();
         if let Some(n) = text.strip_prefix("generate:") {
-            self.generate = n.parse().map_err(|_| ExecutionError::worker("bad generator size"))?;
+            self.generate = n
+                .parse()
+                .map_err(|_| ExecutionError::worker("bad generator size"))?;
         }
         Ok(None)
     }
@@ -58,14 +64,20 @@ impl Udf for TextUdf {
             self.rows_out += 1;
         }
         let mut response = FinishResponse::default();
-        response.metrics.insert("rows_in".into(), self.rows_in.to_string());
-        response.metrics.insert("rows_out".into(), self.rows_out.to_string());
+        response
+            .metrics
+            .insert("rows_in".into(), self.rows_in.to_string());
+        response
+            .metrics
+            .insert("rows_out".into(), self.rows_out.to_string());
         Ok(response)
     }
 
     fn cancel(&mut self) -> CancelResponse {
         let mut response = CancelResponse::default();
-        response.metrics.insert("rows_in".into(), self.rows_in.to_string());
+        response
+            .metrics
+            .insert("rows_in".into(), self.rows_in.to_string());
         response
     }
 }
@@ -73,11 +85,17 @@ impl Udf for TextUdf {
 type Conn = tether::connection::MemoryConnection<UdfRequest, UdfResponse>;
 
 /// Starts a worker task and returns an engine session connected to it.
-fn start() -> (Session<tether::worker::state::Init, Conn>, Arc<CountingHandle>) {
+fn start() -> (
+    Session<tether::worker::state::Init, Conn>,
+    Arc<CountingHandle>,
+) {
     let (engine, worker) = pair::<UdfRequest, UdfResponse>(8);
     tokio::spawn(serve(worker, TextUdf::default(), EndpointConfig::default()));
     let handle = Arc::new(CountingHandle::for_one_session());
-    (Session::new(engine, handle.clone(), SessionConfig::default()), handle)
+    (
+        Session::new(engine, handle.clone(), SessionConfig::default()),
+        handle,
+    )
 }
 
 fn init(payload: &'static str) -> Init {
@@ -88,11 +106,18 @@ fn init(payload: &'static str) -> Init {
 }
 
 fn batches(rows: &[&'static str]) -> impl futures::Stream<Item = Bytes> + Unpin + use<> {
-    futures::stream::iter(rows.iter().map(|r| Bytes::from_static(r.as_bytes())).collect::<Vec<_>>())
+    futures::stream::iter(
+        rows.iter()
+            .map(|r| Bytes::from_static(r.as_bytes()))
+            .collect::<Vec<_>>(),
+    )
 }
 
 fn report(name: &str, outputs: &[Bytes], t: &Termination, handle: &CountingHandle) {
-    let outs: Vec<_> = outputs.iter().map(|b| String::from_utf8_lossy(b).into_owned()).collect();
+    let outs: Vec<_> = outputs
+        .iter()
+        .map(|b| String::from_utf8_lossy(b).into_owned())
+        .collect();
     println!("{name}");
     println!("  output:      {outs:?}");
     println!("  termination: {t}");
@@ -102,7 +127,11 @@ fn report(name: &str, outputs: &[Bytes], t: &Termination, handle: &CountingHandl
     println!(
         "  worker:      released {} time(s), {}",
         handle.releases(),
-        if handle.is_invalid() { "invalidated" } else { "still valid" }
+        if handle.is_invalid() {
+            "invalidated"
+        } else {
+            "still valid"
+        }
     );
 }
 
@@ -125,7 +154,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (mut session, _) = session.init(init("upper")).await.map_err(|e| e.error)?;
     session.send(Bytes::from_static(b"first")).await?;
     let first = session.recv().await?.into_iter().collect::<Vec<_>>();
-    let t = session.cancel(Some("enough rows".into())).await.close().await;
+    let t = session
+        .cancel(Some("enough rows".into()))
+        .await
+        .close()
+        .await;
     report("2. cancelled midway", &first, &t, &handle);
     assert!(matches!(t, Termination::Cancelled { .. }));
 
@@ -149,13 +182,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // 4. A generator with zero inputs.
     let (session, handle) = start();
-    let (session, _) = session.init(init("generate:3")).await.map_err(|e| e.error)?;
+    let (session, _) = session
+        .init(init("generate:3"))
+        .await
+        .map_err(|e| e.error)?;
     let outputs: Vec<Bytes> = session
         .process(futures::stream::empty())
         .map(|r| r.expect("generator output"))
         .collect()
         .await;
-    let t = handle.last_outcome().expect("finalized when the stream was dropped");
+    let t = handle
+        .last_outcome()
+        .expect("finalized when the stream was dropped");
     report("4. generator with zero inputs", &outputs, &t, &handle);
     assert_eq!(outputs.len(), 3);
     Ok(())

@@ -254,7 +254,9 @@ pub(crate) fn check(files: &[&str], probes: &[Probe], enums: &[(&str, i32, &str)
             "proto oracle not found under CI (expected ../shared/oracle/udf-proto-4.3.0 or \
              TETHER_UDF_PROTO_DIR)"
         );
-        eprintln!("SKIPPED: proto oracle not found (set TETHER_UDF_PROTO_DIR); schema check not run");
+        eprintln!(
+            "SKIPPED: proto oracle not found (set TETHER_UDF_PROTO_DIR); schema check not run"
+        );
         return;
     };
     let mut all = Schema::default();

@@ -263,20 +263,24 @@ impl EngineCore {
     /// for the call that queued the Cancel.
     ///
     /// - Terminal: nothing happens.
-    /// - `Created` (nothing on the wire): settles the synthetic `Cancelled` (spec §5.3).
-    /// - Otherwise unsent Data, Finish and PayloadChunks are dropped, a queued `Init` is kept
-    ///   (Cancel never precedes Init), `Cancel{reason}` is queued and the phase becomes
-    ///   `Cancelling`.
+    /// - Nothing handed to the transport yet (`Created`, or `Init` still queued): the queue is
+    ///   dropped, no stream is opened, and the synthetic `Cancelled` settles (spec §5.3).
+    /// - Otherwise unsent Data, Finish and PayloadChunks are dropped, `Cancel{reason}` is
+    ///   queued and the phase becomes `Cancelling`.
     pub fn cancel(&mut self, reason: Option<String>) -> bool {
         if self.terminal.is_some() || self.cancel_requested {
             return false;
         }
         self.cancel_requested = true;
-        if self.phase == Phase::Created {
+        if !self.stream_opened {
+            // Nothing has reached the transport (not even a queued Init): the stream is never
+            // opened and the outcome is the synthetic Cancelled (spec §5.2 step 1, §5.3).
             self.settle(Termination::cancelled_before_start());
             return false;
         }
-        self.outbox.retain(|r| r.kind() == Some(RequestKind::Init));
+        // The Init went out first, so dropping every unsent request keeps "Cancel never
+        // precedes Init"; nothing but the Cancel follows (spec §4.7, §4.8).
+        self.outbox.clear();
         self.outbox.push_back(UdfRequest::cancel(reason));
         self.phase = Phase::Cancelling;
         true
@@ -324,15 +328,19 @@ impl EngineCore {
             tracing::debug!(kind = ?response.kind(), "ignoring a worker message after the terminal");
             return;
         }
+        if !self.stream_opened {
+            // The worker cannot answer a stream the engine has not opened.
+            return self.fail(PeerViolation::ResponseBeforeInit.into());
+        }
         let msg = match response.into_message() {
             Ok(m) => m,
             Err(e) => return self.fail(PeerViolation::Malformed(e).into()),
         };
         match msg {
             ResponseMessage::Data(data) => {
-                if matches!(self.phase, Phase::Created | Phase::Initializing)
-                    && self.init_response.is_none()
-                {
+                // R2: no DataResponse before an accepted InitResponse, whatever the phase
+                // (also after an init error or while cancelling).
+                if self.init_response.is_none() {
                     return self.fail(PeerViolation::DataBeforeInitResponse.into());
                 }
                 self.stats.data_received += 1;
@@ -399,17 +407,22 @@ impl EngineCore {
         self.fail(TransportFailure::Connection(error));
     }
 
-    /// A deadline expired while waiting for `waiting_for`: queues a best-effort Cancel (so the
-    /// worker learns about it) and settles `TransportFailed(Timeout)` (spec §4.6 step 4, §4.7,
-    /// §5.2 step 3).
+    /// A deadline expired while waiting for `waiting_for`: settles `TransportFailed(Timeout)`
+    /// (spec §4.6 step 4, §4.7, §5.2 step 3) and, if the stream is open, leaves a best-effort
+    /// Cancel queued so the worker learns about it.
     pub fn handle_timeout(&mut self, waiting_for: Wait, after: Duration) {
         if self.terminal.is_some() {
             return;
         }
+        let failure = TransportFailure::Timeout { waiting_for, after };
+        if !self.stream_opened {
+            // Nothing on the wire: no stream is opened just to cancel it.
+            return self.fail(failure);
+        }
         self.cancel(Some(format!("timed out waiting for {waiting_for}")));
         // Keep the queued Cancel: the driver flushes it best-effort after the terminal.
         let pending = std::mem::take(&mut self.outbox);
-        self.fail(TransportFailure::Timeout { waiting_for, after });
+        self.fail(failure);
         self.outbox = pending;
     }
 

@@ -8,6 +8,8 @@
 
 pub mod config;
 pub mod core;
+#[cfg(feature = "tokio")]
+pub mod dispatcher;
 pub mod endpoint;
 pub mod handle;
 pub mod session;

@@ -453,8 +453,14 @@ where
     }
     #[cfg(feature = "tokio")]
     if let Ok(rt) = tokio::runtime::Handle::try_current() {
+        // If the task never completes (the runtime shuts down, or aborts it mid-wait), the
+        // guard still finalizes the session as `Interrupted`: the release is never lost.
+        let mut guard = FinalizeGuard(Some(inner));
         rt.spawn(async move {
-            let _ = inner.interrupt().await;
+            if let Some(inner) = guard.0.as_mut() {
+                let _ = inner.interrupt().await;
+            }
+            drop(guard);
         });
         return;
     }
@@ -462,6 +468,23 @@ where
     let context = inner.activity.context();
     inner.core.handle_interrupt(context, Duration::ZERO);
     let _ = inner.finalize();
+}
+
+/// Finalizes a session that drop cleanup could not finish (see [`cleanup_on_drop`]).
+#[cfg(feature = "tokio")]
+struct FinalizeGuard<C: Connection<UdfRequest, UdfResponse>>(Option<Box<Inner<C>>>);
+
+#[cfg(feature = "tokio")]
+impl<C: Connection<UdfRequest, UdfResponse>> Drop for FinalizeGuard<C> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.as_mut()
+            && !inner.finalized
+        {
+            let context = inner.activity.context();
+            inner.core.handle_interrupt(context, Duration::ZERO);
+            let _ = inner.finalize();
+        }
+    }
 }
 
 /// One UDF execution on a worker, from the engine's side, as a typestate (spec §4–§5).

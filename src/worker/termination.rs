@@ -240,6 +240,9 @@ impl fmt::Display for Wait {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PeerViolation {
+    /// A message arrived before the engine sent anything (the stream did not exist yet).
+    #[error("worker message before the engine sent Init")]
+    ResponseBeforeInit,
     /// A `DataResponse` arrived before the `InitResponse` (rule R2).
     #[error("DataResponse before InitResponse")]
     DataBeforeInitResponse,

@@ -1,0 +1,303 @@
+//! The dispatcher's errors: an invalid specification ([`SpecError`]), a failed environment
+//! callable ([`EnvironmentError`]) and everything `create_session` can report
+//! ([`DispatchError`]).
+
+use std::fmt;
+use std::io;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::worker::transport::WorkerEndpoint;
+
+/// Why a [`UdfWorkerSpecification`](crate::wire::UdfWorkerSpecification) cannot be run by a
+/// [`Dispatcher`](super::Dispatcher) (spec §6.2, §6.4; scenarios 79–80, 92–95, 99–100,
+/// 113–114, 116, 129).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum SpecError {
+    /// `worker` is unset: only the `direct` worker exists (spec §1.9).
+    #[error("the worker specification must set a direct worker (UDFWorkerSpecification.direct)")]
+    MissingDirectWorker,
+    /// `direct.runner` is unset.
+    #[error("the direct worker must set a runner (DirectWorker.runner)")]
+    MissingRunner,
+    /// A callable's `command` is empty (scenario 116).
+    #[error("the {callable} command must contain at least one entry")]
+    EmptyCommand {
+        /// Which callable: `runner`, `installation`, `environment_verification` or
+        /// `environment_cleanup`.
+        callable: &'static str,
+    },
+    /// The runner's `arguments` contain `--id` or `--connection`, which the engine appends
+    /// itself (spec §1.9).
+    #[error("the runner arguments must not contain {argument}: the engine appends it itself")]
+    ReservedArgument {
+        /// The offending argument.
+        argument: String,
+    },
+    /// `direct.properties.connection` (or its transport) is unset (scenarios 92, 113).
+    #[error("UDFWorkerProperties.connection must be set (unix_domain_socket or tcp)")]
+    MissingConnection,
+    /// The spec asks for local TCP but the dispatcher's transport needs a Unix domain socket
+    /// ([`DispatcherConfig::allow_tcp`](super::DispatcherConfig::allow_tcp) is off;
+    /// scenarios 93, 114).
+    #[error(
+        "this dispatcher requires UNIX domain socket transport (WorkerConnectionSpec.unix_domain_socket), but the specification asks for tcp"
+    )]
+    UnixSocketRequired,
+    /// `capabilities` is unset (scenarios 80, 94, 99).
+    #[error(
+        "the dispatcher requires WorkerCapabilities: supported_data_formats must contain at least ARROW and supported_communication_patterns must contain BIDIRECTIONAL_STREAMING"
+    )]
+    MissingCapabilities,
+    /// `supported_data_formats` does not contain `ARROW`.
+    #[error("supported_data_formats must contain at least ARROW")]
+    ArrowRequired,
+    /// `supported_data_formats` contains `UNSPECIFIED` (scenario 100).
+    #[error("supported_data_formats must not contain UNSPECIFIED")]
+    UnspecifiedDataFormat,
+    /// `supported_communication_patterns` contains `UNSPECIFIED` (scenarios 95, 100).
+    #[error(
+        "supported_communication_patterns must not contain UNSPECIFIED (the dispatcher requires BIDIRECTIONAL_STREAMING)"
+    )]
+    UnspecifiedCommunicationPattern,
+    /// `supported_communication_patterns` lacks `BIDIRECTIONAL_STREAMING` (scenario 79).
+    #[error("the dispatcher requires BIDIRECTIONAL_STREAMING in supported_communication_patterns")]
+    BidirectionalStreamingRequired,
+    /// `environment_verification` is set without `installation` (scenario 129).
+    #[error(
+        "WorkerEnvironment.environment_verification requires an installation callable (WorkerEnvironment.installation)"
+    )]
+    VerificationWithoutInstallation,
+}
+
+/// One of the environment callables (spec §1.9 `WorkerEnvironment`, §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CallableStage {
+    /// `environment_verification`: exit 0 means the environment is ready.
+    Verification,
+    /// `installation`: run when verification failed or is absent.
+    Installation,
+    /// `environment_cleanup`: run once when the dispatcher closes.
+    Cleanup,
+}
+
+impl fmt::Display for CallableStage {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            CallableStage::Verification => "verification",
+            CallableStage::Installation => "installation",
+            CallableStage::Cleanup => "cleanup",
+        })
+    }
+}
+
+/// How a process ended: an exit code, or the signal that killed it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum ExitReason {
+    /// It exited with this code.
+    Code(i32),
+    /// It was killed by this signal number.
+    Signal(i32),
+}
+
+impl ExitReason {
+    /// The reason of a finished process's status.
+    pub fn from_status(status: std::process::ExitStatus) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        match (status.code(), status.signal()) {
+            (Some(code), _) => ExitReason::Code(code),
+            (None, Some(signal)) => ExitReason::Signal(signal),
+            // Neither: a stopped/continued status, which `wait` never returns.
+            (None, None) => ExitReason::Code(-1),
+        }
+    }
+}
+
+impl fmt::Display for ExitReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            ExitReason::Code(c) => write!(f, "code {c}"),
+            ExitReason::Signal(s) => write!(f, "signal {s}"),
+        }
+    }
+}
+
+/// Formats a captured output tail for an error message (empty output adds nothing).
+pub(crate) struct OutputTail<'a>(pub(crate) &'a str);
+
+impl fmt::Display for OutputTail<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("; it printed nothing")
+        } else {
+            write!(f, "; output (last lines):\n{}", self.0)
+        }
+    }
+}
+
+/// An environment callable failed (spec §6.3). Failures of verification+installation are
+/// permanent for the dispatcher: later sessions get
+/// [`DispatchError::EnvironmentPreviouslyFailed`] without the callables being rerun.
+///
+/// `output` is the tail of the callable's merged stdout and stderr: at most the last 50 lines
+/// of the last 1 MiB (spec §7 `PROCESS_OUTPUT_TAIL_LINES`, `MAX_OUTPUT_SCAN_BYTES`).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum EnvironmentError {
+    /// The callable exited unsuccessfully (scenario 122: "exit code 7" and its output).
+    #[error("environment {stage} failed with exit {reason}{}", OutputTail(output))]
+    Failed {
+        /// Which callable.
+        stage: CallableStage,
+        /// Its exit code or signal.
+        reason: ExitReason,
+        /// Its output tail.
+        output: String,
+    },
+    /// The callable ran longer than
+    /// [`DispatcherConfig::callable_timeout`](super::DispatcherConfig::callable_timeout); it
+    /// was killed (SIGKILL to its process group) and reaped (scenario 123).
+    #[error("environment {stage}: callable timed out after {}ms{}", after.as_millis(), OutputTail(output))]
+    TimedOut {
+        /// Which callable.
+        stage: CallableStage,
+        /// The timeout that expired.
+        after: Duration,
+        /// Its output tail.
+        output: String,
+    },
+    /// The callable could not be started.
+    #[error("environment {stage}: could not start `{command}`: {source}")]
+    Spawn {
+        /// Which callable.
+        stage: CallableStage,
+        /// The command line.
+        command: String,
+        /// The OS error (shared so the error can be cloned to every waiting session).
+        source: Arc<io::Error>,
+    },
+}
+
+impl EnvironmentError {
+    /// The callable that failed.
+    pub fn stage(&self) -> CallableStage {
+        match self {
+            EnvironmentError::Failed { stage, .. }
+            | EnvironmentError::TimedOut { stage, .. }
+            | EnvironmentError::Spawn { stage, .. } => *stage,
+        }
+    }
+}
+
+/// Everything [`Dispatcher::new`](super::Dispatcher::new) and
+/// [`Dispatcher::create_session`](super::Dispatcher::create_session) can report (spec §6.2).
+///
+/// Worker start failures carry the worker's id, its endpoint and the tail of its merged
+/// stdout/stderr (last 50 lines of the last 1 MiB); by the time one is returned the process
+/// has been killed and reaped and its socket file removed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DispatchError {
+    /// The specification is invalid for this dispatcher.
+    #[error("invalid UDF worker specification: {0}")]
+    InvalidSpec(#[from] SpecError),
+    /// A security scope was passed; only `None` is accepted (spec §3, scenario 128).
+    #[error("worker security scopes are not supported yet: create sessions without a scope")]
+    SecurityScopeNotSupported,
+    /// The dispatcher is closed (or closed while this session was being created; scenarios
+    /// 106, 109).
+    #[error("the dispatcher is closed")]
+    Closed,
+    /// This session ran the environment setup and it failed (scenarios 122, 123, 126, 127).
+    #[error(transparent)]
+    Environment(EnvironmentError),
+    /// The environment setup failed for an earlier session; it is not rerun (scenarios 126,
+    /// 127).
+    #[error("environment setup previously failed: {0}")]
+    EnvironmentPreviouslyFailed(EnvironmentError),
+    /// No candidate directory (`$TMPDIR`, `$TEMP`, `$TMP`, `/tmp`, or the configured base)
+    /// accepted the private socket directory.
+    #[error("could not create a private socket directory under any of {tried:?}: {source}")]
+    SocketDirectory {
+        /// The base directories tried, shortest first.
+        tried: Vec<PathBuf>,
+        /// The last error.
+        source: io::Error,
+    },
+    /// The socket path is longer than the platform's limit (107 bytes on Linux, 103 on macOS
+    /// and the BSDs; spec §6.4).
+    #[error("socket path {path:?} is {len} bytes long, over the platform limit of {max} bytes")]
+    SocketPathTooLong {
+        /// The path.
+        path: PathBuf,
+        /// Its length in bytes.
+        len: usize,
+        /// The limit.
+        max: usize,
+    },
+    /// Every candidate socket name (`w-<16 hex>.sock` and suffixes `-1`…`-16`) was taken.
+    #[error("no free socket name in {dir:?} after 17 attempts")]
+    SocketNameExhausted {
+        /// The socket directory.
+        dir: PathBuf,
+    },
+    /// A local I/O step failed (creating the output log, choosing a TCP port).
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The worker process could not be started.
+    #[error("could not start worker `{command}`: {source}")]
+    Spawn {
+        /// The command line.
+        command: String,
+        /// The OS error.
+        source: io::Error,
+    },
+    /// The worker died before it became reachable (scenario 117: "exited with code 42").
+    #[error(
+        "worker {id} exited with {reason} before becoming reachable at {endpoint}{}",
+        OutputTail(output)
+    )]
+    ExitedAtStart {
+        /// The worker's id.
+        id: String,
+        /// Where it should have listened.
+        endpoint: WorkerEndpoint,
+        /// Its exit code or signal.
+        reason: ExitReason,
+        /// Its output tail.
+        output: String,
+    },
+    /// The worker did not accept a connection within the initialization timeout (scenarios
+    /// 91, 118).
+    #[error("worker {id} did not become reachable at {endpoint} within {}ms: {detail}{}", waited.as_millis(), OutputTail(output))]
+    NotReachable {
+        /// The worker's id.
+        id: String,
+        /// Where it should have listened.
+        endpoint: WorkerEndpoint,
+        /// The initialization timeout that expired.
+        waited: Duration,
+        /// What was observed (socket file never created; last connect error).
+        detail: String,
+        /// Its output tail.
+        output: String,
+    },
+    /// The worker was ready but the session's connection could not be opened; the worker
+    /// was marked invalid and stopped (scenario 112).
+    #[error("could not open a session to worker {id} at {endpoint}: {source}")]
+    OpenSession {
+        /// The worker's id.
+        id: String,
+        /// Its endpoint.
+        endpoint: WorkerEndpoint,
+        /// The transport's error.
+        source: io::Error,
+    },
+}

@@ -1,0 +1,639 @@
+//! The dispatcher's shared state: tracked workers, the idle pool, in-flight creations,
+//! workers being stopped; the worker handle sessions hold; stop jobs; close.
+//!
+//! Lock order: `Shared::state` → `Worker::life` → `Worker::child` / `Worker::channel`. The
+//! session count, the idle pool and the "stopping" decision all change under `state`, which
+//! is what arbitrates a pooled acquire against a concurrent last release (spec §6.6).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::PathBuf;
+use std::process::Child;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use tokio::sync::watch;
+
+use crate::wire::UdfWorkerSpecification;
+use crate::worker::handle::{HandleError, WorkerHandle};
+use crate::worker::termination::Termination;
+use crate::worker::transport::{WorkerEndpoint, WorkerTransport};
+
+use super::environment::{self, EnvironmentState};
+use super::error::{DispatchError, ExitReason};
+use super::process;
+use super::sync::Monitor;
+use super::validate::Settings;
+use super::{DispatcherConfig, DispatcherStats, WorkerInfo};
+
+fn lock<V>(m: &Mutex<V>) -> std::sync::MutexGuard<'_, V> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Open → Closing (workers being stopped, cleanup pending) → Closed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Open,
+    Closing,
+    Closed,
+}
+
+pub(crate) struct State<T: WorkerTransport> {
+    pub(crate) phase: Phase,
+    /// Published workers that are not being stopped (busy or idle), by id.
+    pub(crate) workers: HashMap<String, Arc<Worker<T>>>,
+    /// Idle pooled workers (a subset of `workers`), most recently released last.
+    pub(crate) idle: Vec<Arc<Worker<T>>>,
+    /// `create_session` calls between reserving a spawn and publishing (or failing).
+    pub(crate) in_flight: usize,
+    /// Stop jobs started and not finished.
+    pub(crate) stopping: usize,
+    pub(crate) stats: DispatcherStats,
+}
+
+pub(crate) struct Shared<T: WorkerTransport> {
+    pub(crate) transport: T,
+    pub(crate) spec: UdfWorkerSpecification,
+    pub(crate) settings: Settings,
+    pub(crate) config: DispatcherConfig,
+    pub(crate) dir: PathBuf,
+    pub(crate) state: Monitor<State<T>>,
+    pub(crate) env: Monitor<EnvironmentState>,
+    closed: watch::Sender<bool>,
+}
+
+/// Per-worker bookkeeping, changed under the dispatcher's `state` lock.
+#[derive(Debug, Default)]
+pub(crate) struct Life {
+    pub(crate) sessions: usize,
+    pub(crate) stopping: bool,
+    pub(crate) stopped: bool,
+    pub(crate) idle_since: Option<Instant>,
+    pub(crate) served: u64,
+    pub(crate) exit: Option<ExitReason>,
+    pub(crate) final_output: Option<String>,
+}
+
+/// One worker process: the [`WorkerHandle`] the sessions running on it hold.
+pub(crate) struct Worker<T: WorkerTransport> {
+    pub(crate) id: String,
+    pub(crate) pid: u32,
+    pub(crate) endpoint: WorkerEndpoint,
+    pub(crate) socket_path: Option<PathBuf>,
+    pub(crate) log_path: PathBuf,
+    child: Mutex<Option<Child>>,
+    channel: Mutex<Option<Arc<T::Channel>>>,
+    invalid: AtomicBool,
+    pub(crate) life: Mutex<Life>,
+    shared: Arc<Shared<T>>,
+}
+
+impl<T: WorkerTransport> fmt::Debug for Worker<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DispatchedWorker")
+            .field("id", &self.id)
+            .field("pid", &self.pid)
+            .field("endpoint", &self.endpoint)
+            .field("invalid", &self.invalid.load(Ordering::SeqCst))
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a worker is stopped.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StopMode {
+    /// SIGTERM and the graceful timeout first (else SIGKILL at once).
+    graceful: bool,
+    /// Keep the output tail in `Life::final_output` for an error report.
+    capture_output: bool,
+}
+
+impl StopMode {
+    pub(crate) const GRACEFUL: StopMode = StopMode {
+        graceful: true,
+        capture_output: false,
+    };
+    pub(crate) const KILL: StopMode = StopMode {
+        graceful: false,
+        capture_output: false,
+    };
+    pub(crate) const KILL_CAPTURE: StopMode = StopMode {
+        graceful: false,
+        capture_output: true,
+    };
+}
+
+/// A stop decided under the lock, run (on its own thread) after the lock is released.
+#[must_use]
+pub(crate) struct StopJob<T: WorkerTransport> {
+    worker: Arc<Worker<T>>,
+    mode: StopMode,
+}
+
+impl<T: WorkerTransport> State<T> {
+    /// Marks `w` stopping and untracks it; `None` if it already is.
+    pub(crate) fn begin_stop(&mut self, w: &Arc<Worker<T>>, mode: StopMode) -> Option<StopJob<T>> {
+        {
+            let mut life = lock(&w.life);
+            if life.stopping {
+                return None;
+            }
+            life.stopping = true;
+            life.idle_since = None;
+        }
+        if self
+            .workers
+            .get(&w.id)
+            .is_some_and(|tracked| Arc::ptr_eq(tracked, w))
+        {
+            self.workers.remove(&w.id);
+        }
+        self.idle.retain(|x| !Arc::ptr_eq(x, w));
+        self.stopping += 1;
+        Some(StopJob {
+            worker: w.clone(),
+            mode,
+        })
+    }
+}
+
+impl<T: WorkerTransport> StopJob<T> {
+    /// Runs the stop on a dedicated thread (inline if no thread can be started).
+    pub(crate) fn start(self) {
+        let job = Arc::new(Mutex::new(Some(self)));
+        let for_thread = job.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tether-udf-stop".into())
+            .spawn(move || {
+                if let Some(job) = lock(&for_thread).take() {
+                    job.run();
+                }
+            });
+        if spawned.is_err()
+            && let Some(job) = lock(&job).take()
+        {
+            job.run();
+        }
+    }
+
+    fn run(self) {
+        let w = self.worker;
+        let shared = &w.shared;
+        // Close the transport first (spec §6.1 artifacts close order), then the process.
+        drop(lock(&w.channel).take());
+        let child = lock(&w.child).take();
+        let grace = if self.mode.graceful {
+            shared.settings.graceful_timeout
+        } else {
+            Duration::ZERO
+        };
+        let exit = child.and_then(|mut c| {
+            process::stop(
+                &mut c,
+                shared.config.process_group,
+                grace,
+                shared.config.kill_reap_timeout,
+            )
+        });
+        let output = self
+            .mode
+            .capture_output
+            .then(|| process::output_tail(&w.log_path));
+        if let Some(socket) = &w.socket_path
+            && let Err(e) = std::fs::remove_file(socket)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(?socket, error = %e, "could not remove the worker socket");
+        }
+        let _ = std::fs::remove_file(&w.log_path);
+        tracing::debug!(worker = %w.id, pid = w.pid, ?exit, "worker stopped");
+        shared.state.update(|st| {
+            st.stopping -= 1;
+            st.stats.stopped += 1;
+            let mut life = lock(&w.life);
+            life.stopped = true;
+            life.exit = exit;
+            life.final_output = output;
+        });
+    }
+}
+
+fn start_all<T: WorkerTransport>(jobs: impl IntoIterator<Item = StopJob<T>>) {
+    for job in jobs {
+        job.start();
+    }
+}
+
+impl<T: WorkerTransport> Worker<T> {
+    pub(crate) fn new(
+        shared: Arc<Shared<T>>,
+        id: String,
+        endpoint: WorkerEndpoint,
+        socket_path: Option<PathBuf>,
+        log_path: PathBuf,
+        child: Child,
+    ) -> Self {
+        Worker {
+            id,
+            pid: child.id(),
+            endpoint,
+            socket_path,
+            log_path,
+            child: Mutex::new(Some(child)),
+            channel: Mutex::new(None),
+            invalid: AtomicBool::new(false),
+            life: Mutex::new(Life::default()),
+            shared,
+        }
+    }
+
+    /// How the process ended, if it has (without reaping it on Linux).
+    pub(crate) fn peek_exit(&self) -> Option<ExitReason> {
+        match lock(&self.child).as_mut() {
+            Some(child) => process::peek_exit(child),
+            None => lock(&self.life).exit.or(Some(ExitReason::Code(-1))),
+        }
+    }
+
+    pub(crate) fn set_channel(&self, channel: T::Channel) {
+        *lock(&self.channel) = Some(Arc::new(channel));
+    }
+
+    pub(crate) fn channel(&self) -> Option<Arc<T::Channel>> {
+        lock(&self.channel).clone()
+    }
+
+    /// Valid, process alive, transport active (spec §6.1 `isAlive`, §6.6).
+    pub(crate) fn is_healthy(&self) -> bool {
+        if self.invalid.load(Ordering::SeqCst) {
+            return false;
+        }
+        let alive = match lock(&self.child).as_mut() {
+            Some(child) => process::peek_exit(child).is_none(),
+            None => false,
+        };
+        alive
+            && lock(&self.channel)
+                .as_deref()
+                .is_some_and(|ch| self.shared.transport.is_active(ch))
+    }
+
+    pub(crate) fn info(&self) -> WorkerInfo {
+        let life = lock(&self.life);
+        WorkerInfo {
+            id: self.id.clone(),
+            pid: self.pid,
+            endpoint: self.endpoint.clone(),
+            log_path: self.log_path.clone(),
+            active_sessions: life.sessions,
+            idle: life.idle_since.is_some(),
+            invalid: self.invalid.load(Ordering::SeqCst),
+            sessions_served: life.served,
+        }
+    }
+}
+
+impl<T: WorkerTransport> WorkerHandle for Worker<T> {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    fn mark_invalid(&self) {
+        if !self.invalid.swap(true, Ordering::SeqCst) {
+            tracing::debug!(worker = %self.id, "worker marked invalid");
+        }
+    }
+
+    fn is_invalid(&self) -> bool {
+        self.invalid.load(Ordering::SeqCst)
+    }
+
+    /// Takes one session away. The last release of a published worker either parks it in
+    /// the idle pool (pool enabled, spec `supports_reuse`, healthy, room left, dispatcher
+    /// open) or starts its stop (SIGTERM, grace, SIGKILL, reap, socket removed) on a
+    /// background thread; it never blocks. [`Dispatcher::settle`](super::Dispatcher::settle)
+    /// waits for started stops.
+    fn release_session(&self) -> Result<(), HandleError> {
+        enum Next<T: WorkerTransport> {
+            Nothing,
+            Idle(Arc<Worker<T>>, Instant),
+            Stop(StopJob<T>),
+        }
+        let shared = &self.shared;
+        let next = shared.state.update(|st| {
+            let me = st
+                .workers
+                .get(&self.id)
+                .filter(|w| std::ptr::eq(Arc::as_ptr(w), self))
+                .cloned();
+            {
+                let mut life = lock(&self.life);
+                if life.sessions == 0 {
+                    return Err(HandleError::Underflow {
+                        id: self.id.clone(),
+                    });
+                }
+                life.sessions -= 1;
+                if life.sessions > 0 || life.stopping {
+                    return Ok(Next::Nothing);
+                }
+            }
+            // Not published: the creating call still owns it and decides.
+            let Some(me) = me else {
+                return Ok(Next::Nothing);
+            };
+            if shared.may_pool(st, &me) {
+                let since = Instant::now();
+                lock(&me.life).idle_since = Some(since);
+                st.idle.push(me.clone());
+                return Ok(Next::Idle(me, since));
+            }
+            Ok(st
+                .begin_stop(&me, StopMode::GRACEFUL)
+                .map_or(Next::Nothing, Next::Stop))
+        })?;
+        match next {
+            Next::Nothing => {}
+            Next::Idle(worker, since) => shared.schedule_idle_reap(&worker, since),
+            Next::Stop(job) => job.start(),
+        }
+        Ok(())
+    }
+
+    fn session_terminated(&self, termination: &Termination) {
+        lock(&self.life).served += 1;
+        tracing::debug!(worker = %self.id, outcome = %termination, "session on worker ended");
+    }
+}
+
+impl<T: WorkerTransport> Shared<T> {
+    pub(crate) fn new(
+        transport: T,
+        spec: UdfWorkerSpecification,
+        settings: Settings,
+        config: DispatcherConfig,
+        dir: PathBuf,
+    ) -> Self {
+        Shared {
+            transport,
+            spec,
+            settings,
+            config,
+            dir,
+            state: Monitor::new(State {
+                phase: Phase::Open,
+                workers: HashMap::new(),
+                idle: Vec::new(),
+                in_flight: 0,
+                stopping: 0,
+                stats: DispatcherStats::default(),
+            }),
+            env: Monitor::new(EnvironmentState::Pending),
+            closed: watch::Sender::new(false),
+        }
+    }
+
+    /// A receiver that turns `true` when close begins.
+    pub(crate) fn closed_signal(&self) -> watch::Receiver<bool> {
+        self.closed.subscribe()
+    }
+
+    pub(crate) fn pool_enabled(&self) -> bool {
+        self.settings.supports_reuse && self.config.pool.is_some_and(|p| p.max_idle > 0)
+    }
+
+    fn may_pool(&self, st: &State<T>, w: &Worker<T>) -> bool {
+        st.phase == Phase::Open
+            && self.pool_enabled()
+            && self.config.pool.is_some_and(|p| st.idle.len() < p.max_idle)
+            && w.is_healthy()
+    }
+
+    fn idle_timeout(&self) -> Duration {
+        self.config.pool.map_or(Duration::ZERO, |p| p.idle_timeout)
+    }
+
+    /// Stops idle workers whose idle timeout has passed (called under the lock).
+    fn reap_expired(&self, st: &mut State<T>) -> Vec<StopJob<T>> {
+        let timeout = self.idle_timeout();
+        let expired: Vec<_> = st
+            .idle
+            .iter()
+            .filter(|w| {
+                lock(&w.life)
+                    .idle_since
+                    .is_some_and(|s| s.elapsed() >= timeout)
+            })
+            .cloned()
+            .collect();
+        expired
+            .iter()
+            .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL))
+            .collect()
+    }
+
+    /// With a tokio runtime: a task that stops `worker` when it is still idle (since the same
+    /// instant) after the idle timeout. Without one, expiry is noticed by the next
+    /// `create_session` or by close.
+    fn schedule_idle_reap(self: &Arc<Self>, worker: &Arc<Worker<T>>, since: Instant) {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let timeout = self.idle_timeout();
+        let shared: Weak<Self> = Arc::downgrade(self);
+        let worker = Arc::downgrade(worker);
+        rt.spawn(async move {
+            let mut wait = timeout;
+            loop {
+                tokio::time::sleep(wait + Duration::from_millis(1)).await;
+                let (Some(shared), Some(worker)) = (shared.upgrade(), worker.upgrade()) else {
+                    return;
+                };
+                let step = shared.state.update(|st| {
+                    if lock(&worker.life).idle_since != Some(since) {
+                        return Ok(None);
+                    }
+                    let elapsed = since.elapsed();
+                    if elapsed >= timeout {
+                        Ok(st.begin_stop(&worker, StopMode::GRACEFUL))
+                    } else {
+                        Err(timeout - elapsed)
+                    }
+                });
+                match step {
+                    Ok(job) => {
+                        if let Some(job) = job {
+                            tracing::debug!(worker = %worker.id, "idle worker timed out");
+                            job.start();
+                        }
+                        return;
+                    }
+                    Err(remaining) => wait = remaining,
+                }
+            }
+        });
+    }
+
+    /// Under one lock: fail if closed, reap expired idle workers, then take a healthy idle
+    /// worker (acquiring its session) or reserve a spawn.
+    pub(crate) fn acquire_or_reserve(self: &Arc<Self>) -> Result<Acquired<T>, DispatchError> {
+        let (result, jobs) = self.state.update(|st| {
+            if st.phase != Phase::Open {
+                return (Err(DispatchError::Closed), Vec::new());
+            }
+            let mut jobs = self.reap_expired(st);
+            while let Some(w) = st.idle.pop() {
+                if w.is_healthy() {
+                    let mut life = lock(&w.life);
+                    life.sessions += 1;
+                    life.idle_since = None;
+                    drop(life);
+                    st.stats.reused += 1;
+                    return (Ok(Acquired::Reused(w)), jobs);
+                }
+                jobs.extend(st.begin_stop(&w, StopMode::GRACEFUL));
+            }
+            st.in_flight += 1;
+            (
+                Ok(Acquired::Spawn(Reservation {
+                    shared: self.clone(),
+                    worker: None,
+                    done: false,
+                })),
+                jobs,
+            )
+        });
+        start_all(jobs);
+        result
+    }
+
+    /// Begins closing (once): stops every tracked worker, wakes in-flight creations, and
+    /// hands the rest (waiting for creations and stops, cleanup callable, directory removal)
+    /// to a closer thread. Never blocks.
+    pub(crate) fn begin_close(self: &Arc<Self>) {
+        let jobs = self.state.update(|st| {
+            if st.phase != Phase::Open {
+                return None;
+            }
+            st.phase = Phase::Closing;
+            let all: Vec<_> = st.workers.values().cloned().collect();
+            Some(
+                all.iter()
+                    .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL))
+                    .collect::<Vec<_>>(),
+            )
+        });
+        let Some(jobs) = jobs else {
+            return;
+        };
+        self.closed.send_replace(true);
+        start_all(jobs);
+        let shared = self.clone();
+        let closer = Arc::new(Mutex::new(Some(shared)));
+        let for_thread = closer.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tether-udf-close".into())
+            .spawn(move || {
+                if let Some(shared) = lock(&for_thread).take() {
+                    shared.finish_close();
+                }
+            });
+        if spawned.is_err()
+            && let Some(shared) = lock(&closer).take()
+        {
+            shared.finish_close();
+        }
+    }
+
+    fn finish_close(&self) {
+        self.state
+            .wait_blocking(|st| (st.in_flight == 0 && st.stopping == 0).then_some(()));
+        environment::cleanup_blocking(self);
+        if let Err(e) = std::fs::remove_dir_all(&self.dir)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            tracing::warn!(dir = ?self.dir, error = %e, "could not remove the socket directory");
+        }
+        self.state.update(|st| st.phase = Phase::Closed);
+        tracing::debug!(dir = ?self.dir, "dispatcher closed");
+    }
+}
+
+/// What `acquire_or_reserve` gave.
+pub(crate) enum Acquired<T: WorkerTransport> {
+    /// A pooled worker, its session already acquired.
+    Reused(Arc<Worker<T>>),
+    /// Room to spawn a worker.
+    Spawn(Reservation<T>),
+}
+
+/// An in-flight creation: counted so close waits for it; owns the worker until published.
+/// Dropping it (error or cancelled `create_session`) kills an unpublished worker.
+pub(crate) struct Reservation<T: WorkerTransport> {
+    pub(crate) shared: Arc<Shared<T>>,
+    pub(crate) worker: Option<Arc<Worker<T>>>,
+    done: bool,
+}
+
+impl<T: WorkerTransport> Reservation<T> {
+    /// Kills the unpublished worker and waits until it is reaped and its socket removed;
+    /// returns its output tail.
+    pub(crate) async fn kill_and_wait(&mut self) -> String {
+        let Some(w) = self.worker.clone() else {
+            return String::new();
+        };
+        let job = self
+            .shared
+            .state
+            .update(|st| st.begin_stop(&w, StopMode::KILL_CAPTURE));
+        start_all(job);
+        self.shared
+            .state
+            .wait(|_| {
+                let life = lock(&w.life);
+                life.stopped
+                    .then(|| life.final_output.clone().unwrap_or_default())
+            })
+            .await
+    }
+
+    /// Acquires the worker's first session and publishes it (spec §6.2 step 5), atomically
+    /// with the closed check: a dispatcher that closed meanwhile gets the worker stopped and
+    /// [`DispatchError::Closed`].
+    pub(crate) fn publish(mut self) -> Result<Arc<Worker<T>>, DispatchError> {
+        self.done = true;
+        let Some(w) = self.worker.take() else {
+            self.shared.state.update(|st| st.in_flight -= 1);
+            return Err(DispatchError::Closed);
+        };
+        let (result, job) = self.shared.state.update(|st| {
+            st.in_flight -= 1;
+            if st.phase != Phase::Open {
+                return (
+                    Err(DispatchError::Closed),
+                    st.begin_stop(&w, StopMode::GRACEFUL),
+                );
+            }
+            lock(&w.life).sessions = 1;
+            st.workers.insert(w.id.clone(), w.clone());
+            (Ok(w.clone()), None)
+        });
+        start_all(job);
+        result
+    }
+}
+
+impl<T: WorkerTransport> Drop for Reservation<T> {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        let worker = self.worker.take();
+        let job = self.shared.state.update(|st| {
+            st.in_flight -= 1;
+            worker.and_then(|w| st.begin_stop(&w, StopMode::KILL))
+        });
+        start_all(job);
+    }
+}

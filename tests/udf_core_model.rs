@@ -1,0 +1,2072 @@
+//! Model-based tests of the engine side of a worker session (DESIGN.md, verification layer 3).
+//!
+//! - [`core_matches_reference_model`] drives the sans-IO [`EngineCore`] with random schedules:
+//!   engine calls (`start_init` with 0..3 chunks, `send_data`, `finish`, `cancel`, timeouts,
+//!   interrupts, connection errors, stream end), transmit-draining steps, and worker messages
+//!   from two sources: arbitrary injected responses (any kind, malformed envelopes) and a
+//!   scripted echo worker (spec §2.1) whose replies the schedule delivers late, drops,
+//!   reorders or repeats. After every step the core is compared with [`Model`], a reference
+//!   model written from the spec (§2, §4.5, §4.8, §5.3) and the core's documented contract,
+//!   and the invariants below are checked.
+//! - [`session_over_memory_pair`] runs the async [`Session`] typestates over
+//!   [`connection::pair`] against a scripted worker (any reply to any request, duplicates,
+//!   malformed envelopes, early stream close, long silences) under a paused tokio clock.
+//!
+//! Invariants (core): one terminal once settled, and the first one never changes; the wire
+//! (what `poll_transmit` hands out) starts with `Init`, has at most one `Init`, `Finish` and
+//! `Cancel`, nothing after `Cancel`, chunks only directly after `Init` (the final one marked
+//! `last`), no `Data`/`Finish` before an `InitResponse` was accepted, nothing but the
+//! timeout's best-effort `Cancel` after the terminal; an `ErrorResponse` or
+//! `InitResponse.error` is answered by a `Cancel` before anything else; every `DataResponse`
+//! accepted before the terminal comes out of `pop_output`, in order; and the outcome, phase,
+//! init status and recorded error equal the model's.
+//!
+//! Invariants (session): the handle is released exactly once and marked invalid iff the
+//! outcome is unsalvageable (`TransportFailed`, `Interrupted`); `close`, the handle, the watch,
+//! every `Session<Terminated>` and every read error report the same outcome; the engine's
+//! connection is recorded and [`Model`] is replayed over exactly what the session sent and
+//! took from it (plus the harness's init/finish/cancel/close/drop calls): the outcome must be
+//! the model's, or, when nothing received settles it, a timeout or (after a drop) an
+//! interrupt; the requests obey the same wire rules as above; nothing is taken from the
+//! connection after the terminal; the batches read are, in order, a prefix of the batches the
+//! model accepted (all of them when a read reached the end); `init` succeeds iff the model
+//! accepted the `InitResponse` at that point.
+//!
+//! The `regression_*` tests at the end pin down, with a minimal reproducer each, the places
+//! where an earlier core departed from the spec (found by this model).
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use futures::future::poll_fn;
+use proptest::prelude::*;
+use tether::connection::{self, Connection, ConnectionError, MemoryConnection};
+use tether::wire::{
+    CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
+    UdfControlResponse, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, udf_response,
+};
+use tether::worker::state::Init as InitState;
+use tether::worker::{
+    CountingHandle, EngineCore, InitStatus, PeerViolation, Phase, Session, SessionConfig,
+    SessionError, Termination, TerminationKind, TransportFailure, Wait, WorkerHandle,
+};
+
+fn init_message() -> Init {
+    Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("model", Bytes::from_static(b"udf")),
+    )
+}
+
+fn empty_envelope() -> UdfResponse {
+    UdfResponse { response: None }
+}
+
+fn empty_control() -> UdfResponse {
+    UdfResponse {
+        response: Some(udf_response::Response::Control(UdfControlResponse {
+            control: None,
+        })),
+    }
+}
+
+/// Mints unique payloads and errors so that order and identity can be checked.
+#[derive(Debug, Default)]
+struct Ids(u32);
+
+impl Ids {
+    fn next(&mut self, prefix: &str) -> String {
+        self.0 += 1;
+        format!("{prefix}{}", self.0)
+    }
+
+    fn bytes(&mut self, prefix: &str) -> Bytes {
+        Bytes::from(self.next(prefix))
+    }
+
+    fn error(&mut self) -> ExecutionError {
+        ExecutionError::user(self.next("error-"), Some("ModelError".into()))
+    }
+
+    fn finish_response(&mut self, with_error: bool) -> FinishResponse {
+        let mut r = FinishResponse::default();
+        r.metrics.insert("id".into(), self.next("finish-"));
+        r.error = with_error.then(|| self.error());
+        r
+    }
+
+    fn cancel_response(&mut self, with_error: bool) -> CancelResponse {
+        let mut r = CancelResponse::default();
+        r.metrics.insert("id".into(), self.next("cancel-"));
+        r.error = with_error.then(|| self.error());
+        r
+    }
+}
+
+// =============================================================================================
+// Reference model of the engine core
+// =============================================================================================
+
+/// A request the model expects the core to hand to the transport.
+#[derive(Debug, Clone, PartialEq)]
+enum Req {
+    Init { chunking: bool },
+    Chunk { data: Bytes, last: bool },
+    Data(Bytes),
+    Finish,
+    Cancel,
+}
+
+impl Req {
+    fn of(request: &UdfRequest) -> Option<Req> {
+        Some(match request.clone().into_message().ok()? {
+            RequestMessage::Init(init) => Req::Init {
+                chunking: init.is_chunking_payload == Some(true),
+            },
+            RequestMessage::PayloadChunk(c) => Req::Chunk {
+                data: c.data,
+                last: c.last == Some(true),
+            },
+            RequestMessage::Data(d) => Req::Data(d),
+            RequestMessage::Finish(_) => Req::Finish,
+            RequestMessage::Cancel(_) => Req::Cancel,
+        })
+    }
+}
+
+/// Why a session is expected to settle `TransportFailed`.
+#[derive(Debug, Clone, PartialEq)]
+enum Cause {
+    Violation(PeerViolation),
+    Connection,
+    Timeout(Wait),
+}
+
+/// A [`Termination`] reduced to what the model predicts (payloads compared by value).
+#[derive(Debug, Clone, PartialEq)]
+enum Outcome {
+    Finished {
+        response: FinishResponse,
+        execution_error: Option<ExecutionError>,
+    },
+    Cancelled {
+        response: CancelResponse,
+        execution_error: Option<ExecutionError>,
+    },
+    TransportFailed(Cause),
+    Interrupted,
+}
+
+impl Outcome {
+    fn observed(t: &Termination) -> Outcome {
+        match t {
+            Termination::Finished {
+                response,
+                execution_error,
+            } => Outcome::Finished {
+                response: response.clone(),
+                execution_error: execution_error.clone(),
+            },
+            Termination::Cancelled {
+                response,
+                execution_error,
+            } => Outcome::Cancelled {
+                response: response.clone(),
+                execution_error: execution_error.clone(),
+            },
+            Termination::TransportFailed(TransportFailure::Protocol(v)) => {
+                Outcome::TransportFailed(Cause::Violation(v.clone()))
+            }
+            Termination::TransportFailed(TransportFailure::Connection(_)) => {
+                Outcome::TransportFailed(Cause::Connection)
+            }
+            Termination::TransportFailed(TransportFailure::Timeout { waiting_for, .. }) => {
+                Outcome::TransportFailed(Cause::Timeout(*waiting_for))
+            }
+            Termination::Interrupted(_) => Outcome::Interrupted,
+            other => panic!("the engine core never settles {other:?}"),
+        }
+    }
+}
+
+/// What the engine side must do, written from the spec rather than from `core.rs`:
+///
+/// - calls (spec §4.3, §4.10 and the core's documented contract): `start_init` only in
+///   `Created`; data and `Finish` only while `Streaming` (skipped once a Cancel is out);
+/// - the Cancel choke point (§4.8): one Cancel per session; in `Created` nothing is on the
+///   wire, so cancelling settles the synthetic `Cancelled` (§5.3 first row); otherwise unsent
+///   chunks, data and Finish are dropped, a queued `Init` stays ahead of the Cancel (Cancel
+///   never precedes Init, §4.6 step 3);
+/// - inbound messages (§4.5): `DataResponse` before the `InitResponse` is a violation,
+///   otherwise queued for the reader; the first `InitResponse` either opens the data phase
+///   or, with an error, records it and cancels (R4); later ones are ignored; `ErrorResponse`
+///   records the first error and cancels (R4); `FinishResponse` is legitimate only once
+///   `Finish` is on the wire; `CancelResponse` settles `Cancelled` at any time; malformed
+///   envelopes, stream end and connection errors settle `TransportFailed`; after the terminal
+///   everything is ignored (first wins, §4.2);
+/// - a timeout queues a best-effort Cancel and settles `TransportFailed(Timeout)` (§4.6 step
+///   4, §5.2 step 3); an interrupt settles `Interrupted` (§4.9).
+#[derive(Debug)]
+struct Model {
+    phase: Phase,
+    terminal: Option<Outcome>,
+    cancel_requested: bool,
+    /// The accepted `InitResponse` without error.
+    init_ok: Option<InitResponse>,
+    /// Whether an `InitResponse` (ok or error) has been taken; later ones are duplicates.
+    init_answered: bool,
+    /// The worker reported an error before init was accepted (§4.6 step 5).
+    init_failed: bool,
+    first_error: Option<ExecutionError>,
+    finish_on_wire: bool,
+    /// Whether any request has been handed to the transport (the stream exists).
+    stream_opened: bool,
+    outbox: VecDeque<Req>,
+    output: VecDeque<Bytes>,
+    data_accepted: u64,
+    ignored_after_terminal: u64,
+    duplicate_init_responses: u64,
+}
+
+impl Model {
+    fn new() -> Self {
+        Model {
+            phase: Phase::Created,
+            terminal: None,
+            cancel_requested: false,
+            init_ok: None,
+            init_answered: false,
+            init_failed: false,
+            first_error: None,
+            finish_on_wire: false,
+            stream_opened: false,
+            outbox: VecDeque::new(),
+            output: VecDeque::new(),
+            data_accepted: 0,
+            ignored_after_terminal: 0,
+            duplicate_init_responses: 0,
+        }
+    }
+
+    fn settle(&mut self, outcome: Outcome) {
+        if self.terminal.is_none() {
+            self.terminal = Some(outcome);
+            self.phase = Phase::Terminated;
+            self.outbox.clear();
+        }
+    }
+
+    fn record_error(&mut self, error: ExecutionError) {
+        self.first_error.get_or_insert(error);
+    }
+
+    /// Spec §4.8. Returns whether a Cancel was queued.
+    fn cancel(&mut self) -> bool {
+        if self.terminal.is_some() || self.cancel_requested {
+            return false;
+        }
+        self.cancel_requested = true;
+        if !self.stream_opened {
+            // Nothing on the wire: no stream, synthetic Cancelled (§5.2 step 1, §5.3).
+            self.settle(Outcome::Cancelled {
+                response: CancelResponse::default(),
+                execution_error: None,
+            });
+            return false;
+        }
+        // The Init is already out (it is always first), so nothing unsent survives.
+        self.outbox.clear();
+        self.outbox.push_back(Req::Cancel);
+        self.phase = Phase::Cancelling;
+        true
+    }
+
+    /// `Ok(())` when the call is allowed.
+    fn start_init(&mut self, chunks: &[Bytes]) -> Result<(), ()> {
+        if self.phase != Phase::Created {
+            return Err(());
+        }
+        self.phase = Phase::Initializing;
+        self.outbox.push_back(Req::Init {
+            chunking: !chunks.is_empty(),
+        });
+        for (i, c) in chunks.iter().enumerate() {
+            self.outbox.push_back(Req::Chunk {
+                data: c.clone(),
+                last: i + 1 == chunks.len(),
+            });
+        }
+        Ok(())
+    }
+
+    /// `Ok(queued)` when the call is allowed.
+    fn send_data(&mut self, data: Bytes) -> Result<bool, ()> {
+        match self.phase {
+            Phase::Streaming => {
+                self.outbox.push_back(Req::Data(data));
+                Ok(true)
+            }
+            Phase::Cancelling | Phase::Terminated => Ok(false),
+            _ => Err(()),
+        }
+    }
+
+    fn finish(&mut self) -> Result<bool, ()> {
+        match self.phase {
+            Phase::Streaming => {
+                self.phase = Phase::Finishing;
+                self.outbox.push_back(Req::Finish);
+                Ok(true)
+            }
+            Phase::Cancelling | Phase::Terminated => Ok(false),
+            _ => Err(()),
+        }
+    }
+
+    fn transmit(&mut self) -> Option<Req> {
+        let req = self.outbox.pop_front()?;
+        self.stream_opened = true;
+        if req == Req::Finish {
+            self.finish_on_wire = true;
+        }
+        Some(req)
+    }
+
+    fn timeout(&mut self, waiting_for: Wait) {
+        if self.terminal.is_some() {
+            return;
+        }
+        if !self.stream_opened {
+            // No stream: nothing to cancel, nothing queued survives.
+            self.settle(Outcome::TransportFailed(Cause::Timeout(waiting_for)));
+            return;
+        }
+        self.cancel();
+        let best_effort = std::mem::take(&mut self.outbox);
+        self.settle(Outcome::TransportFailed(Cause::Timeout(waiting_for)));
+        self.outbox = best_effort;
+    }
+
+    fn interrupt(&mut self) {
+        self.settle(Outcome::Interrupted);
+    }
+
+    fn connection_error(&mut self) {
+        self.settle(Outcome::TransportFailed(Cause::Connection));
+    }
+
+    fn stream_end(&mut self) {
+        self.settle(Outcome::TransportFailed(Cause::Violation(
+            PeerViolation::StreamEndedWithoutTerminator,
+        )));
+    }
+
+    /// Spec §4.5, one row per inbound message.
+    fn receive(&mut self, response: &UdfResponse) {
+        if self.terminal.is_some() {
+            self.ignored_after_terminal += 1;
+            return;
+        }
+        if !self.stream_opened {
+            // A worker cannot answer a stream that does not exist yet.
+            return self.settle(Outcome::TransportFailed(Cause::Violation(
+                PeerViolation::ResponseBeforeInit,
+            )));
+        }
+        let message = match response.clone().into_message() {
+            Ok(m) => m,
+            Err(e) => {
+                return self.settle(Outcome::TransportFailed(Cause::Violation(
+                    PeerViolation::Malformed(e),
+                )));
+            }
+        };
+        match message {
+            tether::wire::ResponseMessage::Data(data) => {
+                // R2, §4.10: in every phase, also once cancelling.
+                if self.init_ok.is_none() {
+                    self.settle(Outcome::TransportFailed(Cause::Violation(
+                        PeerViolation::DataBeforeInitResponse,
+                    )));
+                } else {
+                    self.data_accepted += 1;
+                    self.output.push_back(data);
+                }
+            }
+            tether::wire::ResponseMessage::Init(resp) => {
+                if self.init_answered || self.init_failed {
+                    self.duplicate_init_responses += 1;
+                    return;
+                }
+                self.init_answered = true;
+                match resp.error.clone() {
+                    Some(error) => {
+                        self.record_error(error);
+                        self.init_failed = true;
+                        self.cancel();
+                    }
+                    None => {
+                        if self.phase == Phase::Initializing {
+                            self.phase = Phase::Streaming;
+                        }
+                        self.init_ok = Some(resp);
+                    }
+                }
+            }
+            tether::wire::ResponseMessage::Error(err) => {
+                self.record_error(err.error.unwrap_or_default());
+                if self.init_ok.is_none() {
+                    self.init_failed = true;
+                }
+                self.cancel();
+            }
+            tether::wire::ResponseMessage::Finish(response) => {
+                if self.finish_on_wire {
+                    let execution_error = self.first_error.clone();
+                    self.settle(Outcome::Finished {
+                        response,
+                        execution_error,
+                    });
+                } else {
+                    self.settle(Outcome::TransportFailed(Cause::Violation(
+                        PeerViolation::FinishResponseBeforeFinish,
+                    )));
+                }
+            }
+            tether::wire::ResponseMessage::Cancel(response) => {
+                let execution_error = self.first_error.clone();
+                self.settle(Outcome::Cancelled {
+                    response,
+                    execution_error,
+                });
+            }
+        }
+    }
+
+    /// Spec §4.6 step 5, as the driver needs it.
+    fn init_status(&self) -> InitStatus {
+        if self.init_failed || (self.init_ok.is_some() && self.first_error.is_some()) {
+            InitStatus::Failed
+        } else if self.terminal.is_some() {
+            InitStatus::Terminated
+        } else if self.init_ok.is_some() {
+            InitStatus::Accepted
+        } else {
+            InitStatus::Pending
+        }
+    }
+}
+
+// =============================================================================================
+// Scripted echo worker (spec §2.1) for the core schedules
+// =============================================================================================
+
+#[derive(Debug, Clone, Copy)]
+struct Personality {
+    /// Answer init with `InitResponse.error` (the reference worker's `INIT_ERROR` payload).
+    init_fails: bool,
+    /// Answer the n-th `DataRequest` with an `ErrorResponse` (its `"ERROR"` batch).
+    fail_on_data: Option<u8>,
+    /// Put an error into the terminator's callback-error field.
+    callback_error: bool,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum EchoState {
+    AwaitingInit,
+    AwaitingChunks,
+    Data(u8),
+    PostError,
+    Done,
+}
+
+/// The reference worker of spec §2.1: its replies queue up in `pending`, and the schedule
+/// decides when (and whether, and in which order) the engine receives them.
+#[derive(Debug)]
+struct EchoWorker {
+    personality: Personality,
+    state: EchoState,
+    pending: VecDeque<UdfResponse>,
+}
+
+impl EchoWorker {
+    fn new(personality: Personality) -> Self {
+        EchoWorker {
+            personality,
+            state: EchoState::AwaitingInit,
+            pending: VecDeque::new(),
+        }
+    }
+
+    fn finalize_init(&mut self, ids: &mut Ids) {
+        if self.personality.init_fails {
+            self.state = EchoState::PostError;
+            self.pending.push_back(UdfResponse::init(InitResponse {
+                data: None,
+                error: Some(ids.error()),
+            }));
+        } else {
+            self.state = EchoState::Data(0);
+            self.pending
+                .push_back(UdfResponse::init(InitResponse::default()));
+        }
+    }
+
+    fn receive(&mut self, request: &UdfRequest, ids: &mut Ids) {
+        let Ok(message) = request.clone().into_message() else {
+            return self.protocol_error_close(ids);
+        };
+        match (self.state, message) {
+            (EchoState::Done, _) => {}
+            (_, RequestMessage::Cancel(_)) => {
+                self.state = EchoState::Done;
+                let r = ids.cancel_response(self.personality.callback_error);
+                self.pending.push_back(UdfResponse::cancel(r));
+            }
+            (EchoState::AwaitingInit, RequestMessage::Init(init)) => {
+                if init.is_chunking_payload == Some(true) {
+                    self.state = EchoState::AwaitingChunks;
+                } else {
+                    self.finalize_init(ids);
+                }
+            }
+            (EchoState::AwaitingChunks, RequestMessage::PayloadChunk(c)) => {
+                if c.last == Some(true) {
+                    self.finalize_init(ids);
+                }
+            }
+            (EchoState::Data(n), RequestMessage::Data(d)) => {
+                if self.personality.fail_on_data == Some(n) {
+                    self.state = EchoState::PostError;
+                    self.pending.push_back(UdfResponse::error(ids.error()));
+                } else {
+                    self.state = EchoState::Data(n.saturating_add(1));
+                    self.pending.push_back(UdfResponse::data(d));
+                }
+            }
+            (EchoState::Data(_), RequestMessage::Finish(_)) => {
+                self.state = EchoState::Done;
+                let r = ids.finish_response(self.personality.callback_error);
+                self.pending.push_back(UdfResponse::finish(r));
+            }
+            (EchoState::PostError, RequestMessage::Finish(_)) => {}
+            _ => self.protocol_error_close(ids),
+        }
+    }
+
+    fn protocol_error_close(&mut self, ids: &mut Ids) {
+        self.state = EchoState::Done;
+        let msg = ids.next("protocol-");
+        self.pending
+            .push_back(UdfResponse::error(ExecutionError::protocol(msg)));
+        let r = ids.cancel_response(false);
+        self.pending.push_back(UdfResponse::cancel(r));
+    }
+}
+
+// =============================================================================================
+// Core schedules
+// =============================================================================================
+
+/// An arbitrary worker message, injected straight into `handle_response`.
+#[derive(Debug, Clone, Copy)]
+enum Inject {
+    InitOk,
+    InitErr,
+    Data,
+    Error,
+    FinishOk,
+    FinishErr,
+    CancelOk,
+    CancelErr,
+    EmptyEnvelope,
+    EmptyControl,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// `start_init` with these chunks (`false` = an empty chunk, which the core skips).
+    StartInit(Vec<bool>),
+    SendData,
+    Finish,
+    Cancel,
+    Timeout(Wait),
+    Interrupt,
+    ConnectionError,
+    StreamEnd,
+    /// Hand up to n queued requests to the transport (the echo worker reads them).
+    Transmit(usize),
+    PopOutput,
+    Inject(Inject),
+    /// Deliver the echo worker's next reply.
+    Deliver,
+    /// Deliver the last delivered message again (a duplicate).
+    Repeat,
+    /// Lose the echo worker's next reply.
+    DropReply,
+    /// Swap the echo worker's next two replies.
+    Reorder,
+}
+
+fn wait_strategy() -> impl Strategy<Value = Wait> {
+    prop_oneof![
+        Just(Wait::InitResponse),
+        Just(Wait::Output),
+        Just(Wait::Terminator)
+    ]
+}
+
+fn inject_strategy() -> impl Strategy<Value = Inject> {
+    prop_oneof![
+        3 => Just(Inject::InitOk),
+        1 => Just(Inject::InitErr),
+        3 => Just(Inject::Data),
+        2 => Just(Inject::Error),
+        1 => Just(Inject::FinishOk),
+        1 => Just(Inject::FinishErr),
+        1 => Just(Inject::CancelOk),
+        1 => Just(Inject::CancelErr),
+        1 => Just(Inject::EmptyEnvelope),
+        1 => Just(Inject::EmptyControl),
+    ]
+}
+
+fn op_strategy() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => prop::collection::vec(prop::bool::weighted(0.8), 0..=3).prop_map(Op::StartInit),
+        6 => Just(Op::SendData),
+        3 => Just(Op::Finish),
+        1 => Just(Op::Cancel),
+        1 => wait_strategy().prop_map(Op::Timeout),
+        1 => Just(Op::Interrupt),
+        1 => Just(Op::ConnectionError),
+        1 => Just(Op::StreamEnd),
+        8 => (1usize..=4).prop_map(Op::Transmit),
+        4 => Just(Op::PopOutput),
+        4 => inject_strategy().prop_map(Op::Inject),
+        10 => Just(Op::Deliver),
+        1 => Just(Op::Repeat),
+        1 => Just(Op::DropReply),
+        1 => Just(Op::Reorder),
+    ]
+}
+
+fn personality_strategy() -> impl Strategy<Value = Personality> {
+    (
+        prop::bool::weighted(0.15),
+        prop::option::weighted(0.3, 0u8..4),
+        prop::bool::weighted(0.2),
+    )
+        .prop_map(|(init_fails, fail_on_data, callback_error)| Personality {
+            init_fails,
+            fail_on_data,
+            callback_error,
+        })
+}
+
+fn schedule_strategy() -> impl Strategy<Value = (Personality, Vec<Op>)> {
+    (
+        personality_strategy(),
+        prop::option::weighted(
+            0.85,
+            prop::collection::vec(prop::bool::weighted(0.8), 0..=3),
+        ),
+        prop::collection::vec(op_strategy(), 0..48),
+    )
+        .prop_map(|(personality, first_init, mut ops)| {
+            if let Some(chunks) = first_init {
+                ops.insert(0, Op::StartInit(chunks));
+            }
+            (personality, ops)
+        })
+}
+
+/// The harness: the core under test, the model, the echo worker and the transmitted wire.
+struct CoreRun {
+    core: EngineCore,
+    model: Model,
+    worker: EchoWorker,
+    ids: Ids,
+    wire: Vec<Req>,
+    last_delivered: Option<UdfResponse>,
+    first_terminal: Option<Outcome>,
+    /// Wire length when a worker error was taken: from there only `Cancel` (behind a
+    /// still-queued `Init`) may go out.
+    cancel_due_from: Option<usize>,
+}
+
+impl CoreRun {
+    fn new(personality: Personality) -> Self {
+        CoreRun {
+            core: EngineCore::new(),
+            model: Model::new(),
+            worker: EchoWorker::new(personality),
+            ids: Ids::default(),
+            wire: Vec::new(),
+            last_delivered: None,
+            first_terminal: None,
+            cancel_due_from: None,
+        }
+    }
+
+    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
+        match op {
+            Op::StartInit(chunks) => {
+                let chunks: Vec<Bytes> = chunks
+                    .iter()
+                    .map(|nonempty| {
+                        if *nonempty {
+                            self.ids.bytes("chunk-")
+                        } else {
+                            Bytes::new()
+                        }
+                    })
+                    .collect();
+                let sent: Vec<Bytes> = chunks.iter().filter(|c| !c.is_empty()).cloned().collect();
+                let expected = self.model.start_init(&sent);
+                let actual = self.core.start_init(init_message(), chunks);
+                prop_assert_eq!(actual.is_ok(), expected.is_ok(), "start_init allowed");
+            }
+            Op::SendData => {
+                let data = self.ids.bytes("in-");
+                let expected = self.model.send_data(data.clone());
+                let actual = self.core.send_data(data).map_err(|_| ());
+                prop_assert_eq!(actual, expected, "send_data");
+            }
+            Op::Finish => {
+                let expected = self.model.finish();
+                let actual = self.core.finish().map_err(|_| ());
+                prop_assert_eq!(actual, expected, "finish");
+            }
+            Op::Cancel => {
+                let expected = self.model.cancel();
+                let actual = self.core.cancel(Some("model cancel".into()));
+                prop_assert_eq!(actual, expected, "cancel");
+            }
+            Op::Timeout(w) => {
+                self.model.timeout(*w);
+                self.core.handle_timeout(*w, Duration::from_secs(30));
+            }
+            Op::Interrupt => {
+                self.model.interrupt();
+                self.core
+                    .handle_interrupt("model interrupt", Duration::ZERO);
+            }
+            Op::ConnectionError => {
+                self.model.connection_error();
+                self.core
+                    .handle_connection_error(ConnectionError::transport("model connection error"));
+            }
+            Op::StreamEnd => {
+                self.model.stream_end();
+                self.core.handle_stream_end();
+            }
+            Op::Transmit(n) => {
+                for _ in 0..*n {
+                    if !self.transmit_one()? {
+                        break;
+                    }
+                }
+            }
+            Op::PopOutput => {
+                let expected = self.model.output.pop_front();
+                prop_assert_eq!(self.core.pop_output(), expected, "pop_output");
+            }
+            Op::Inject(kind) => {
+                let response = self.injected(*kind);
+                self.deliver(response)?;
+            }
+            Op::Deliver => {
+                if let Some(response) = self.worker.pending.pop_front() {
+                    self.deliver(response)?;
+                }
+            }
+            Op::Repeat => {
+                if let Some(response) = self.last_delivered.clone() {
+                    self.deliver(response)?;
+                }
+            }
+            Op::DropReply => {
+                self.worker.pending.pop_front();
+            }
+            Op::Reorder => {
+                if self.worker.pending.len() >= 2 {
+                    self.worker.pending.swap(0, 1);
+                }
+            }
+        }
+        self.check()
+    }
+
+    fn injected(&mut self, kind: Inject) -> UdfResponse {
+        let ids = &mut self.ids;
+        match kind {
+            Inject::InitOk => UdfResponse::init(InitResponse {
+                data: Some(ids.bytes("init-")),
+                error: None,
+            }),
+            Inject::InitErr => UdfResponse::init(InitResponse {
+                data: None,
+                error: Some(ids.error()),
+            }),
+            Inject::Data => UdfResponse::data(ids.bytes("out-")),
+            Inject::Error => UdfResponse::error(ids.error()),
+            Inject::FinishOk => UdfResponse::finish(ids.finish_response(false)),
+            Inject::FinishErr => UdfResponse::finish(ids.finish_response(true)),
+            Inject::CancelOk => UdfResponse::cancel(ids.cancel_response(false)),
+            Inject::CancelErr => UdfResponse::cancel(ids.cancel_response(true)),
+            Inject::EmptyEnvelope => empty_envelope(),
+            Inject::EmptyControl => empty_control(),
+        }
+    }
+
+    /// Hands one request to the transport; checks it against the model and the wire rules.
+    fn transmit_one(&mut self) -> Result<bool, TestCaseError> {
+        let terminal_before = self.core.terminal().map(Outcome::observed);
+        let expected = self.model.transmit();
+        let Some(request) = self.core.poll_transmit() else {
+            prop_assert_eq!(None, expected, "the core has nothing to transmit");
+            return Ok(false);
+        };
+        let req = Req::of(&request);
+        prop_assert!(req.is_some(), "the engine sent a malformed request");
+        let req = req.unwrap_or(Req::Cancel);
+        prop_assert_eq!(Some(req.clone()), expected, "transmitted request");
+        // No Data/Finish before an InitResponse was accepted (R3).
+        if matches!(req, Req::Data(_) | Req::Finish) {
+            prop_assert!(
+                self.model.init_ok.is_some(),
+                "{:?} before the InitResponse",
+                req
+            );
+        }
+        // After the terminal only a timeout's best-effort Cancel (behind its Init) goes out.
+        if let Some(t) = terminal_before {
+            prop_assert!(
+                matches!(t, Outcome::TransportFailed(Cause::Timeout(_)))
+                    && matches!(req, Req::Init { .. } | Req::Cancel),
+                "{:?} transmitted after the terminal {:?}",
+                req,
+                t
+            );
+        }
+        if self.cancel_due_from.is_some() {
+            prop_assert!(
+                matches!(req, Req::Init { .. } | Req::Cancel),
+                "{:?} transmitted after a worker error instead of Cancel",
+                req
+            );
+        }
+        self.wire.push(req);
+        check_wire(&self.wire)?;
+        self.worker.receive(&request, &mut self.ids);
+        Ok(true)
+    }
+
+    fn deliver(&mut self, response: UdfResponse) -> Result<(), TestCaseError> {
+        // The first InitResponse is taken; later ones are ignored (spec §10 gap 13).
+        let first_init = !self.model.init_answered && !self.model.init_failed;
+        let reports_error = match response.clone().into_message() {
+            Ok(tether::wire::ResponseMessage::Error(_)) => true,
+            Ok(tether::wire::ResponseMessage::Init(r)) => r.error.is_some() && first_init,
+            _ => false,
+        };
+        let live_stream = !self.core.is_terminal() && self.core.phase() != Phase::Created;
+        self.model.receive(&response);
+        self.core.handle_response(response.clone());
+        self.last_delivered = Some(response);
+        // R4: a worker error is answered by a Cancel (unless the session ended on it).
+        if reports_error && live_stream && !self.core.is_terminal() {
+            prop_assert!(
+                self.core.cancel_requested(),
+                "no Cancel after a worker error"
+            );
+            let cancel_out =
+                self.wire.contains(&Req::Cancel) || self.model.outbox.back() == Some(&Req::Cancel);
+            prop_assert!(cancel_out, "no Cancel queued after a worker error");
+            self.cancel_due_from.get_or_insert(self.wire.len());
+        }
+        Ok(())
+    }
+
+    /// Compares the core with the model; checks first-wins.
+    fn check(&mut self) -> Result<(), TestCaseError> {
+        let core = &self.core;
+        let model = &self.model;
+        let terminal = core.terminal().map(Outcome::observed);
+        prop_assert_eq!(&terminal, &model.terminal, "terminal");
+        if let Some(first) = &self.first_terminal {
+            prop_assert_eq!(terminal.as_ref(), Some(first), "the first terminal changed");
+        } else {
+            self.first_terminal = terminal;
+        }
+        prop_assert_eq!(core.is_terminal(), model.terminal.is_some());
+        prop_assert_eq!(core.phase(), model.phase, "phase");
+        prop_assert_eq!(core.cancel_requested(), model.cancel_requested, "cancel");
+        prop_assert_eq!(core.finish_sent(), model.finish_on_wire, "finish sent");
+        prop_assert_eq!(
+            core.execution_error(),
+            model.first_error.as_ref(),
+            "recorded error"
+        );
+        prop_assert_eq!(core.init_response(), model.init_ok.as_ref(), "InitResponse");
+        prop_assert_eq!(core.init_status(), model.init_status(), "init status");
+        prop_assert_eq!(core.output_len(), model.output.len(), "output queue");
+        prop_assert_eq!(
+            core.has_transmit(),
+            !model.outbox.is_empty(),
+            "queued requests"
+        );
+        let stats = core.stats();
+        prop_assert_eq!(stats.data_received, model.data_accepted);
+        prop_assert_eq!(stats.ignored_after_terminal, model.ignored_after_terminal);
+        prop_assert_eq!(
+            stats.duplicate_init_responses,
+            model.duplicate_init_responses
+        );
+        let data_on_wire = self
+            .wire
+            .iter()
+            .filter(|r| matches!(r, Req::Data(_)))
+            .count();
+        prop_assert_eq!(stats.data_sent, data_on_wire as u64);
+        if core.init_status() == InitStatus::Accepted && !core.cancel_requested() {
+            // What `Session::init` relies on when it hands out `Session<Streaming>`.
+            prop_assert!(
+                matches!(core.phase(), Phase::Streaming | Phase::Finishing),
+                "init accepted but phase {:?}",
+                core.phase()
+            );
+        }
+        Ok(())
+    }
+
+    /// Drains everything, then checks delivery and that nothing can displace the terminal.
+    fn finish_run(&mut self) -> Result<(), TestCaseError> {
+        while self.transmit_one()? {}
+        let mut delivered = Vec::new();
+        while let Some(b) = self.core.pop_output() {
+            delivered.push(b);
+        }
+        let expected: Vec<Bytes> = self.model.output.drain(..).collect();
+        prop_assert_eq!(delivered, expected, "accepted output, in order");
+        self.check()?;
+        if let Some(first) = self.first_terminal.clone() {
+            prop_assert!(!self.core.settle(Termination::cancelled_before_start()));
+            self.core.handle_interrupt("late", Duration::ZERO);
+            self.core
+                .fail(TransportFailure::Connection(ConnectionError::Closed));
+            self.core.handle_stream_end();
+            self.core
+                .handle_response(UdfResponse::cancel(CancelResponse::default()));
+            self.core.handle_timeout(Wait::Terminator, Duration::ZERO);
+            let now = self.core.terminal().map(Outcome::observed);
+            prop_assert_eq!(now, Some(first), "late events displaced the terminal");
+            prop_assert_eq!(self.core.poll_transmit(), None, "sent after the terminal");
+            prop_assert_eq!(self.core.pop_output(), None, "output after the terminal");
+        }
+        Ok(())
+    }
+}
+
+/// Rules on the transmitted sequence alone (spec §2, R1, R3, §4.8).
+fn check_wire(wire: &[Req]) -> Result<(), TestCaseError> {
+    let count = |f: fn(&Req) -> bool| wire.iter().filter(|r| f(r)).count();
+    prop_assert!(
+        matches!(wire.first(), None | Some(Req::Init { .. })),
+        "the stream must open with Init: {:?}",
+        wire
+    );
+    prop_assert!(count(|r| matches!(r, Req::Init { .. })) <= 1, "Init twice");
+    prop_assert!(count(|r| *r == Req::Finish) <= 1, "Finish twice");
+    prop_assert!(count(|r| *r == Req::Cancel) <= 1, "Cancel twice");
+    if let Some(at) = wire.iter().position(|r| *r == Req::Cancel) {
+        prop_assert_eq!(
+            at + 1,
+            wire.len(),
+            "something sent after Cancel: {:?}",
+            wire
+        );
+    }
+    if let Some(at) = wire.iter().position(|r| *r == Req::Finish) {
+        prop_assert!(
+            !wire[at..].iter().any(|r| matches!(r, Req::Data(_))),
+            "Data after Finish"
+        );
+    }
+    // Chunks: a block right after a chunking Init, only the final one marked `last`.
+    let chunking = matches!(wire.first(), Some(Req::Init { chunking: true }));
+    let block = wire
+        .iter()
+        .skip(1)
+        .take_while(|r| matches!(r, Req::Chunk { .. }))
+        .count();
+    prop_assert_eq!(
+        count(|r| matches!(r, Req::Chunk { .. })),
+        block,
+        "chunk outside the block after Init: {:?}",
+        wire
+    );
+    prop_assert!(chunking || block == 0, "chunks after a non-chunking Init");
+    for (i, c) in wire.iter().skip(1).take(block).enumerate() {
+        if let Req::Chunk { last, .. } = c {
+            prop_assert!(!*last || i + 1 == block, "`last` on a non-final chunk");
+        }
+    }
+    if let Some(next) = wire.get(1 + block)
+        && chunking
+        && *next != Req::Cancel
+    {
+        prop_assert!(
+            matches!(wire.get(block), Some(Req::Chunk { last: true, .. })),
+            "{:?} after an unfinished chunked payload",
+            next
+        );
+    }
+    Ok(())
+}
+
+fn run_core(personality: Personality, ops: &[Op]) -> Result<(), TestCaseError> {
+    let mut run = CoreRun::new(personality);
+    run.check()?;
+    for op in ops {
+        run.step(op)?;
+    }
+    run.finish_run()
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 512,
+        max_shrink_iters: 4096,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn core_matches_reference_model((personality, ops) in schedule_strategy()) {
+        run_core(personality, &ops)?;
+    }
+}
+
+/// The schedules reach the interesting outcomes (guards against a generator that only ever
+/// produces early failures).
+#[test]
+fn core_schedules_cover_every_outcome() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut chunked_init_answered = false;
+    for _ in 0..512 {
+        let (personality, ops) = schedule_strategy()
+            .new_tree(&mut runner)
+            .expect("strategy")
+            .current();
+        let mut run = CoreRun::new(personality);
+        for op in &ops {
+            run.step(op).expect("schedule");
+        }
+        if let Some(t) = run.core.terminal() {
+            seen.insert(format!("{:?}", t.kind()));
+        }
+        chunked_init_answered |= run
+            .wire
+            .iter()
+            .any(|r| matches!(r, Req::Chunk { last: true, .. }))
+            && run.model.init_ok.is_some();
+    }
+    for kind in ["Finished", "Cancelled", "TransportFailed", "Interrupted"] {
+        assert!(seen.contains(kind), "no schedule settled {kind}: {seen:?}");
+    }
+    assert!(chunked_init_answered, "no chunked init was ever accepted");
+}
+
+// =============================================================================================
+// The async Session over an in-memory pair, against a scripted worker
+// =============================================================================================
+
+/// What the engine side of the connection saw, in order, plus the harness's calls.
+#[derive(Debug, Clone)]
+enum Ev {
+    /// A request the session handed to the connection.
+    Sent(UdfRequest),
+    /// A response the session took from the connection.
+    Recv(UdfResponse),
+    /// The worker's side of the stream ended.
+    RecvEnd,
+    /// The connection reported an error.
+    ConnError,
+    /// `init` / `init_chunked` was called.
+    InitCalled,
+    /// `init` returned: accepted or not.
+    InitReturned(bool),
+    FinishCalled,
+    /// `cancel`, `close` or a drop (the drop-cleanup cancels): the core's Cancel choke point.
+    CancelCalled,
+    CloseCalled,
+    Dropped,
+}
+
+type EvLog = Arc<Mutex<Vec<Ev>>>;
+
+fn push(log: &EvLog, ev: Ev) {
+    log.lock().expect("log").push(ev);
+}
+
+/// The engine's connection: a memory pair end that records what the session moves through
+/// it (a `Sink` + `Stream`, so a `Connection` through the blanket impl).
+#[derive(Debug)]
+struct Recorded {
+    inner: MemoryConnection<UdfRequest, UdfResponse>,
+    log: EvLog,
+}
+
+impl Recorded {
+    fn note<T>(&self, r: &std::task::Poll<Result<T, ConnectionError>>) {
+        if let std::task::Poll::Ready(Err(_)) = r {
+            push(&self.log, Ev::ConnError);
+        }
+    }
+}
+
+impl futures::Sink<UdfRequest> for Recorded {
+    type Error = ConnectionError;
+
+    fn poll_ready(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        let this = self.get_mut();
+        let r = Connection::poll_ready(&mut this.inner, cx);
+        this.note(&r);
+        r
+    }
+
+    fn start_send(self: std::pin::Pin<&mut Self>, item: UdfRequest) -> Result<(), ConnectionError> {
+        let this = self.get_mut();
+        let copy = item.clone();
+        let r = Connection::start_send(&mut this.inner, item);
+        push(
+            &this.log,
+            if r.is_ok() {
+                Ev::Sent(copy)
+            } else {
+                Ev::ConnError
+            },
+        );
+        r
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        let this = self.get_mut();
+        let r = Connection::poll_flush(&mut this.inner, cx);
+        this.note(&r);
+        r
+    }
+
+    fn poll_close(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        // The session ignores half-close errors; so does the replay.
+        Connection::poll_close(&mut self.get_mut().inner, cx)
+    }
+}
+
+impl futures::Stream for Recorded {
+    type Item = Result<UdfResponse, ConnectionError>;
+
+    fn poll_next(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        use std::task::Poll;
+        let this = self.get_mut();
+        let r = Connection::poll_recv(&mut this.inner, cx);
+        match &r {
+            Poll::Ready(Some(Ok(m))) => push(&this.log, Ev::Recv(m.clone())),
+            Poll::Ready(Some(Err(_))) => push(&this.log, Ev::ConnError),
+            Poll::Ready(None) => push(&this.log, Ev::RecvEnd),
+            Poll::Pending => {}
+        }
+        r
+    }
+}
+
+type EngineConn = Recorded;
+type WorkerConn = MemoryConnection<UdfResponse, UdfRequest>;
+
+/// One thing the scripted worker does in reaction to a request.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Reply {
+    InitOk,
+    InitErr,
+    /// Echo the request's data (fresh data for other requests).
+    Echo,
+    Data,
+    Error,
+    FinishOk,
+    FinishErr,
+    CancelOk,
+    CancelErr,
+    EmptyEnvelope,
+    EmptyControl,
+    /// Abort the connection (a crashed worker).
+    Close,
+    /// Stay silent this long (seconds of the paused clock).
+    Pause(u64),
+}
+
+/// The worker's reactions: to `Init` (or to the last chunk), to each `DataRequest` (cycled),
+/// to `Finish` and to `Cancel`.
+#[derive(Debug, Clone)]
+struct Script {
+    on_init: Vec<Reply>,
+    on_data: Vec<Vec<Reply>>,
+    on_finish: Vec<Reply>,
+    on_cancel: Vec<Reply>,
+}
+
+impl Script {
+    fn echo() -> Self {
+        Script {
+            on_init: vec![Reply::InitOk],
+            on_data: vec![vec![Reply::Echo]],
+            on_finish: vec![Reply::FinishOk],
+            on_cancel: vec![Reply::CancelOk],
+        }
+    }
+}
+
+async fn worker_send(conn: &mut WorkerConn, msg: UdfResponse) -> bool {
+    if poll_fn(|cx| conn.poll_ready(cx)).await.is_err() {
+        return false;
+    }
+    conn.start_send(msg).is_ok()
+}
+
+async fn run_worker(mut conn: WorkerConn, script: Script) {
+    let mut ids = Ids::default();
+    let mut data_index = 0usize;
+    while let Some(Ok(request)) = poll_fn(|cx| conn.poll_recv(cx)).await {
+        let (replies, echo) = match request.into_message() {
+            Ok(RequestMessage::Init(init)) if init.is_chunking_payload != Some(true) => {
+                (script.on_init.clone(), None)
+            }
+            Ok(RequestMessage::PayloadChunk(c)) if c.last == Some(true) => {
+                (script.on_init.clone(), None)
+            }
+            Ok(RequestMessage::Data(d)) => {
+                let r = script.on_data[data_index % script.on_data.len()].clone();
+                data_index += 1;
+                (r, Some(d))
+            }
+            Ok(RequestMessage::Finish(_)) => (script.on_finish.clone(), None),
+            Ok(RequestMessage::Cancel(_)) => (script.on_cancel.clone(), None),
+            _ => (Vec::new(), None),
+        };
+        for reply in replies {
+            let msg = match reply {
+                Reply::Pause(secs) => {
+                    tokio::time::sleep(Duration::from_secs(secs)).await;
+                    continue;
+                }
+                Reply::Close => {
+                    conn.abort();
+                    return;
+                }
+                Reply::InitOk => UdfResponse::init(InitResponse {
+                    data: Some(ids.bytes("w-init-")),
+                    error: None,
+                }),
+                Reply::InitErr => UdfResponse::init(InitResponse {
+                    data: None,
+                    error: Some(ids.error()),
+                }),
+                Reply::Echo => {
+                    UdfResponse::data(echo.clone().unwrap_or_else(|| ids.bytes("w-out-")))
+                }
+                Reply::Data => UdfResponse::data(ids.bytes("w-out-")),
+                Reply::Error => UdfResponse::error(ids.error()),
+                Reply::FinishOk => UdfResponse::finish(ids.finish_response(false)),
+                Reply::FinishErr => UdfResponse::finish(ids.finish_response(true)),
+                Reply::CancelOk => UdfResponse::cancel(ids.cancel_response(false)),
+                Reply::CancelErr => UdfResponse::cancel(ids.cancel_response(true)),
+                Reply::EmptyEnvelope => empty_envelope(),
+                Reply::EmptyControl => empty_control(),
+            };
+            if !worker_send(&mut conn, msg).await {
+                return;
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum InitPlan {
+    /// Never call `init` (close or drop a `Session<Init>`).
+    Skip,
+    Plain,
+    /// `init_chunked` with this chunk size.
+    Chunked(usize),
+    /// `init` under a short deadline: the future (and the session) is dropped mid-await.
+    Abandoned,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    Send,
+    Recv,
+    Finish,
+    Cancel,
+    Wait,
+    Close,
+    Drop,
+    Sleep(u64),
+    /// `recv` under a short deadline: the future (and the session) is dropped mid-await.
+    Abandon,
+    /// `send` under a short deadline, likewise.
+    AbandonSend,
+    /// `process` with this many input batches, read to the end, then `Process::close`.
+    Process(u8),
+}
+
+#[derive(Debug, Clone)]
+struct Plan {
+    init: InitPlan,
+    steps: Vec<Step>,
+    /// `SessionConfig::output_buffer` and the pair's per-direction capacity (backpressure).
+    bounds: (usize, usize),
+}
+
+fn reply_strategy() -> impl Strategy<Value = Reply> {
+    prop_oneof![
+        3 => Just(Reply::InitOk),
+        1 => Just(Reply::InitErr),
+        3 => Just(Reply::Echo),
+        2 => Just(Reply::Data),
+        2 => Just(Reply::Error),
+        1 => Just(Reply::FinishOk),
+        1 => Just(Reply::FinishErr),
+        2 => Just(Reply::CancelOk),
+        1 => Just(Reply::CancelErr),
+        1 => Just(Reply::EmptyEnvelope),
+        1 => Just(Reply::EmptyControl),
+        1 => Just(Reply::Close),
+        1 => prop_oneof![Just(1u64), Just(3), Just(45)].prop_map(Reply::Pause),
+    ]
+}
+
+fn reactions(usual: Reply) -> impl Strategy<Value = Vec<Reply>> {
+    prop_oneof![
+        7 => Just(vec![usual]),
+        3 => prop::collection::vec(reply_strategy(), 0..4),
+    ]
+}
+
+fn script_strategy() -> impl Strategy<Value = Script> {
+    let scripted = (
+        reactions(Reply::InitOk),
+        prop::collection::vec(reactions(Reply::Echo), 1..3),
+        reactions(Reply::FinishOk),
+        reactions(Reply::CancelOk),
+    )
+        .prop_map(|(on_init, on_data, on_finish, on_cancel)| Script {
+            on_init,
+            on_data,
+            on_finish,
+            on_cancel,
+        });
+    prop_oneof![1 => Just(Script::echo()), 2 => scripted]
+}
+
+fn step_strategy() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        5 => Just(Step::Send),
+        5 => Just(Step::Recv),
+        3 => Just(Step::Finish),
+        1 => Just(Step::Cancel),
+        1 => Just(Step::Wait),
+        1 => Just(Step::Close),
+        1 => Just(Step::Drop),
+        1 => prop_oneof![Just(1u64), Just(40)].prop_map(Step::Sleep),
+        1 => Just(Step::Abandon),
+        1 => Just(Step::AbandonSend),
+        2 => (0u8..4).prop_map(Step::Process),
+    ]
+}
+
+fn plan_strategy() -> impl Strategy<Value = Plan> {
+    let init = prop_oneof![
+        1 => Just(InitPlan::Skip),
+        6 => Just(InitPlan::Plain),
+        2 => (1usize..5).prop_map(InitPlan::Chunked),
+        1 => Just(InitPlan::Abandoned),
+    ];
+    let bound = prop_oneof![Just(1usize), Just(2), Just(64)];
+    (
+        init,
+        prop::collection::vec(step_strategy(), 0..10),
+        (bound.clone(), bound),
+    )
+        .prop_map(|(init, steps, bounds)| Plan {
+            init,
+            steps,
+            bounds,
+        })
+}
+
+/// What the harness observed through the typed API.
+#[derive(Debug, Default)]
+struct Observed {
+    /// Batches handed out by `recv` / the `process` stream, in order.
+    received: Vec<Bytes>,
+    /// A read reached the end of the output (`Ok(None)` or an error).
+    read_to_end: bool,
+    /// Errors from `recv`, `process`, `finish`, `init` (Display), to compare with the outcome.
+    end_errors: Vec<SessionError>,
+    /// Errors from `send`.
+    send_errors: Vec<SessionError>,
+    /// What `init` failed with.
+    init_error: Option<SessionError>,
+    /// Outcomes read from `Session<Terminated>` values.
+    terminated: Vec<Termination>,
+    /// What `close` returned.
+    closed: Option<Termination>,
+}
+
+impl Observed {
+    fn read(&mut self, r: Result<Option<Bytes>, SessionError>) {
+        match r {
+            Ok(Some(b)) => self.received.push(b),
+            Ok(None) => self.read_to_end = true,
+            Err(e) => {
+                self.read_to_end = true;
+                self.end_errors.push(e);
+            }
+        }
+    }
+}
+
+fn chunked_init() -> Init {
+    Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("model", Bytes::from_static(b"0123456789")),
+    )
+}
+
+type Any = tether::worker::AnySession<EngineConn>;
+
+/// Runs `f` on the session under a short deadline; `None` (and a `Dropped` event) when the
+/// deadline dropped the future and the session with it.
+async fn abandonable<S, F>(log: &EvLog, session: S, f: F) -> Option<S>
+where
+    F: AsyncFnOnce(&mut S),
+{
+    let fut = async move {
+        let mut session = session;
+        f(&mut session).await;
+        session
+    };
+    match tokio::time::timeout(Duration::from_millis(500), fut).await {
+        Ok(session) => Some(session),
+        Err(_) => {
+            push(log, Ev::Dropped);
+            None
+        }
+    }
+}
+
+async fn drive_session(
+    plan: &Plan,
+    session: Session<InitState, EngineConn>,
+    log: &EvLog,
+    obs: &mut Observed,
+) {
+    let mut ids = Ids::default();
+    let mut any: Option<Any> = None;
+    let accepted = |obs: &mut Observed, log: &EvLog, r| -> Option<Any> {
+        match r {
+            Ok((s, _)) => {
+                push(log, Ev::InitReturned(true));
+                Some(Any::from(s))
+            }
+            Err(tether::worker::SessionFailed { error, session }) => {
+                push(log, Ev::InitReturned(false));
+                obs.init_error = Some(error);
+                obs.terminated.push(session.outcome().clone());
+                Some(Any::from(session))
+            }
+        }
+    };
+    match plan.init {
+        InitPlan::Skip => any = Some(Any::from(session)),
+        InitPlan::Plain => {
+            push(log, Ev::InitCalled);
+            let r = session.init(init_message()).await;
+            any = accepted(obs, log, r);
+        }
+        InitPlan::Chunked(n) => {
+            push(log, Ev::InitCalled);
+            let r = session.init_chunked(chunked_init(), n).await;
+            any = accepted(obs, log, r);
+        }
+        InitPlan::Abandoned => {
+            push(log, Ev::InitCalled);
+            let fut = session.init(init_message());
+            match tokio::time::timeout(Duration::from_millis(500), fut).await {
+                Ok(r) => any = accepted(obs, log, r),
+                Err(_) => push(log, Ev::Dropped),
+            }
+        }
+    }
+    for step in &plan.steps {
+        let Some(cur) = any.take() else { break };
+        any = match (step, cur) {
+            (Step::Send, Any::Streaming(mut s)) => {
+                if let Err(e) = s.send(ids.bytes("in-")).await {
+                    obs.send_errors.push(e);
+                }
+                Some(s.into())
+            }
+            (Step::Recv, Any::Streaming(mut s)) => {
+                obs.read(s.recv().await);
+                Some(s.into())
+            }
+            (Step::Recv, Any::Finishing(mut s)) => {
+                obs.read(s.recv().await);
+                Some(s.into())
+            }
+            (Step::Recv, Any::Cancelling(mut s)) => {
+                obs.read(s.recv().await);
+                Some(s.into())
+            }
+            (Step::Abandon, Any::Streaming(s)) => {
+                let mut got = None;
+                let s = abandonable(log, s, async |s| got = Some(s.recv().await)).await;
+                got.into_iter().for_each(|r| obs.read(r));
+                s.map(Any::from)
+            }
+            (Step::Abandon, Any::Finishing(s)) => {
+                let mut got = None;
+                let s = abandonable(log, s, async |s| got = Some(s.recv().await)).await;
+                got.into_iter().for_each(|r| obs.read(r));
+                s.map(Any::from)
+            }
+            (Step::AbandonSend, Any::Streaming(s)) => {
+                let data = ids.bytes("in-");
+                let mut got = None;
+                let s = abandonable(log, s, async |s| got = Some(s.send(data).await)).await;
+                obs.send_errors.extend(got.and_then(Result::err));
+                s.map(Any::from)
+            }
+            (Step::Finish, Any::Streaming(s)) => {
+                push(log, Ev::FinishCalled);
+                match s.finish().await {
+                    Ok(s) => Some(s.into()),
+                    Err(failed) => {
+                        obs.end_errors.push(failed.error);
+                        obs.terminated.push(failed.session.outcome().clone());
+                        Some(failed.session.into())
+                    }
+                }
+            }
+            (Step::Cancel, Any::Streaming(s)) => {
+                push(log, Ev::CancelCalled);
+                Some(s.cancel(Some("plan".into())).await.into())
+            }
+            (Step::Cancel, Any::Finishing(s)) => {
+                push(log, Ev::CancelCalled);
+                Some(s.cancel(Some("plan".into())).await.into())
+            }
+            (Step::Wait, Any::Finishing(s)) => {
+                let t = s.wait().await;
+                obs.terminated.push(t.outcome().clone());
+                Some(t.into())
+            }
+            (Step::Wait, Any::Cancelling(s)) => {
+                let t = s.wait().await;
+                obs.terminated.push(t.outcome().clone());
+                Some(t.into())
+            }
+            (Step::Process(n), Any::Streaming(s)) => {
+                let input: Vec<Bytes> = (0..*n).map(|_| ids.bytes("in-")).collect();
+                let mut p = s.process(futures::stream::iter(input));
+                while let Some(item) = p.next().await {
+                    match item {
+                        Ok(b) => obs.received.push(b),
+                        Err(e) => obs.end_errors.push(e),
+                    }
+                }
+                obs.read_to_end = true;
+                push(log, Ev::CloseCalled);
+                obs.closed = Some(p.close().await);
+                None
+            }
+            (Step::Close, cur) => {
+                push(log, Ev::CloseCalled);
+                obs.closed = Some(cur.close().await);
+                None
+            }
+            (Step::Drop, cur) => {
+                drop(cur);
+                push(log, Ev::Dropped);
+                None
+            }
+            (Step::Sleep(secs), cur) => {
+                tokio::time::sleep(Duration::from_secs(*secs)).await;
+                Some(cur)
+            }
+            (_, cur) => Some(cur),
+        };
+    }
+    if let Some(cur) = any {
+        push(log, Ev::CloseCalled);
+        obs.closed = Some(cur.close().await);
+    }
+}
+
+/// Replays the reference [`Model`] over what the engine saw and checks the session against
+/// it. Everything the session reacts to is in the log except its timers: a timeout settles
+/// `TransportFailed(Timeout)` and an unacknowledged drop-cleanup settles `Interrupted`,
+/// after which the session takes nothing more from the connection.
+fn check_session(
+    log: &[Ev],
+    obs: &Observed,
+    handle: &CountingHandle,
+    watch: &tether::worker::TerminationWatch,
+) -> Result<(), TestCaseError> {
+    // The handle: released exactly once, invalid iff unsalvageable, one outcome.
+    prop_assert_eq!(handle.releases(), 1, "released exactly once");
+    prop_assert_eq!(handle.active_sessions(), 0);
+    let outcomes = handle.outcomes();
+    prop_assert_eq!(outcomes.len(), 1, "one outcome per session");
+    let fin = outcomes[0].clone();
+    prop_assert_ne!(fin.kind(), TerminationKind::Failed);
+    prop_assert_eq!(
+        handle.is_invalid(),
+        !fin.is_salvageable(),
+        "mark_invalid iff unsalvageable ({})",
+        fin
+    );
+    prop_assert_eq!(
+        handle.is_invalid(),
+        matches!(
+            fin.kind(),
+            TerminationKind::TransportFailed | TerminationKind::Interrupted
+        )
+    );
+    let fin_outcome = Outcome::observed(&fin);
+    let same = |t: &Termination| Outcome::observed(t) == fin_outcome;
+    prop_assert!(watch.get().as_ref().is_some_and(same), "watch disagrees");
+    if let Some(c) = &obs.closed {
+        prop_assert!(same(c), "close returned {} but the handle saw {}", c, fin);
+    }
+    for t in &obs.terminated {
+        prop_assert!(
+            same(t),
+            "a Terminated session showed {} but the end was {}",
+            t,
+            fin
+        );
+    }
+    let fin_error = fin.to_error().map(|e| e.to_string());
+    for e in &obs.end_errors {
+        prop_assert_eq!(Some(e.to_string()), fin_error.clone(), "read error");
+    }
+
+    // Replay.
+    let mut m = Model::new();
+    let mut wire: Vec<Req> = Vec::new();
+    let mut settled_by: Option<&Ev> = None;
+    let mut dropped = false;
+    let mut after_worker_error = false;
+    for ev in log {
+        match ev {
+            Ev::InitCalled => {
+                let _ = m.start_init(&[]);
+            }
+            Ev::InitReturned(ok) => {
+                prop_assert_eq!(
+                    *ok,
+                    m.init_status() == InitStatus::Accepted,
+                    "init returned {} with the model at {:?}",
+                    ok,
+                    m.init_status()
+                );
+            }
+            Ev::FinishCalled => {
+                let _ = m.finish();
+            }
+            Ev::CancelCalled | Ev::CloseCalled => {
+                m.cancel();
+            }
+            Ev::Dropped => {
+                dropped = true;
+                m.cancel();
+            }
+            Ev::Sent(request) => {
+                prop_assert!(
+                    settled_by.is_none(),
+                    "{:?} sent after the terminal",
+                    request.kind()
+                );
+                let req = Req::of(request);
+                prop_assert!(req.is_some(), "malformed request");
+                let req = req.unwrap_or(Req::Cancel);
+                if matches!(req, Req::Data(_) | Req::Finish) {
+                    prop_assert!(m.init_ok.is_some(), "{:?} before the InitResponse", req);
+                }
+                if after_worker_error {
+                    prop_assert!(
+                        matches!(req, Req::Init { .. } | Req::Cancel),
+                        "{:?} sent after a worker error instead of Cancel",
+                        req
+                    );
+                }
+                m.stream_opened = true;
+                if req == Req::Finish {
+                    m.finish_on_wire = true;
+                }
+                wire.push(req);
+                check_wire(&wire)?;
+            }
+            Ev::Recv(response) => {
+                prop_assert!(settled_by.is_none(), "message taken after the terminal");
+                let first_init = !m.init_answered && !m.init_failed;
+                after_worker_error |= match response.clone().into_message() {
+                    Ok(tether::wire::ResponseMessage::Error(_)) => true,
+                    Ok(tether::wire::ResponseMessage::Init(r)) => r.error.is_some() && first_init,
+                    _ => false,
+                };
+                m.receive(response);
+            }
+            Ev::RecvEnd => {
+                prop_assert!(settled_by.is_none(), "stream end read after the terminal");
+                m.stream_end();
+            }
+            Ev::ConnError => m.connection_error(),
+        }
+        if settled_by.is_none() && m.terminal.is_some() {
+            settled_by = Some(ev);
+        }
+    }
+    match (&m.terminal, settled_by) {
+        // A timeout's best-effort Cancel can fail to send after the timeout settled.
+        (Some(_), Some(Ev::ConnError))
+            if matches!(fin_outcome, Outcome::TransportFailed(Cause::Timeout(_))) => {}
+        (Some(expected), _) => prop_assert_eq!(&fin_outcome, expected, "outcome"),
+        (None, _) => prop_assert!(
+            matches!(fin_outcome, Outcome::TransportFailed(Cause::Timeout(_)))
+                || (dropped && fin_outcome == Outcome::Interrupted),
+            "the session settled {} on nothing it received",
+            fin
+        ),
+    }
+    if fin_outcome == Outcome::Interrupted {
+        prop_assert!(dropped, "Interrupted without a drop");
+    }
+
+    // Output: what the engine read is, in order, the accepted batches (a prefix when the
+    // rest was discarded by close/wait).
+    let accepted: Vec<Bytes> = m.output.iter().cloned().collect();
+    prop_assert!(
+        accepted.starts_with(&obs.received),
+        "read {:?}, accepted {:?}",
+        obs.received,
+        accepted
+    );
+    if obs.read_to_end {
+        prop_assert_eq!(
+            &obs.received,
+            &accepted,
+            "reading to the end delivers everything"
+        );
+    }
+
+    // API errors agree with the model.
+    if let Some(e) = &obs.init_error {
+        match &m.first_error {
+            Some(first) => prop_assert_eq!(e.execution_error(), Some(first), "init error"),
+            None => prop_assert_eq!(Some(e.to_string()), fin_error.clone(), "init error"),
+        }
+    }
+    for e in &obs.send_errors {
+        let ok = match &m.first_error {
+            Some(first) => e.execution_error() == Some(first),
+            None => Some(e.to_string()) == fin_error || matches!(e, SessionError::Cancelled),
+        };
+        prop_assert!(ok, "send error {} (outcome {})", e, fin);
+    }
+    Ok(())
+}
+
+/// One run of the async session: what the engine saw and what the harness observed.
+struct SessionRun {
+    log: Vec<Ev>,
+    obs: Observed,
+    handle: Arc<CountingHandle>,
+    watch: tether::worker::TerminationWatch,
+    /// The plan did not end within an hour of the paused clock.
+    hung: bool,
+    /// The worker task ended (it saw the engine's side of the stream go away).
+    worker_done: bool,
+}
+
+fn run_session_case(script: Script, plan: &Plan) -> SessionRun {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let (output_buffer, capacity) = plan.bounds;
+        let (engine, worker) = connection::pair::<UdfRequest, UdfResponse>(capacity);
+        let log: EvLog = Arc::default();
+        let engine = Recorded {
+            inner: engine,
+            log: log.clone(),
+        };
+        let handle = Arc::new(CountingHandle::for_one_session());
+        let config = SessionConfig {
+            output_buffer,
+            ..SessionConfig::default()
+        };
+        let session = Session::new(engine, handle.clone(), config);
+        let watch = session.watch();
+        let worker = tokio::spawn(run_worker(worker, script));
+        let mut obs = Observed::default();
+        let plan_run = drive_session(plan, session, &log, &mut obs);
+        let hung = tokio::time::timeout(Duration::from_secs(3600), plan_run)
+            .await
+            .is_err();
+        // Drop cleanup (Cancel, up to 2 s for the ack, half-close) runs on its own task.
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        let worker_done = tokio::time::timeout(Duration::from_secs(600), worker)
+            .await
+            .is_ok();
+        let log = log.lock().expect("log").clone();
+        SessionRun {
+            log,
+            obs,
+            handle,
+            watch,
+            hung,
+            worker_done,
+        }
+    })
+}
+
+fn run_session(script: Script, plan: &Plan) -> Result<(), TestCaseError> {
+    let run = run_session_case(script, plan);
+    prop_assert!(!run.hung, "the plan hung");
+    prop_assert!(run.worker_done, "the worker never saw the stream end");
+    check_session(&run.log, &run.obs, &run.handle, &run.watch)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 192,
+        max_shrink_iters: 2048,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn session_over_memory_pair(script in script_strategy(), plan in plan_strategy()) {
+        run_session(script, &plan)?;
+    }
+
+    /// A conformant worker and a complete plan: `Finished`, every batch echoed in order,
+    /// the worker kept.
+    #[test]
+    fn session_with_echo_worker_delivers_everything(
+        batches in 0u8..8,
+        chunk_size in prop::option::of(1usize..5),
+        use_process in any::<bool>(),
+    ) {
+        let mut steps = Vec::new();
+        if use_process {
+            steps.push(Step::Process(batches));
+        } else {
+            for _ in 0..batches {
+                steps.extend([Step::Send, Step::Recv]);
+            }
+            steps.extend([Step::Finish, Step::Recv, Step::Close]);
+        }
+        let plan = Plan {
+            init: chunk_size.map_or(InitPlan::Plain, InitPlan::Chunked),
+            steps,
+            bounds: (64, 16),
+        };
+        let run = run_session_case(Script::echo(), &plan);
+        check_session(&run.log, &run.obs, &run.handle, &run.watch)?;
+        let expected: Vec<Bytes> = (1..=u32::from(batches))
+            .map(|i| Bytes::from(format!("in-{i}")))
+            .collect();
+        prop_assert_eq!(&run.obs.received, &expected);
+        prop_assert!(run.obs.end_errors.is_empty(), "{:?}", run.obs.end_errors);
+        let outcome = run.obs.closed.expect("closed");
+        prop_assert_eq!(outcome.kind(), TerminationKind::Finished);
+        prop_assert!(outcome.to_error().is_none(), "{}", outcome);
+        prop_assert!(!run.handle.is_invalid());
+    }
+}
+
+/// The session schedules reach every outcome and deliver data (guards the generators).
+#[test]
+fn session_schedules_cover_every_outcome() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut read_everything = false;
+    for _ in 0..192 {
+        let script = script_strategy()
+            .new_tree(&mut runner)
+            .expect("strategy")
+            .current();
+        let plan = plan_strategy()
+            .new_tree(&mut runner)
+            .expect("strategy")
+            .current();
+        let run = run_session_case(script, &plan);
+        if let Some(t) = run.handle.last_outcome() {
+            seen.insert(format!("{:?}", t.kind()));
+        }
+        read_everything |= run.obs.read_to_end && !run.obs.received.is_empty();
+    }
+    for kind in ["Finished", "Cancelled", "TransportFailed", "Interrupted"] {
+        assert!(seen.contains(kind), "no session settled {kind}: {seen:?}");
+    }
+    assert!(read_everything, "no session read data to the end");
+}
+
+// =============================================================================================
+// Regressions: places where an earlier core departed from the spec, one minimal reproducer
+// each (found by the model above; now fixed).
+// =============================================================================================
+
+/// (A) `EngineCore::handle_response`, `ResponseMessage::Data`: a `DataResponse` before any
+/// `InitResponse` is a worker protocol violation (R2; §4.10: `TransportFailed`, worker
+/// invalidated), but the core only rejects it in `Created`/`Initializing`. Once a Cancel is
+/// queued (pre-init `ErrorResponse`, `InitResponse.error`, engine cancel or drop cleanup)
+/// the batch is queued as output instead.
+#[test]
+fn regression_a_core_rejects_data_before_init_response() {
+    let mut core = EngineCore::new();
+    core.start_init(init_message(), []).expect("init");
+    assert!(core.poll_transmit().is_some());
+    core.handle_response(UdfResponse::error(ExecutionError::worker("pre-init")));
+    core.handle_response(UdfResponse::data(Bytes::from_static(b"early")));
+    assert_eq!(
+        core.terminal().map(Outcome::observed),
+        Some(Outcome::TransportFailed(Cause::Violation(
+            PeerViolation::DataBeforeInitResponse
+        ))),
+        "output queue: {}",
+        core.output_len()
+    );
+}
+
+/// (A) through the public API: a worker that answers `Init` with `ErrorResponse` and then a
+/// `DataResponse` (before any `InitResponse`) and acks the Cancel ends `Cancelled` and is
+/// kept for reuse.
+#[test]
+fn regression_a_session_invalidates_a_worker_that_sent_data_before_init_response() {
+    let script = Script {
+        on_init: vec![Reply::Error, Reply::Data],
+        on_data: vec![vec![]],
+        on_finish: vec![],
+        on_cancel: vec![Reply::CancelOk],
+    };
+    let plan = Plan {
+        init: InitPlan::Plain,
+        steps: vec![],
+        bounds: (64, 16),
+    };
+    let run = run_session_case(script, &plan);
+    let outcome = run.handle.last_outcome().expect("finalized");
+    assert_eq!(
+        outcome.kind(),
+        TerminationKind::TransportFailed,
+        "{outcome}"
+    );
+    assert!(run.handle.is_invalid());
+}
+
+/// (B) A worker message before the engine sent anything (here an `ErrorResponse`) used to be
+/// recorded and then lost in a synthetic `Cancelled`; a worker cannot answer a stream that
+/// does not exist yet, so it is a violation: `TransportFailed`.
+#[test]
+fn regression_b_error_before_init_is_a_violation() {
+    let mut core = EngineCore::new();
+    core.handle_response(UdfResponse::error(ExecutionError::worker("unsolicited")));
+    assert_eq!(
+        core.terminal().map(Outcome::observed),
+        Some(Outcome::TransportFailed(Cause::Violation(
+            PeerViolation::ResponseBeforeInit
+        )))
+    );
+}
+
+/// (C) An `InitResponse` before the engine sent `Init` used to be stored, so `init_status`
+/// later said `Accepted` while the data phase was closed. It is now a violation, and the core
+/// refuses `start_init` afterwards.
+#[test]
+fn regression_c_init_response_before_init_is_a_violation() {
+    let mut core = EngineCore::new();
+    core.handle_response(UdfResponse::init(InitResponse::default()));
+    assert_eq!(core.init_status(), InitStatus::Terminated);
+    assert!(core.start_init(init_message(), []).is_err());
+    assert_eq!(core.poll_transmit(), None, "nothing goes on the wire");
+}
+
+/// (D) `EngineCore::handle_timeout` is documented to settle `TransportFailed(Timeout)`; in
+/// `Created` its internal `cancel` settles the synthetic `Cancelled` first.
+#[test]
+fn regression_d_timeout_before_init_settles_a_timeout() {
+    let mut core = EngineCore::new();
+    core.handle_timeout(Wait::InitResponse, Duration::from_secs(30));
+    assert_eq!(
+        core.terminal().map(Outcome::observed),
+        Some(Outcome::TransportFailed(Cause::Timeout(Wait::InitResponse)))
+    );
+}
+
+/// (E) `session.rs` `cleanup_on_drop`: a session dropped inside a tokio runtime is finalized
+/// by a spawned task; if that task never completes (the runtime shuts down first, or it is
+/// cancelled while waiting for the Cancel ack) the boxed state is dropped without
+/// `finalize`: the handle is never released (its session count stays 1), never marked
+/// invalid, and no outcome is published. DESIGN.md: dropping "releases the handle exactly
+/// once".
+#[test]
+fn regression_e_drop_cleanup_survives_runtime_shutdown() {
+    let handle = Arc::new(CountingHandle::for_one_session());
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("runtime");
+    let session_handle = handle.clone();
+    rt.block_on(async move {
+        let (engine, worker) = connection::pair::<UdfRequest, UdfResponse>(16);
+        tokio::spawn(run_worker(worker, Script::echo()));
+        let session = Session::new(engine, session_handle, SessionConfig::default());
+        let (streaming, _) = session.init(init_message()).await.expect("init");
+        drop(streaming);
+    });
+    drop(rt);
+    assert_eq!(
+        handle.releases(),
+        1,
+        "the dropped session was never released"
+    );
+    assert_eq!(handle.outcomes().len(), 1);
+}

@@ -1,0 +1,15 @@
+// Spec §8 scenario #16 (settledTermination while non-terminal): `outcome()` exists
+// only on Session<Terminated, _>; a Session<Init, _> has none.
+use tether::connection::MemoryConnection;
+use tether::wire::{UdfRequest, UdfResponse};
+use tether::worker::{Session, state::Init};
+
+type C = MemoryConnection<UdfRequest, UdfResponse>;
+
+fn misuse(session: Session<Init, C>) {
+    let _ = session.outcome();
+}
+
+fn main() {
+    let _ = misuse;
+}

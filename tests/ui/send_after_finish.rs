@@ -1,0 +1,15 @@
+// Data after Finish (spec §2: Init → PayloadChunk* → DataRequest* → Finish): a
+// Session<Finishing, _> has no `send`.
+use tether::connection::MemoryConnection;
+use tether::wire::{UdfRequest, UdfResponse};
+use tether::worker::{Session, state::Finishing};
+
+type C = MemoryConnection<UdfRequest, UdfResponse>;
+
+async fn misuse(mut session: Session<Finishing, C>) {
+    let _ = session.send(bytes::Bytes::from_static(b"batch")).await;
+}
+
+fn main() {
+    let _ = misuse;
+}

@@ -1,0 +1,15 @@
+// Nothing but inspection and close on a terminated session (DESIGN.md "Typestates",
+// spec §4.11 "Terminal | anything | ignored"): Session<Terminated, _> has no `wait`.
+use tether::connection::MemoryConnection;
+use tether::wire::{UdfRequest, UdfResponse};
+use tether::worker::{Session, state::Terminated};
+
+type C = MemoryConnection<UdfRequest, UdfResponse>;
+
+async fn misuse(session: Session<Terminated, C>) {
+    let _ = session.wait().await;
+}
+
+fn main() {
+    let _ = misuse;
+}
