@@ -70,5 +70,6 @@
 #![deny(missing_docs)]
 
 pub mod connection;
+pub mod execution;
 pub mod wire;
 pub mod worker;

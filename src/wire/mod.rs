@@ -19,6 +19,7 @@
 //! [`BTreeMap`](std::collections::BTreeMap)s so encoding is deterministic.
 
 pub mod codec;
+pub mod connect;
 pub mod messages;
 pub mod spec;
 

@@ -1,0 +1,328 @@
+//! Benchmarks of the server side of reattachable executions (issue 4 "Benchmarks").
+//!
+//! - `reattach/{10,100000}`: ReattachExecute positioned at the last delivered response of an
+//!   execution that produced 10 vs 100 000 responses (positioning must not scan; target
+//!   ratio ≤ 1.5).
+//! - `lifecycle/manager` vs `lifecycle/mutex_hashmap`: ExecutePlan + start (attach) +
+//!   ReleaseAll with 100 000 live executions, against a bare `Mutex<HashMap>` insert/remove
+//!   of the same three request strings (target ≥ 0.5 of the baseline's throughput).
+//! - `maintenance/100000`: one abandonment pass over 100 000 attached executions
+//!   (target < 50 ms).
+//! - A printed summary with the ratios, and memory per idle execution measured as the
+//!   resident-set growth of 100 000 idle executions (target ≤ 2 KiB).
+//!
+//! Needs `[[bench]] name = "execution" harness = false` in Cargo.toml. Run with
+//! `cargo bench --bench execution`.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion};
+use tether::execution::{
+    ConsumerEvent, ExecutionManager, ManagerConfig, ManualClock, Producer, ResponseStream,
+};
+use tether::wire::connect::{
+    ExecutePlanRequest, ExecutePlanResponse, Plan, ReattachExecuteRequest, ReleaseExecuteRequest,
+    UserContext, execute_plan_request::RequestOption, release_execute_request,
+};
+use uuid::Uuid;
+
+const USER: &str = "bench-user";
+
+fn manager() -> ExecutionManager {
+    ExecutionManager::with_clock(
+        ManagerConfig {
+            max_executions_per_session: usize::MAX,
+            // ids are cycled: let a released id be submitted again at once (its inactive
+            // record is still written and checked, so the cost is unchanged)
+            inactive_operation_expiry: Duration::ZERO,
+            ..ManagerConfig::default()
+        },
+        Arc::new(ManualClock::new()),
+    )
+}
+
+fn execute_request(session: &str, op: &str) -> ExecutePlanRequest {
+    ExecutePlanRequest {
+        session_id: session.to_owned(),
+        user_context: Some(UserContext::new(USER)),
+        plan: Some(Plan::root(Bytes::from_static(b"bench relation"))),
+        request_options: vec![RequestOption::reattach(true)],
+        operation_id: Some(op.to_owned()),
+        ..Default::default()
+    }
+}
+
+fn release_all(session: &str, op: &str) -> ReleaseExecuteRequest {
+    ReleaseExecuteRequest {
+        session_id: session.to_owned(),
+        user_context: Some(UserContext::new(USER)),
+        operation_id: op.to_owned(),
+        release: Some(release_execute_request::Release::ReleaseAll(
+            release_execute_request::ReleaseAll {},
+        )),
+        ..Default::default()
+    }
+}
+
+fn start(m: &ExecutionManager, req: &ExecutePlanRequest) -> (Producer, ResponseStream) {
+    let (p, s) = m.execute_plan(req).expect("execute_plan").start();
+    (p.expect("new execution"), s)
+}
+
+/// An execution that produced and delivered `n` responses; returns the reattach request
+/// positioned at the last one.
+fn produced(m: &ExecutionManager, n: usize) -> (ReattachExecuteRequest, Producer) {
+    let session = Uuid::new_v4().to_string();
+    let op = Uuid::new_v4().to_string();
+    let (mut p, mut s) = start(m, &execute_request(&session, &op));
+    let mut last = String::new();
+    for i in 0..n {
+        p.try_push(ExecutePlanResponse::arrow_batch(
+            i as i64,
+            Bytes::from_static(&[0; 16]),
+        ))
+        .expect("push");
+        match s.try_next() {
+            ConsumerEvent::Response(r) => last = r.response_id,
+            other => panic!("{other:?}"),
+        }
+    }
+    let req = ReattachExecuteRequest {
+        session_id: session,
+        user_context: Some(UserContext::new(USER)),
+        operation_id: op,
+        last_response_id: Some(last),
+        ..Default::default()
+    };
+    (req, p)
+}
+
+fn reattach_once(m: &ExecutionManager, req: &ReattachExecuteRequest) {
+    let s = m.reattach_execute(req).expect("reattach");
+    black_box(&s);
+    drop(s);
+}
+
+/// `n` live executions spread over sessions of 100.
+fn populated(n: usize) -> (ExecutionManager, Vec<(Producer, ResponseStream)>) {
+    let m = manager();
+    let mut keep = Vec::with_capacity(n);
+    let mut session = Uuid::new_v4().to_string();
+    for i in 0..n {
+        if i % 100 == 0 {
+            session = Uuid::new_v4().to_string();
+        }
+        keep.push(start(
+            &m,
+            &execute_request(&session, &Uuid::new_v4().to_string()),
+        ));
+    }
+    (m, keep)
+}
+
+/// Operation ids generated up front (a UUID v4 costs a `getrandom` syscall, which would
+/// dominate both sides), cycled through.
+struct Ids {
+    ids: Vec<String>,
+    next: usize,
+}
+
+impl Ids {
+    fn new(n: usize) -> Self {
+        Ids {
+            ids: (0..n).map(|_| Uuid::new_v4().to_string()).collect(),
+            next: 0,
+        }
+    }
+
+    fn next(&mut self) -> &str {
+        self.next = (self.next + 1) % self.ids.len();
+        &self.ids[self.next]
+    }
+}
+
+/// ExecutePlan + start (attach the initial stream) + ReleaseAll. Re-submitting a released id
+/// would be refused for 30 minutes, so each call uses a fresh session id from `sessions`.
+fn lifecycle_once(
+    m: &ExecutionManager,
+    req: &mut ExecutePlanRequest,
+    release: &mut ReleaseExecuteRequest,
+    session: &str,
+    op: &str,
+) {
+    req.session_id.clear();
+    req.session_id.push_str(session);
+    req.operation_id = Some(op.to_owned());
+    let started = start(m, req);
+    black_box(&started);
+    release.session_id.clear();
+    release.session_id.push_str(session);
+    release.operation_id.clear();
+    release.operation_id.push_str(op);
+    let r = m.release_execute(release).expect("release");
+    black_box(r);
+}
+
+type Baseline = Mutex<HashMap<(String, String, String), Arc<()>>>;
+
+/// The same three request strings as the key, an `Arc` as the value: insert, then remove.
+fn baseline_once(map: &Baseline, user: &str, session: &str, op: &str) {
+    let key = (user.to_owned(), session.to_owned(), op.to_owned());
+    map.lock().unwrap().insert(key.clone(), Arc::new(()));
+    let removed = map.lock().unwrap().remove(&key);
+    black_box(removed);
+}
+
+fn baseline_populated(n: usize) -> Baseline {
+    let mut map = HashMap::with_capacity(n + 1);
+    for _ in 0..n {
+        map.insert(
+            (
+                USER.to_owned(),
+                Uuid::new_v4().to_string(),
+                Uuid::new_v4().to_string(),
+            ),
+            Arc::new(()),
+        );
+    }
+    Mutex::new(map)
+}
+
+fn bench_reattach(c: &mut Criterion) {
+    let mut g = c.benchmark_group("reattach");
+    for n in [10usize, 100_000] {
+        let m = manager();
+        let (req, _p) = produced(&m, n);
+        g.bench_with_input(BenchmarkId::from_parameter(n), &req, |b, req| {
+            b.iter(|| reattach_once(&m, req))
+        });
+    }
+    g.finish();
+}
+
+fn bench_lifecycle(c: &mut Criterion) {
+    let mut g = c.benchmark_group("lifecycle");
+    let (m, _keep) = populated(100_000);
+    let session = Uuid::new_v4().to_string();
+    let mut req = execute_request(&session, "");
+    let mut release = release_all(&session, "");
+    let mut ids = Ids::new(1 << 16);
+    let mut sessions = Ids::new(64);
+    g.bench_function("manager", |b| {
+        b.iter(|| {
+            let s = sessions.next().to_owned();
+            lifecycle_once(&m, &mut req, &mut release, &s, ids.next())
+        })
+    });
+    let map = baseline_populated(100_000);
+    g.bench_function("mutex_hashmap", |b| {
+        b.iter(|| {
+            let s = sessions.next().to_owned();
+            baseline_once(&map, USER, &s, ids.next())
+        })
+    });
+    g.finish();
+}
+
+fn bench_maintenance(c: &mut Criterion) {
+    let mut g = c.benchmark_group("maintenance");
+    g.sample_size(20);
+    let (m, _keep) = populated(100_000);
+    g.bench_function("100000", |b| b.iter(|| black_box(m.maintain())));
+    g.finish();
+}
+
+fn time_per_iter(iters: u32, mut f: impl FnMut()) -> Duration {
+    for _ in 0..iters / 10 {
+        f();
+    }
+    let t = Instant::now();
+    for _ in 0..iters {
+        f();
+    }
+    t.elapsed() / iters
+}
+
+fn resident_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+/// Resident-set growth per idle execution: 100 000 registered, started executions with no
+/// buffered response and no attached stream (detached), measured first in a fresh process.
+/// Includes the registry's per-execution share and the kept `Producer` handle (one pointer).
+fn memory_per_idle_execution() -> Option<u64> {
+    const N: usize = 100_000;
+    let m = manager();
+    let mut producers = Vec::with_capacity(N);
+    let sessions: Vec<String> = (0..N / 100).map(|_| Uuid::new_v4().to_string()).collect();
+    let ops: Vec<String> = (0..N).map(|_| Uuid::new_v4().to_string()).collect();
+    let mut req = execute_request("", "");
+    let before = resident_bytes()?;
+    for (i, op) in ops.iter().enumerate() {
+        req.session_id.clone_from(&sessions[i / 100]);
+        req.operation_id = Some(op.clone());
+        let (p, s) = start(&m, &req);
+        drop(s);
+        producers.push(p);
+    }
+    let after = resident_bytes()?;
+    black_box((&m, &producers));
+    Some(after.saturating_sub(before) / N as u64)
+}
+
+/// Prints the issue's ratios and the memory figure, measured in this run.
+fn summary(memory: Option<u64>) {
+    println!("\n== execution benchmark summary ==");
+    if let Some(bytes) = memory {
+        println!("memory per idle execution: {bytes} bytes (target ≤ 2048)");
+    }
+    let m = manager();
+    let (small, _p1) = produced(&m, 10);
+    let (large, _p2) = produced(&m, 100_000);
+    let t_small = time_per_iter(200_000, || reattach_once(&m, &small));
+    let t_large = time_per_iter(200_000, || reattach_once(&m, &large));
+    println!(
+        "reattach latency: 10 responses {t_small:?}, 100 000 responses {t_large:?}, ratio {:.2} (target ≤ 1.5)",
+        t_large.as_secs_f64() / t_small.as_secs_f64()
+    );
+
+    let (m, keep) = populated(100_000);
+    let mut req = execute_request("", "");
+    let mut release = release_all("", "");
+    let mut ids = Ids::new(1 << 16);
+    let mut sessions = Ids::new(64);
+    let t_manager = time_per_iter(100_000, || {
+        let s = sessions.next().to_owned();
+        lifecycle_once(&m, &mut req, &mut release, &s, ids.next())
+    });
+    let map = baseline_populated(100_000);
+    let t_map = time_per_iter(100_000, || {
+        let s = sessions.next().to_owned();
+        baseline_once(&map, USER, &s, ids.next())
+    });
+    println!(
+        "create+attach+release with 100 000 live: manager {t_manager:?}, Mutex<HashMap> {t_map:?}, throughput ratio {:.2} (target ≥ 0.5)",
+        t_map.as_secs_f64() / t_manager.as_secs_f64()
+    );
+    let t_maint = time_per_iter(20, || {
+        black_box(m.maintain());
+    });
+    println!("maintenance pass over 100 000 executions: {t_maint:?} (target < 50 ms)");
+    drop((m, keep, map));
+}
+
+fn main() {
+    let memory = memory_per_idle_execution();
+    let mut c = Criterion::default().configure_from_args();
+    bench_reattach(&mut c);
+    bench_lifecycle(&mut c);
+    bench_maintenance(&mut c);
+    c.final_summary();
+    summary(memory);
+}

@@ -1,0 +1,787 @@
+//! One execution's rules as a sans-IO state machine (reattach spec §2, §4).
+//!
+//! [`ExecutionCore`] holds the [`ResponseLog`], the runner state of §2.1, the single attached
+//! consumer ("sender", §4) with its rotation budget, and the attachment bookkeeping the
+//! abandonment pass reads (§5.3). It does no I/O, takes no locks and reads no clock: every
+//! call that depends on time takes `now`. The async driver ([`ResponseStream`],
+//! [`Producer`]) wraps it in a mutex and wakes tasks after each call; the property tests
+//! drive it directly.
+//!
+//! [`ResponseStream`]: super::ResponseStream
+//! [`Producer`]: super::Producer
+
+use std::time::{Duration, Instant};
+
+use super::error::ConnectError;
+use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
+use crate::wire::connect::ExecutePlanResponse;
+
+/// The runner (producer) state machine of spec §2.1 (Spark 4.0+, SPARK-49688).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RunnerState {
+    /// Registered, producer not started. Next: `Started`, or `Interrupted`.
+    NotStarted,
+    /// Interrupted before it started — terminal; `OPERATION_CANCELED` is stored.
+    Interrupted,
+    /// Producing responses. Next: `StartedInterrupted`, or `Completing` → `Completed`.
+    Started,
+    /// Interrupted while running: `OPERATION_CANCELED` is stored, the producer is told to
+    /// stop. Next: `Completed` once the producer has stopped.
+    StartedInterrupted,
+    /// Producing the final outcome; cannot be interrupted any more. tether completes
+    /// atomically under the execution's lock, so this state is never observed from outside
+    /// a call (it exists to document the rule of spec §2.2 T7).
+    Completing,
+    /// Terminal: the producer finished, failed, stopped after an interrupt, or vanished.
+    Completed,
+}
+
+impl RunnerState {
+    /// Whether the producer may still append responses.
+    pub fn is_running(self) -> bool {
+        matches!(self, RunnerState::Started)
+    }
+}
+
+/// Stream rotation budgets of a reattachable execution's consumer (spec §4.2, §4.5).
+/// Non-reattachable executions ignore them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StreamLimits {
+    /// End a stream gracefully (no `ResultComplete`) this long after it attached (Spark's
+    /// `senderMaxStreamDuration`, default 2 min). `None` = unlimited.
+    pub max_duration: Option<Duration>,
+    /// End a stream gracefully once more than this many bytes were sent on it; the response
+    /// that crosses the limit is still sent (Spark's `senderMaxStreamSize`, default 1 GiB).
+    /// `None` = unlimited.
+    pub max_bytes: Option<u64>,
+}
+
+impl Default for StreamLimits {
+    fn default() -> Self {
+        StreamLimits {
+            max_duration: Some(Duration::from_secs(120)),
+            max_bytes: Some(1024 * 1024 * 1024),
+        }
+    }
+}
+
+/// How an execution left the registry (spec §2.1 dimension 1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Removal {
+    /// ReleaseAll, end of a non-reattachable stream, a failed start, or an orphan found by a
+    /// reattach: no tombstone; a later reattach gets `OPERATION_NOT_FOUND`.
+    Released,
+    /// Detached too long, or its session closed: tombstoned; a later reattach or
+    /// re-submit gets `OPERATION_ABANDONED`.
+    Abandoned,
+}
+
+/// The coarse state of an execution, which the [`Execution`](super::Execution) typestates
+/// are views of (issue item 6).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Phase {
+    /// Registered; the producer has not started.
+    Init,
+    /// The producer is running; responses flow.
+    Streaming,
+    /// The final index is fixed (`ResultComplete` appended, or a terminal error stored, or
+    /// the producer vanished); waiting for release.
+    Finishing,
+    /// Interrupted, or released while the producer was still running; waiting for the
+    /// producer to stop and/or for the release.
+    Cancelling,
+    /// Removed from the registry and the producer stopped.
+    Terminated,
+}
+
+/// Identifies one attached consumer (one ExecutePlan/ReattachExecute stream). Attaching a
+/// new consumer makes every older id stale (spec §4.4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ConsumerId(pub u64);
+
+/// How a consumer's stream ended without error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum StreamEnd {
+    /// Every response up to the final index was delivered (for a reattachable execution the
+    /// last one carried `ResultComplete`).
+    Complete,
+    /// Graceful rotation: the time or byte budget of this stream was used up (spec §4.2).
+    /// The client must reattach.
+    Rotated,
+}
+
+/// What [`ExecutionCore::poll_consumer`] tells a consumer to do next (spec §4.2 main loop).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "the response is the hot path; boxing it would allocate once per response"
+)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum ConsumerEvent {
+    /// Send this response.
+    Response(ExecutePlanResponse),
+    /// Nothing to send yet; poll again after a state change or at `wake_at` (the rotation
+    /// deadline, if any).
+    Pending {
+        /// When the stream's time budget runs out, if it has one.
+        wake_at: Option<Instant>,
+    },
+    /// End the stream without error. The consumer is detached.
+    End(StreamEnd),
+    /// Fail the stream with this error. The consumer is detached.
+    Error(ConnectError),
+}
+
+/// Why a producer call was refused.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum ProduceError {
+    /// The unsent bound is reached; the response is handed back. Wait for the consumer.
+    #[error("the unsent-response bound is reached; wait for the consumer")]
+    WouldBlock(Box<ExecutePlanResponse>),
+    /// The execution was interrupted (spec §2.2 T9): stop producing.
+    #[error("the execution was interrupted")]
+    Cancelled,
+    /// The execution was released or abandoned (spec §2.2 T12): stop producing.
+    #[error("the execution was released or abandoned")]
+    Closed,
+    /// The producer already finished or failed the execution.
+    #[error("the execution already finished")]
+    Finished,
+    /// The execution was not started.
+    #[error("the execution was not started")]
+    NotStarted,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Cursor {
+    id: ConsumerId,
+    next: u64,
+    deadline: Option<Instant>,
+    bytes_sent: u64,
+}
+
+/// The sans-IO state machine of one execution (spec §2–§4). See the [module docs](self).
+#[derive(Debug)]
+pub struct ExecutionCore {
+    log: ResponseLog,
+    reattachable: bool,
+    limits: StreamLimits,
+    runner: RunnerState,
+    producer_alive: bool,
+    orphaned: bool,
+    removed: Option<Removal>,
+    consumer: Option<Cursor>,
+    generation: u64,
+    detached_since: Option<Instant>,
+    attaches: u64,
+    delivered_result_complete: bool,
+}
+
+impl ExecutionCore {
+    /// A registered execution whose producer has not started (runner `NotStarted`). It
+    /// counts as attached (the initial ExecutePlan RPC's grace period, spec §2.2 T1) until
+    /// its first consumer detaches.
+    pub fn new(reattachable: bool, log: LogConfig, limits: StreamLimits, stamp: Stamp) -> Self {
+        let log = if reattachable {
+            log
+        } else {
+            LogConfig {
+                retry_budget: 0,
+                ..log
+            }
+        };
+        ExecutionCore {
+            log: ResponseLog::new(log, stamp),
+            reattachable,
+            limits,
+            runner: RunnerState::NotStarted,
+            producer_alive: false,
+            orphaned: false,
+            removed: None,
+            consumer: None,
+            generation: 0,
+            detached_since: None,
+            attaches: 0,
+            delivered_result_complete: false,
+        }
+    }
+
+    /// The response log.
+    pub fn log(&self) -> &ResponseLog {
+        &self.log
+    }
+
+    /// Whether the execution is reattachable (spec §1.2).
+    pub fn is_reattachable(&self) -> bool {
+        self.reattachable
+    }
+
+    /// The runner state (spec §2.1).
+    pub fn runner(&self) -> RunnerState {
+        self.runner
+    }
+
+    /// How the execution left the registry, if it did.
+    pub fn removal(&self) -> Option<Removal> {
+        self.removed
+    }
+
+    /// Whether the producer vanished without finishing (spec §2.2 T15, SPARK-50735).
+    pub fn is_orphan(&self) -> bool {
+        self.orphaned
+    }
+
+    /// How many consumers attached so far (the initial stream included).
+    pub fn attach_count(&self) -> u64 {
+        self.attaches
+    }
+
+    /// Whether a consumer is attached now.
+    pub fn is_attached(&self) -> bool {
+        self.consumer.is_some()
+    }
+
+    /// Whether a consumer was handed the `ResultComplete` response.
+    pub fn delivered_result_complete(&self) -> bool {
+        self.delivered_result_complete
+    }
+
+    /// The coarse [`Phase`] of the execution.
+    pub fn phase(&self) -> Phase {
+        match (self.removed.is_some(), self.runner) {
+            (true, RunnerState::Started | RunnerState::StartedInterrupted)
+                if self.producer_alive =>
+            {
+                Phase::Cancelling
+            }
+            (true, _) => Phase::Terminated,
+            (false, RunnerState::NotStarted) => Phase::Init,
+            (false, RunnerState::Started) => Phase::Streaming,
+            (false, RunnerState::Interrupted | RunnerState::StartedInterrupted) => {
+                Phase::Cancelling
+            }
+            (false, RunnerState::Completing | RunnerState::Completed) => {
+                if matches!(
+                    self.log.terminal_error(),
+                    Some(ConnectError::OperationCanceled)
+                ) {
+                    Phase::Cancelling
+                } else {
+                    Phase::Finishing
+                }
+            }
+        }
+    }
+
+    /// Since when the execution counts as detached (no consumer, or a consumer whose time
+    /// budget ran out — it rotates on its next poll, and a consumer nobody polls any more
+    /// must not pin the execution), or `None` while attached or once removed. The
+    /// abandonment pass removes it when this plus the detached timeout is `<= now`
+    /// (spec §5.3).
+    pub fn detached_since(&self) -> Option<Instant> {
+        if self.removed.is_some() {
+            return None;
+        }
+        match &self.consumer {
+            Some(c) => c.deadline,
+            None => self.detached_since,
+        }
+    }
+
+    /// Starts the producer (runner `NotStarted → Started`). Returns `false` (and changes
+    /// nothing) in any other state, e.g. after an interrupt before start.
+    pub fn start(&mut self) -> bool {
+        if self.runner == RunnerState::NotStarted && self.removed.is_none() {
+            self.runner = RunnerState::Started;
+            self.producer_alive = true;
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Attaches a new consumer that will resume at `next_index` (spec §2.2 T5): the previous
+    /// consumer, if any, is preempted and gets `INVALID_CURSOR.DISCONNECTED` on its next
+    /// poll. Returns the new id and the preempted one. On a removed execution the new
+    /// consumer is disconnected at once.
+    pub fn attach(&mut self, next_index: u64, now: Instant) -> (ConsumerId, Option<ConsumerId>) {
+        self.generation += 1;
+        self.attaches += 1;
+        let id = ConsumerId(self.generation);
+        let preempted = self.consumer.take().map(|c| c.id);
+        if self.removed.is_some() {
+            return (id, preempted);
+        }
+        let deadline = if self.reattachable {
+            self.limits.max_duration.map(|d| now + d)
+        } else {
+            None
+        };
+        self.consumer = Some(Cursor {
+            id,
+            next: next_index.max(1),
+            deadline,
+            bytes_sent: 0,
+        });
+        self.detached_since = None;
+        (id, preempted)
+    }
+
+    /// The index the consumer `id` will ask for next, if it is the attached one.
+    pub fn next_index(&self, id: ConsumerId) -> Option<u64> {
+        self.consumer.filter(|c| c.id == id).map(|c| c.next)
+    }
+
+    /// Whether `id` is the attached consumer.
+    pub fn is_current(&self, id: ConsumerId) -> bool {
+        self.consumer.is_some_and(|c| c.id == id)
+    }
+
+    /// The attached consumer's next step (spec §4.2), in Spark's order: preempted or closed
+    /// → `DISCONNECTED`; end of a finished log → complete or the stored terminal error;
+    /// rotation budget used up → graceful end; otherwise the next response, a wait, or
+    /// `POSITION_NOT_AVAILABLE`. A consumer at the end of an orphan's log gets the orphan
+    /// error instead of waiting forever (SPARK-50735).
+    pub fn poll_consumer(&mut self, id: ConsumerId, now: Instant) -> ConsumerEvent {
+        let Some(mut cursor) = self.consumer.filter(|c| c.id == id) else {
+            return ConsumerEvent::Error(ConnectError::Disconnected);
+        };
+        if let Some(last) = self.log.final_index()
+            && cursor.next > last
+        {
+            self.end_consumer(now);
+            return match self.log.terminal_error() {
+                Some(e) => ConsumerEvent::Error(e.clone()),
+                None => ConsumerEvent::End(StreamEnd::Complete),
+            };
+        }
+        if self.reattachable {
+            let over_bytes = self.limits.max_bytes.is_some_and(|m| cursor.bytes_sent > m);
+            let over_time = cursor.deadline.is_some_and(|d| now >= d);
+            if over_bytes || over_time {
+                self.end_consumer(now);
+                return ConsumerEvent::End(StreamEnd::Rotated);
+            }
+        }
+        match self.log.consume(cursor.next) {
+            Ok(Consumed::Response(r, size)) => {
+                cursor.next += 1;
+                cursor.bytes_sent = cursor.bytes_sent.saturating_add(size);
+                self.consumer = Some(cursor);
+                if r.is_result_complete() {
+                    self.delivered_result_complete = true;
+                }
+                ConsumerEvent::Response(r)
+            }
+            Ok(Consumed::Pending) => {
+                if self.orphaned {
+                    self.end_consumer(now);
+                    ConsumerEvent::Error(ConnectError::Orphaned {
+                        handle: self.log.stamp().operation_id.to_string(),
+                    })
+                } else {
+                    ConsumerEvent::Pending {
+                        wake_at: cursor.deadline,
+                    }
+                }
+            }
+            Ok(Consumed::End(e)) => {
+                self.end_consumer(now);
+                match e {
+                    Some(e) => ConsumerEvent::Error(e),
+                    None => ConsumerEvent::End(StreamEnd::Complete),
+                }
+            }
+            Err(e) => {
+                self.end_consumer(now);
+                ConsumerEvent::Error(e)
+            }
+        }
+    }
+
+    fn end_consumer(&mut self, now: Instant) {
+        self.consumer = None;
+        if self.removed.is_none() {
+            self.detached_since = Some(now);
+        }
+    }
+
+    /// The consumer `id` went away (stream dropped, transport failed) (spec §2.2 T4). If it
+    /// was the attached one the execution becomes detached at `now`. Returns whether it was.
+    pub fn detach(&mut self, id: ConsumerId, now: Instant) -> bool {
+        if self.is_current(id) {
+            self.end_consumer(now);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// `ReleaseUntil(response_id)` on the log (spec §3.4). Returns the released index.
+    ///
+    /// # Errors
+    /// `INVALID_CURSOR.POSITION_NOT_FOUND` for an id this execution never handed out.
+    pub fn release_until(&mut self, response_id: &str) -> Result<u64, ConnectError> {
+        self.log.release_until(response_id)
+    }
+
+    /// Where a reattach with `last_response_id` resumes (spec §3.5), see
+    /// [`ResponseLog::position`].
+    ///
+    /// # Errors
+    /// `INVALID_CURSOR.POSITION_NOT_FOUND` for an unknown or empty id.
+    pub fn position(&self, last_response_id: Option<&str>) -> Result<u64, ConnectError> {
+        self.log.position(last_response_id)
+    }
+
+    /// For a consumer that is not asking for a response (e.g. waiting for its transport to
+    /// become writable): `DISCONNECTED` if it was preempted or the execution closed, a
+    /// graceful rotation if its time budget ran out (spec §4.3: nothing is sent then), or
+    /// `None` to keep waiting. A returned event ends the consumer.
+    pub fn poll_interrupt(&mut self, id: ConsumerId, now: Instant) -> Option<ConsumerEvent> {
+        let Some(cursor) = self.consumer.filter(|c| c.id == id) else {
+            return Some(ConsumerEvent::Error(ConnectError::Disconnected));
+        };
+        if self.reattachable && cursor.deadline.is_some_and(|d| now >= d) {
+            self.end_consumer(now);
+            return Some(ConsumerEvent::End(StreamEnd::Rotated));
+        }
+        None
+    }
+
+    /// The attached consumer's rotation deadline, if it has one.
+    pub fn deadline(&self, id: ConsumerId) -> Option<Instant> {
+        self.consumer
+            .filter(|c| c.id == id)
+            .and_then(|c| c.deadline)
+    }
+
+    /// Disconnects the attached consumer without attaching another (its next poll gets
+    /// `DISCONNECTED`; spec §4.4, Spark's `interruptGrpcResponseSenders`). The execution
+    /// becomes detached at `now`. Returns the disconnected consumer.
+    pub fn disconnect(&mut self, now: Instant) -> Option<ConsumerId> {
+        let id = self.consumer.map(|c| c.id)?;
+        self.end_consumer(now);
+        Some(id)
+    }
+
+    /// Whether appending a response of `size` bytes would have to wait (spec §3; tether's
+    /// unsent bound).
+    pub fn would_block(&self, size: u64) -> bool {
+        self.log.would_block(size)
+    }
+
+    fn check_producer(&self) -> Result<(), ProduceError> {
+        if self.removed.is_some() {
+            return Err(ProduceError::Closed);
+        }
+        match self.runner {
+            RunnerState::Started => Ok(()),
+            RunnerState::NotStarted => Err(ProduceError::NotStarted),
+            RunnerState::Interrupted | RunnerState::StartedInterrupted => {
+                Err(ProduceError::Cancelled)
+            }
+            RunnerState::Completing | RunnerState::Completed => Err(ProduceError::Finished),
+        }
+    }
+
+    /// Appends a produced response (spec §2.2 T6). Returns its index.
+    ///
+    /// # Errors
+    /// [`ProduceError::WouldBlock`] (response handed back) at the unsent bound;
+    /// `Cancelled`/`Closed`/`Finished`/`NotStarted` when the producer must stop.
+    pub fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
+        self.check_producer()?;
+        self.log.push(response).map_err(|e| match e {
+            PushError::WouldBlock(r) => ProduceError::WouldBlock(r),
+            PushError::Finished(_) => ProduceError::Finished,
+        })
+    }
+
+    /// The producer finished successfully (spec §2.2 T7): a reattachable execution gets its
+    /// `ResultComplete` appended atomically with fixing the final index; a non-reattachable
+    /// one just fixes it. Runner `Started → Completing → Completed` in one step, so an
+    /// interrupt can never land after it.
+    ///
+    /// # Errors
+    /// `Cancelled`/`Closed` if an interrupt or release won the race (the stored
+    /// `OPERATION_CANCELED` stands); `Finished`/`NotStarted` on misuse.
+    pub fn finish(&mut self) -> Result<(), ProduceError> {
+        let r = self.check_producer();
+        self.producer_stopped();
+        r?;
+        self.runner = RunnerState::Completing;
+        // Cannot fail: the log is only finished through the runner, which was `Started`.
+        let _ = self.log.finish(self.reattachable);
+        self.runner = RunnerState::Completed;
+        Ok(())
+    }
+
+    /// The producer failed (spec §2.2 T8): `error` becomes the terminal error, delivered
+    /// after every earlier response.
+    ///
+    /// # Errors
+    /// As [`finish`](Self::finish).
+    pub fn fail(&mut self, error: ConnectError) -> Result<(), ProduceError> {
+        let r = self.check_producer();
+        self.producer_stopped();
+        r?;
+        let _ = self.log.fail(error);
+        self.runner = RunnerState::Completed;
+        Ok(())
+    }
+
+    fn producer_stopped(&mut self) {
+        if self.producer_alive {
+            self.producer_alive = false;
+            if self.runner == RunnerState::StartedInterrupted {
+                self.runner = RunnerState::Completed;
+            }
+        }
+    }
+
+    /// The producer went away. If it had not finished, the execution is an orphan
+    /// (spec §2.2 T15). Idempotent.
+    pub fn producer_gone(&mut self) {
+        if !self.producer_alive {
+            return;
+        }
+        let was_running = self.runner == RunnerState::Started;
+        self.producer_stopped();
+        if was_running {
+            self.runner = RunnerState::Completed;
+            if self.removed.is_none() {
+                self.orphaned = true;
+            }
+        }
+    }
+
+    /// Whether the producer is still expected to produce or acknowledge an interrupt.
+    pub fn producer_alive(&self) -> bool {
+        self.producer_alive
+    }
+
+    /// Interrupt (spec §2.2 T9, §5.7): `NotStarted → Interrupted` or
+    /// `Started → StartedInterrupted`, storing `OPERATION_CANCELED` as the terminal error
+    /// right away so every consumer gets it after the earlier responses. Returns `true`
+    /// only if this call changed the runner state; a no-op once completion started.
+    pub fn interrupt(&mut self) -> bool {
+        if self.removed.is_some() {
+            return false;
+        }
+        match self.runner {
+            RunnerState::NotStarted => {
+                self.runner = RunnerState::Interrupted;
+                let _ = self.log.fail(ConnectError::OperationCanceled);
+                true
+            }
+            RunnerState::Started => {
+                self.runner = RunnerState::StartedInterrupted;
+                let _ = self.log.fail(ConnectError::OperationCanceled);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Closes the execution as it leaves the registry (spec §2.2 T12): interrupts the
+    /// runner if it still runs, disconnects the attached consumer (its next poll gets
+    /// `DISCONNECTED`), and drops every buffered response. Returns the preempted consumer,
+    /// if any. Idempotent: later calls change nothing.
+    pub fn close(&mut self, removal: Removal) -> Option<ConsumerId> {
+        if self.removed.is_some() {
+            return None;
+        }
+        match self.runner {
+            RunnerState::NotStarted => {
+                self.runner = RunnerState::Interrupted;
+                let _ = self.log.fail(ConnectError::OperationCanceled);
+            }
+            RunnerState::Started => {
+                self.runner = if self.producer_alive {
+                    RunnerState::StartedInterrupted
+                } else {
+                    RunnerState::Completed
+                };
+                let _ = self.log.fail(ConnectError::OperationCanceled);
+            }
+            _ => {}
+        }
+        self.removed = Some(removal);
+        self.detached_since = None;
+        self.log.clear();
+        self.consumer.take().map(|c| c.id)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn batch(n: usize) -> ExecutePlanResponse {
+        ExecutePlanResponse::arrow_batch(1, Bytes::from(vec![1u8; n]))
+    }
+
+    fn core(reattachable: bool, limits: StreamLimits) -> ExecutionCore {
+        ExecutionCore::new(
+            reattachable,
+            LogConfig::REATTACHABLE,
+            limits,
+            Stamp::default(),
+        )
+    }
+
+    fn next(c: &mut ExecutionCore, id: ConsumerId, now: Instant) -> ExecutePlanResponse {
+        match c.poll_consumer(id, now) {
+            ConsumerEvent::Response(r) => r,
+            other => panic!("expected a response, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn preemption_disconnects_previous() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        assert!(c.start());
+        let (a, _) = c.attach(1, t);
+        let (b, pre) = c.attach(1, t);
+        assert_eq!(pre, Some(a));
+        assert_eq!(
+            c.poll_consumer(a, t),
+            ConsumerEvent::Error(ConnectError::Disconnected)
+        );
+        assert!(matches!(
+            c.poll_consumer(b, t),
+            ConsumerEvent::Pending { .. }
+        ));
+    }
+
+    #[test]
+    fn rotation_by_time_and_bytes() {
+        let t = Instant::now();
+        let mut c = core(
+            true,
+            StreamLimits {
+                max_duration: Some(Duration::from_secs(10)),
+                max_bytes: Some(15),
+            },
+        );
+        c.start();
+        let (a, _) = c.attach(1, t);
+        c.push(batch(10)).unwrap();
+        c.push(batch(10)).unwrap();
+        // the crossing response is still sent
+        next(&mut c, a, t);
+        assert_eq!(
+            c.poll_consumer(a, t),
+            ConsumerEvent::End(StreamEnd::Rotated)
+        );
+        assert_eq!(c.detached_since(), Some(t));
+        let (b, _) = c.attach(2, t);
+        let late = t + Duration::from_secs(10);
+        assert_eq!(
+            c.poll_consumer(b, late),
+            ConsumerEvent::End(StreamEnd::Rotated)
+        );
+    }
+
+    #[test]
+    fn completion_then_interrupt_is_noop() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        c.start();
+        let (a, _) = c.attach(1, t);
+        c.push(batch(1)).unwrap();
+        c.finish().unwrap();
+        assert!(!c.interrupt());
+        next(&mut c, a, t);
+        assert!(next(&mut c, a, t).is_result_complete());
+        assert_eq!(
+            c.poll_consumer(a, t),
+            ConsumerEvent::End(StreamEnd::Complete)
+        );
+        assert_eq!(c.phase(), Phase::Finishing);
+    }
+
+    #[test]
+    fn interrupt_delivers_after_earlier_responses() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        c.start();
+        c.push(batch(1)).unwrap();
+        assert!(c.interrupt());
+        assert!(!c.interrupt());
+        assert_eq!(c.push(batch(1)), Err(ProduceError::Cancelled));
+        let (a, _) = c.attach(1, t);
+        next(&mut c, a, t);
+        assert_eq!(
+            c.poll_consumer(a, t),
+            ConsumerEvent::Error(ConnectError::OperationCanceled)
+        );
+        assert_eq!(c.phase(), Phase::Cancelling);
+        assert_eq!(c.finish(), Err(ProduceError::Cancelled));
+        assert_eq!(c.runner(), RunnerState::Completed);
+    }
+
+    #[test]
+    fn orphan_errors_at_end_of_log() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        c.start();
+        let (a, _) = c.attach(1, t);
+        c.push(batch(1)).unwrap();
+        c.producer_gone();
+        assert!(c.is_orphan());
+        next(&mut c, a, t);
+        assert!(matches!(
+            c.poll_consumer(a, t),
+            ConsumerEvent::Error(ConnectError::Orphaned { .. })
+        ));
+    }
+
+    #[test]
+    fn close_disconnects_and_stops_producer() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        c.start();
+        let (a, _) = c.attach(1, t);
+        assert_eq!(c.close(Removal::Released), Some(a));
+        assert_eq!(
+            c.poll_consumer(a, t),
+            ConsumerEvent::Error(ConnectError::Disconnected)
+        );
+        assert_eq!(c.push(batch(1)), Err(ProduceError::Closed));
+        assert_eq!(c.phase(), Phase::Cancelling);
+        c.producer_gone();
+        assert_eq!(c.phase(), Phase::Terminated);
+        assert!(!c.is_orphan());
+        assert_eq!(c.close(Removal::Abandoned), None);
+        assert_eq!(c.removal(), Some(Removal::Released));
+    }
+
+    #[test]
+    fn non_reattachable_never_rotates() {
+        let t = Instant::now();
+        let mut c = core(
+            false,
+            StreamLimits {
+                max_duration: Some(Duration::from_secs(1)),
+                max_bytes: Some(1),
+            },
+        );
+        c.start();
+        let (a, _) = c.attach(1, t);
+        c.push(batch(10)).unwrap();
+        c.push(batch(10)).unwrap();
+        c.finish().unwrap();
+        let late = t + Duration::from_secs(100);
+        next(&mut c, a, late);
+        let last = next(&mut c, a, late);
+        assert!(!last.is_result_complete());
+        assert_eq!(
+            c.poll_consumer(a, late),
+            ConsumerEvent::End(StreamEnd::Complete)
+        );
+        assert_eq!(c.log().final_index(), Some(2));
+    }
+}

@@ -1,0 +1,430 @@
+//! Spark Connect error conditions of the execution layer (reattach spec §1.8).
+//!
+//! [`ConnectError`]'s `Display` is the status message a Spark server would send: it starts
+//! with the bracketed error condition (`[INVALID_CURSOR.DISCONNECTED] …`), because Spark
+//! clients classify errors by searching the message for the condition name (spec §1.8).
+//! The wording after the bracket is tether's own. [`ConnectError::code`] gives the gRPC
+//! status code category a transport adapter should use; Spark sends every recoverable server
+//! error as `INTERNAL` (spec §1.8), and so does tether except where noted.
+
+use std::fmt;
+
+/// A gRPC status code category (the canonical `google.rpc.Code` values).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Code {
+    /// 0: not an error.
+    Ok = 0,
+    /// 1: cancelled by the caller.
+    Cancelled = 1,
+    /// 2: unknown error; Spark uses it for fatal throwables (spec §1.8).
+    Unknown = 2,
+    /// 3: the client sent an invalid argument.
+    InvalidArgument = 3,
+    /// 4: the deadline expired before the operation completed.
+    DeadlineExceeded = 4,
+    /// 5: an entity was not found.
+    NotFound = 5,
+    /// 6: an entity already exists.
+    AlreadyExists = 6,
+    /// 7: permission denied.
+    PermissionDenied = 7,
+    /// 8: a resource (quota, capacity) is exhausted.
+    ResourceExhausted = 8,
+    /// 9: the system is not in a state required for the operation.
+    FailedPrecondition = 9,
+    /// 10: aborted (concurrency conflict).
+    Aborted = 10,
+    /// 11: out of range.
+    OutOfRange = 11,
+    /// 12: not implemented.
+    Unimplemented = 12,
+    /// 13: internal error; Spark's code for every recoverable server error (spec §1.8).
+    Internal = 13,
+    /// 14: the service is unavailable (transient; clients retry it, spec §6.1).
+    Unavailable = 14,
+    /// 15: unrecoverable data loss.
+    DataLoss = 15,
+    /// 16: the request lacks valid credentials.
+    Unauthenticated = 16,
+}
+
+impl Code {
+    /// The code's canonical upper-case name, e.g. `"INTERNAL"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Code::Ok => "OK",
+            Code::Cancelled => "CANCELLED",
+            Code::Unknown => "UNKNOWN",
+            Code::InvalidArgument => "INVALID_ARGUMENT",
+            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Code::NotFound => "NOT_FOUND",
+            Code::AlreadyExists => "ALREADY_EXISTS",
+            Code::PermissionDenied => "PERMISSION_DENIED",
+            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Code::FailedPrecondition => "FAILED_PRECONDITION",
+            Code::Aborted => "ABORTED",
+            Code::OutOfRange => "OUT_OF_RANGE",
+            Code::Unimplemented => "UNIMPLEMENTED",
+            Code::Internal => "INTERNAL",
+            Code::Unavailable => "UNAVAILABLE",
+            Code::DataLoss => "DATA_LOSS",
+            Code::Unauthenticated => "UNAUTHENTICATED",
+        }
+    }
+}
+
+impl fmt::Display for Code {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Every error the server side of the execution layer reports to a client (spec §1.8, §3.5,
+/// §4.4, §5). `Display` starts with the Spark error condition in brackets where Spark has one.
+///
+/// `handle` parameters are the identifier the request named (an operation or session id),
+/// as Spark's `handle` message parameter.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// `INVALID_HANDLE.FORMAT`: a session or operation id is not a UUID (spec §1.9).
+    #[error(
+        "[INVALID_HANDLE.FORMAT] The handle {handle} is invalid: it must be a UUID string like \
+         '00112233-4455-6677-8899-aabbccddeeff'."
+    )]
+    InvalidHandleFormat {
+        /// The offending identifier, as sent.
+        handle: String,
+    },
+    /// `INVALID_HANDLE.OPERATION_ABANDONED`: the operation was removed for inactivity (or
+    /// with its closed session) and is remembered in the tombstones; or, as in Spark 4.3.0,
+    /// an ExecutePlan re-submits the id of a released or completed execution (spec §5.2,
+    /// §5.4).
+    #[error(
+        "[INVALID_HANDLE.OPERATION_ABANDONED] The handle {handle} is invalid: the operation \
+         was abandoned or already ran and cannot be started again."
+    )]
+    OperationAbandoned {
+        /// The operation id.
+        handle: String,
+    },
+    /// `INVALID_HANDLE.OPERATION_ALREADY_EXISTS`: an ExecutePlan names a live operation with
+    /// a different plan (spec §5.2).
+    #[error(
+        "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle {handle} is invalid: an \
+         operation with this id already exists."
+    )]
+    OperationAlreadyExists {
+        /// The operation id.
+        handle: String,
+    },
+    /// `INVALID_HANDLE.OPERATION_NOT_FOUND`: no live operation with this id in the session,
+    /// and no tombstone (released, or never existed) (spec §5.5).
+    #[error(
+        "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle {handle} is invalid: the operation \
+         was not found."
+    )]
+    OperationNotFound {
+        /// The operation id.
+        handle: String,
+    },
+    /// `INVALID_HANDLE.SESSION_CHANGED`: `client_observed_server_side_session_id` differs
+    /// from the session's `server_side_session_id` (spec §1.2, §5.5).
+    #[error(
+        "[INVALID_HANDLE.SESSION_CHANGED] The handle {handle} is invalid: the server-side \
+         session changed (the server restarted or the session was recreated); reconnect."
+    )]
+    SessionChanged {
+        /// The session id.
+        handle: String,
+    },
+    /// `INVALID_HANDLE.SESSION_CLOSED`: the session was released or expired and is in the
+    /// closed-session tombstones (spec §5.6).
+    #[error(
+        "[INVALID_HANDLE.SESSION_CLOSED] The handle {handle} is invalid: the session was closed."
+    )]
+    SessionClosed {
+        /// The session id.
+        handle: String,
+    },
+    /// `INVALID_HANDLE.SESSION_NOT_FOUND`: no such `(user_id, session_id)` session
+    /// (spec §5.5).
+    #[error(
+        "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle {handle} is invalid: the session was not found."
+    )]
+    SessionNotFound {
+        /// The session id.
+        handle: String,
+    },
+    /// `INVALID_CURSOR.DISCONNECTED`: the server ended this stream because another consumer
+    /// attached, or the execution was released, abandoned or its session closed (spec §4.4).
+    /// Clients retry it by reattaching (spec §6.1).
+    #[error("[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.")]
+    Disconnected,
+    /// `INVALID_CURSOR.NOT_REATTACHABLE`: reattach or release on an execution that is not
+    /// reattachable, or whose runner has not started (spec §5.5, SPARK-49492).
+    #[error(
+        "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: the operation is not reattachable."
+    )]
+    NotReattachable,
+    /// `INVALID_CURSOR.POSITION_NOT_AVAILABLE`: the response at `index` was already released
+    /// from the retry buffer (spec §3.3, §3.5).
+    #[error(
+        "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response \
+         {response_id} at index {index} is no longer available."
+    )]
+    PositionNotAvailable {
+        /// The id of the missing response, or `<UNKNOWN>` (Spark's spelling) if not known.
+        response_id: String,
+        /// Its 1-based index in the response log.
+        index: u64,
+    },
+    /// `INVALID_CURSOR.POSITION_NOT_FOUND`: the response id was never produced by this
+    /// execution (unknown, empty, another operation's) (spec §3.4, §3.5).
+    #[error(
+        "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response {response_id} \
+         was not found."
+    )]
+    PositionNotFound {
+        /// The response id as sent.
+        response_id: String,
+    },
+    /// `OPERATION_CANCELED`: the execution was interrupted (spec §2.2 T9, §5.7). Delivered
+    /// after every earlier response.
+    #[error("[OPERATION_CANCELED] The operation was canceled.")]
+    OperationCanceled,
+    /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG` (spec §5.7).
+    #[error(
+        "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type TAG \
+         needs an operation_tag."
+    )]
+    InterruptTagRequiresTag,
+    /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID` (spec §5.7).
+    #[error(
+        "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt of \
+         type OPERATION_ID needs an operation_id."
+    )]
+    InterruptOperationIdRequiresId,
+    /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`: unspecified or unknown interrupt type
+    /// (spec §5.7).
+    #[error(
+        "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type {interrupt_type} is not supported."
+    )]
+    UnsupportedInterruptType {
+        /// The raw `interrupt_type` value.
+        interrupt_type: i32,
+    },
+    /// An ExecutePlan tag is empty or contains `,` (spec §1.2). Spark raises a plain
+    /// `IllegalArgumentException` (no condition).
+    #[error("Spark Connect tag {tag:?} is invalid: {reason}.")]
+    InvalidTag {
+        /// The tag as sent.
+        tag: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+    /// A ReleaseExecute with neither `release_all` nor `release_until` (spec §1.5). Spark
+    /// raises a plain exception (no condition).
+    #[error("Unknown ReleaseExecute type: neither release_all nor release_until is set.")]
+    UnknownReleaseType,
+    /// The execution's producer stopped without completing or failing: the execution is an
+    /// orphan and was removed (spec §2.2 T15, SPARK-50735). Spark raises a plain
+    /// `IllegalStateException` (no condition).
+    #[error("Operation {handle} was orphaned: its producer stopped without completing.")]
+    Orphaned {
+        /// The operation id.
+        handle: String,
+    },
+    /// tether-specific `EXECUTION_LIMIT_EXCEEDED`: the session already has `limit` live
+    /// executions (default 1 000). Status code `RESOURCE_EXHAUSTED`; not retried by Spark
+    /// clients. Release finished executions (ReleaseExecute(ReleaseAll)) first.
+    #[error(
+        "[EXECUTION_LIMIT_EXCEEDED] Session {session} already has {limit} live executions; \
+         release some before starting more."
+    )]
+    ExecutionLimitExceeded {
+        /// The session id.
+        session: String,
+        /// The per-session cap.
+        limit: usize,
+    },
+    /// The execution failed: the terminal error its producer reported, re-delivered to every
+    /// stream that reaches the end of the log (spec §2.2 T8, §4.2). `message` is used
+    /// verbatim as the status message (it should start with a Spark condition in brackets if
+    /// it has one).
+    #[error("{message}")]
+    Failed {
+        /// The status message.
+        message: String,
+        /// The status code category.
+        code: Code,
+    },
+}
+
+impl ConnectError {
+    /// The Spark error condition (`"INVALID_CURSOR.DISCONNECTED"`, …), or `None` for the
+    /// errors Spark raises as plain exceptions ([`InvalidTag`](Self::InvalidTag),
+    /// [`UnknownReleaseType`](Self::UnknownReleaseType), [`Orphaned`](Self::Orphaned),
+    /// [`Failed`](Self::Failed)).
+    pub fn condition(&self) -> Option<&'static str> {
+        Some(match self {
+            ConnectError::InvalidHandleFormat { .. } => "INVALID_HANDLE.FORMAT",
+            ConnectError::OperationAbandoned { .. } => "INVALID_HANDLE.OPERATION_ABANDONED",
+            ConnectError::OperationAlreadyExists { .. } => {
+                "INVALID_HANDLE.OPERATION_ALREADY_EXISTS"
+            }
+            ConnectError::OperationNotFound { .. } => "INVALID_HANDLE.OPERATION_NOT_FOUND",
+            ConnectError::SessionChanged { .. } => "INVALID_HANDLE.SESSION_CHANGED",
+            ConnectError::SessionClosed { .. } => "INVALID_HANDLE.SESSION_CLOSED",
+            ConnectError::SessionNotFound { .. } => "INVALID_HANDLE.SESSION_NOT_FOUND",
+            ConnectError::Disconnected => "INVALID_CURSOR.DISCONNECTED",
+            ConnectError::NotReattachable => "INVALID_CURSOR.NOT_REATTACHABLE",
+            ConnectError::PositionNotAvailable { .. } => "INVALID_CURSOR.POSITION_NOT_AVAILABLE",
+            ConnectError::PositionNotFound { .. } => "INVALID_CURSOR.POSITION_NOT_FOUND",
+            ConnectError::OperationCanceled => "OPERATION_CANCELED",
+            ConnectError::InterruptTagRequiresTag => {
+                "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG"
+            }
+            ConnectError::InterruptOperationIdRequiresId => {
+                "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID"
+            }
+            ConnectError::UnsupportedInterruptType { .. } => "UNSUPPORTED_FEATURE.INTERRUPT_TYPE",
+            ConnectError::ExecutionLimitExceeded { .. } => "EXECUTION_LIMIT_EXCEEDED",
+            ConnectError::InvalidTag { .. }
+            | ConnectError::UnknownReleaseType
+            | ConnectError::Orphaned { .. }
+            | ConnectError::Failed { .. } => return None,
+        })
+    }
+
+    /// The SQLSTATE Spark attaches to the condition (`HY000` for `INVALID_HANDLE.*`, `HY109`
+    /// for `INVALID_CURSOR.*`, spec §1.8), if any.
+    pub fn sql_state(&self) -> Option<&'static str> {
+        let condition = self.condition()?;
+        if condition.starts_with("INVALID_HANDLE.") {
+            Some("HY000")
+        } else if condition.starts_with("INVALID_CURSOR.") {
+            Some("HY109")
+        } else if condition == "OPERATION_CANCELED" {
+            Some("HY008")
+        } else if condition.starts_with("INVALID_PARAMETER_VALUE.") {
+            Some("22023")
+        } else if condition.starts_with("UNSUPPORTED_FEATURE.") {
+            Some("0A000")
+        } else {
+            None
+        }
+    }
+
+    /// The gRPC status code category a transport should send this error with: `INTERNAL`
+    /// (as Spark does for every recoverable server error, spec §1.8), except
+    /// [`ExecutionLimitExceeded`](Self::ExecutionLimitExceeded) (`RESOURCE_EXHAUSTED`) and
+    /// [`Failed`](Self::Failed) (the producer's code).
+    pub fn code(&self) -> Code {
+        match self {
+            ConnectError::ExecutionLimitExceeded { .. } => Code::ResourceExhausted,
+            ConnectError::Failed { code, .. } => *code,
+            _ => Code::Internal,
+        }
+    }
+
+    /// A producer-reported failure with status `INTERNAL` (see [`Failed`](Self::Failed)).
+    pub fn failed(message: impl Into<String>) -> Self {
+        ConnectError::Failed {
+            message: message.into(),
+            code: Code::Internal,
+        }
+    }
+
+    /// Finds the Spark error condition named in a status message, the way Spark clients
+    /// classify errors (substring search, spec §1.8). Returns the first of the conditions
+    /// this module knows that the message contains, longest names first so that e.g.
+    /// `INVALID_HANDLE.OPERATION_NOT_FOUND` is never mistaken for a shorter one.
+    pub fn condition_in(message: &str) -> Option<&'static str> {
+        CONDITIONS.iter().copied().find(|c| message.contains(c))
+    }
+}
+
+/// Every condition name [`ConnectError::condition`] can return, longest first (the order
+/// [`ConnectError::condition_in`] searches in).
+pub const CONDITIONS: &[&str] = &[
+    "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID",
+    "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG",
+    "INVALID_HANDLE.OPERATION_ALREADY_EXISTS",
+    "INVALID_CURSOR.POSITION_NOT_AVAILABLE",
+    "INVALID_HANDLE.OPERATION_ABANDONED",
+    "INVALID_HANDLE.OPERATION_NOT_FOUND",
+    "UNSUPPORTED_FEATURE.INTERRUPT_TYPE",
+    "INVALID_CURSOR.POSITION_NOT_FOUND",
+    "INVALID_HANDLE.SESSION_NOT_FOUND",
+    "INVALID_CURSOR.NOT_REATTACHABLE",
+    "INVALID_HANDLE.SESSION_CHANGED",
+    "INVALID_HANDLE.SESSION_CLOSED",
+    "INVALID_CURSOR.DISCONNECTED",
+    "EXECUTION_LIMIT_EXCEEDED",
+    "INVALID_HANDLE.FORMAT",
+    "OPERATION_CANCELED",
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn display_starts_with_condition() {
+        let errors = [
+            ConnectError::InvalidHandleFormat { handle: "x".into() },
+            ConnectError::OperationAbandoned { handle: "x".into() },
+            ConnectError::OperationAlreadyExists { handle: "x".into() },
+            ConnectError::OperationNotFound { handle: "x".into() },
+            ConnectError::SessionChanged { handle: "x".into() },
+            ConnectError::SessionClosed { handle: "x".into() },
+            ConnectError::SessionNotFound { handle: "x".into() },
+            ConnectError::Disconnected,
+            ConnectError::NotReattachable,
+            ConnectError::PositionNotAvailable {
+                response_id: "r".into(),
+                index: 3,
+            },
+            ConnectError::PositionNotFound {
+                response_id: "r".into(),
+            },
+            ConnectError::OperationCanceled,
+            ConnectError::InterruptTagRequiresTag,
+            ConnectError::InterruptOperationIdRequiresId,
+            ConnectError::UnsupportedInterruptType { interrupt_type: 9 },
+            ConnectError::ExecutionLimitExceeded {
+                session: "s".into(),
+                limit: 1,
+            },
+        ];
+        for e in errors {
+            let c = e.condition().unwrap();
+            assert!(e.to_string().starts_with(&format!("[{c}] ")), "{e}");
+            assert_eq!(ConnectError::condition_in(&e.to_string()), Some(c));
+            assert!(CONDITIONS.contains(&c));
+        }
+        assert_eq!(ConnectError::UnknownReleaseType.condition(), None);
+        assert_eq!(ConnectError::failed("boom").to_string(), "boom");
+    }
+
+    #[test]
+    fn codes_and_states() {
+        assert_eq!(ConnectError::Disconnected.code(), Code::Internal);
+        assert_eq!(ConnectError::Disconnected.sql_state(), Some("HY109"));
+        assert_eq!(
+            ConnectError::SessionNotFound { handle: "s".into() }.sql_state(),
+            Some("HY000")
+        );
+        assert_eq!(
+            ConnectError::ExecutionLimitExceeded {
+                session: "s".into(),
+                limit: 1
+            }
+            .code(),
+            Code::ResourceExhausted
+        );
+        assert_eq!(Code::Unavailable.to_string(), "UNAVAILABLE");
+        assert!(CONDITIONS.windows(2).all(|w| w[0].len() >= w[1].len()));
+    }
+}

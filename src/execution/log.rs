@@ -1,0 +1,729 @@
+//! The per-execution response log and retry buffer (reattach spec §3).
+//!
+//! [`ResponseLog`] is pure data: no locks, no clock, no I/O. The execution core
+//! ([`ExecutionCore`](super::ExecutionCore)) drives it; property tests drive it directly.
+//!
+//! ```text
+//!   index:   1 … first-1 │ first … highest_consumed │ highest_consumed+1 … last_produced │ final?
+//!            released    │ retained (retry buffer)   │ unsent (bounded, producer waits)   │
+//! ```
+//!
+//! - Indexes start at 1 and are consecutive. Every response gets a fresh UUID v4
+//!   `response_id`; the id → index map (and index → id) is kept for the execution's lifetime,
+//!   only payloads are released (spec §3.1).
+//! - Responses are always released as a prefix (automatic policy on consume, `ReleaseUntil`),
+//!   so the retained responses are one contiguous range and every lookup is O(1): an index
+//!   is an offset into a ring buffer, an id is one hash lookup. Nothing scans.
+//! - Automatic release (spec §3.4) uses running byte totals, so it costs O(1) amortised per
+//!   released response instead of Spark's walk over the whole budget.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+
+use uuid::Uuid;
+
+use super::error::ConnectError;
+use crate::wire::connect::ExecutePlanResponse;
+
+/// Spark's placeholder for an unknown response id in `POSITION_NOT_AVAILABLE`.
+const UNKNOWN_ID: &str = "<UNKNOWN>";
+
+/// Bounds of one [`ResponseLog`] (spec §3.1, §3.4). Sizes are encoded protobuf sizes in
+/// bytes (`ExecutePlanResponse::encoded_len` after the ids are stamped).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct LogConfig {
+    /// Retry budget in bytes: how much of the already-consumed responses is kept for
+    /// backtracking (Spark's `observerRetryBufferSize`, default 10 MiB; 0 for
+    /// non-reattachable executions). See [`ResponseLog::consume`] for the exact policy.
+    pub retry_budget: u64,
+    /// Most bytes of produced-but-unsent responses before the producer must wait (default
+    /// 64 MiB). A single response larger than this is admitted once nothing else is unsent,
+    /// so a producer never deadlocks.
+    pub max_unsent_bytes: u64,
+    /// Most produced-but-unsent responses before the producer must wait (default 100 000;
+    /// values below 1 act as 1).
+    pub max_unsent_responses: usize,
+}
+
+impl LogConfig {
+    /// The defaults for a reattachable execution: 10 MiB retry budget, 64 MiB / 100 000
+    /// unsent responses.
+    pub const REATTACHABLE: LogConfig = LogConfig {
+        retry_budget: 10 * 1024 * 1024,
+        max_unsent_bytes: 64 * 1024 * 1024,
+        max_unsent_responses: 100_000,
+    };
+
+    /// The defaults for a non-reattachable execution: budget 0 ("ack on send": a response
+    /// is released when the next one is consumed), 64 MiB / 100 000 unsent responses.
+    pub const NON_REATTACHABLE: LogConfig = LogConfig {
+        retry_budget: 0,
+        ..LogConfig::REATTACHABLE
+    };
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        LogConfig::REATTACHABLE
+    }
+}
+
+/// The identifiers stamped on every response of one execution (spec §3.2). Shared
+/// strings, so the executions of one session share their session ids.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Stamp {
+    /// The client's session id, echoed as sent in the ExecutePlan.
+    pub session_id: Arc<str>,
+    /// The session's server-generated id.
+    pub server_side_session_id: Arc<str>,
+    /// The canonical (lower-case) operation id.
+    pub operation_id: Arc<str>,
+}
+
+impl Default for Stamp {
+    fn default() -> Self {
+        let empty: Arc<str> = Arc::from("");
+        Stamp {
+            session_id: empty.clone(),
+            server_side_session_id: empty.clone(),
+            operation_id: empty,
+        }
+    }
+}
+
+/// Why [`ResponseLog::push`] refused a response. The response is handed back.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PushError {
+    /// The unsent bound is reached; retry after the consumer made progress (backpressure).
+    #[error("the unsent-response bound is reached; wait for the consumer")]
+    WouldBlock(Box<ExecutePlanResponse>),
+    /// The log is finished (completed or failed): nothing may follow the final index
+    /// (spec §3.2).
+    #[error("the response log is finished; nothing can be appended after the final index")]
+    Finished(Box<ExecutePlanResponse>),
+}
+
+/// [`ResponseLog::finish`] or [`ResponseLog::fail`] on a log that is already finished
+/// (Spark: completing twice is an illegal state, spec §3.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the response log is already finished")]
+pub struct AlreadyFinished;
+
+/// What a consumer gets for the index it asks for ([`ResponseLog::consume`], spec §3.3).
+#[allow(
+    clippy::large_enum_variant,
+    reason = "the response is the hot path; boxing it would allocate once per response"
+)]
+#[derive(Debug, Clone, PartialEq)]
+pub enum Consumed {
+    /// The response at that index, and its encoded size in bytes.
+    Response(ExecutePlanResponse, u64),
+    /// Not produced yet: wait for the producer.
+    Pending,
+    /// The log is finished and every response was consumed: end the stream, with the
+    /// stored terminal error if the execution failed (spec §3.3 case 3).
+    End(Option<ConnectError>),
+}
+
+#[derive(Debug, Clone)]
+struct Entry {
+    response: ExecutePlanResponse,
+    size: u64,
+    /// Bytes of every response with an index ≤ this one (over the log's lifetime).
+    cumulative: u64,
+}
+
+/// The response log of one execution: responses by index, the retry buffer and the unsent
+/// bound (spec §3). See the [module docs](self) for the layout.
+#[derive(Debug)]
+pub struct ResponseLog {
+    config: LogConfig,
+    stamp: Stamp,
+    /// `ids[i - 1]` is the id of index `i`, for every produced response.
+    ids: Vec<Uuid>,
+    index_of: HashMap<Uuid, u64>,
+    /// Indexes `first ..= last_produced`.
+    entries: VecDeque<Entry>,
+    first: u64,
+    /// Cumulative bytes of every response before `first`.
+    cumulative_before_first: u64,
+    highest_consumed: u64,
+    final_index: Option<u64>,
+    error: Option<ConnectError>,
+    peak_retained: u64,
+    peak_unsent: u64,
+}
+
+impl ResponseLog {
+    /// An empty log stamping `stamp` on every response.
+    pub fn new(config: LogConfig, stamp: Stamp) -> Self {
+        ResponseLog {
+            config,
+            stamp,
+            ids: Vec::new(),
+            index_of: HashMap::new(),
+            entries: VecDeque::new(),
+            first: 1,
+            cumulative_before_first: 0,
+            highest_consumed: 0,
+            final_index: None,
+            error: None,
+            peak_retained: 0,
+            peak_unsent: 0,
+        }
+    }
+
+    /// The log's bounds.
+    pub fn config(&self) -> &LogConfig {
+        &self.config
+    }
+
+    /// The ids stamped on each response.
+    pub fn stamp(&self) -> &Stamp {
+        &self.stamp
+    }
+
+    /// Index of the last produced response (0 before the first).
+    pub fn last_produced(&self) -> u64 {
+        self.ids.len() as u64
+    }
+
+    /// Highest index handed to any consumer (0 before the first).
+    pub fn highest_consumed(&self) -> u64 {
+        self.highest_consumed
+    }
+
+    /// The lowest index still held; `last_produced() + 1` when nothing is held. Every index
+    /// below it was released.
+    pub fn first_retained(&self) -> u64 {
+        self.first
+    }
+
+    /// The final index once the log is finished (completed or failed), else `None`.
+    pub fn final_index(&self) -> Option<u64> {
+        self.final_index
+    }
+
+    /// Whether the log is finished: nothing more will be appended.
+    pub fn is_finished(&self) -> bool {
+        self.final_index.is_some()
+    }
+
+    /// The stored terminal error, if the execution failed or was interrupted.
+    pub fn terminal_error(&self) -> Option<&ConnectError> {
+        self.error.as_ref()
+    }
+
+    fn unsent_start(&self) -> u64 {
+        self.first.max(self.highest_consumed + 1)
+    }
+
+    fn cumulative_through(&self, index: u64) -> u64 {
+        if index < self.first {
+            self.cumulative_before_first
+        } else {
+            self.entries[(index - self.first) as usize].cumulative
+        }
+    }
+
+    /// Bytes of the held responses that were already handed to a consumer (the retry
+    /// buffer).
+    pub fn retained_bytes(&self) -> u64 {
+        let end = self.highest_consumed.min(self.last_produced());
+        if end < self.first {
+            return 0;
+        }
+        self.cumulative_through(end) - self.cumulative_before_first
+    }
+
+    /// Number of held responses already handed to a consumer.
+    pub fn retained_len(&self) -> usize {
+        (self.unsent_start() - self.first) as usize
+    }
+
+    /// Bytes of the produced responses not yet handed to any consumer.
+    pub fn unsent_bytes(&self) -> u64 {
+        let start = self.unsent_start();
+        let last = self.last_produced();
+        if start > last {
+            return 0;
+        }
+        self.cumulative_through(last) - self.cumulative_through(start - 1)
+    }
+
+    /// Number of produced responses not yet handed to any consumer.
+    pub fn unsent_len(&self) -> usize {
+        (self.last_produced() + 1 - self.unsent_start()) as usize
+    }
+
+    /// Highest [`retained_bytes`](Self::retained_bytes) seen after any operation.
+    pub fn peak_retained_bytes(&self) -> u64 {
+        self.peak_retained
+    }
+
+    /// Highest [`unsent_bytes`](Self::unsent_bytes) seen after any operation.
+    pub fn peak_unsent_bytes(&self) -> u64 {
+        self.peak_unsent
+    }
+
+    /// Every response id produced so far and its index, in order (for tests and tooling;
+    /// O(n)).
+    pub fn produced_ids(&self) -> impl Iterator<Item = (u64, Uuid)> + '_ {
+        self.ids
+            .iter()
+            .enumerate()
+            .map(|(i, id)| (i as u64 + 1, *id))
+    }
+
+    /// The index of a produced response id; `None` if this log never produced it.
+    /// Accepts any UUID spelling (tether normalises ids, spec §1.9).
+    pub fn index_of(&self, response_id: &str) -> Option<u64> {
+        let id = Uuid::try_parse(response_id).ok()?;
+        self.index_of.get(&id).copied()
+    }
+
+    /// The id of a produced index (released or not).
+    pub fn id_at(&self, index: u64) -> Option<Uuid> {
+        let i = usize::try_from(index.checked_sub(1)?).ok()?;
+        self.ids.get(i).copied()
+    }
+
+    /// Whether a response of `size` bytes would have to wait for the consumer (spec §3;
+    /// tether's unsent bound). Always `false` when nothing is unsent.
+    pub fn would_block(&self, size: u64) -> bool {
+        let unsent = self.unsent_len();
+        unsent > 0
+            && (unsent >= self.config.max_unsent_responses.max(1)
+                || self.unsent_bytes().saturating_add(size) > self.config.max_unsent_bytes)
+    }
+
+    /// The size `response` will have once stamped (what [`would_block`](Self::would_block)
+    /// and the budgets count).
+    pub fn stamped_len(&self, response: &ExecutePlanResponse) -> u64 {
+        let mut r = response.clone();
+        self.stamp_into(&mut r, Uuid::nil());
+        prost::Message::encoded_len(&r) as u64
+    }
+
+    fn stamp_into(&self, response: &mut ExecutePlanResponse, id: Uuid) {
+        fn set(field: &mut String, value: &str) {
+            field.clear();
+            field.push_str(value);
+        }
+        set(&mut response.session_id, &self.stamp.session_id);
+        set(
+            &mut response.server_side_session_id,
+            &self.stamp.server_side_session_id,
+        );
+        set(&mut response.operation_id, &self.stamp.operation_id);
+        let mut buf = uuid::Uuid::encode_buffer();
+        set(
+            &mut response.response_id,
+            id.hyphenated().encode_lower(&mut buf),
+        );
+    }
+
+    /// Appends a response (spec §3.2): stamps `session_id`, `server_side_session_id`,
+    /// `operation_id` and a fresh UUID v4 `response_id`, and gives it the next index.
+    /// Returns that index.
+    ///
+    /// # Errors
+    /// [`PushError::Finished`] after [`finish`](Self::finish)/[`fail`](Self::fail);
+    /// [`PushError::WouldBlock`] when the unsent bound is reached. Either way the response
+    /// is handed back unchanged.
+    pub fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, PushError> {
+        if self.is_finished() {
+            return Err(PushError::Finished(Box::new(response)));
+        }
+        let id = Uuid::new_v4();
+        let mut stamped = response;
+        self.stamp_into(&mut stamped, id);
+        let size = prost::Message::encoded_len(&stamped) as u64;
+        if self.would_block(size) {
+            stamped.response_id.clear();
+            return Err(PushError::WouldBlock(Box::new(stamped)));
+        }
+        Ok(self.append(stamped, id, size))
+    }
+
+    fn append(&mut self, response: ExecutePlanResponse, id: Uuid, size: u64) -> u64 {
+        let index = self.last_produced() + 1;
+        let cumulative = self.cumulative_through(index - 1) + size;
+        self.ids.push(id);
+        self.index_of.insert(id, index);
+        self.entries.push_back(Entry {
+            response,
+            size,
+            cumulative,
+        });
+        self.peak_unsent = self.peak_unsent.max(self.unsent_bytes());
+        index
+    }
+
+    /// Finishes the log successfully (spec §2.2 T7). With `result_complete` (reattachable
+    /// executions) a `ResultComplete` response is appended in the same step, bypassing the
+    /// unsent bound, and is the final index; without it the last produced index is final.
+    ///
+    /// # Errors
+    /// [`AlreadyFinished`] if the log was already finished.
+    pub fn finish(&mut self, result_complete: bool) -> Result<(), AlreadyFinished> {
+        if self.is_finished() {
+            return Err(AlreadyFinished);
+        }
+        if result_complete {
+            let id = Uuid::new_v4();
+            let mut r = ExecutePlanResponse::result_complete();
+            self.stamp_into(&mut r, id);
+            let size = prost::Message::encoded_len(&r) as u64;
+            self.append(r, id, size);
+        }
+        self.final_index = Some(self.last_produced());
+        Ok(())
+    }
+
+    /// Finishes the log with a terminal error (spec §3.2 `onError`): the last produced index
+    /// becomes final and `error` is delivered after it to every consumer that reaches the
+    /// end.
+    ///
+    /// # Errors
+    /// [`AlreadyFinished`] if the log was already finished.
+    pub fn fail(&mut self, error: ConnectError) -> Result<(), AlreadyFinished> {
+        if self.is_finished() {
+            return Err(AlreadyFinished);
+        }
+        self.error = Some(error);
+        self.final_index = Some(self.last_produced());
+        Ok(())
+    }
+
+    /// The error for a consumer asking for a released `index` (spec §3.3 case 2).
+    pub fn not_available(&self, index: u64) -> ConnectError {
+        ConnectError::PositionNotAvailable {
+            response_id: self
+                .id_at(index)
+                .map(|id| id.hyphenated().to_string())
+                .unwrap_or_else(|| UNKNOWN_ID.to_owned()),
+            index,
+        }
+    }
+
+    /// Hands the response at `index` to a consumer (spec §3.3) and applies the automatic
+    /// release policy (spec §3.4): walking back from `index - 1`, responses are kept while
+    /// the kept bytes are below the retry budget; everything older is released. So with a
+    /// budget > 0 the previously consumed response is always kept (and at most one kept
+    /// response straddles the budget); with budget 0 everything before `index` is released.
+    /// `index` itself is never released by consuming it.
+    ///
+    /// # Errors
+    /// `INVALID_CURSOR.POSITION_NOT_AVAILABLE` if `index` was released.
+    pub fn consume(&mut self, index: u64) -> Result<Consumed, ConnectError> {
+        let index = index.max(1);
+        let last = self.last_produced();
+        if index > last {
+            return Ok(match self.final_index {
+                Some(_) => Consumed::End(self.error.clone()),
+                None => Consumed::Pending,
+            });
+        }
+        if index < self.first {
+            return Err(self.not_available(index));
+        }
+        let entry = &self.entries[(index - self.first) as usize];
+        let out = Consumed::Response(entry.response.clone(), entry.size);
+        if index > self.highest_consumed {
+            self.highest_consumed = index;
+        }
+        // Automatic release: drop the front while the kept responses strictly after it
+        // (up to index - 1) still reach the budget.
+        let through = self.cumulative_through(index - 1);
+        while self.first < index {
+            let front_cumulative = self.entries[0].cumulative;
+            if through - front_cumulative >= self.config.retry_budget {
+                self.pop_front();
+            } else {
+                break;
+            }
+        }
+        self.peak_retained = self.peak_retained.max(self.retained_bytes());
+        Ok(out)
+    }
+
+    fn pop_front(&mut self) {
+        if let Some(e) = self.entries.pop_front() {
+            self.cumulative_before_first = e.cumulative;
+            self.first += 1;
+        }
+    }
+
+    /// `ReleaseUntil(response_id)` (spec §3.4): releases that response and everything before
+    /// it. Releasing an already released position is a no-op.
+    ///
+    /// # Errors
+    /// `INVALID_CURSOR.POSITION_NOT_FOUND` if the id was never produced, or was produced but
+    /// never handed to any consumer (a client cannot know such an id; tether refuses it so
+    /// that an unsent response is never released).
+    pub fn release_until(&mut self, response_id: &str) -> Result<u64, ConnectError> {
+        let index = self.known_consumed(response_id)?;
+        while self.first <= index && !self.entries.is_empty() {
+            self.pop_front();
+        }
+        Ok(index)
+    }
+
+    fn known_consumed(&self, response_id: &str) -> Result<u64, ConnectError> {
+        match self.index_of(response_id) {
+            Some(i) if i <= self.highest_consumed => Ok(i),
+            _ => Err(ConnectError::PositionNotFound {
+                response_id: response_id.to_owned(),
+            }),
+        }
+    }
+
+    /// Where a reattach resumes (spec §3.5): `None` → index 1; a known id → the next index.
+    /// Whether that index is still available is decided when it is consumed
+    /// ([`consume`](Self::consume) → `POSITION_NOT_AVAILABLE`); past the final index the
+    /// consumer ends at once (complete, or the stored terminal error).
+    ///
+    /// # Errors
+    /// `INVALID_CURSOR.POSITION_NOT_FOUND` for an unknown id, an empty string, an id of
+    /// another execution, or an id never handed to a consumer.
+    pub fn position(&self, last_response_id: Option<&str>) -> Result<u64, ConnectError> {
+        match last_response_id {
+            None => Ok(1),
+            Some(id) => Ok(self.known_consumed(id)? + 1),
+        }
+    }
+
+    /// Whether `index` can still be consumed (not released), i.e. whether
+    /// [`consume`](Self::consume) would not fail with `POSITION_NOT_AVAILABLE`.
+    pub fn is_available(&self, index: u64) -> bool {
+        index >= self.first || index > self.last_produced()
+    }
+
+    /// Drops every held response (execution closed, spec §2.2 T12). Ids stay known.
+    pub fn clear(&mut self) {
+        while !self.entries.is_empty() {
+            self.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bytes::Bytes;
+
+    fn batch(n: usize) -> ExecutePlanResponse {
+        ExecutePlanResponse::arrow_batch(1, Bytes::from(vec![7u8; n]))
+    }
+
+    fn log(budget: u64) -> ResponseLog {
+        ResponseLog::new(
+            LogConfig {
+                retry_budget: budget,
+                max_unsent_bytes: 1 << 20,
+                max_unsent_responses: 1000,
+            },
+            Stamp {
+                session_id: Arc::from("s"),
+                server_side_session_id: Arc::from("ss"),
+                operation_id: Arc::from("op"),
+            },
+        )
+    }
+
+    fn take(l: &mut ResponseLog, i: u64) -> ExecutePlanResponse {
+        match l.consume(i).unwrap() {
+            Consumed::Response(r, _) => r,
+            other => panic!("expected response at {i}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn indexes_ids_and_stamps() {
+        let mut l = log(0);
+        assert_eq!(l.push(batch(10)).unwrap(), 1);
+        assert_eq!(l.push(batch(10)).unwrap(), 2);
+        let r = take(&mut l, 1);
+        assert_eq!(r.operation_id, "op");
+        assert_eq!(r.session_id, "s");
+        assert_eq!(r.server_side_session_id, "ss");
+        let id = Uuid::parse_str(&r.response_id).unwrap();
+        assert_eq!(id.get_version_num(), 4);
+        assert_eq!(l.index_of(&r.response_id), Some(1));
+        assert_eq!(l.index_of(&r.response_id.to_uppercase()), Some(1));
+        assert_ne!(l.id_at(1), l.id_at(2));
+    }
+
+    #[test]
+    fn budget_zero_is_ack_on_send() {
+        let mut l = log(0);
+        for _ in 0..3 {
+            l.push(batch(10)).unwrap();
+        }
+        take(&mut l, 1);
+        assert_eq!(l.first_retained(), 1);
+        take(&mut l, 2);
+        assert_eq!(l.first_retained(), 2);
+        assert!(matches!(
+            l.consume(1),
+            Err(ConnectError::PositionNotAvailable { index: 1, .. })
+        ));
+    }
+
+    #[test]
+    fn budget_keeps_previous_and_straddler() {
+        let mut l = log(25);
+        for _ in 0..6 {
+            l.push(batch(10)).unwrap();
+        }
+        let size = l.entries[0].size;
+        assert!(size > 10);
+        for i in 1..=6 {
+            take(&mut l, i);
+        }
+        // keep the minimal suffix before 6 whose total reaches the budget
+        let kept = 5 - l.first_retained() + 1;
+        let kept_bytes = kept * size;
+        assert!(kept_bytes >= 25);
+        assert!(kept_bytes - size < 25);
+        // a budget smaller than one response still keeps the previous one
+        let mut l = log(1);
+        for _ in 0..3 {
+            l.push(batch(10)).unwrap();
+        }
+        for i in 1..=3 {
+            take(&mut l, i);
+        }
+        assert_eq!(l.first_retained(), 2);
+    }
+
+    #[test]
+    fn budget_boundary_matches_spark_walk() {
+        // Spark walks back from index - 1 while the running total is below the budget and
+        // releases everything from the first index where it was already reached: with a
+        // budget of exactly two responses, consuming 4 keeps 2 and 3.
+        let mut l = log(0);
+        l.push(batch(10)).unwrap();
+        let size = l.entries[0].size;
+        let mut l = log(2 * size);
+        for _ in 0..5 {
+            l.push(batch(10)).unwrap();
+        }
+        for i in 1..=3 {
+            take(&mut l, i);
+        }
+        assert_eq!(l.first_retained(), 1);
+        take(&mut l, 4);
+        assert_eq!(l.first_retained(), 2);
+        assert_eq!(l.retained_bytes(), 3 * size);
+        let mut l = log(2 * size + 1);
+        for _ in 0..5 {
+            l.push(batch(10)).unwrap();
+        }
+        for i in 1..=4 {
+            take(&mut l, i);
+        }
+        assert_eq!(l.first_retained(), 1);
+    }
+
+    #[test]
+    fn release_until_and_positions() {
+        let mut l = log(1 << 20);
+        for _ in 0..5 {
+            l.push(batch(10)).unwrap();
+        }
+        let r1 = take(&mut l, 1).response_id;
+        let r2 = take(&mut l, 2).response_id;
+        assert_eq!(l.position(None).unwrap(), 1);
+        assert_eq!(l.position(Some(&r1)).unwrap(), 2);
+        assert!(matches!(
+            l.position(Some("")),
+            Err(ConnectError::PositionNotFound { .. })
+        ));
+        // an id produced but never consumed is unknown to any client
+        let r4 = l.id_at(4).unwrap().to_string();
+        assert!(l.position(Some(&r4)).is_err());
+        assert!(l.release_until(&r4).is_err());
+        assert_eq!(l.release_until(&r1).unwrap(), 1);
+        assert_eq!(l.first_retained(), 2);
+        assert!(l.release_until(&r1).is_ok());
+        // reattach after r1 works (only the next index must be held)
+        assert_eq!(take(&mut l, 2).response_id, r2);
+        l.release_until(&r2).unwrap();
+        let e = l.consume(2).unwrap_err();
+        assert_eq!(
+            e,
+            ConnectError::PositionNotAvailable {
+                response_id: r2.clone(),
+                index: 2
+            }
+        );
+        assert!(matches!(
+            l.release_until("nope"),
+            Err(ConnectError::PositionNotFound { .. })
+        ));
+    }
+
+    #[test]
+    fn finish_appends_result_complete_atomically() {
+        let mut l = log(0);
+        l.push(batch(1)).unwrap();
+        l.finish(true).unwrap();
+        assert_eq!(l.final_index(), Some(2));
+        assert!(matches!(l.push(batch(1)), Err(PushError::Finished(_))));
+        assert_eq!(l.finish(true), Err(AlreadyFinished));
+        take(&mut l, 1);
+        assert!(take(&mut l, 2).is_result_complete());
+        assert_eq!(l.consume(3).unwrap(), Consumed::End(None));
+    }
+
+    #[test]
+    fn fail_redelivers_error_at_end() {
+        let mut l = log(100);
+        l.push(batch(1)).unwrap();
+        l.fail(ConnectError::OperationCanceled).unwrap();
+        take(&mut l, 1);
+        assert_eq!(
+            l.consume(2).unwrap(),
+            Consumed::End(Some(ConnectError::OperationCanceled))
+        );
+        assert_eq!(
+            l.consume(2).unwrap(),
+            Consumed::End(Some(ConnectError::OperationCanceled))
+        );
+    }
+
+    #[test]
+    fn unsent_bound_blocks_and_large_response_passes_alone() {
+        let mut l = ResponseLog::new(
+            LogConfig {
+                retry_budget: 0,
+                max_unsent_bytes: 1000,
+                max_unsent_responses: 3,
+            },
+            Stamp::default(),
+        );
+        assert_eq!(l.push(batch(2000)).unwrap(), 1); // alone: admitted
+        assert!(matches!(l.push(batch(1)), Err(PushError::WouldBlock(_))));
+        take(&mut l, 1);
+        for _ in 0..3 {
+            l.push(batch(1)).unwrap();
+        }
+        assert!(l.would_block(1));
+        assert!(matches!(l.push(batch(1)), Err(PushError::WouldBlock(_))));
+        assert_eq!(l.unsent_len(), 3);
+        take(&mut l, 2);
+        assert!(!l.would_block(1));
+    }
+
+    #[test]
+    fn clear_keeps_ids() {
+        let mut l = log(100);
+        l.push(batch(1)).unwrap();
+        let r = take(&mut l, 1).response_id;
+        l.clear();
+        assert_eq!(l.index_of(&r), Some(1));
+        assert!(l.consume(1).is_err());
+    }
+}

@@ -1,0 +1,100 @@
+//! Reattachable executions, server side (Spark Connect; reference
+//! `spec/reattach-protocol.md`, section numbers below refer to it).
+//!
+//! A client starts a query with `ExecutePlan(reattachable = true)`; the server keeps every
+//! produced response in a per-execution log with a UUID `response_id` and a 1-based index,
+//! and streams the log to whichever RPC is attached. Streams rotate gracefully (2 min /
+//! 1 GiB) and break; the client resumes with `ReattachExecute(last_response_id)`,
+//! acknowledges with `ReleaseExecute(ReleaseUntil)` and frees everything with `ReleaseAll`.
+//! Executions left detached are abandoned after 5 minutes and remembered in tombstones.
+//!
+//! ```text
+//!                 ExecutePlan                       ReattachExecute(last_response_id)
+//!   client ───────────────┐                 ┌──────────────── client (new RPC)
+//!                         ▼                 ▼
+//!   ┌─────────────── ExecutionManager: sessions (user, session) ─ tombstones ──────────┐
+//!   │  execution (user, session, operation)                                             │
+//!   │   Producer ──push──► ResponseLog [1 … first │ retained … │ unsent … last] ──►     │
+//!   │   (backpressure)      id→index map, retry budget, final index     one attached    │
+//!   │                                                                   ResponseStream  │
+//!   └──────────────── maintain(): detached > 5 min → abandoned, idle session → closed ─┘
+//! ```
+//!
+//! Layers, as for worker sessions:
+//!
+//! - Sans-IO cores, time passed in: [`ResponseLog`] (spec §3) and [`ExecutionCore`]
+//!   (runner states §2.1, the sender rules of §4: one consumer, preemption, rotation).
+//! - The async driver: [`ResponseStream`] (a consumer; `Stream` of responses, or
+//!   [`ResponseStream::forward`] into a `Sink`), [`Producer`] (appends, waits on
+//!   backpressure, finishes exactly once).
+//! - The registry: [`ExecutionManager`] with the wire-level RPC handlers
+//!   ([`execute_plan`](ExecutionManager::execute_plan),
+//!   [`reattach_execute`](ExecutionManager::reattach_execute),
+//!   [`release_execute`](ExecutionManager::release_execute),
+//!   [`interrupt`](ExecutionManager::interrupt),
+//!   [`release_session`](ExecutionManager::release_session)) and the maintenance pass.
+//! - Typestates: [`Execution<S, K>`](Execution) with `Init`, `Streaming`, `Finishing`,
+//!   `Cancelling`, `Terminated`; a [`NonReattachable`] execution has no reattach or release
+//!   API at all.
+//!
+//! Errors are [`ConnectError`]s whose `Display` starts with Spark's condition
+//! (`[INVALID_CURSOR.DISCONNECTED] …`) and whose [`code`](ConnectError::code) is the gRPC
+//! status category to send.
+//!
+//! A minimal server loop for one ExecutePlan (any transport):
+//!
+//! ```
+//! # use std::sync::Arc;
+//! # use futures::StreamExt;
+//! use tether::execution::{ExecutionManager, ManagerConfig, ManualClock};
+//! use tether::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, UserContext, Plan};
+//! use tether::wire::connect::execute_plan_request::RequestOption;
+//!
+//! # futures::executor::block_on(async {
+//! let manager = ExecutionManager::with_clock(ManagerConfig::default(), Arc::new(ManualClock::new()));
+//! let request = ExecutePlanRequest {
+//!     session_id: "00112233-4455-6677-8899-aabbccddeeff".into(),
+//!     user_context: Some(UserContext::new("alice")),
+//!     plan: Some(Plan::root(&b"...relation..."[..])),
+//!     request_options: vec![RequestOption::reattach(true)],
+//!     ..Default::default()
+//! };
+//! let (producer, mut stream) = manager.execute_plan(&request)?.start();
+//! let mut producer = producer.expect("a new execution");
+//! producer.push(ExecutePlanResponse::arrow_batch(1, &b"arrow"[..])).await?;
+//! producer.finish()?;
+//! let first = stream.next().await.unwrap()?;
+//! let last = stream.next().await.unwrap()?;
+//! assert!(last.is_result_complete());
+//! assert!(stream.next().await.is_none());
+//! # let _ = first;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # }).unwrap();
+//! ```
+
+pub mod client;
+pub mod clock;
+pub mod core;
+pub mod error;
+pub mod log;
+mod lru;
+pub mod manager;
+pub mod stream;
+pub mod typed;
+
+pub use self::core::{
+    ConsumerEvent, ConsumerId, ExecutionCore, Phase, ProduceError, Removal, RunnerState, StreamEnd,
+    StreamLimits,
+};
+pub use clock::ManualClock;
+pub use error::{CONDITIONS, Code, ConnectError};
+pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
+pub use manager::{
+    ExecuteKey, ExecutionManager, MaintenanceReport, ManagerConfig, ManagerStats, SessionKey,
+    Submitted,
+};
+pub use stream::{ForwardError, Producer, ResponseStream};
+pub use typed::{
+    AnyExecution, Execution, ExecutionOutcome, Kind, Lookup, NonReattachable, Reattachable,
+    RunOutcome, state,
+};

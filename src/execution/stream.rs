@@ -1,0 +1,610 @@
+//! The async driver of one execution: the consumer side ([`ResponseStream`]) and the producer
+//! side ([`Producer`]) over a shared, locked [`ExecutionCore`] (reattach spec §3, §4).
+//!
+//! Every call locks the execution, runs one core step with the clock's `now`, and wakes the
+//! tasks the step may have unblocked after unlocking (a consumer when a response, a terminal
+//! or a preemption arrives; the producer when unsent responses were consumed or it must
+//! stop). Wake-ups are registered under the same lock as the check, so none is lost.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+use futures::future::poll_fn;
+use futures::{Sink, Stream};
+
+use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, StreamEnd};
+use super::error::ConnectError;
+use super::manager::{ExecuteKey, ManagerInner};
+use crate::wire::connect::{ExecutePlanResponse, Plan};
+use crate::worker::Timer;
+
+type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// State shared by everything that refers to one registered execution.
+pub(crate) struct ExecShared {
+    pub(crate) key: ExecuteKey,
+    pub(crate) operation_id: Arc<str>,
+    pub(crate) reattachable: bool,
+    pub(crate) tags: Box<[String]>,
+    pub(crate) plan: Option<Plan>,
+    pub(crate) clock: Arc<dyn Timer>,
+    pub(crate) manager: Weak<ManagerInner>,
+    state: Mutex<ExecState>,
+}
+
+pub(crate) struct ExecState {
+    pub(crate) core: ExecutionCore,
+    consumer_waker: Option<(ConsumerId, Waker)>,
+    producer_waker: Option<Waker>,
+    watchers: Vec<Waker>,
+}
+
+/// Wakers collected under a lock, woken after it is released.
+#[derive(Default)]
+pub(crate) struct Wakes(Vec<Waker>);
+
+impl Wakes {
+    pub(crate) fn push(&mut self, w: Option<Waker>) {
+        if let Some(w) = w {
+            self.0.push(w);
+        }
+    }
+
+    pub(crate) fn wake(self) {
+        self.0.into_iter().for_each(Waker::wake);
+    }
+}
+
+impl ExecState {
+    pub(crate) fn take_consumer(&mut self) -> Option<Waker> {
+        self.consumer_waker.take().map(|(_, w)| w)
+    }
+
+    pub(crate) fn take_producer(&mut self) -> Option<Waker> {
+        self.producer_waker.take()
+    }
+
+    /// Every registered waker: after a step that may change the phase.
+    pub(crate) fn take_all(&mut self, wakes: &mut Wakes) {
+        wakes.push(self.take_consumer());
+        wakes.push(self.take_producer());
+        wakes.0.append(&mut self.watchers);
+    }
+
+    pub(crate) fn watch(&mut self, waker: &Waker) {
+        if !self.watchers.iter().any(|w| w.will_wake(waker)) {
+            self.watchers.push(waker.clone());
+        }
+    }
+}
+
+impl ExecShared {
+    pub(crate) fn new(
+        key: ExecuteKey,
+        core: ExecutionCore,
+        tags: Box<[String]>,
+        plan: Option<Plan>,
+        clock: Arc<dyn Timer>,
+        manager: Weak<ManagerInner>,
+    ) -> Self {
+        ExecShared {
+            operation_id: core.log().stamp().operation_id.clone(),
+            reattachable: core.is_reattachable(),
+            key,
+            tags,
+            plan,
+            clock,
+            manager,
+            state: Mutex::new(ExecState {
+                core,
+                consumer_waker: None,
+                producer_waker: None,
+                watchers: Vec::new(),
+            }),
+        }
+    }
+
+    pub(crate) fn lock(&self) -> MutexGuard<'_, ExecState> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        self.clock.now()
+    }
+
+    /// Removes a non-reattachable execution whose only consumer ended (spec §2.2 T14).
+    fn release_non_reattachable(self: &Arc<Self>) {
+        if !self.reattachable
+            && let Some(m) = self.manager.upgrade()
+        {
+            m.remove_execution(self, super::core::Removal::Released);
+        }
+    }
+}
+
+impl fmt::Debug for ExecShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Execution")
+            .field("key", &self.key)
+            .field("reattachable", &self.reattachable)
+            .field("phase", &self.lock().core.phase())
+            .finish()
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Consumer
+// ---------------------------------------------------------------------------------------------
+
+/// One attached consumer: the response stream of an `ExecutePlan` or `ReattachExecute` RPC
+/// (spec §4). Yields responses in index order; ends (`None`) on completion or graceful
+/// rotation; yields one error and then ends on preemption (`INVALID_CURSOR.DISCONNECTED`),
+/// a released position (`POSITION_NOT_AVAILABLE`), the execution's terminal error
+/// (`OPERATION_CANCELED`, a producer failure) or an orphan.
+///
+/// For a reattachable execution a stream that ends without a `ResultComplete` response
+/// means "reattach" (spec §1.3); [`end`](Self::end) tells which kind of end it was.
+///
+/// Dropping the stream detaches it (spec §2.2 T4): a reattachable execution starts its
+/// detached timeout, a non-reattachable one is released (T14). Cancel-safe: dropping a
+/// `next()` future loses nothing (the response is only taken when it is returned).
+///
+/// The `Stream` impl notices preemption only when polled. A transport that can block
+/// (a full HTTP/2 window) should use [`forward`](Self::forward), which also watches for
+/// preemption and for the rotation deadline while the sink is not ready (SPARK-44855,
+/// spec §4.3).
+pub struct ResponseStream {
+    exec: Arc<ExecShared>,
+    id: ConsumerId,
+    sleep: Option<(Instant, Sleep)>,
+    terminal: Option<ConsumerEvent>,
+    yielded_terminal: bool,
+}
+
+impl fmt::Debug for ResponseStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResponseStream")
+            .field("operation_id", &self.exec.operation_id)
+            .field("consumer", &self.id)
+            .field("terminal", &self.terminal)
+            .finish()
+    }
+}
+
+/// Why [`ResponseStream::forward`] stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum ForwardError<E> {
+    /// The stream failed with a protocol error (send it as the RPC's status).
+    #[error(transparent)]
+    Connect(ConnectError),
+    /// The sink failed (the transport is gone); the consumer was detached.
+    #[error("the response sink failed: {0}")]
+    Sink(E),
+}
+
+impl ResponseStream {
+    pub(crate) fn new(exec: Arc<ExecShared>, id: ConsumerId) -> Self {
+        ResponseStream {
+            exec,
+            id,
+            sleep: None,
+            terminal: None,
+            yielded_terminal: false,
+        }
+    }
+
+    /// The canonical operation id of the execution.
+    pub fn operation_id(&self) -> &str {
+        &self.exec.operation_id
+    }
+
+    /// Which consumer this stream is (attach order within its execution).
+    pub fn consumer_id(&self) -> ConsumerId {
+        self.id
+    }
+
+    /// Whether the execution is reattachable.
+    pub fn is_reattachable(&self) -> bool {
+        self.exec.reattachable
+    }
+
+    /// How the stream ended, once it has: `Some(Ok(end))` for a graceful end, `Some(Err)`
+    /// for an error end, `None` while it is live.
+    pub fn end(&self) -> Option<Result<StreamEnd, ConnectError>> {
+        match &self.terminal {
+            Some(ConsumerEvent::End(e)) => Some(Ok(*e)),
+            Some(ConsumerEvent::Error(e)) => Some(Err(e.clone())),
+            _ => None,
+        }
+    }
+
+    fn step(&mut self, cx: Option<&Waker>) -> ConsumerEvent {
+        if let Some(t) = &self.terminal {
+            return t.clone();
+        }
+        let now = self.exec.now();
+        let mut wakes = Wakes::default();
+        let ev = {
+            let mut st = self.exec.lock();
+            let ev = st.core.poll_consumer(self.id, now);
+            match &ev {
+                ConsumerEvent::Response(_) => wakes.push(st.take_producer()),
+                ConsumerEvent::Pending { .. } => {
+                    if let Some(w) = cx {
+                        st.consumer_waker = Some((self.id, w.clone()));
+                    }
+                }
+                ConsumerEvent::End(_) | ConsumerEvent::Error(_) => {
+                    if st
+                        .consumer_waker
+                        .as_ref()
+                        .is_some_and(|(i, _)| *i == self.id)
+                    {
+                        st.consumer_waker = None;
+                    }
+                    wakes.push(st.take_producer());
+                    wakes.0.append(&mut st.watchers);
+                }
+            }
+            ev
+        };
+        wakes.wake();
+        if matches!(ev, ConsumerEvent::End(_) | ConsumerEvent::Error(_)) {
+            self.terminal = Some(ev.clone());
+            self.sleep = None;
+            self.exec.release_non_reattachable();
+        }
+        ev
+    }
+
+    /// One synchronous step at the clock's current time (sans-IO style, for tests and
+    /// custom drivers): the next response, `Pending`, or the end. After the end it keeps
+    /// returning the same terminal event.
+    pub fn try_next(&mut self) -> ConsumerEvent {
+        self.step(None)
+    }
+
+    fn poll_deadline(&mut self, wake_at: Option<Instant>, cx: &mut Context<'_>) -> bool {
+        let Some(at) = wake_at else {
+            self.sleep = None;
+            return false;
+        };
+        if self.sleep.as_ref().is_none_or(|(d, _)| *d != at) {
+            self.sleep = Some((at, self.exec.clock.sleep_until(at)));
+        }
+        match &mut self.sleep {
+            Some((_, s)) => s.as_mut().poll(cx).is_ready(),
+            None => false,
+        }
+    }
+
+    /// Drives the stream into `sink` until it ends (spec §4.2, §4.3): each response is
+    /// handed to the sink only once it is ready; while it is not, preemption
+    /// (`DISCONNECTED`) and the rotation deadline (a graceful end, nothing more sent) are
+    /// still noticed promptly. Flushes the sink before returning a graceful end.
+    ///
+    /// # Errors
+    /// [`ForwardError::Connect`] with the stream's error, or [`ForwardError::Sink`] if the
+    /// sink failed (the consumer is then detached).
+    pub async fn forward<Si>(mut self, sink: &mut Si) -> Result<StreamEnd, ForwardError<Si::Error>>
+    where
+        Si: Sink<ExecutePlanResponse> + Unpin,
+    {
+        loop {
+            let ready = poll_fn(|cx| {
+                // Preempted / rotated while the transport is blocked?
+                let now = self.exec.now();
+                let (interrupt, deadline) = {
+                    let mut st = self.exec.lock();
+                    let ev = st.core.poll_interrupt(self.id, now);
+                    if ev.is_none() {
+                        st.consumer_waker = Some((self.id, cx.waker().clone()));
+                    }
+                    (ev, st.core.deadline(self.id))
+                };
+                if let Some(ev) = interrupt {
+                    return Poll::Ready(Err(ev));
+                }
+                if self.poll_deadline(deadline, cx) {
+                    cx.waker().wake_by_ref();
+                    return Poll::Pending;
+                }
+                match Pin::new(&mut *sink).poll_ready(cx) {
+                    Poll::Ready(Ok(())) => Poll::Ready(Ok(Ok(()))),
+                    Poll::Ready(Err(e)) => Poll::Ready(Ok(Err(e))),
+                    Poll::Pending => Poll::Pending,
+                }
+            })
+            .await;
+            match ready {
+                Err(ev) => {
+                    self.finish_with(ev.clone());
+                    return match ev {
+                        ConsumerEvent::End(end) => Ok(end),
+                        ConsumerEvent::Error(e) => Err(ForwardError::Connect(e)),
+                        _ => Ok(StreamEnd::Rotated),
+                    };
+                }
+                Ok(Err(e)) => return Err(ForwardError::Sink(e)),
+                Ok(Ok(())) => {}
+            }
+            match futures::StreamExt::next(&mut self).await {
+                Some(Ok(r)) => {
+                    if let Err(e) = Pin::new(&mut *sink).start_send(r) {
+                        return Err(ForwardError::Sink(e));
+                    }
+                }
+                Some(Err(e)) => return Err(ForwardError::Connect(e)),
+                None => {
+                    poll_fn(|cx| Pin::new(&mut *sink).poll_flush(cx))
+                        .await
+                        .map_err(ForwardError::Sink)?;
+                    return Ok(match self.end() {
+                        Some(Ok(end)) => end,
+                        _ => StreamEnd::Complete,
+                    });
+                }
+            }
+        }
+    }
+
+    fn finish_with(&mut self, ev: ConsumerEvent) {
+        {
+            let mut wakes = Wakes::default();
+            let mut st = self.exec.lock();
+            if st
+                .consumer_waker
+                .as_ref()
+                .is_some_and(|(i, _)| *i == self.id)
+            {
+                st.consumer_waker = None;
+            }
+            wakes.push(st.take_producer());
+            wakes.0.append(&mut st.watchers);
+            drop(st);
+            wakes.wake();
+        }
+        self.terminal = Some(ev);
+        self.yielded_terminal = true;
+        self.sleep = None;
+        self.exec.release_non_reattachable();
+    }
+}
+
+impl Stream for ResponseStream {
+    type Item = Result<ExecutePlanResponse, ConnectError>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if this.yielded_terminal {
+            return Poll::Ready(None);
+        }
+        loop {
+            match this.step(Some(cx.waker())) {
+                ConsumerEvent::Response(r) => return Poll::Ready(Some(Ok(r))),
+                ConsumerEvent::End(_) => {
+                    this.yielded_terminal = true;
+                    return Poll::Ready(None);
+                }
+                ConsumerEvent::Error(e) => {
+                    this.yielded_terminal = true;
+                    return Poll::Ready(Some(Err(e)));
+                }
+                ConsumerEvent::Pending { wake_at } => {
+                    if this.poll_deadline(wake_at, cx) {
+                        continue;
+                    }
+                    return Poll::Pending;
+                }
+            }
+        }
+    }
+}
+
+impl Drop for ResponseStream {
+    fn drop(&mut self) {
+        if self.terminal.is_some() {
+            return;
+        }
+        let now = self.exec.now();
+        let mut wakes = Wakes::default();
+        {
+            let mut st = self.exec.lock();
+            if st.core.detach(self.id, now) {
+                st.consumer_waker = None;
+                wakes.push(st.take_producer());
+                wakes.0.append(&mut st.watchers);
+            }
+        }
+        wakes.wake();
+        self.exec.release_non_reattachable();
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Producer
+// ---------------------------------------------------------------------------------------------
+
+/// The producing side of one execution (the query runner, spec §2.2 T6–T8): appends
+/// responses, then [`finish`](Self::finish)es or [`fail`](Self::fail)s exactly once.
+///
+/// Backpressure: [`push`](Self::push) waits while the unsent responses are at their bound
+/// (64 MiB / 100 000 by default); [`try_push`](Self::try_push) hands the response back
+/// instead. A producer is never dropped for being slow or fast.
+///
+/// Stop producing when a call returns [`ProduceError::Cancelled`] (interrupt) or
+/// [`ProduceError::Closed`] (released, abandoned, session closed); [`cancelled`](Self::cancelled)
+/// resolves at that moment too.
+///
+/// Dropping a producer that neither finished nor failed makes the execution an orphan
+/// (spec §2.2 T15): consumers get an error at the end of the log instead of waiting
+/// forever (SPARK-50735).
+pub struct Producer {
+    exec: Arc<ExecShared>,
+    done: bool,
+}
+
+impl fmt::Debug for Producer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Producer")
+            .field("operation_id", &self.exec.operation_id)
+            .field("done", &self.done)
+            .finish()
+    }
+}
+
+impl Producer {
+    pub(crate) fn new(exec: Arc<ExecShared>) -> Self {
+        Producer { exec, done: false }
+    }
+
+    /// The canonical operation id of the execution.
+    pub fn operation_id(&self) -> &str {
+        &self.exec.operation_id
+    }
+
+    /// The execution's tags (spec §1.2).
+    pub fn tags(&self) -> &[String] {
+        &self.exec.tags
+    }
+
+    /// The plan the execution was submitted with.
+    pub fn plan(&self) -> Option<&Plan> {
+        self.exec.plan.as_ref()
+    }
+
+    /// Whether a response of `size` encoded bytes would have to wait now.
+    pub fn would_block(&self, size: u64) -> bool {
+        self.exec.lock().core.would_block(size)
+    }
+
+    /// Appends a response without waiting. Returns its index (from 1).
+    ///
+    /// # Errors
+    /// [`ProduceError::WouldBlock`] (with the response) at the unsent bound; `Cancelled` /
+    /// `Closed` / `Finished` when production must stop.
+    pub fn try_push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
+        let mut wakes = Wakes::default();
+        let r = {
+            let mut st = self.exec.lock();
+            let r = st.core.push(response);
+            if r.is_ok() {
+                wakes.push(st.take_consumer());
+            }
+            r
+        };
+        wakes.wake();
+        r
+    }
+
+    /// Appends a response, waiting while the unsent bound is reached (backpressure).
+    /// Cancel-safe in the sense that dropping the future drops the response unsent.
+    ///
+    /// # Errors
+    /// `Cancelled` / `Closed` / `Finished` / `NotStarted` when production must stop.
+    pub async fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
+        let mut pending = Some(response);
+        poll_fn(|cx| {
+            let Some(r) = pending.take() else {
+                return Poll::Ready(Err(ProduceError::Finished));
+            };
+            let mut wakes = Wakes::default();
+            let out = {
+                let mut st = self.exec.lock();
+                match st.core.push(r) {
+                    Ok(i) => {
+                        wakes.push(st.take_consumer());
+                        Poll::Ready(Ok(i))
+                    }
+                    Err(ProduceError::WouldBlock(r)) => {
+                        st.producer_waker = Some(cx.waker().clone());
+                        pending = Some(*r);
+                        Poll::Pending
+                    }
+                    Err(e) => Poll::Ready(Err(e)),
+                }
+            };
+            wakes.wake();
+            out
+        })
+        .await
+    }
+
+    /// Whether the execution was interrupted, released or abandoned: stop producing.
+    pub fn is_cancelled(&self) -> bool {
+        let st = self.exec.lock();
+        st.core.removal().is_some()
+            || matches!(
+                st.core.runner(),
+                super::RunnerState::StartedInterrupted | super::RunnerState::Interrupted
+            )
+    }
+
+    /// Resolves once the execution is interrupted, released or abandoned.
+    pub async fn cancelled(&self) {
+        poll_fn(|cx| {
+            let mut st = self.exec.lock();
+            let stop = st.core.removal().is_some()
+                || matches!(
+                    st.core.runner(),
+                    super::RunnerState::StartedInterrupted | super::RunnerState::Interrupted
+                );
+            if stop {
+                Poll::Ready(())
+            } else {
+                st.watch(cx.waker());
+                Poll::Pending
+            }
+        })
+        .await
+    }
+
+    fn end_with(
+        &mut self,
+        f: impl FnOnce(&mut ExecutionCore) -> Result<(), ProduceError>,
+    ) -> Result<(), ProduceError> {
+        self.done = true;
+        let mut wakes = Wakes::default();
+        let r = {
+            let mut st = self.exec.lock();
+            let r = f(&mut st.core);
+            st.take_all(&mut wakes);
+            r
+        };
+        wakes.wake();
+        r
+    }
+
+    /// Finishes successfully (spec §2.2 T7): a reattachable execution gets `ResultComplete`
+    /// appended atomically; nothing can follow. An interrupt arriving after this is a no-op.
+    ///
+    /// # Errors
+    /// `Cancelled` / `Closed` if an interrupt or release came first (its outcome stands).
+    pub fn finish(mut self) -> Result<(), ProduceError> {
+        self.end_with(ExecutionCore::finish)
+    }
+
+    /// Fails the execution with `error` (spec §2.2 T8), delivered after every earlier
+    /// response to every consumer that reaches the end.
+    ///
+    /// # Errors
+    /// As [`finish`](Self::finish).
+    pub fn fail(mut self, error: ConnectError) -> Result<(), ProduceError> {
+        self.end_with(|c| c.fail(error))
+    }
+}
+
+impl Drop for Producer {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = self.end_with(|c| {
+                c.producer_gone();
+                Ok(())
+            });
+        }
+    }
+}

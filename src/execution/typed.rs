@@ -1,0 +1,606 @@
+//! Typed handles on registered executions: [`Execution<S, K>`](Execution) (issue item 6).
+//!
+//! `S` is the state the holder has driven the execution to, `K` whether it is reattachable:
+//!
+//! ```text
+//!             start()                    producer finishes / fails
+//!   ┌──────┐ ─────────► ┌───────────┐ ───────────────────────────► ┌───────────┐
+//!   │ Init │            │ Streaming │  reattach, release_until      │ Finishing │ release_all
+//!   └──────┘            └───────────┘  (Reattachable only)          └───────────┘ (Reattachable)
+//!      │ interrupt()        │ interrupt(), release_all()                  │  │
+//!      │                    ▼                                             │  │ removed
+//!      │              ┌────────────┐  release_all / producer stopped      │  ▼
+//!      │              │ Cancelling │ ─────────────────────────────► ┌────────────┐
+//!      └────────────────────────────────────────────────────────── ►│ Terminated │
+//!                                                                    └────────────┘
+//! ```
+//!
+//! - A [`NonReattachable`] execution has no `reattach`, `release_until` or `release_all`
+//!   at all; it is released when its single stream ends (spec §2.2 T14).
+//! - Transitions consume the handle; [`Terminated`] offers only
+//!   inspection.
+//! - The typestate records what *this handle* did. Other parties act on the same execution
+//!   concurrently through RPCs (a client's ReleaseAll, an Interrupt, abandonment), so
+//!   [`phase`](Execution::phase) reports the live state and
+//!   [`into_any`](Execution::into_any) re-reads it into the matching typestate
+//!   ([`AnyExecution`], the erased form, convertible back with `TryFrom`).
+//! - Dropping an [`Init`] handle obtained from
+//!   [`ExecutionManager::execute_plan`](super::ExecutionManager::execute_plan) without
+//!   starting it removes the execution (spec §2.2 T2: the client must not reattach).
+//!   Dropping any other handle changes nothing: the execution lives in the manager.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::task::Poll;
+
+use futures::future::poll_fn;
+
+use super::core::{Phase, Removal};
+use super::error::ConnectError;
+use super::manager::ExecuteKey;
+use super::stream::{ExecShared, Producer, ResponseStream, Wakes};
+
+/// Typestate markers of an [`Execution`].
+pub mod state {
+    mod sealed {
+        pub trait Sealed {}
+    }
+
+    /// A typestate of [`Execution`](super::Execution). Sealed: the five markers below.
+    pub trait State: sealed::Sealed + Send + Sync + 'static {
+        /// The marker's name, for `Debug` output.
+        const NAME: &'static str;
+    }
+
+    macro_rules! marker {
+        ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+            pub struct $name;
+            impl sealed::Sealed for $name {}
+            impl State for $name { const NAME: &'static str = stringify!($name); }
+        )*};
+    }
+
+    marker! {
+        /// Submitted and registered; not yet answered (producer not started).
+        Init,
+        /// Responses flowing; reattach and release-until allowed (reattachable only).
+        Streaming,
+        /// The final index is fixed (`ResultComplete` or a terminal error); release-all
+        /// only.
+        Finishing,
+        /// Interrupted, or released while running; waiting for the producer to stop and/or
+        /// the release.
+        Cancelling,
+        /// Removed and stopped: inspection only.
+        Terminated,
+    }
+}
+
+mod sealed_kind {
+    pub trait Sealed {}
+}
+
+/// Whether an [`Execution`] is reattachable. Sealed: [`Reattachable`] or
+/// [`NonReattachable`].
+pub trait Kind: sealed_kind::Sealed + Send + Sync + 'static {
+    /// `true` for [`Reattachable`].
+    const REATTACHABLE: bool;
+}
+
+/// Marker: the execution was started with `reattachable = true` (spec §1.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Reattachable;
+
+/// Marker: the execution is not reattachable: one stream, no reattach, no release API.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct NonReattachable;
+
+impl sealed_kind::Sealed for Reattachable {}
+impl sealed_kind::Sealed for NonReattachable {}
+impl Kind for Reattachable {
+    const REATTACHABLE: bool = true;
+}
+impl Kind for NonReattachable {
+    const REATTACHABLE: bool = false;
+}
+
+use state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
+
+/// How an execution's producer ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// It finished successfully (`ResultComplete` for a reattachable execution).
+    Completed,
+    /// It failed with this terminal error.
+    Failed(ConnectError),
+    /// It was interrupted, or released/abandoned before finishing (`OPERATION_CANCELED`).
+    Cancelled,
+    /// Its producer vanished without finishing (spec §2.2 T15).
+    Orphaned,
+}
+
+/// The final outcome of a [`Terminated`] execution.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecutionOutcome {
+    /// How the producer ended.
+    pub run: RunOutcome,
+    /// How the execution left the registry.
+    pub removal: Removal,
+}
+
+/// A typed handle on one registered execution. See the [module docs](self).
+#[must_use = "an execution handle records its protocol state; drop it explicitly if unused"]
+pub struct Execution<S: State, K: Kind> {
+    exec: Arc<ExecShared>,
+    remove_if_unstarted: bool,
+    _state: PhantomData<fn() -> (S, K)>,
+}
+
+impl<S: State, K: Kind> fmt::Debug for Execution<S, K> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Execution")
+            .field("state", &S::NAME)
+            .field("reattachable", &K::REATTACHABLE)
+            .field("operation_id", &self.exec.operation_id)
+            .field("phase", &self.phase())
+            .finish()
+    }
+}
+
+impl<S: State, K: Kind> Drop for Execution<S, K> {
+    fn drop(&mut self) {
+        if self.remove_if_unstarted {
+            let unstarted = self.exec.lock().core.runner() == super::core::RunnerState::NotStarted;
+            if unstarted && let Some(m) = self.exec.manager.upgrade() {
+                m.remove_execution(&self.exec, Removal::Released);
+            }
+        }
+    }
+}
+
+impl<S: State, K: Kind> Execution<S, K> {
+    fn from_arc(exec: Arc<ExecShared>) -> Self {
+        Execution {
+            exec,
+            remove_if_unstarted: false,
+            _state: PhantomData,
+        }
+    }
+
+    fn into_state<T: State>(mut self) -> Execution<T, K> {
+        self.remove_if_unstarted = false;
+        Execution::from_arc(self.exec.clone())
+    }
+
+    /// The canonical (lower-case) operation id.
+    pub fn operation_id(&self) -> &str {
+        &self.exec.operation_id
+    }
+
+    /// The execution's key.
+    pub fn key(&self) -> &ExecuteKey {
+        &self.exec.key
+    }
+
+    /// The execution's tags.
+    pub fn tags(&self) -> &[String] {
+        &self.exec.tags
+    }
+
+    /// The live phase (which may have moved on since this handle's typestate, see the
+    /// [module docs](self)).
+    pub fn phase(&self) -> Phase {
+        self.exec.lock().core.phase()
+    }
+
+    /// Bytes currently kept for backtracking (the retry buffer, spec §3.4).
+    pub fn retained_bytes(&self) -> u64 {
+        self.exec.lock().core.log().retained_bytes()
+    }
+
+    /// Bytes produced but not yet handed to a consumer.
+    pub fn unsent_bytes(&self) -> u64 {
+        self.exec.lock().core.log().unsent_bytes()
+    }
+
+    /// Re-reads the live phase into the matching typestate.
+    pub fn into_any(self) -> AnyExecution<K> {
+        let phase = self.phase();
+        AnyExecution::from_phase(self.into_state::<Init>(), phase)
+    }
+}
+
+impl<K: Kind> Execution<Init, K> {
+    pub(crate) fn new_submitted(exec: Arc<ExecShared>) -> Self {
+        Execution {
+            exec,
+            remove_if_unstarted: true,
+            _state: PhantomData,
+        }
+    }
+
+    /// Starts the producer and attaches the initial ExecutePlan stream (spec §2.2 T1):
+    /// returns the handle, the [`Producer`] to run the plan with, and the stream to send.
+    /// If an interrupt won the race, the producer is told to stop at once and the stream
+    /// delivers `OPERATION_CANCELED`.
+    pub fn start(self) -> (Execution<Streaming, K>, Producer, ResponseStream) {
+        let now = self.exec.now();
+        let id = {
+            let mut st = self.exec.lock();
+            st.core.start();
+            st.core.attach(1, now).0
+        };
+        let stream = ResponseStream::new(self.exec.clone(), id);
+        let producer = Producer::new(self.exec.clone());
+        (self.into_state(), producer, stream)
+    }
+
+    /// Abandons the submission before starting it (interrupt before start): the execution
+    /// is removed without a tombstone.
+    pub fn interrupt(self) -> Execution<Terminated, K> {
+        let mut wakes = Wakes::default();
+        {
+            let mut st = self.exec.lock();
+            st.core.interrupt();
+            st.take_all(&mut wakes);
+        }
+        wakes.wake();
+        if let Some(m) = self.exec.manager.upgrade() {
+            m.remove_execution(&self.exec, Removal::Released);
+        }
+        self.into_state()
+    }
+}
+
+impl<K: Kind> Execution<Streaming, K> {
+    /// Interrupts the execution (spec §2.2 T9): its consumers get `OPERATION_CANCELED`
+    /// after the earlier responses and the producer is told to stop. If completion had
+    /// already started the interrupt is a no-op and the `Finishing` handle comes back.
+    ///
+    /// # Errors
+    /// `Err(Execution<Finishing, K>)` when the execution had already completed.
+    #[allow(clippy::result_large_err)]
+    pub fn interrupt(self) -> Result<Execution<Cancelling, K>, Execution<Finishing, K>> {
+        let mut wakes = Wakes::default();
+        let changed = {
+            let mut st = self.exec.lock();
+            let changed = st.core.interrupt();
+            st.take_all(&mut wakes);
+            changed
+        };
+        wakes.wake();
+        if changed || self.phase() == Phase::Cancelling {
+            Ok(self.into_state())
+        } else {
+            Err(self.into_state())
+        }
+    }
+}
+
+impl Execution<Streaming, Reattachable> {
+    /// Attaches a new consumer resuming after `last_response_id` (spec §3.5), preempting
+    /// the current one (which gets `DISCONNECTED`).
+    ///
+    /// # Errors
+    /// As [`ExecutionManager::reattach_execute`](super::ExecutionManager::reattach_execute)
+    /// from `NOT_REATTACHABLE` on: `POSITION_NOT_FOUND`, `POSITION_NOT_AVAILABLE`, the
+    /// orphan error.
+    pub fn reattach(&self, last_response_id: Option<&str>) -> Result<ResponseStream, ConnectError> {
+        match self.exec.manager.upgrade() {
+            Some(m) => m.reattach(&self.exec, last_response_id),
+            None => Err(ConnectError::OperationNotFound {
+                handle: self.operation_id().to_owned(),
+            }),
+        }
+    }
+
+    /// `ReleaseUntil(response_id)` (spec §3.4).
+    ///
+    /// # Errors
+    /// `POSITION_NOT_FOUND` for an id this execution never handed out.
+    pub fn release_until(&self, response_id: &str) -> Result<(), ConnectError> {
+        let mut wakes = Wakes::default();
+        let r = {
+            let mut st = self.exec.lock();
+            let r = st.core.release_until(response_id).map(|_| ());
+            wakes.push(st.take_producer());
+            r
+        };
+        wakes.wake();
+        r
+    }
+
+    /// `ReleaseAll` while running (spec §2.2 T10): removes the execution without a
+    /// tombstone, interrupts the producer and disconnects the consumer.
+    pub fn release_all(self) -> Execution<Cancelling, Reattachable> {
+        release(&self.exec);
+        self.into_state()
+    }
+}
+
+fn release(exec: &Arc<ExecShared>) -> bool {
+    exec.manager
+        .upgrade()
+        .is_some_and(|m| m.remove_execution(exec, Removal::Released))
+}
+
+impl Execution<Finishing, Reattachable> {
+    /// `ReleaseAll` after completion (spec §2.2 T10): removes the execution.
+    pub fn release_all(self) -> Execution<Terminated, Reattachable> {
+        release(&self.exec);
+        self.into_state()
+    }
+}
+
+impl Execution<Cancelling, Reattachable> {
+    /// `ReleaseAll` after an interrupt: removes the execution if still registered.
+    /// Returns whether this call removed it. Always succeeds (unlike Spark 4.3.0 after a
+    /// rotation).
+    pub fn release_all(&self) -> bool {
+        release(&self.exec)
+    }
+}
+
+macro_rules! settle {
+    ($state:ty) => {
+        impl<K: Kind> Execution<$state, K> {
+            /// The `Terminated` handle if the execution is removed and its producer stopped;
+            /// otherwise this handle back.
+            ///
+            /// # Errors
+            /// `Err(self)` while the execution is still registered or its producer runs.
+            #[allow(clippy::result_large_err)]
+            pub fn try_terminated(self) -> Result<Execution<Terminated, K>, Self> {
+                if self.phase() == Phase::Terminated {
+                    Ok(self.into_state())
+                } else {
+                    Err(self)
+                }
+            }
+
+            /// Waits until the execution is removed (released, abandoned, or — for a
+            /// non-reattachable one — its stream ended) and its producer stopped.
+            pub async fn terminated(self) -> Execution<Terminated, K> {
+                poll_fn(|cx| {
+                    let mut st = self.exec.lock();
+                    if st.core.phase() == Phase::Terminated {
+                        Poll::Ready(())
+                    } else {
+                        st.watch(cx.waker());
+                        Poll::Pending
+                    }
+                })
+                .await;
+                self.into_state()
+            }
+        }
+    };
+}
+
+settle!(Finishing);
+settle!(Cancelling);
+
+impl<K: Kind> Execution<Terminated, K> {
+    /// The final outcome.
+    pub fn outcome(&self) -> ExecutionOutcome {
+        let st = self.exec.lock();
+        let core = &st.core;
+        let run = if core.is_orphan() {
+            RunOutcome::Orphaned
+        } else {
+            match core.log().terminal_error() {
+                Some(ConnectError::OperationCanceled) => RunOutcome::Cancelled,
+                Some(e) => RunOutcome::Failed(e.clone()),
+                None if core.log().is_finished() => RunOutcome::Completed,
+                None => RunOutcome::Cancelled,
+            }
+        };
+        ExecutionOutcome {
+            run,
+            removal: core.removal().unwrap_or(Removal::Released),
+        }
+    }
+}
+
+/// The erased form of [`Execution`]: one variant per typestate, for servers that keep
+/// handles in maps. Convert back with `TryFrom`.
+#[derive(Debug)]
+pub enum AnyExecution<K: Kind> {
+    /// See [`state::Init`].
+    Init(Execution<Init, K>),
+    /// See [`state::Streaming`].
+    Streaming(Execution<Streaming, K>),
+    /// See [`state::Finishing`].
+    Finishing(Execution<Finishing, K>),
+    /// See [`state::Cancelling`].
+    Cancelling(Execution<Cancelling, K>),
+    /// See [`state::Terminated`].
+    Terminated(Execution<Terminated, K>),
+}
+
+impl<K: Kind> AnyExecution<K> {
+    fn from_phase(e: Execution<Init, K>, phase: Phase) -> Self {
+        match phase {
+            Phase::Init => AnyExecution::Init(e),
+            Phase::Streaming => AnyExecution::Streaming(e.into_state()),
+            Phase::Finishing => AnyExecution::Finishing(e.into_state()),
+            Phase::Cancelling => AnyExecution::Cancelling(e.into_state()),
+            Phase::Terminated => AnyExecution::Terminated(e.into_state()),
+        }
+    }
+
+    /// The typestate's name.
+    pub fn state_name(&self) -> &'static str {
+        match self {
+            AnyExecution::Init(_) => Init::NAME,
+            AnyExecution::Streaming(_) => Streaming::NAME,
+            AnyExecution::Finishing(_) => Finishing::NAME,
+            AnyExecution::Cancelling(_) => Cancelling::NAME,
+            AnyExecution::Terminated(_) => Terminated::NAME,
+        }
+    }
+
+    /// The canonical operation id.
+    pub fn operation_id(&self) -> &str {
+        match self {
+            AnyExecution::Init(e) => e.operation_id(),
+            AnyExecution::Streaming(e) => e.operation_id(),
+            AnyExecution::Finishing(e) => e.operation_id(),
+            AnyExecution::Cancelling(e) => e.operation_id(),
+            AnyExecution::Terminated(e) => e.operation_id(),
+        }
+    }
+}
+
+macro_rules! any_conv {
+    ($($state:ident),*) => {$(
+        impl<K: Kind> From<Execution<$state, K>> for AnyExecution<K> {
+            fn from(e: Execution<$state, K>) -> Self {
+                AnyExecution::$state(e)
+            }
+        }
+
+        impl<K: Kind> TryFrom<AnyExecution<K>> for Execution<$state, K> {
+            type Error = AnyExecution<K>;
+
+            fn try_from(any: AnyExecution<K>) -> Result<Self, Self::Error> {
+                match any {
+                    AnyExecution::$state(e) => Ok(e),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
+any_conv!(Init, Streaming, Finishing, Cancelling, Terminated);
+
+/// A handle found by [`ExecutionManager::lookup`](super::ExecutionManager::lookup), by
+/// kind.
+#[derive(Debug)]
+pub enum Lookup {
+    /// A reattachable execution.
+    Reattachable(AnyExecution<Reattachable>),
+    /// A non-reattachable execution.
+    NonReattachable(AnyExecution<NonReattachable>),
+}
+
+impl Lookup {
+    pub(crate) fn from_shared(exec: Arc<ExecShared>) -> Self {
+        let phase = exec.lock().core.phase();
+        if exec.reattachable {
+            Lookup::Reattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
+        } else {
+            Lookup::NonReattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+
+    use super::*;
+    use crate::execution::{ExecutionManager, ManagerConfig, ManualClock, Submitted};
+    use crate::wire::connect::execute_plan_request::RequestOption;
+    use crate::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, Plan, UserContext};
+
+    fn manager() -> ExecutionManager {
+        ExecutionManager::with_clock(ManagerConfig::default(), Arc::new(ManualClock::new()))
+    }
+
+    fn submit(m: &ExecutionManager, reattachable: bool) -> Submitted {
+        m.execute_plan(&ExecutePlanRequest {
+            session_id: "6f1b7c4e-8a39-4d2c-9e51-0b3a2f7d8c91".into(),
+            user_context: Some(UserContext::new("u")),
+            plan: Some(Plan::root(Bytes::from_static(b"p"))),
+            request_options: vec![RequestOption::reattach(reattachable)],
+            ..Default::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn reattachable_lifecycle_through_typestates() {
+        let m = manager();
+        let Submitted::Reattachable(init) = submit(&m, true) else {
+            panic!("reattachable")
+        };
+        assert_eq!(init.phase(), Phase::Init);
+        let (streaming, mut producer, mut stream) = init.start();
+        producer
+            .try_push(ExecutePlanResponse::arrow_batch(
+                1,
+                Bytes::from_static(b"x"),
+            ))
+            .unwrap();
+        producer.finish().unwrap();
+        assert!(matches!(
+            stream.try_next(),
+            crate::execution::ConsumerEvent::Response(_)
+        ));
+        let AnyExecution::Finishing(finishing) = streaming.into_any() else {
+            panic!("finishing")
+        };
+        let terminated = finishing.release_all();
+        assert_eq!(
+            terminated.outcome(),
+            ExecutionOutcome {
+                run: RunOutcome::Completed,
+                removal: Removal::Released
+            }
+        );
+        assert_eq!(m.execution_count(), 0);
+    }
+
+    #[test]
+    fn release_while_running_is_cancelling_until_producer_stops() {
+        let m = manager();
+        let Submitted::Reattachable(init) = submit(&m, true) else {
+            panic!("reattachable")
+        };
+        let (streaming, producer, _stream) = init.start();
+        let cancelling = streaming.release_all();
+        assert_eq!(cancelling.phase(), Phase::Cancelling);
+        assert!(!cancelling.release_all());
+        let cancelling = cancelling.try_terminated().unwrap_err();
+        drop(producer);
+        let terminated = futures::executor::block_on(cancelling.terminated());
+        assert_eq!(terminated.outcome().run, RunOutcome::Cancelled);
+    }
+
+    #[test]
+    fn interrupt_after_completion_returns_finishing() {
+        let m = manager();
+        let Submitted::NonReattachable(init) = submit(&m, false) else {
+            panic!("non-reattachable")
+        };
+        let (streaming, producer, stream) = init.start();
+        producer.finish().unwrap();
+        let finishing = streaming.interrupt().unwrap_err();
+        assert_eq!(finishing.phase(), Phase::Finishing);
+        let finishing = finishing.try_terminated().unwrap_err();
+        drop(stream); // a non-reattachable execution is released when its stream ends
+        let terminated = finishing.try_terminated().unwrap();
+        assert_eq!(terminated.outcome().run, RunOutcome::Completed);
+    }
+
+    #[test]
+    fn erased_round_trip_and_init_interrupt() {
+        let m = manager();
+        let Submitted::Reattachable(init) = submit(&m, true) else {
+            panic!("reattachable")
+        };
+        let any = AnyExecution::from(init);
+        assert_eq!(any.state_name(), "Init");
+        let init = Execution::<Init, Reattachable>::try_from(any).unwrap();
+        let terminated = init.interrupt();
+        assert_eq!(terminated.outcome().run, RunOutcome::Cancelled);
+        assert_eq!(m.execution_count(), 0);
+    }
+}

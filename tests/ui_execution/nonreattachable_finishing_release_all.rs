@@ -1,0 +1,10 @@
+// Nor after it finished (spec §2.2 T14).
+#![allow(unused)]
+use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::{Execution, NonReattachable, Reattachable};
+
+fn misuse(e: Execution<Finishing, NonReattachable>) {
+    let _ = e.release_all();
+}
+
+fn main() {}
