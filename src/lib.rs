@@ -49,6 +49,30 @@
 //!   engine protocol violation ─► ErrorResponse(ProtocolError) (or in InitResponse) ─► CancelResponse ─► close
 //! ```
 //!
+//! ## Reattachable executions ([`execution`])
+//!
+//! A long streamed result (Spark Connect `ExecutePlan` with `reattachable = true`) that
+//! survives broken streams: every response has a UUID `response_id`; the client resumes with
+//! `ReattachExecute(last_response_id)`, acknowledges with `ReleaseExecute(ReleaseUntil)` and
+//! ends with `ReleaseAll`. Server side: [`execution::ExecutionManager`], the per-execution
+//! [`execution::ResponseLog`] and [`execution::Execution`] typestates; client side:
+//! [`execution::client::ReattachingStream`].
+//!
+//! ```text
+//!              ExecutePlan              responses flow         ResultComplete seen
+//!   ┌──────┐ ─────────────► ┌───────────┐ ─────────────► ┌───────────┐
+//!   │ Init │                │ Streaming │ reattach,      │ Finishing │ release-all only
+//!   └──────┘                └───────────┘ release-until  └───────────┘
+//!                                 │ interrupt / release-all      │ ReleaseAll
+//!                                 ▼                              ▼
+//!                           ┌────────────┐  OPERATION_CANCELED  ┌────────────┐
+//!                           │ Cancelling │ ───────────────────► │ Terminated │ absorbs all
+//!                           └────────────┘                      └────────────┘
+//!   one attached stream at a time (a new attach interrupts the old with
+//!   INVALID_CURSOR.DISCONNECTED); streams rotate after 2 min / 1 GiB; detached executions
+//!   are abandoned after 5 min and leave a tombstone (OPERATION_ABANDONED).
+//! ```
+//!
 //! ## Layers
 //!
 //! - [`wire`]: the Spark 4.3.0 protobuf messages (`org.apache.spark.udf.worker`), written by
@@ -58,8 +82,9 @@
 //! - [`worker`]: the sans-IO protocol cores ([`worker::EngineCore`],
 //!   [`worker::endpoint::WorkerCore`]) and the async typestate drivers over them.
 //!
-//! Reference: `spec/udf-worker-protocol.md` (section numbers in the docs, e.g. "spec §4.5",
-//! refer to it).
+//! References: `spec/udf-worker-protocol.md` for worker sessions and
+//! `spec/reattach-protocol.md` for executions (section numbers in the docs, e.g. "spec
+//! §4.5", refer to the one of their module).
 //!
 //! ## Features
 //!
@@ -71,5 +96,7 @@
 
 pub mod connection;
 pub mod execution;
+#[cfg(feature = "grpc")]
+pub mod spark;
 pub mod wire;
 pub mod worker;

@@ -1,0 +1,176 @@
+//! The official `UdfWorker` gRPC service over a Unix socket (spec §1.1, §1.7, §6.4), both
+//! sides, written by hand against tonic's codegen API.
+//!
+//! ```text
+//! service org.apache.spark.udf.worker.UdfWorker {
+//!   rpc Execute(stream UdfRequest) returns (stream UdfResponse);   // one stream = one session
+//!   rpc Manage(WorkerRequest)      returns (WorkerResponse);       // unary, worker-scoped
+//! }
+//! ```
+//!
+//! # Engine side
+//!
+//! [`GrpcChannel::connect`] opens one HTTP/2 channel to a worker's socket (plaintext,
+//! `:authority` `localhost` — a socket path is not a valid HTTP authority, spec §6.4) and
+//! proves the worker serves before returning. Every session then opens its own `Execute`
+//! stream on that shared channel with [`GrpcChannel::open_session`], which gives a
+//! [`GrpcEngineConnection`]: a [`Connection<UdfRequest, UdfResponse>`](crate::connection::Connection)
+//! for [`Session::new`](crate::worker::Session::new). [`GrpcTransport`] packages this as a
+//! [`WorkerTransport`](crate::worker::transport::WorkerTransport) for dispatchers.
+//! [`GrpcChannel::heartbeat`] and [`GrpcChannel::shutdown`] call `Manage`.
+//!
+//! # Worker side
+//!
+//! [`WorkerService`] is the service (a `tower::Service` with
+//! [`NamedService::NAME`](tonic::server::NamedService::NAME) = [`SERVICE_NAME`], so it also
+//! mounts on a `tonic::transport::Server`); each `Execute` stream reaches a callback as a
+//! [`GrpcWorkerConnection`] (a `Connection<UdfResponse, UdfRequest>`, typically handed to
+//! [`endpoint::serve`](crate::worker::endpoint::serve)), and `Manage` is answered by
+//! [`handle_manage`](crate::worker::endpoint::handle_manage) or a handler of your own.
+//! [`WorkerServer::bind_unix`] serves it on the worker's `--connection` path, with a
+//! graceful [`shutdown`](WorkerServer::shutdown).
+//!
+//! # Stream ends are never a Finish
+//!
+//! Over gRPC an aborted request stream can look like a clean half-close — literally so with
+//! hyper and tonic, which hand a client's `RST_STREAM(CANCEL)` to the server as a clean end of
+//! the request stream. So only an explicit `Finish` message finishes a session (spec §2):
+//!
+//! - the worker endpoint treats a request stream that ends before the session is done as a
+//!   protocol violation (`ErrorResponse(ProtocolError)` + `CancelResponse`), never as Finish;
+//! - an engine [`Session`](crate::worker::Session) sends an explicit `Cancel` before it lets
+//!   go of its stream (`close`, and the drop cleanup), then half-closes;
+//! - a [`GrpcEngineConnection`] dropped without being closed cancels its stream
+//!   (`RST_STREAM(CANCEL)`, gRPC's cancellation), so the worker stops sending to it; a
+//!   [`GrpcWorkerConnection`] dropped without being closed ends the response stream with the
+//!   gRPC status `ABORTED`, which the engine reports as a transport failure, never as a clean
+//!   end.
+//!
+//! # Flow control and isolation
+//!
+//! HTTP/2 has two windows: one per stream and one for the whole connection. A receiver that
+//! stops reading one stream keeps that stream's unread bytes — at most one stream window —
+//! charged to the connection window until it reads them. hyper's server defaults both
+//! windows to 1 MiB and its adaptive (BDP) mode sets both to the same estimate, so a single
+//! session whose consumer stops reading would use up the whole connection window and stall
+//! every other session on the worker. tether therefore sizes them deliberately on both ends
+//! (the engine's windows govern worker output, the worker's govern engine input):
+//! [`GrpcConfig::stream_window`] `W` = 1 MiB and [`GrpcConfig::connection_window`] = 64 × W,
+//! adaptive windows off. Up to 63 sessions of one worker can stall with full windows while
+//! the others keep their full throughput; memory stays bounded by `W` per stream and by the
+//! connection window per worker connection. Backpressure inside one session is HTTP/2 flow
+//! control plus small bounded queues ([`GrpcConfig::request_buffer`],
+//! [`GrpcConfig::response_buffer`]); nothing is queued without bound.
+
+mod client;
+mod server;
+
+use std::time::Duration;
+
+pub use client::{GrpcChannel, GrpcEngineConnection, GrpcTransport, ManageCallError};
+pub use server::{GrpcWorkerConnection, ShutdownHandle, WorkerServer, WorkerService};
+
+/// The fully qualified service name, `org.apache.spark.udf.worker.UdfWorker` (spec §1.1).
+pub const SERVICE_NAME: &str = "org.apache.spark.udf.worker.UdfWorker";
+
+/// The HTTP/2 path of the bidirectional `Execute` RPC.
+pub const EXECUTE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Execute";
+
+/// The HTTP/2 path of the unary `Manage` RPC.
+pub const MANAGE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Manage";
+
+/// The `:authority` every request carries: `localhost` (spec §6.4; a Unix socket path is
+/// not a valid HTTP authority and strict HTTP/2 servers reject it).
+pub const AUTHORITY: &str = "localhost";
+
+/// Settings of the gRPC transport, shared by the engine channel and the worker server. The
+/// [`Default`] is what Spark's engine uses where Spark defines a value (128 MiB messages,
+/// 5 s shutdown grace) and tether's isolation-preserving windows elsewhere.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GrpcConfig {
+    /// Largest encoded message, in bytes, either side sends or accepts (both the encoding
+    /// and the decoding limit; spec §6.4 "max inbound message 128 MiB"). tonic's own default
+    /// is 4 MiB, too small for Spark (scenario 87 sends 5 MiB). A larger message fails the
+    /// stream with a gRPC status (`RESOURCE_EXHAUSTED` / `OUT_OF_RANGE`), which the session
+    /// reports as a transport failure. Default 128 MiB.
+    pub max_message_size: usize,
+    /// HTTP/2 initial stream window (`SETTINGS_INITIAL_WINDOW_SIZE`), in bytes: the most
+    /// unread data one stream may hold at the receiver. Default 1 MiB. See the module docs.
+    pub stream_window: u32,
+    /// HTTP/2 connection window, in bytes: the most unread data all streams of one
+    /// connection may hold together. Keep it several times
+    /// [`stream_window`](Self::stream_window) so a stalled session cannot starve the others.
+    /// Default 64 MiB (64 × the stream window). See the module docs.
+    pub connection_window: u32,
+    /// HTTP/2 `SETTINGS_MAX_FRAME_SIZE` this side accepts, in bytes (16 KiB ..= 16 MiB − 1);
+    /// `None` keeps the protocol default of 16 KiB.
+    pub max_frame_size: Option<u32>,
+    /// Engine side: requests one session may queue before `poll_ready` waits for the
+    /// HTTP/2 stream to take them (at least 1). Default 2 messages.
+    pub request_buffer: usize,
+    /// Worker side: responses one session may queue before `poll_ready` waits for the
+    /// HTTP/2 stream to take them (at least 1). Default 2 messages.
+    pub response_buffer: usize,
+    /// Worker side: most concurrent streams per connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
+    /// `None` means no limit, so `Manage` stays serviceable however many `Execute` streams
+    /// are open (spec §1.1). Default `None`.
+    pub max_concurrent_streams: Option<u32>,
+    /// Engine side: bound of one readiness attempt in [`GrpcChannel::connect`] (socket
+    /// connect plus the readiness heartbeat). Default 2 s.
+    pub connect_timeout: Duration,
+    /// Engine side: whether [`GrpcChannel::connect`] proves readiness with a `Manage`
+    /// heartbeat round trip (a socket that accepts but never speaks gRPC is not ready; spec
+    /// §6.4 "a socket file alone is not readiness"). A worker that answers
+    /// `UNIMPLEMENTED` for `Manage` still counts as ready. Default `true`.
+    pub readiness_heartbeat: bool,
+    /// Engine side: bound of one `Manage` call made through [`GrpcChannel::heartbeat`] or
+    /// [`GrpcChannel::shutdown`]. Default 10 s.
+    pub manage_timeout: Duration,
+    /// Worker side: how long a graceful [`WorkerServer::shutdown`] waits for open streams to
+    /// end before closing their connections. Default 5 s (spec §6.4 `close()` waits).
+    pub shutdown_grace: Duration,
+}
+
+impl GrpcConfig {
+    /// The defaults listed on each field.
+    pub fn new() -> Self {
+        const MIB: u32 = 1024 * 1024;
+        GrpcConfig {
+            max_message_size: 128 * 1024 * 1024,
+            stream_window: MIB,
+            connection_window: 64 * MIB,
+            max_frame_size: None,
+            request_buffer: 2,
+            response_buffer: 2,
+            max_concurrent_streams: None,
+            connect_timeout: Duration::from_secs(2),
+            readiness_heartbeat: true,
+            manage_timeout: Duration::from_secs(10),
+            shutdown_grace: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Default for GrpcConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_derived_from_the_service_name() {
+        assert_eq!(EXECUTE_PATH, format!("/{SERVICE_NAME}/Execute"));
+        assert_eq!(MANAGE_PATH, format!("/{SERVICE_NAME}/Manage"));
+    }
+
+    #[test]
+    fn default_windows_isolate_stalled_streams() {
+        let c = GrpcConfig::default();
+        assert_eq!(c.max_message_size, 128 << 20);
+        assert!(c.connection_window >= 16 * c.stream_window);
+    }
+}

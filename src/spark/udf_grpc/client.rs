@@ -1,0 +1,590 @@
+//! Engine side: the per-worker channel, one `Execute` stream per session, `Manage` calls.
+
+use std::error::Error as StdError;
+use std::fmt;
+use std::io;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::channel::mpsc;
+use futures::future::BoxFuture;
+use futures::{Sink, Stream};
+use http::Uri;
+use http::uri::PathAndQuery;
+use hyper_util::rt::TokioIo;
+use tonic::client::Grpc;
+use tonic::transport::{Channel, Endpoint};
+use tonic::{Code, Status, Streaming};
+use tonic_prost::ProstCodec;
+
+use super::{EXECUTE_PATH, GrpcConfig, MANAGE_PATH};
+use crate::connection::{Connection, ConnectionError};
+use crate::wire::{
+    Heartbeat, HeartbeatResponse, ShutdownRequest, ShutdownResponse, UdfRequest, UdfResponse,
+    WorkerRequest, WorkerResponse, worker_request, worker_response,
+};
+use crate::worker::transport::{WorkerEndpoint, WorkerTransport};
+
+/// Why a typed `Manage` call ([`GrpcChannel::heartbeat`], [`GrpcChannel::shutdown`]) failed
+/// (spec §1.7).
+#[derive(Debug, Clone, thiserror::Error)]
+#[non_exhaustive]
+pub enum ManageCallError {
+    /// The RPC failed: the worker answered a non-OK status (e.g. `INVALID_ARGUMENT`,
+    /// `UNIMPLEMENTED`) or the channel failed (`UNAVAILABLE`, …).
+    #[error("Manage RPC failed: {0}")]
+    Status(#[from] Status),
+    /// The worker did not answer within [`GrpcConfig::manage_timeout`].
+    #[error("Manage RPC not answered within {0:?}")]
+    Timeout(Duration),
+    /// The response's branch does not match the request's (or is unset): a protocol error
+    /// (spec §1.7 "branch MUST match the request").
+    #[error("Manage response branch {got} does not match the {expected} request")]
+    MismatchedResponse {
+        /// The branch the request set (`"heartbeat"` or `"shutdown"`).
+        expected: &'static str,
+        /// The branch the response set (`"heartbeat"`, `"shutdown"` or `"none"`).
+        got: &'static str,
+    },
+}
+
+/// The engine's channel to one worker (spec §6.4 `GrpcWorkerChannel`): one HTTP/2 connection
+/// over the worker's Unix socket (or loopback TCP port), shared by all of the worker's
+/// sessions. Cheap to clone (clones share the connection).
+///
+/// Requests carry `:authority` `localhost`; messages up to [`GrpcConfig::max_message_size`]
+/// pass both ways; the HTTP/2 windows are [`GrpcConfig::stream_window`] and
+/// [`GrpcConfig::connection_window`] (see the [module docs](super) for why). A broken
+/// connection is re-established on the next call (tonic reconnects), so, as in Spark,
+/// transient failures leave the channel [active](Self::is_active); only [`close`](Self::close)
+/// deactivates it.
+#[derive(Clone)]
+pub struct GrpcChannel {
+    inner: Arc<ChannelInner>,
+}
+
+struct ChannelInner {
+    channel: Mutex<Option<Channel>>,
+    endpoint: WorkerEndpoint,
+    config: GrpcConfig,
+}
+
+impl fmt::Debug for GrpcChannel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("GrpcChannel")
+            .field("endpoint", &self.inner.endpoint)
+            .field("active", &self.is_active())
+            .finish()
+    }
+}
+
+impl GrpcChannel {
+    /// Connects to the worker at `endpoint` and checks once that it serves (spec §6.4
+    /// readiness): the socket connects, the HTTP/2 connection is set up, and — with
+    /// [`GrpcConfig::readiness_heartbeat`] — a `Manage` heartbeat is answered (any answer
+    /// from the worker, including `UNIMPLEMENTED`, proves it serves gRPC). The whole
+    /// attempt is bounded by [`GrpcConfig::connect_timeout`]. Dispatchers call it in a loop
+    /// until their readiness deadline. Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    /// The socket error (its kind kept: `NotFound`, `ConnectionRefused`, …), `TimedOut`
+    /// when the attempt exceeded its bound, or another error when the worker answered the
+    /// heartbeat with a transport failure.
+    pub async fn connect(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> io::Result<Self> {
+        let bound = config.connect_timeout;
+        let attempt = async {
+            let channel = tonic_endpoint(config)
+                .connect_with_connector(connector(endpoint.clone()))
+                .await
+                .map_err(|e| {
+                    io_error(&e, &format!("cannot connect to the worker at {endpoint}"))
+                })?;
+            let channel = GrpcChannel::from_channel(channel, endpoint.clone(), config.clone());
+            if config.readiness_heartbeat {
+                channel.probe().await?;
+            }
+            Ok(channel)
+        };
+        tokio::time::timeout(bound, attempt)
+            .await
+            .unwrap_or_else(|_| {
+                Err(io::Error::new(
+                    io::ErrorKind::TimedOut,
+                    format!("the worker at {endpoint} did not become reachable within {bound:?}"),
+                ))
+            })
+    }
+
+    /// A channel that connects on first use (no readiness check). Must be called inside a
+    /// tokio runtime.
+    pub fn connect_lazy(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> Self {
+        let channel =
+            tonic_endpoint(config).connect_with_connector_lazy(connector(endpoint.clone()));
+        GrpcChannel::from_channel(channel, endpoint.clone(), config.clone())
+    }
+
+    fn from_channel(channel: Channel, endpoint: WorkerEndpoint, config: GrpcConfig) -> Self {
+        GrpcChannel {
+            inner: Arc::new(ChannelInner {
+                channel: Mutex::new(Some(channel)),
+                endpoint,
+                config,
+            }),
+        }
+    }
+
+    /// One readiness round trip: any answer from the worker is readiness.
+    async fn probe(&self) -> io::Result<()> {
+        let heartbeat = WorkerRequest {
+            manage: Some(worker_request::Manage::Heartbeat(Heartbeat {})),
+        };
+        match self.manage(heartbeat).await {
+            Ok(_) => Ok(()),
+            Err(status) if status.code() == Code::Unimplemented => Ok(()),
+            Err(status) => Err(io_error(
+                &status,
+                &format!(
+                    "the worker at {} did not answer the readiness heartbeat",
+                    self.inner.endpoint
+                ),
+            )),
+        }
+    }
+
+    /// Where the worker listens.
+    pub fn endpoint(&self) -> &WorkerEndpoint {
+        &self.inner.endpoint
+    }
+
+    /// The settings this channel was built with.
+    pub fn config(&self) -> &GrpcConfig {
+        &self.inner.config
+    }
+
+    /// Whether the channel is usable: true until [`close`](Self::close) (spec §6.4
+    /// `isActive`: transient connection failures count as usable, the next call reconnects).
+    pub fn is_active(&self) -> bool {
+        self.lock().is_some()
+    }
+
+    /// Closes the channel: no new session or `Manage` call can use it. Idempotent. Sessions
+    /// already open keep their streams until they end; the HTTP/2 connection closes when the
+    /// last one is gone.
+    pub fn close(&self) {
+        self.lock().take();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Channel>> {
+        self.inner.channel.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn grpc(&self) -> Result<Grpc<Channel>, Status> {
+        let channel = self
+            .lock()
+            .clone()
+            .ok_or_else(|| Status::unavailable("the worker channel is closed"))?;
+        let max = self.inner.config.max_message_size;
+        Ok(Grpc::new(channel)
+            .max_decoding_message_size(max)
+            .max_encoding_message_size(max))
+    }
+
+    /// Opens a new session's `Execute` stream on this channel (spec §1.1: one stream per
+    /// session). Nothing is awaited: the stream is set up as the session first sends or
+    /// receives, and a failure to set it up surfaces there as a transport error (gRPC
+    /// status), bounded by the session's init timeout.
+    ///
+    /// # Errors
+    /// `NotConnected` after [`close`](Self::close).
+    pub fn open_session(&self) -> io::Result<GrpcEngineConnection> {
+        let grpc = self
+            .grpc()
+            .map_err(|s| io::Error::new(io::ErrorKind::NotConnected, s.message().to_owned()))?;
+        Ok(GrpcEngineConnection::open(grpc, &self.inner.config))
+    }
+
+    /// Calls `Manage` once with `request` as given (spec §1.7), without a deadline and
+    /// without checking the response branch; see [`heartbeat`](Self::heartbeat) and
+    /// [`shutdown`](Self::shutdown) for the checked forms.
+    ///
+    /// # Errors
+    /// The gRPC status: the worker's (an empty `WorkerRequest` gives `INVALID_ARGUMENT`) or
+    /// the channel's (`UNAVAILABLE` when the worker cannot be reached; closed channel).
+    pub async fn manage(&self, request: WorkerRequest) -> Result<WorkerResponse, Status> {
+        let mut grpc = self.grpc()?;
+        grpc.ready()
+            .await
+            .map_err(|e| Status::from_error(Box::new(e)))?;
+        let codec = ProstCodec::<WorkerRequest, WorkerResponse>::default();
+        let response = grpc
+            .unary(
+                tonic::Request::new(request),
+                PathAndQuery::from_static(MANAGE_PATH),
+                codec,
+            )
+            .await?;
+        Ok(response.into_inner())
+    }
+
+    /// [`manage`](Self::manage) within [`GrpcConfig::manage_timeout`].
+    async fn manage_bounded(
+        &self,
+        request: WorkerRequest,
+    ) -> Result<WorkerResponse, ManageCallError> {
+        let limit = self.inner.config.manage_timeout;
+        Ok(tokio::time::timeout(limit, self.manage(request))
+            .await
+            .map_err(|_| ManageCallError::Timeout(limit))??)
+    }
+
+    /// Sends a `Heartbeat` and returns the worker's `HeartbeatResponse` (worker-global
+    /// metrics), within [`GrpcConfig::manage_timeout`] (spec §1.7: application liveness).
+    ///
+    /// # Errors
+    /// See [`ManageCallError`].
+    pub async fn heartbeat(&self) -> Result<HeartbeatResponse, ManageCallError> {
+        let request = WorkerRequest {
+            manage: Some(worker_request::Manage::Heartbeat(Heartbeat {})),
+        };
+        match self.manage_bounded(request).await?.manage {
+            Some(worker_response::Manage::Heartbeat(h)) => Ok(h),
+            other => Err(mismatch("heartbeat", &other)),
+        }
+    }
+
+    /// Sends a `ShutdownRequest` and returns the `ShutdownResponse`
+    /// (`sessions_settled`), within [`GrpcConfig::manage_timeout`] (spec §1.7). Do not send
+    /// it while sessions are still to be opened on this worker.
+    ///
+    /// # Errors
+    /// See [`ManageCallError`].
+    pub async fn shutdown(
+        &self,
+        request: ShutdownRequest,
+    ) -> Result<ShutdownResponse, ManageCallError> {
+        let request = WorkerRequest {
+            manage: Some(worker_request::Manage::Shutdown(request)),
+        };
+        match self.manage_bounded(request).await?.manage {
+            Some(worker_response::Manage::Shutdown(s)) => Ok(s),
+            other => Err(mismatch("shutdown", &other)),
+        }
+    }
+}
+
+/// The error for a `Manage` response whose branch is not the `expected` one.
+fn mismatch(expected: &'static str, got: &Option<worker_response::Manage>) -> ManageCallError {
+    let got = match got {
+        Some(worker_response::Manage::Heartbeat(_)) => "heartbeat",
+        Some(worker_response::Manage::Shutdown(_)) => "shutdown",
+        None => "none",
+    };
+    ManageCallError::MismatchedResponse { expected, got }
+}
+
+/// The tonic endpoint: `http://localhost` (the `:authority`), plaintext, deliberate windows.
+fn tonic_endpoint(config: &GrpcConfig) -> Endpoint {
+    Endpoint::from_static("http://localhost")
+        .connect_timeout(config.connect_timeout)
+        .initial_stream_window_size(config.stream_window)
+        .initial_connection_window_size(config.connection_window)
+        .http2_adaptive_window(false)
+        .max_frame_size(config.max_frame_size)
+}
+
+/// A boxed byte stream to the worker: a Unix or a TCP socket.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Io for T {}
+
+/// A connected socket, as hyper reads and writes it.
+type Socket = TokioIo<Box<dyn Io>>;
+
+/// Connects every (re)connection of the channel to the worker's socket; the URI (always
+/// `http://localhost`) is ignored.
+fn connector(
+    endpoint: WorkerEndpoint,
+) -> impl tower::Service<
+    Uri,
+    Response = Socket,
+    Error = io::Error,
+    Future = BoxFuture<'static, io::Result<Socket>>,
+> + Send
++ 'static {
+    tower::service_fn(move |_: Uri| {
+        let endpoint = endpoint.clone();
+        let connect: BoxFuture<'static, io::Result<Socket>> = Box::pin(async move {
+            let io: Box<dyn Io> = match &endpoint {
+                WorkerEndpoint::Unix(path) => {
+                    Box::new(tokio::net::UnixStream::connect(path).await?)
+                }
+                WorkerEndpoint::Tcp(addr) => {
+                    let stream = tokio::net::TcpStream::connect(addr).await?;
+                    stream.set_nodelay(true)?;
+                    Box::new(stream)
+                }
+            };
+            Ok(TokioIo::new(io))
+        });
+        connect
+    })
+}
+
+/// An `io::Error` for `error`, keeping the kind of an `io::Error` found in its source chain.
+fn io_error(error: &(dyn StdError + 'static), context: &str) -> io::Error {
+    let mut kind = io::ErrorKind::Other;
+    let mut cause: Option<&(dyn StdError + 'static)> = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            kind = io.kind();
+            break;
+        }
+        cause = e.source();
+    }
+    let mut message = format!("{context}: {error}");
+    let mut source = error.source();
+    while let Some(e) = source {
+        message.push_str(&format!(": {e}"));
+        source = e.source();
+    }
+    io::Error::new(kind, message)
+}
+
+type ExecuteCall = BoxFuture<'static, Result<Streaming<UdfResponse>, Status>>;
+
+enum Responses {
+    /// The call is being set up (request headers out, response headers awaited).
+    Opening(ExecuteCall),
+    /// The response headers arrived: messages stream in.
+    Open(Box<Streaming<UdfResponse>>),
+    /// The response stream ended (cleanly or not).
+    Ended,
+}
+
+/// The engine side of one session's `Execute` stream: a
+/// [`Connection<UdfRequest, UdfResponse>`](Connection) for
+/// [`Session::new`](crate::worker::Session::new). Obtained from
+/// [`GrpcChannel::open_session`].
+///
+/// - Sending: requests go through a bounded queue ([`GrpcConfig::request_buffer`] messages)
+///   into the streaming request body; beyond it `poll_ready` waits for HTTP/2 flow control
+///   (the worker's stream window).
+/// - Receiving: responses come from the gRPC response stream. A gRPC status error (non-OK
+///   trailers, a reset stream, a broken connection) is a transport failure
+///   ([`ConnectionError::Transport`] holding the [`Status`]); a clean end of the response
+///   stream (OK trailers) is `Ready(None)`, the stream end.
+/// - `poll_close` half-closes the request side cleanly (`END_STREAM`). Dropping the
+///   connection without closing it cancels the stream (`RST_STREAM(CANCEL)`), so the worker
+///   stops sending to it. A tonic worker sees that reset as a plain end of the request
+///   stream, which is why only an explicit `Finish` message finishes a session and a
+///   [`Session`](crate::worker::Session) sends `Cancel` before it lets go of the stream.
+pub struct GrpcEngineConnection {
+    requests: mpsc::Sender<UdfRequest>,
+    responses: Responses,
+    failure: Option<Status>,
+    cancel: Option<tonic::CancellationHandle>,
+    send_closed: bool,
+    recv_ended: bool,
+}
+
+impl fmt::Debug for GrpcEngineConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.responses {
+            Responses::Opening(_) => "opening",
+            Responses::Open(_) => "open",
+            Responses::Ended => "ended",
+        };
+        f.debug_struct("GrpcEngineConnection")
+            .field("responses", &state)
+            .field("failure", &self.failure)
+            .field("send_closed", &self.send_closed)
+            .field("recv_ended", &self.recv_ended)
+            .finish()
+    }
+}
+
+impl GrpcEngineConnection {
+    fn open(mut grpc: Grpc<Channel>, config: &GrpcConfig) -> Self {
+        // futures' bounded channel admits `buffer + senders` messages; one sender.
+        let (requests, body) = mpsc::channel(config.request_buffer.max(1) - 1);
+        let mut request = tonic::Request::new(body);
+        let cancel = request.cancellation_handle();
+        let call: ExecuteCall = Box::pin(async move {
+            grpc.ready()
+                .await
+                .map_err(|e| Status::from_error(Box::new(e)))?;
+            let codec = ProstCodec::<UdfRequest, UdfResponse>::default();
+            let response = grpc
+                .streaming(request, PathAndQuery::from_static(EXECUTE_PATH), codec)
+                .await?;
+            Ok(response.into_inner())
+        });
+        GrpcEngineConnection {
+            requests,
+            responses: Responses::Opening(call),
+            failure: None,
+            cancel: Some(cancel),
+            send_closed: false,
+            recv_ended: false,
+        }
+    }
+
+    /// Cancels the stream at once (`RST_STREAM(CANCEL)`) unless the request side was already
+    /// closed cleanly; nothing more can be sent. Dropping an unclosed connection does the
+    /// same. It is no substitute for the protocol's `Cancel` message: a tonic worker sees
+    /// the reset as a plain end of the request stream.
+    pub fn abort(&mut self) {
+        if let Some(cancel) = self.cancel.take() {
+            cancel.cancel();
+        }
+        self.send_closed = true;
+    }
+
+    /// Drives the call set-up; records a set-up failure.
+    fn drive_call(&mut self, cx: &mut Context<'_>) {
+        if let Responses::Opening(call) = &mut self.responses {
+            match call.as_mut().poll(cx) {
+                Poll::Ready(Ok(stream)) => self.responses = Responses::Open(Box::new(stream)),
+                Poll::Ready(Err(status)) => {
+                    tracing::debug!(%status, "Execute call failed");
+                    self.failure = Some(status);
+                    self.responses = Responses::Ended;
+                }
+                Poll::Pending => {}
+            }
+        }
+    }
+
+    fn send_error(&self) -> ConnectionError {
+        match &self.failure {
+            Some(status) => ConnectionError::transport(status.clone()),
+            None => ConnectionError::Closed,
+        }
+    }
+}
+
+impl Connection<UdfRequest, UdfResponse> for GrpcEngineConnection {
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        self.drive_call(cx);
+        if self.failure.is_some() || self.send_closed {
+            return Poll::Ready(Err(self.send_error()));
+        }
+        match Sink::poll_ready(Pin::new(&mut self.requests), cx) {
+            Poll::Ready(Ok(())) => Poll::Ready(Ok(())),
+            Poll::Ready(Err(_)) => Poll::Ready(Err(self.send_error())),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn start_send(&mut self, msg: UdfRequest) -> Result<(), ConnectionError> {
+        if self.send_closed {
+            return Err(self.send_error());
+        }
+        Sink::start_send(Pin::new(&mut self.requests), msg).map_err(|_| self.send_error())
+    }
+
+    fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        self.drive_call(cx);
+        if let Some(status) = &self.failure {
+            return Poll::Ready(Err(ConnectionError::transport(status.clone())));
+        }
+        Sink::poll_flush(Pin::new(&mut self.requests), cx).map_err(|_| self.send_error())
+    }
+
+    fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
+        self.drive_call(cx);
+        // A clean half-close: queued requests still go out, then END_STREAM.
+        self.send_closed = true;
+        self.cancel = None;
+        self.requests.close_channel();
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_recv(
+        &mut self,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<UdfResponse, ConnectionError>>> {
+        self.drive_call(cx);
+        if self.recv_ended {
+            return Poll::Ready(None);
+        }
+        if let Some(status) = &self.failure {
+            self.recv_ended = true;
+            return Poll::Ready(Some(Err(ConnectionError::transport(status.clone()))));
+        }
+        let Responses::Open(stream) = &mut self.responses else {
+            return Poll::Pending;
+        };
+        match Pin::new(&mut **stream).poll_next(cx) {
+            Poll::Ready(Some(Ok(msg))) => Poll::Ready(Some(Ok(msg))),
+            Poll::Ready(Some(Err(status))) => {
+                self.recv_ended = true;
+                self.responses = Responses::Ended;
+                self.failure = Some(status.clone());
+                Poll::Ready(Some(Err(ConnectionError::transport(status))))
+            }
+            Poll::Ready(None) => {
+                self.recv_ended = true;
+                self.responses = Responses::Ended;
+                Poll::Ready(None)
+            }
+            Poll::Pending => Poll::Pending,
+        }
+    }
+
+    fn is_active(&self) -> bool {
+        self.failure.is_none() && !(self.recv_ended && self.send_closed)
+    }
+}
+
+impl Drop for GrpcEngineConnection {
+    fn drop(&mut self) {
+        // Not closed cleanly: reset the stream so the worker sees an abort.
+        if let Some(cancel) = self.cancel.take() {
+            cancel.cancel();
+        }
+    }
+}
+
+/// The gRPC transport for dispatchers (spec §6.4): one [`GrpcChannel`] per worker, one
+/// `Execute` stream per session on it.
+#[derive(Debug, Clone, Default)]
+pub struct GrpcTransport {
+    /// Settings of every channel this transport opens.
+    pub config: GrpcConfig,
+}
+
+impl GrpcTransport {
+    /// A transport with the given settings.
+    pub fn new(config: GrpcConfig) -> Self {
+        GrpcTransport { config }
+    }
+}
+
+impl WorkerTransport for GrpcTransport {
+    type Channel = GrpcChannel;
+    type Connection = GrpcEngineConnection;
+
+    /// [`GrpcChannel::connect`]: one bounded readiness attempt.
+    fn connect<'a>(
+        &'a self,
+        endpoint: &'a WorkerEndpoint,
+    ) -> BoxFuture<'a, io::Result<GrpcChannel>> {
+        Box::pin(GrpcChannel::connect(endpoint, &self.config))
+    }
+
+    /// [`GrpcChannel::open_session`]: a new `Execute` stream on the shared channel.
+    fn open_session<'a>(
+        &'a self,
+        channel: &'a GrpcChannel,
+        _endpoint: &'a WorkerEndpoint,
+    ) -> BoxFuture<'a, io::Result<GrpcEngineConnection>> {
+        Box::pin(std::future::ready(channel.open_session()))
+    }
+
+    /// [`GrpcChannel::is_active`].
+    fn is_active(&self, channel: &GrpcChannel) -> bool {
+        channel.is_active()
+    }
+}
