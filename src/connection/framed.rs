@@ -1,7 +1,7 @@
 //! Length-delimited frames over any `AsyncRead + AsyncWrite` (Unix sockets, TCP), as a
 //! [`Connection`]. Available with the `tokio` feature.
 //!
-//! Each message travels as one frame of [`FrameCodec`](crate::wire::FrameCodec): a 4-byte
+//! Each message travels as one frame of [`FrameCodec`]: a 4-byte
 //! big-endian length, then the protobuf body. It is tether's lightweight alternative to gRPC:
 //! one socket connection per session, no HTTP/2.
 //!
