@@ -1,7 +1,7 @@
 //! # tether
 //!
-//! Apache Spark's external-UDF-worker session protocol as compile-time typestates over any
-//! transport.
+//! Two of Apache Spark's session protocols — external UDF worker sessions and Spark Connect
+//! reattachable executions — as compile-time typestates over any transport.
 //!
 //! ## Worker sessions (engine side, [`worker::Session`])
 //!
@@ -80,10 +80,18 @@
 //! - [`connection`]: the small [`connection::Connection`] trait that any transport
 //!   implements (blanket impl for `Sink + Stream`), and a bounded in-memory pair.
 //! - [`worker`]: the sans-IO protocol cores ([`worker::EngineCore`],
-//!   [`worker::endpoint::WorkerCore`]) and the async typestate drivers over them.
+//!   [`worker::endpoint::WorkerCore`]) and the async typestate drivers over them; the
+//!   framed and process layers: [`worker::transport`], `worker::dispatcher` (feature
+//!   `tokio`).
+//! - [`execution`]: reattachable executions — [`execution::ResponseLog`],
+//!   [`execution::ExecutionCore`] (sans-IO, time passed in), [`execution::ExecutionManager`],
+//!   and the client [`execution::client::ReattachingStream`].
+//! - `spark` (feature `grpc`): the official `UdfWorker` gRPC service over a Unix socket —
+//!   an engine channel opening one `Execute` stream per session and a worker server.
 //!
-//! References: `spec/udf-worker-protocol.md` for worker sessions and
-//! `spec/reattach-protocol.md` for executions (section numbers in the docs, e.g. "spec
+//! References (the project's protocol notes, kept outside the crate):
+//! `spec/udf-worker-protocol.md` for worker sessions and `spec/reattach-protocol.md` for
+//! executions (section numbers in the docs, e.g. "spec
 //! §4.5", refer to the one of their module).
 //!
 //! ## Features

@@ -594,7 +594,7 @@ pub enum MalformedMessage {
     #[error("empty UdfControlRequest oneof")]
     EmptyControlRequest,
     /// [`UdfResponse::response`] is unset.
-    #[error("unexpected response oneof")]
+    #[error("empty UdfResponse oneof")]
     EmptyResponse,
     /// [`UdfResponse::response`] holds a [`UdfControlResponse`] whose `control` is unset.
     #[error("empty UdfControlResponse oneof")]
@@ -1618,7 +1618,7 @@ mod tests {
         );
         assert_eq!(
             MalformedMessage::EmptyResponse.to_string(),
-            "unexpected response oneof"
+            "empty UdfResponse oneof"
         );
         assert_eq!(
             MalformedMessage::EmptyControlResponse.to_string(),

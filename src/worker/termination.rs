@@ -253,7 +253,7 @@ pub enum PeerViolation {
     #[error("malformed message: {0}")]
     Malformed(#[from] MalformedMessage),
     /// The worker ended its stream without a terminator (rule R10).
-    #[error("response stream closed without a terminator")]
+    #[error("response stream closed without a terminator (the worker exited or broke rule R10)")]
     StreamEndedWithoutTerminator,
 }
 

@@ -1,0 +1,188 @@
+//! The framed transport (length-delimited protobuf over a Unix socket) end to end: an engine
+//! `Session` against a tether worker (`endpoint::serve`) in the same test, with large
+//! messages in both directions and hostile frames.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use futures::StreamExt;
+use tether::connection::framed::{FramedConfig, FramedListener, connect_unix};
+use tether::wire::{
+    ExecutionError, FinishResponse, Init, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
+};
+use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
+use tether::worker::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
+use tokio::io::AsyncWriteExt;
+
+/// Echoes every batch; reports the init payload's length in `InitResponse.data`.
+struct Echo;
+
+impl Udf for Echo {
+    fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError> {
+        let len = init.udf.as_ref().map_or(0, |u| u.payload.len());
+        Ok(Some(Bytes::from(len.to_string())))
+    }
+    fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
+        out.push(batch);
+        Ok(())
+    }
+    fn finish(&mut self, _out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError> {
+        Ok(FinishResponse::default())
+    }
+}
+
+fn socket_path(name: &str) -> (tempdir::Dir, std::path::PathBuf) {
+    let dir = tempdir::Dir::new();
+    let path = dir.0.join(name);
+    (dir, path)
+}
+
+/// A private temporary directory removed on drop (no extra dependency needed).
+mod tempdir {
+    pub struct Dir(pub std::path::PathBuf);
+    impl Dir {
+        pub fn new() -> Self {
+            let p = std::env::temp_dir().join(format!("tether-framed-{}", uuid::Uuid::new_v4()));
+            std::fs::create_dir_all(&p).expect("temp dir");
+            Dir(p)
+        }
+    }
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+fn pattern(len: usize, seed: u8) -> Bytes {
+    Bytes::from(
+        (0..len)
+            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+            .collect::<Vec<_>>(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_of_3_9_6_and_20_mib_cross_the_framed_transport_both_ways() {
+    let (_dir, path) = socket_path("w.sock");
+    let config = FramedConfig::default();
+    let listener = FramedListener::bind_unix(&path).expect("bind");
+    let worker_config = config.clone();
+    let worker = tokio::spawn(async move {
+        let conn = listener
+            .accept::<UdfResponse, UdfRequest>(&worker_config)
+            .await
+            .expect("accept");
+        serve(conn, Echo, EndpointConfig::default()).await
+    });
+    let conn = connect_unix::<UdfRequest, UdfResponse>(&path, &config)
+        .await
+        .expect("connect");
+    let handle = std::sync::Arc::new(CountingHandle::for_one_session());
+    let session = Session::new(conn, handle.clone(), SessionConfig::default());
+    let payload = pattern(6 * 1024 * 1024, 7);
+    let init = Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("bytes", payload),
+    );
+    let (session, init_response) = session.init(init).await.map_err(|f| f.error).expect("init");
+    assert_eq!(
+        init_response.data.as_deref(),
+        Some(b"6291456".as_slice()),
+        "6 MiB Init arrived"
+    );
+    let sizes = [3_900 * 1024, 6 * 1024 * 1024, 20 * 1024 * 1024];
+    let batches: Vec<Bytes> = sizes
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| pattern(n, i as u8))
+        .collect();
+    let echoed: Vec<Bytes> = session
+        .process(futures::stream::iter(batches.clone()))
+        .map(|r| r.expect("echo"))
+        .collect()
+        .await;
+    assert_eq!(echoed.len(), 3);
+    for (sent, got) in batches.iter().zip(&echoed) {
+        assert_eq!(sent.len(), got.len());
+        assert!(sent == got, "a {} byte batch came back altered", sent.len());
+    }
+    assert!(matches!(
+        handle.last_outcome(),
+        Some(Termination::Finished { .. })
+    ));
+    assert!(!handle.is_invalid());
+    assert!(matches!(
+        worker.await.expect("worker task"),
+        EndpointOutcome::Finished { .. }
+    ));
+}
+
+#[tokio::test]
+async fn an_oversize_length_prefix_fails_the_session_without_allocating() {
+    let (_dir, path) = socket_path("w.sock");
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let hostile = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        s.write_all(&[0xff, 0xff, 0xff, 0xff]).await.expect("write");
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    });
+    let config = FramedConfig::default();
+    let conn = connect_unix::<UdfRequest, UdfResponse>(&path, &config)
+        .await
+        .expect("connect");
+    let handle = std::sync::Arc::new(CountingHandle::for_one_session());
+    let session = Session::new(conn, handle.clone(), SessionConfig::default());
+    let init = Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("x", Bytes::new()),
+    );
+    let failed = session.init(init).await.expect_err("oversize frame");
+    assert!(
+        failed.error.to_string().contains("exceeds the maximum"),
+        "{}",
+        failed.error
+    );
+    let t = failed.session.close().await;
+    assert!(matches!(t, Termination::TransportFailed(_)), "{t}");
+    assert!(handle.is_invalid());
+    assert_eq!(handle.releases(), 1);
+    hostile.abort();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_frame_that_never_completes_times_out() {
+    let (_dir, path) = socket_path("w.sock");
+    let listener = tokio::net::UnixListener::bind(&path).expect("bind");
+    let hostile = tokio::spawn(async move {
+        let (mut s, _) = listener.accept().await.expect("accept");
+        // A 100-byte frame of which only 6 bytes ever arrive.
+        s.write_all(&[0, 0, 0, 100, 0x0a, 0x00])
+            .await
+            .expect("write");
+        tokio::time::sleep(Duration::from_secs(3600)).await;
+    });
+    let config = FramedConfig {
+        frame_timeout: Duration::from_secs(2),
+        ..FramedConfig::default()
+    };
+    let conn = connect_unix::<UdfRequest, UdfResponse>(&path, &config)
+        .await
+        .expect("connect");
+    let handle = std::sync::Arc::new(CountingHandle::for_one_session());
+    let session = Session::new(conn, handle.clone(), SessionConfig::default());
+    let init = Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("x", Bytes::new()),
+    );
+    let failed = session.init(init).await.expect_err("trickling frame");
+    assert!(
+        failed.error.to_string().contains("not completed within"),
+        "{}",
+        failed.error
+    );
+    let t = failed.session.close().await;
+    assert!(matches!(t, Termination::TransportFailed(_)), "{t}");
+    assert!(handle.is_invalid());
+    hostile.abort();
+}
