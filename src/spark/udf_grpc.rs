@@ -21,6 +21,11 @@
 //!
 //! # Worker side
 //!
+//! Clients of a tether worker must send `:authority` `localhost` (as Spark's engine and
+//! [`GrpcChannel`] do). grpcio's default for a `unix:` target is the percent-encoded socket
+//! path, which the HTTP/2 layer rejects as a malformed authority (every stream is reset with
+//! `PROTOCOL_ERROR`); set the channel option `grpc.default_authority` to `localhost`.
+//!
 //! [`WorkerService`] is the service (a `tower::Service` with
 //! [`NamedService::NAME`](tonic::server::NamedService::NAME) = [`SERVICE_NAME`], so it also
 //! mounts on a `tonic::transport::Server`); each `Execute` stream reaches a callback as a
