@@ -118,8 +118,9 @@ pub struct DispatcherConfig {
     /// Limit for each environment callable (verification, installation, cleanup); not
     /// clamped: 120 s (`DEFAULT_CALLABLE_TIMEOUT_MS`).
     pub callable_timeout: Duration,
-    /// Pause between readiness probes (`transport.connect`): 50 ms
-    /// (`READY_POLL_INTERVAL_MS`).
+    /// Longest pause between readiness probes (`transport.connect`): 50 ms
+    /// (`READY_POLL_INTERVAL_MS`). Probing starts 1 ms apart and doubles up to this bound, so
+    /// a worker that listens a few milliseconds after spawn is found at once.
     pub ready_poll_interval: Duration,
     /// Wait for the kernel to reap a worker after SIGKILL before warning: 5 s
     /// (`SIGKILL_REAP_TIMEOUT_MS`).
@@ -434,12 +435,15 @@ impl<T: WorkerTransport> Dispatcher<T> {
         })
     }
 
-    /// Polls `transport.connect` every [`DispatcherConfig::ready_poll_interval`] until it
-    /// succeeds, the process exits, or the initialization timeout passes.
+    /// Polls `transport.connect` (1 ms apart, doubling up to
+    /// [`DispatcherConfig::ready_poll_interval`]) until it succeeds, the process exits, or
+    /// the initialization timeout passes.
     async fn await_ready(&self, worker: &Worker<T>) -> Result<T::Channel, Failure> {
         let shared = &self.shared;
         let deadline = tokio::time::Instant::now() + shared.settings.init_timeout;
         let mut last_error = None;
+        let max_pause = shared.config.ready_poll_interval;
+        let mut pause = Duration::from_millis(1).min(max_pause);
         loop {
             if let Some(reason) = worker.peek_exit() {
                 return Err(Failure::Exited(reason));
@@ -463,9 +467,9 @@ impl<T: WorkerTransport> Dispatcher<T> {
                 Ok(Err(e)) => last_error = Some(e),
                 Err(_) => continue,
             }
-            let next =
-                (tokio::time::Instant::now() + shared.config.ready_poll_interval).min(deadline);
+            let next = (tokio::time::Instant::now() + pause).min(deadline);
             tokio::time::sleep_until(next).await;
+            pause = (pause * 2).min(max_pause);
         }
     }
 
