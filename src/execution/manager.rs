@@ -264,48 +264,38 @@ impl Registry {
         self.users.get_mut(user)?.get_mut(&sid)
     }
 
-    /// Looks a session up without creating it (spec §5.5): refreshes its idle timer.
+    /// Looks a session up without creating it (spec §5.5), checks the client's observed
+    /// `server_side_session_id` (`SESSION_CHANGED` on a mismatch) and refreshes the idle
+    /// timer. ReattachExecute, ReleaseExecute (which passes no observed id, spec §1.5) and
+    /// Interrupt all go through here.
     fn lookup_session(
         &mut self,
         user: &str,
         raw_session_id: &str,
+        observed: Option<&str>,
         now: Instant,
     ) -> Result<&mut Session, ConnectError> {
-        let sid = parse_uuid(raw_session_id);
-        let exists = sid.is_some_and(|sid| {
-            self.users
-                .get(user)
-                .is_some_and(|sessions| sessions.contains_key(&sid))
-        });
-        match sid {
-            Some(sid) if exists => {
-                let s =
-                    self.session_mut(user, sid)
-                        .ok_or_else(|| ConnectError::SessionNotFound {
-                            handle: raw_session_id.to_owned(),
-                        })?;
-                s.last_access = now;
-                Ok(s)
-            }
-            Some(sid) => {
-                let key = SessionKey {
-                    user_id: Arc::from(user),
-                    session_id: sid,
-                };
-                if self.closed_sessions.contains(&key) {
-                    Err(ConnectError::SessionClosed {
-                        handle: raw_session_id.to_owned(),
-                    })
-                } else {
-                    Err(ConnectError::SessionNotFound {
-                        handle: raw_session_id.to_owned(),
-                    })
+        let not_found = || ConnectError::SessionNotFound {
+            handle: raw_session_id.to_owned(),
+        };
+        let sid = parse_uuid(raw_session_id).ok_or_else(not_found)?;
+        if self.session_mut(user, sid).is_none() {
+            let key = SessionKey {
+                user_id: Arc::from(user),
+                session_id: sid,
+            };
+            return Err(if self.closed_sessions.contains(&key) {
+                ConnectError::SessionClosed {
+                    handle: raw_session_id.to_owned(),
                 }
-            }
-            None => Err(ConnectError::SessionNotFound {
-                handle: raw_session_id.to_owned(),
-            }),
+            } else {
+                not_found()
+            });
         }
+        let session = self.session_mut(user, sid).ok_or_else(not_found)?;
+        check_observed(session, observed, raw_session_id)?;
+        session.last_access = now;
+        Ok(session)
     }
 
     fn get_or_create_session(
@@ -814,11 +804,11 @@ impl ExecutionManager {
             let reg = &mut *guard;
             (|| {
                 let raw_sid = request.session_id.as_str();
-                let session = reg.lookup_session(request.user_id(), raw_sid, now)?;
-                check_observed(
-                    session,
-                    request.client_observed_server_side_session_id.as_deref(),
+                let session = reg.lookup_session(
+                    request.user_id(),
                     raw_sid,
+                    request.client_observed_server_side_session_id.as_deref(),
+                    now,
                 )?;
                 let op = parse_operation(&request.operation_id)?;
                 let found = session.executions.get(&op).cloned();
@@ -872,7 +862,9 @@ impl ExecutionManager {
             let reg = &mut *guard;
             (|| {
                 let raw_sid = request.session_id.as_str();
-                let session = reg.lookup_session(request.user_id(), raw_sid, now)?;
+                // Like Spark, ReleaseExecute does not validate the observed server-side
+                // session id (spec §1.5), so a release always reaches the execution.
+                let session = reg.lookup_session(request.user_id(), raw_sid, None, now)?;
                 let mut response = ReleaseExecuteResponse {
                     session_id: request.session_id.clone(),
                     server_side_session_id: session.server_side.to_string(),
@@ -928,11 +920,11 @@ impl ExecutionManager {
             let reg = &mut *guard;
             (|| {
                 let raw_sid = request.session_id.as_str();
-                let session = reg.lookup_session(request.user_id(), raw_sid, now)?;
-                check_observed(
-                    session,
-                    request.client_observed_server_side_session_id.as_deref(),
+                let session = reg.lookup_session(
+                    request.user_id(),
                     raw_sid,
+                    request.client_observed_server_side_session_id.as_deref(),
+                    now,
                 )?;
                 let targets: Vec<Arc<ExecShared>> =
                     match InterruptType::try_from(request.interrupt_type) {
