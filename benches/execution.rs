@@ -21,9 +21,8 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion};
-use tether::execution::{
-    ConsumerEvent, ExecutionManager, ManagerConfig, ManualClock, Producer, ResponseStream,
-};
+use tether::execution::{ConsumerEvent, ExecutionManager, ManagerConfig, Producer, ResponseStream};
+use tether::time::ManualClock;
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, Plan, ReattachExecuteRequest, ReleaseExecuteRequest,
     UserContext, execute_plan_request::RequestOption, release_execute_request,

@@ -1,5 +1,5 @@
-//! Throughput of worker sessions against raw baselines measured in the same run (issue 3
-//! item 7; DESIGN.md "Verification layers" 6).
+//! Throughput of worker sessions against raw baselines measured in the same run (a bare
+//! channel, a bare socket, plain tonic).
 //!
 //! Every data case moves `N` × 64 KiB `Bytes` batches (`N` = 256 by default, 16 MiB) out to an
 //! echo worker and back, and reports `Throughput::Bytes(N × 64 KiB)`: the payload that went
@@ -135,8 +135,10 @@ use tether::wire::{
 };
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::endpoint::{EndpointConfig, OutcomeKind, Udf, serve};
-use tether::worker::transport::FramedTransport;
-use tether::worker::{CountingHandle, Session, SessionConfig, TerminationKind, WorkerHandle};
+use tether::worker::engine::FramedTransport;
+use tether::worker::engine::{
+    CountingHandle, Session, SessionConfig, TerminationKind, WorkerHandle,
+};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
@@ -997,7 +999,7 @@ mod grpc {
     use tether::spark::udf_grpc::{EXECUTE_PATH, GrpcConfig};
     use tether::wire::{UdfRequest, UdfResponse, udf_request, udf_response};
     use tether::worker::endpoint::EndpointConfig;
-    use tether::worker::transport::WorkerEndpoint;
+    use tether::worker::engine::WorkerEndpoint;
     use tokio::net::{UnixListener, UnixStream};
     use tonic::transport::{Channel, Endpoint, Server};
     use tonic::{Status, Streaming};

@@ -19,7 +19,7 @@ use tether::wire::{
     UdfWorkerDataFormat,
 };
 use tether::worker::endpoint::{EndpointConfig, Udf, serve};
-use tether::worker::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
+use tether::worker::engine::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
 
 /// The worker's UDF: upper-cases text batches; "generate:N" payload makes it a generator.
 #[derive(Default)]

@@ -2,7 +2,7 @@
 //! [`ExecutionManager`] streams 1 000 000 rows to a client-side [`ReattachingStream`] over an
 //! in-memory transport that keeps breaking things.
 //!
-//! What it shows (reattach spec §2–§6):
+//! What it shows (reattach rx §2–§6):
 //!
 //! - A producer pushes 2 000 batches of 500 rows through the manager's bounded response log
 //!   (backpressure: it waits whenever 128 KiB are unsent).
@@ -39,9 +39,10 @@ use futures::future::BoxFuture;
 use futures::stream::{BoxStream, Stream};
 use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream, RpcError};
 use tether::execution::{
-    ExecutionManager, LogConfig, ManagerConfig, ManualClock, Producer, Reattachable,
-    ResponseStream, StreamLimits, Submitted, state,
+    ExecutionManager, LogConfig, ManagerConfig, Producer, Reattachable, ResponseStream,
+    StreamLimits, Submitted, state,
 };
+use tether::time::ManualClock;
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, Plan, ReattachExecuteRequest, ReleaseExecuteRequest,
     ReleaseExecuteResponse, UserContext, execute_plan_response::ResponseType,

@@ -3,10 +3,10 @@
 //! Two of Apache Spark's session protocols — external UDF worker sessions and Spark Connect
 //! reattachable executions — as compile-time typestates over any transport.
 //!
-//! ## Worker sessions (engine side, [`worker::Session`])
+//! ## Worker sessions (engine side, [`worker::engine::Session`])
 //!
 //! One UDF execution on an external worker process: `Init`, data streamed both ways, then
-//! `Finish` or `Cancel`, and exactly one terminal outcome ([`worker::Termination`]):
+//! `Finish` or `Cancel`, and exactly one terminal outcome ([`worker::engine::Termination`]):
 //!
 //! ```text
 //!                    init() ─ InitResponse ok
@@ -32,12 +32,12 @@
 //! - Methods exist only where the protocol allows them: no data before `init`, no second
 //!   `init`, no `finish` before `init`, nothing but inspection and `close` after
 //!   `Terminated`. Transitions consume the session.
-//! - `close()` is the single finalizer: it returns the [`worker::Termination`], calls
-//!   [`worker::WorkerHandle::mark_invalid`] before
-//!   [`worker::WorkerHandle::release_session`] when the outcome is unsalvageable
+//! - `close()` is the single finalizer: it returns the [`worker::engine::Termination`], calls
+//!   [`worker::engine::WorkerHandle::mark_invalid`] before
+//!   [`worker::engine::WorkerHandle::release_session`] when the outcome is unsalvageable
 //!   (`TransportFailed`, `Interrupted`), and releases the worker exactly once.
 //! - Dropping a session, or a transition future mid-await, is a defined cancel (see
-//!   [`worker::Session`]).
+//!   [`worker::engine::Session`]).
 //!
 //! ## Worker sessions (worker side, [`worker::endpoint`])
 //!
@@ -75,36 +75,91 @@
 //!
 //! ## Layers
 //!
-//! - [`wire`]: the Spark 4.3.0 protobuf messages (`org.apache.spark.udf.worker`), written by
-//!   hand with prost and the official field numbers, and a length-delimited frame codec.
+//! Dependencies point one way, downwards; the two protocols are independent halves and
+//! neither imports the other.
+//!
+//! - [`time`]: the clock both protocols run on ([`time::Timer`], [`time::TokioTimer`],
+//!   [`time::ManualClock`]). It imports nothing from the layers above.
+//! - [`wire`]: the Spark 4.3.0 protobuf messages (`org.apache.spark.udf.worker`, and the
+//!   Spark Connect subset in [`wire::connect`]), written by hand with prost and the official
+//!   field numbers, and a length-delimited frame codec.
 //! - [`connection`]: the small [`connection::Connection`] trait that any transport
-//!   implements (blanket impl for `Sink + Stream`), and a bounded in-memory pair.
-//! - [`worker`]: the sans-IO protocol cores ([`worker::EngineCore`],
-//!   [`worker::endpoint::WorkerCore`]) and the async typestate drivers over them; the
-//!   framed and process layers: [`worker::transport`], `worker::dispatcher` (feature
-//!   `tokio`).
+//!   implements (blanket impl for `Sink + Stream`), a bounded in-memory pair, and framed
+//!   Unix/TCP sockets ([`connection::framed`], feature `tokio`).
+//! - [`worker`]: UDF worker sessions. [`worker::engine`] is the engine side
+//!   ([`worker::engine::Session`] over the sans-IO [`worker::engine::EngineCore`]);
+//!   [`worker::endpoint`] is the worker side ([`worker::endpoint::Endpoint`] over
+//!   [`worker::endpoint::WorkerCore`]); [`worker::state`] holds the typestate markers both
+//!   share; `worker::dispatcher` (feature `tokio`) spawns and reuses worker processes.
 //! - [`execution`]: reattachable executions — [`execution::ResponseLog`],
 //!   [`execution::ExecutionCore`] (sans-IO, time passed in), [`execution::ExecutionManager`],
 //!   and the client [`execution::client::ReattachingStream`].
 //! - `spark` (feature `grpc`): the official `UdfWorker` gRPC service over a Unix socket —
 //!   an engine channel opening one `Execute` stream per session and a worker server.
 //!
-//! References (the project's protocol notes, kept outside the crate):
-//! `spec/udf-worker-protocol.md` for worker sessions and `spec/reattach-protocol.md` for
-//! executions (section numbers in the docs, e.g. "spec
-//! §4.5", refer to the one of their module).
+//! ## Naming conventions
+//!
+//! - Typestate markers are always written with their module, `state::Init`,
+//!   `state::Streaming`, …: the bare name `Init` is the wire message [`wire::Init`].
+//! - Each protocol's phases have their own name: [`worker::engine::EnginePhase`],
+//!   [`worker::endpoint::WorkerPhase`], [`execution::ExecutionPhase`],
+//!   [`execution::client::ClientPhase`].
+//! - Every item has exactly one public path; the modules above are the only namespaces.
+//!
+//! ## Protocol reference
+//!
+//! The rules are written down in the [`reference`](mod@reference) chapters, shipped with the crate:
+//! [`reference::udf`] (worker sessions), [`reference::rx`] (reattachable executions) and
+//! [`reference::connect`] (Spark Connect facts measured on Spark 4.3.0). Doc comments cite
+//! them by chapter and section — "udf §4.5", "rx §3.5", "connect §2" — beside the upstream
+//! Spark class, method or JIRA where there is one.
 //!
 //! ## Features
 //!
 //! - `tokio` (default): tokio's clock for the session timeouts and the bounded drop-cleanup
 //!   task. With `default-features = false` the crate is runtime-agnostic (bytes, futures,
-//!   pin-project, thiserror, prost, uuid, tracing); supply a [`worker::Timer`] for timeouts.
+//!   pin-project, thiserror, prost, uuid, tracing); supply a [`time::Timer`] for timeouts.
 #![forbid(unsafe_code)]
+#![forbid(unused_must_use)]
 #![deny(missing_docs)]
+#![warn(unreachable_pub)]
+#![warn(clippy::use_self)]
+
+/// Declares a module's sealed typestate trait `State` and its five markers (used by
+/// [`worker::state`] and [`execution::state`], whose markers are distinct types).
+macro_rules! typestate_markers {
+    (
+        $(#[$trait_doc:meta])*
+        trait State;
+        $($(#[$doc:meta])* $name:ident,)*
+    ) => {
+        mod sealed {
+            pub trait Sealed {}
+        }
+
+        $(#[$trait_doc])*
+        pub trait State: sealed::Sealed + Send + Sync + 'static {
+            /// The marker's name, for `Debug` output.
+            const NAME: &'static str;
+        }
+
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+            pub struct $name;
+            impl sealed::Sealed for $name {}
+            impl State for $name {
+                const NAME: &'static str = stringify!($name);
+            }
+        )*
+    };
+}
 
 pub mod connection;
 pub mod execution;
+pub mod reference;
 #[cfg(feature = "grpc")]
 pub mod spark;
+pub mod time;
 pub mod wire;
 pub mod worker;

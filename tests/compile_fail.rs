@@ -1,8 +1,8 @@
 //! Compile-fail tests: illegal call orders on the engine-side `Session` typestates do not
-//! compile (DESIGN.md "Typestates", verification layer 2).
+//! compile (udf §4.3: the public API edges).
 //!
-//! Each `tests/ui/<case>.rs` holds one illegal order and names, in its header comment, the spec
-//! §8 scenario it stands for where one exists; `<case>.stderr` is the expected rustc error
+//! Each `tests/ui/<case>.rs` holds one illegal order and names, in its header comment, the udf
+//! udf §8 scenario it stands for where one exists; `<case>.stderr` is the expected rustc error
 //! (regenerate with `TRYBUILD=overwrite`). `tests/ui/legal_orders.rs` is the positive control:
 //! the shared preamble and the legal orders compile.
 //!

@@ -1,5 +1,5 @@
-//! Compile-fail tests for the execution typestates (issue 4 item 6; DESIGN.md
-//! "Typestates", verification layer 2).
+//! Compile-fail tests for the execution typestates (rx §2.3: the
+//! typestates over the runner states).
 //!
 //! Each `tests/ui_execution/<case>.rs` holds one illegal use of
 //! [`Execution<S, K>`](tether::execution::Execution) and says in its header comment which

@@ -1,8 +1,8 @@
 //! Wire conformance against Spark 4.3.0's official schema, checked by the official Python
-//! implementation (issue 3, item 6; DESIGN.md "Verification layers" 5).
+//! implementation (udf §1).
 //!
 //! The `.proto` files are never copied here: `tests/python/udf_protos.py` locates them with
-//! `../shared/oracle/udf-protos.sh` and compiles them with grpcio-tools (pinned in
+//! the oracle's extraction script and compiles them with grpcio-tools (pinned in
 //! `tests/python/requirements.txt`) into `target/py-gen/`. The Python venv lives at
 //! `target/py-venv`, set up by `scripts/python-env.sh` (which `scripts/test.sh` runs first);
 //! `TETHER_PYTHON` overrides the interpreter. Without it these tests print a loud
@@ -13,7 +13,7 @@
 //!   with entries, optional fields at their zero values, unknown enum values): tether's bytes
 //!   decode in Python to the same values (compared as protobuf JSON built here by hand), and
 //!   the bytes Python encodes from those values decode in tether to the same values.
-//! - `grpc::*` (feature `grpc`): a tether engine [`Session`](tether::worker::Session)
+//! - `grpc::*` (feature `grpc`): a tether engine [`Session`](tether::worker::engine::Session)
 //!   drives a Python grpcio worker, and a Python grpcio engine drives a tether worker
 //!   ([`WorkerServer`](tether::spark::udf_grpc::WorkerServer) + `endpoint::serve`), over a
 //!   Unix socket, through finish, cancel and error; messages of 3.9, 6 and 20 MiB cross in
@@ -1083,7 +1083,7 @@ fn cases() -> Vec<Case> {
             "full_control",
             UdfRequest {
                 request: Some(udf_request::Request::Control(control_request(Req::Init(
-                    full_init(),
+                    Box::new(full_init()),
                 )))),
             },
         ),
@@ -1118,7 +1118,7 @@ fn cases() -> Vec<Case> {
         case(
             "UdfControlRequest",
             "full_init",
-            control_request(Req::Init(full_init())),
+            control_request(Req::Init(Box::new(full_init()))),
         ),
         case(
             "UdfControlRequest",
@@ -1733,13 +1733,13 @@ mod grpc {
         CancelResponse, ExecutionError, FinishResponse, Init, ShutdownRequest, UdfPayload,
         UdfWorkerDataFormat, execution_error,
     };
-    use tether::worker::endpoint::crc32::crc32;
+
     use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
-    use tether::worker::state::Init as InitState;
-    use tether::worker::transport::WorkerEndpoint;
-    use tether::worker::{
+    use tether::worker::engine::WorkerEndpoint;
+    use tether::worker::engine::{
         CountingHandle, Session, SessionConfig, SessionError, TerminationKind, WorkerHandle,
     };
+    use tether::worker::state;
     use tokio::io::{AsyncBufReadExt, BufReader, Lines};
     use tokio::process::{Child, ChildStdout};
     use tokio::sync::mpsc;
@@ -1882,7 +1882,7 @@ mod grpc {
         }
     }
 
-    type GrpcSession = Session<InitState, GrpcEngineConnection>;
+    type GrpcSession = Session<state::Init, GrpcEngineConnection>;
 
     fn new_session(channel: &GrpcChannel) -> (GrpcSession, Arc<CountingHandle>) {
         let handle = Arc::new(CountingHandle::for_one_session());
@@ -1914,7 +1914,7 @@ mod grpc {
                 UdfWorkerDataFormat::Arrow,
                 UdfPayload {
                     payload_size: Some(payload.len() as i64),
-                    payload_crc32: Some(crc32(&payload)),
+                    payload_crc32: Some(crc32fast::hash(&payload)),
                     name: Some(name.to_owned()),
                     eval_type: Some("SQL_ARROW_BATCHED_UDF".to_owned()),
                     ..UdfPayload::new("echo", payload)
@@ -2009,7 +2009,7 @@ mod grpc {
         assert_eq!(event.get("payload_len"), &Json::num(14));
         assert_eq!(
             event.get("payload_crc32"),
-            &Json::num(crc32(b"finish-payload"))
+            &Json::num(crc32fast::hash(b"finish-payload"))
         );
         assert_eq!(
             event.get("data_sizes"),
@@ -2131,7 +2131,10 @@ mod grpc {
             "finish",
         );
         assert_eq!(event.get("payload_len"), &Json::num(payload.len()));
-        assert_eq!(event.get("payload_crc32"), &Json::num(crc32(&payload)));
+        assert_eq!(
+            event.get("payload_crc32"),
+            &Json::num(crc32fast::hash(&payload))
+        );
         assert_eq!(
             event.get("init").get("is_chunking_payload"),
             &Json::Bool(true)
@@ -2225,7 +2228,10 @@ mod grpc {
             "finish",
         );
         assert_eq!(event.get("payload_len"), &Json::num(6 * MIB));
-        assert_eq!(event.get("payload_crc32"), &Json::num(crc32(&payload)));
+        assert_eq!(
+            event.get("payload_crc32"),
+            &Json::num(crc32fast::hash(&payload))
+        );
         let sizes: Vec<Json> = LARGE_SIZES.iter().map(Json::num).collect();
         assert_eq!(event.get("data_sizes"), &Json::Arr(sizes));
         eprintln!(
@@ -2541,7 +2547,7 @@ mod grpc {
         assert_eq!(init.json(), expected);
         assert_eq!(
             init.udf.as_ref().unwrap().payload_crc32,
-            Some(crc32(b"finish"))
+            Some(crc32fast::hash(b"finish"))
         );
         match &served["cancel"].outcome {
             EndpointOutcome::Cancelled { reason, reported } => {

@@ -1,5 +1,5 @@
-//! Client-side reattach scenarios ported from spec §7 (`rx_sNN_…`, numbered as in spec §7:
-//! §7.1/§7.2 where the client's behaviour is observable, §7.5 Python client, §7.6 Scala
+//! Client-side reattach scenarios ported from rx §7 (`rx_sNN_…`, numbered as in rx §7:
+//! rx §7.1/§7.2 where the client's behaviour is observable, rx §7.5 Python client, §7.6 Scala
 //! client, §7.7 third-party clients), run against a scripted fake [`ExecutionRpc`] under a
 //! paused tokio clock. Each asserts the exact request sequence (which RPCs, with which
 //! `last_response_id` / release ids) and the delivery (exactly once, in order). A proptest at
@@ -12,11 +12,11 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use futures::stream::{self, BoxStream, FusedStream, StreamExt};
 use proptest::prelude::*;
-use tether::execution::ConnectError;
 use tether::execution::client::{
-    ClientConfig, ClientError, Code, ExecuteStream, ExecutionRpc, ReattachingStream, ReleaseError,
+    ClientConfig, ClientError, ExecuteStream, ExecutionRpc, ReattachingStream, ReleaseError,
     ReleaseMode, RetryPolicy, RpcError, Violation, condition,
 };
+use tether::execution::{Code, ConnectError};
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, ReattachExecuteRequest, ReleaseExecuteRequest,
     ReleaseExecuteResponse, UserContext, release_execute_request::Release,
@@ -314,10 +314,10 @@ fn operation_ids(calls: &[Call]) -> Vec<String> {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.1 ReattachableExecuteSuite, as seen by the client
+// rx §7.1 ReattachableExecuteSuite, as seen by the client
 // ---------------------------------------------------------------------------------------------
 
-/// §7.1 #1: the server rotates the RPC (deadline) mid-result; the client reattaches with the
+/// rx §7.1 #1: the server rotates the RPC (deadline) mid-result; the client reattaches with the
 /// last id and the results continue.
 #[tokio::test(start_paused = true)]
 async fn rx_s01_rotation_reattaches_transparently() {
@@ -340,7 +340,7 @@ async fn rx_s01_rotation_reattaches_transparently() {
     );
 }
 
-/// §7.1 #4: the server interrupts the sender (`INVALID_CURSOR.DISCONNECTED`); the next read
+/// rx §7.1 #4: the server interrupts the sender (`INVALID_CURSOR.DISCONNECTED`); the next read
 /// succeeds through a reattach after the first backoff (50 ms).
 #[tokio::test(start_paused = true)]
 async fn rx_s04_disconnected_by_interrupt_reattaches_after_backoff() {
@@ -367,7 +367,7 @@ async fn rx_s04_disconnected_by_interrupt_reattaches_after_backoff() {
     );
 }
 
-/// §7.1 #5: another ReattachExecute preempts the client's RPC; the client reattaches after
+/// rx §7.1 #5: another ReattachExecute preempts the client's RPC; the client reattaches after
 /// the last response it returned and continues.
 #[tokio::test(start_paused = true)]
 async fn rx_s05_preempted_by_other_attach_resumes() {
@@ -385,7 +385,7 @@ async fn rx_s05_preempted_by_other_attach_resumes() {
     assert_eq!(reattaches, vec![reattach(Some("r2"))]);
 }
 
-/// §7.1 #6: the execution was abandoned while detached; the client's reattach fails with
+/// rx §7.1 #6: the execution was abandoned while detached; the client's reattach fails with
 /// `OPERATION_ABANDONED`, which is final (not retried, no re-execute), and it releases all.
 #[tokio::test(start_paused = true)]
 async fn rx_s06_abandoned_operation_fails() {
@@ -405,7 +405,7 @@ async fn rx_s06_abandoned_operation_fails() {
     );
 }
 
-/// §7.1 #7: after being disconnected, the client reattaches after the last response it
+/// rx §7.1 #7: after being disconnected, the client reattaches after the last response it
 /// returned and gets exactly the following ones (r3, r4, r5), no gap and no repeat.
 #[tokio::test(start_paused = true)]
 async fn rx_s07_reattach_returns_exactly_the_following_responses() {
@@ -430,7 +430,7 @@ async fn rx_s07_reattach_returns_exactly_the_following_responses() {
     );
 }
 
-/// §7.1 #9: `OPERATION_CANCELED` on the stream is final; the client releases all.
+/// rx §7.1 #9: `OPERATION_CANCELED` on the stream is final; the client releases all.
 #[tokio::test(start_paused = true)]
 async fn rx_s09_operation_canceled_is_final() {
     let fake = Fake::new().on_execute(Ok(vec![
@@ -446,7 +446,7 @@ async fn rx_s09_operation_canceled_is_final() {
     assert_eq!(fake.events(), vec![Ev::Execute, until("r1"), Ev::All]);
 }
 
-/// §7.1 #12: a size-limited sender rotates after every response; 200 graceful reattaches,
+/// rx §7.1 #12: a size-limited sender rotates after every response; 200 graceful reattaches,
 /// all 201 responses once, in order.
 #[tokio::test(start_paused = true)]
 async fn rx_s12_many_rotations_by_size() {
@@ -483,7 +483,7 @@ async fn rx_s12_many_rotations_by_size() {
     assert_eq!(fake.count(|e| *e == Ev::All), 1);
 }
 
-/// §7.1 #14: a long query produces nothing for a while; the sender rotates repeatedly with
+/// rx §7.1 #14: a long query produces nothing for a while; the sender rotates repeatedly with
 /// empty streams; the client keeps reattaching (no retries used) until the result.
 #[tokio::test(start_paused = true)]
 async fn rx_s14_repeated_empty_rotations_then_complete() {
@@ -506,10 +506,10 @@ async fn rx_s14_repeated_empty_rotations_then_complete() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.2 SparkConnectServiceE2ESuite, as seen by the client
+// rx §7.2 SparkConnectServiceE2ESuite, as seen by the client
 // ---------------------------------------------------------------------------------------------
 
-/// §7.2 #20 / §7.5 #54: the session is released while the query runs; the RPC is cut
+/// rx §7.2 #20 / §7.5 #54: the session is released while the query runs; the RPC is cut
 /// (`DISCONNECTED`), the reattach gets `SESSION_CLOSED`: final — `SESSION_CLOSED` is not
 /// `SESSION_NOT_FOUND`, so no re-execute even with nothing delivered.
 #[tokio::test(start_paused = true)]
@@ -527,7 +527,7 @@ async fn rx_s20_session_closed_is_final_without_reexecute() {
     assert_eq!(fake.events(), vec![Ev::Execute, reattach(None), Ev::All]);
 }
 
-/// §7.2 #28 (client half): a response with another `server_side_session_id` means the server
+/// rx §7.2 #28 (client half): a response with another `server_side_session_id` means the server
 /// session changed under the client: final, nothing more delivered.
 #[tokio::test(start_paused = true)]
 async fn rx_s28_server_side_session_change_is_final() {
@@ -548,7 +548,7 @@ async fn rx_s28_server_side_session_change_is_final() {
     assert_eq!(fake.events(), vec![Ev::Execute, until("r1"), Ev::All]);
 }
 
-/// §7.2 #30: a lost completion (orphan) — the reattach fails with the server's
+/// rx §7.2 #30: a lost completion (orphan) — the reattach fails with the server's
 /// `IllegalStateException`-style error and the client stops instead of looping.
 #[tokio::test(start_paused = true)]
 async fn rx_s30_orphan_error_ends_instead_of_looping() {
@@ -567,7 +567,7 @@ async fn rx_s30_orphan_error_ends_instead_of_looping() {
     );
 }
 
-/// §7.2 #30, tether's optional bound: a server that rotates forever without producing (an
+/// rx §7.2 #30, tether's optional bound: a server that rotates forever without producing (an
 /// orphan on a pre-4.0 server) is cut off after `max_empty_rotations`.
 #[tokio::test(start_paused = true)]
 async fn rx_s30_endless_empty_rotations_are_bounded_when_configured() {
@@ -592,10 +592,10 @@ async fn rx_s30_endless_empty_rotations_are_bounded_when_configured() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.5 Python client
+// rx §7.5 Python client
 // ---------------------------------------------------------------------------------------------
 
-/// §7.5 #46 / §7.7 #73: [r1, complete] → 1 ExecutePlan, 0 reattach, 1 ReleaseUntil(r1),
+/// rx §7.5 #46 / §7.7 #73: [r1, complete] → 1 ExecutePlan, 0 reattach, 1 ReleaseUntil(r1),
 /// 1 ReleaseAll; the `ResultComplete` response is returned to the caller too.
 #[tokio::test(start_paused = true)]
 async fn rx_s46_basic_flow() {
@@ -606,7 +606,7 @@ async fn rx_s46_basic_flow() {
     assert_eq!(fake.events(), vec![Ev::Execute, until("r1"), Ev::All]);
 }
 
-/// §7.5 #47: a non-retryable error after r1 surfaces; 0 reattach, 1 ReleaseUntil,
+/// rx §7.5 #47: a non-retryable error after r1 surfaces; 0 reattach, 1 ReleaseUntil,
 /// 1 ReleaseAll.
 #[tokio::test(start_paused = true)]
 async fn rx_s47_non_retryable_error_after_first_response() {
@@ -618,7 +618,7 @@ async fn rx_s47_non_retryable_error_after_first_response() {
     assert_eq!(fake.events(), vec![Ev::Execute, until("r1"), Ev::All]);
 }
 
-/// §7.5 #48: UNAVAILABLE after r1; the reattach stream gives r, r, complete → 1 reattach,
+/// rx §7.5 #48: UNAVAILABLE after r1; the reattach stream gives r, r, complete → 1 reattach,
 /// 3 ReleaseUntil, 1 ReleaseAll.
 #[tokio::test(start_paused = true)]
 async fn rx_s48_unavailable_then_reattach_completes() {
@@ -641,7 +641,7 @@ async fn rx_s48_unavailable_then_reattach_completes() {
     );
 }
 
-/// §7.5 #49: UNAVAILABLE after r1, and the reattach stream fails transiently again →
+/// rx §7.5 #49: UNAVAILABLE after r1, and the reattach stream fails transiently again →
 /// 2 reattaches, 3 ReleaseUntil, 1 ReleaseAll.
 #[tokio::test(start_paused = true)]
 async fn rx_s49_reattach_fails_transiently_then_succeeds() {
@@ -666,7 +666,7 @@ async fn rx_s49_reattach_fails_transiently_then_succeeds() {
     );
 }
 
-/// §7.5 #50 (SPARK-48056): the first read fails (UNAVAILABLE, with the not-found condition in
+/// rx §7.5 #50 (SPARK-48056): the first read fails (UNAVAILABLE, with the not-found condition in
 /// the rich status) before any response → the same ExecutePlan is sent again at once (no
 /// backoff, no reattach), and the result completes. Both OPERATION_ and SESSION_NOT_FOUND.
 #[tokio::test(start_paused = true)]
@@ -694,9 +694,9 @@ async fn rx_s50_not_found_before_any_response_reexecutes() {
     }
 }
 
-/// §7.5 #51 (SPARK-48056): r1 received, then the reattach says not found →
+/// rx §7.5 #51 (SPARK-48056): r1 received, then the reattach says not found →
 /// `RESPONSE_ALREADY_RECEIVED`; 1 ExecutePlan, 1 reattach, no re-execute. (The client still
-/// released r1 and sends its one ReleaseAll on the error, per §6.3.)
+/// released r1 and sends its one ReleaseAll on the error, per rx §6.3.)
 #[tokio::test(start_paused = true)]
 async fn rx_s51_not_found_after_response_is_response_already_received() {
     let fake = Fake::new()
@@ -718,7 +718,7 @@ async fn rx_s51_not_found_after_response_is_response_already_received() {
     );
 }
 
-/// §7.5 #52 (SPARK-49458): ReattachExecute (and ReleaseExecute) carry
+/// rx §7.5 #52 (SPARK-49458): ReattachExecute (and ReleaseExecute) carry
 /// `client_observed_server_side_session_id` only when the initial request had one.
 #[tokio::test(start_paused = true)]
 async fn rx_s52_observed_server_session_only_when_initial_had_one() {
@@ -750,7 +750,7 @@ async fn rx_s52_observed_server_session_only_when_initial_had_one() {
     }
 }
 
-/// §7.5 #53 / §7.6 #61 (SPARK-44721): the default policy rides out ≥ 10 minutes of
+/// rx §7.5 #53 / §7.6 #61 (SPARK-44721): the default policy rides out ≥ 10 minutes of
 /// continuous UNAVAILABLE: 15 retries (16 attempts) then success.
 #[tokio::test(start_paused = true)]
 async fn rx_s53_default_policy_tolerates_ten_minutes_of_unavailable() {
@@ -778,10 +778,10 @@ async fn rx_s53_default_policy_tolerates_ten_minutes_of_unavailable() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.6 Scala client
+// rx §7.6 Scala client
 // ---------------------------------------------------------------------------------------------
 
-/// §7.6 #55 (SPARK-45871): consuming to the end leaves the stream complete: `ResultComplete`
+/// rx §7.6 #55 (SPARK-45871): consuming to the end leaves the stream complete: `ResultComplete`
 /// returned, then `None`, the stream fused, and the one ReleaseAll sent.
 #[tokio::test(start_paused = true)]
 async fn rx_s55_full_consumption_completes_the_stream() {
@@ -800,7 +800,7 @@ async fn rx_s55_full_consumption_completes_the_stream() {
     assert_eq!(stats.succeeded, 2);
 }
 
-/// §7.6 #56 (SPARK-48056): the first ExecutePlan call itself fails with `SESSION_NOT_FOUND`
+/// rx §7.6 #56 (SPARK-48056): the first ExecutePlan call itself fails with `SESSION_NOT_FOUND`
 /// (INTERNAL) → the client re-executes and completes.
 #[tokio::test(start_paused = true)]
 async fn rx_s56_session_not_found_on_first_execute_reexecutes() {
@@ -822,7 +822,7 @@ async fn rx_s56_session_not_found_on_first_execute_reexecutes() {
     );
 }
 
-/// §7.6 #57: the client generates a UUID v4 operation id and uses it on every request of the
+/// rx §7.6 #57: the client generates a UUID v4 operation id and uses it on every request of the
 /// execution (reattachable or not); the reattach option is set only on the reattachable form.
 #[tokio::test(start_paused = true)]
 async fn rx_s57_generated_operation_id_on_every_request() {
@@ -853,7 +853,7 @@ async fn rx_s57_generated_operation_id_on_every_request() {
     assert!(!req.is_reattachable());
 }
 
-/// §7.6 #58: a custom operation id is used (canonicalised to lower case, spec §1.9 pitfall)
+/// rx §7.6 #58: a custom operation id is used (canonicalised to lower case, rx §1.9 pitfall)
 /// and echoed on every request; one that is not a UUID is refused up front.
 #[tokio::test(start_paused = true)]
 async fn rx_s58_custom_operation_id() {
@@ -885,7 +885,7 @@ async fn rx_s58_custom_operation_id() {
     assert!(e.to_string().starts_with("[INVALID_HANDLE.FORMAT]"));
 }
 
-/// §7.6 #59 (SPARK-56538): the ExecutePlan stalls after r1 past the client's 50 ms RPC
+/// rx §7.6 #59 (SPARK-56538): the ExecutePlan stalls after r1 past the client's 50 ms RPC
 /// deadline → the client drops it and reattaches at once (no retry consumed), gets r2, r3.
 #[tokio::test(start_paused = true)]
 async fn rx_s59_client_deadline_reattaches() {
@@ -917,7 +917,7 @@ async fn rx_s59_client_deadline_reattaches() {
     );
 }
 
-/// §7.6 #60 (SPARK-58162): the server never responds; 50 ms deadlines; immediate retries
+/// rx §7.6 #60 (SPARK-58162): the server never responds; 50 ms deadlines; immediate retries
 /// bounded at 200 ms cumulative → the client gives up with the real error
 /// (`DEADLINE_EXCEEDED`).
 #[tokio::test(start_paused = true)]
@@ -945,7 +945,7 @@ async fn rx_s60_immediate_retries_bounded_by_elapsed_time() {
     assert_eq!(fake.count(|e| *e == Ev::All), 1);
 }
 
-/// §7.6 #62 (SPARK-44275): retries until success (3 failures, the 4th attempt works);
+/// rx §7.6 #62 (SPARK-44275): retries until success (3 failures, the 4th attempt works);
 /// ABORTED is not retried; a policy with `max_retries = 1` makes exactly 2 calls; a policy
 /// whose `can_retry` refuses makes 1.
 #[tokio::test(start_paused = true)]
@@ -997,7 +997,7 @@ async fn rx_s62_retry_until_success_and_limits() {
     assert_eq!(fake.events(), vec![Ev::Execute, Ev::All]);
 }
 
-/// §7.6 #63: two policies (UNAVAILABLE ×2, INTERNAL ×4) tolerate exactly that mix; with two
+/// rx §7.6 #63: two policies (UNAVAILABLE ×2, INTERNAL ×4) tolerate exactly that mix; with two
 /// INTERNAL policies only the first is used (its 2 retries ⇒ 3 attempts).
 #[tokio::test(start_paused = true)]
 async fn rx_s63_first_matching_policy_decides() {
@@ -1046,7 +1046,7 @@ async fn rx_s63_first_matching_policy_decides() {
     );
 }
 
-/// §7.6 #64: a server `RetryInfo` makes any error retryable and its delay (5 min) overrides
+/// rx §7.6 #64: a server `RetryInfo` makes any error retryable and its delay (5 min) overrides
 /// `max_backoff`; a 5-day delay is capped at 10 min.
 #[tokio::test(start_paused = true)]
 async fn rx_s64_server_retry_delay() {
@@ -1068,7 +1068,7 @@ async fn rx_s64_server_retry_delay() {
     assert_eq!(start.elapsed(), Duration::from_secs(300 + 600));
 }
 
-/// §7.6 #65: DEADLINE_EXCEEDED from the server is not retried: one call, final.
+/// rx §7.6 #65: DEADLINE_EXCEEDED from the server is not retried: one call, final.
 #[tokio::test(start_paused = true)]
 async fn rx_s65_deadline_exceeded_not_retried() {
     let fake = Fake::new().on_execute(Err(RpcError::new(Code::DeadlineExceeded, "slow")));
@@ -1081,7 +1081,7 @@ async fn rx_s65_deadline_exceeded_not_retried() {
     assert_eq!(fake.events(), vec![Ev::Execute, Ev::All]);
 }
 
-/// §7.6 #66: immediate retries (re-executes on not-found with nothing delivered) never use
+/// rx §7.6 #66: immediate retries (re-executes on not-found with nothing delivered) never use
 /// the backoff policy and are bounded; past the bound the underlying error is returned.
 #[tokio::test(start_paused = true)]
 async fn rx_s66_immediate_retries_bounded_by_count() {
@@ -1102,7 +1102,7 @@ async fn rx_s66_immediate_retries_bounded_by_count() {
     assert_eq!(fake.count(|e| *e == Ev::All), 1);
 }
 
-/// §7.6 #67: a server-streaming call may fail at the call or on the first read; the client
+/// rx §7.6 #67: a server-streaming call may fail at the call or on the first read; the client
 /// treats both the same.
 #[tokio::test(start_paused = true)]
 async fn rx_s67_failure_at_call_or_first_read_alike() {
@@ -1120,10 +1120,10 @@ async fn rx_s67_failure_at_call_or_first_read_alike() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.7 third-party clients
+// rx §7.7 third-party clients
 // ---------------------------------------------------------------------------------------------
 
-/// §7.7 #68: the stream ends before `ResultComplete` → exactly one ReattachExecute with
+/// rx §7.7 #68: the stream ends before `ResultComplete` → exactly one ReattachExecute with
 /// `last_response_id = r1`.
 #[tokio::test(start_paused = true)]
 async fn rx_s68_end_before_result_complete_reattaches_once() {
@@ -1138,7 +1138,7 @@ async fn rx_s68_end_before_result_complete_reattaches_once() {
     );
 }
 
-/// §7.7 #69: the stream ends before any response → the reattach omits `last_response_id`
+/// rx §7.7 #69: the stream ends before any response → the reattach omits `last_response_id`
 /// (absent, not empty).
 #[tokio::test(start_paused = true)]
 async fn rx_s69_end_before_any_response_omits_last_response_id() {
@@ -1153,7 +1153,7 @@ async fn rx_s69_end_before_any_response_omits_last_response_id() {
     assert_eq!(req.last_response_id, None);
 }
 
-/// §7.7 #70: four consecutive empty rotations, then completion → 5 reattaches, success.
+/// rx §7.7 #70: four consecutive empty rotations, then completion → 5 reattaches, success.
 #[tokio::test(start_paused = true)]
 async fn rx_s70_four_empty_rotations_then_complete() {
     let fake = Fake::new().on_execute(Ok(vec![r("r1")]));
@@ -1169,7 +1169,7 @@ async fn rx_s70_four_empty_rotations_then_complete() {
     assert_eq!(fake.events(), expected);
 }
 
-/// §7.7 #71: the consumer stops (its task is cancelled: the stream is dropped) mid-result →
+/// rx §7.7 #71: the consumer stops (its task is cancelled: the stream is dropped) mid-result →
 /// the loop stops and the one ReleaseAll is spawned.
 #[tokio::test(start_paused = true)]
 async fn rx_s71_dropped_stream_stops_and_releases_all() {
@@ -1184,7 +1184,7 @@ async fn rx_s71_dropped_stream_stops_and_releases_all() {
     assert_eq!(fake.events(), vec![Ev::Execute, until("r1"), Ev::All]);
 }
 
-/// §7.7 #72: a non-reattachable execution: EOF is the end; no reattach, no releases.
+/// rx §7.7 #72: a non-reattachable execution: EOF is the end; no reattach, no releases.
 #[tokio::test(start_paused = true)]
 async fn rx_s72_non_reattachable_eof_is_the_end() {
     let fake = Fake::new().on_execute(Ok(vec![
@@ -1203,7 +1203,7 @@ async fn rx_s72_non_reattachable_eof_is_the_end() {
     assert_eq!(fake.events(), vec![Ev::Execute]);
 }
 
-/// §7.7 #72 (continued), §6.3 "for contrast": the non-reattachable form retries only before
+/// rx §7.7 #72 (continued), §6.3 "for contrast": the non-reattachable form retries only before
 /// the first response (by re-sending ExecutePlan); after one, an error is final.
 #[tokio::test(start_paused = true)]
 async fn rx_s72_non_reattachable_retries_only_before_first_response() {
@@ -1217,7 +1217,7 @@ async fn rx_s72_non_reattachable_retries_only_before_first_response() {
     assert_eq!(fake.events(), vec![Ev::Execute, Ev::Execute]);
 }
 
-/// §7.7 #73: r1 consumed then complete → ReleaseUntil(r1) and ReleaseAll, with the right
+/// rx §7.7 #73: r1 consumed then complete → ReleaseUntil(r1) and ReleaseAll, with the right
 /// session, user, operation and client type.
 #[tokio::test(start_paused = true)]
 async fn rx_s73_release_until_then_release_all() {
@@ -1248,7 +1248,7 @@ async fn rx_s73_release_until_then_release_all() {
     assert!(matches!(releases[1].release, Some(Release::ReleaseAll(_))));
 }
 
-/// §7.7 #74: the reattach says OPERATION_NOT_FOUND with nothing consumed (the first
+/// rx §7.7 #74: the reattach says OPERATION_NOT_FOUND with nothing consumed (the first
 /// ExecutePlan never arrived) → one ExecutePlan restart with the same operation id.
 #[tokio::test(start_paused = true)]
 async fn rx_s74_not_found_before_consume_restarts_execute() {
@@ -1272,7 +1272,7 @@ async fn rx_s74_not_found_before_consume_restarts_execute() {
     assert!(ops.iter().all(|o| *o == ops[0]));
 }
 
-/// §7.7 #75: the same after r1 was consumed → an error mentioning the duplication; no
+/// rx §7.7 #75: the same after r1 was consumed → an error mentioning the duplication; no
 /// restart.
 #[tokio::test(start_paused = true)]
 async fn rx_s75_not_found_after_consume_does_not_restart() {
@@ -1291,10 +1291,10 @@ async fn rx_s75_not_found_after_consume_does_not_restart() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// tether's own client rules (spec §6.4 invariants and the release lane)
+// tether's own client rules (rx §6.4 invariants and the release lane)
 // ---------------------------------------------------------------------------------------------
 
-/// §6.4: a response without `response_id` cannot be resumed from; it is refused (never an
+/// rx §6.4: a response without `response_id` cannot be resumed from; it is refused (never an
 /// empty `last_response_id` later).
 #[tokio::test(start_paused = true)]
 async fn rx_response_without_id_is_a_violation() {
@@ -1402,7 +1402,7 @@ async fn rx_release_failures_are_retried_then_ignored() {
     );
 }
 
-/// §6.3: each wait for a response is its own retry scope — the policy's counter restarts
+/// rx §6.3: each wait for a response is its own retry scope — the policy's counter restarts
 /// once a response is delivered, so 10 + 10 failures around a delivery are survived with a
 /// policy of 10 retries, while 11 in a row are not.
 #[tokio::test(start_paused = true)]

@@ -1,5 +1,5 @@
-//! Model-based test of the server side of reattachable executions (issue 4 "Tests";
-//! DESIGN.md verification layer 3).
+//! Model-based test of the server side of reattachable executions (rx §3, §4: random
+//! sequences against a reference model).
 //!
 //! proptest-state-machine drives random sequences of produce, consume (with in-flight
 //! loss), disconnect, reattach (last id, an older received id, an evicted id, an unknown id,
@@ -29,9 +29,10 @@ use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
 use tether::execution::{
     AnyExecution, ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, LogConfig, Lookup,
-    ManagerConfig, ManualClock, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd,
-    StreamLimits, Submitted,
+    ManagerConfig, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd, StreamLimits,
+    Submitted,
 };
+use tether::time::ManualClock;
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptType, Plan,
     ReattachExecuteRequest, ReleaseExecuteRequest, ReleaseSessionRequest, UserContext,
@@ -326,7 +327,7 @@ impl OpModel {
         }
     }
 
-    /// The core's `close` (spec §2.2 T12).
+    /// The core's `close` (rx §2.2 T12).
     fn close(&mut self) {
         if self.runner == Runner::Started {
             self.runner = if self.producer {
@@ -345,7 +346,7 @@ impl OpModel {
         self.first = self.produced() + 1;
     }
 
-    /// One consumer step, in the order of spec §4.2.
+    /// One consumer step, in the order of rx §4.2.
     fn poll(&mut self, now: u64) -> Ev {
         let Some(mut c) = self.consumer else {
             return Ev::Err(E::Disconnected);
@@ -523,7 +524,7 @@ impl Model {
         }
     }
 
-    /// Attaches a consumer at the position of `target` (spec §3.5). Returns the outcome.
+    /// Attaches a consumer at the position of `target` (rx §3.5). Returns the outcome.
     fn attach(&mut self, op: usize, target: Target) -> Result<(), E> {
         let now = self.now;
         let o = &mut self.ops[op];

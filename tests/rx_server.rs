@@ -1,5 +1,5 @@
-//! Server-side scenarios of the reattach spec §7 (`spec/reattach-protocol.md`), ported to
-//! tether's [`ExecutionManager`]. Each `rx_sNN_*` test is scenario NN of §7; `rx_x_*` tests
+//! Server-side scenarios of the reattach rx §7, ported to
+//! tether's [`ExecutionManager`]. Each `rx_sNN_*` test is scenario NN of rx §7; `rx_x_*` tests
 //! cover the rules of issue 4 that have no upstream scenario number. Time is a
 //! [`ManualClock`]; nothing sleeps for real.
 
@@ -9,10 +9,11 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tether::execution::{
-    ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, LogConfig, ManagerConfig,
-    ManualClock, Phase, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd,
-    StreamLimits, Submitted,
+    ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, ExecutionPhase, LogConfig,
+    ManagerConfig, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd, StreamLimits,
+    Submitted,
 };
+use tether::time::ManualClock;
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptType, Plan,
     ReattachExecuteRequest, ReleaseExecuteRequest, ReleaseSessionRequest, UserContext,
@@ -197,7 +198,7 @@ fn condition(e: &ConnectError) -> &'static str {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.1 ReattachableExecuteSuite
+// rx §7.1 ReattachableExecuteSuite
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -399,7 +400,7 @@ fn rx_s08_auto_release_beyond_retry_budget() {
         panic!("not streaming")
     };
     // the retry buffer: below the budget once the oldest and the newest kept response are
-    // left out (spec §3.4)
+    // left out (rx §3.4)
     let size = 200;
     assert!(
         h.retained_bytes() < budget + 2 * size,
@@ -666,7 +667,7 @@ fn rx_s18_removed_execution_ends_stream_and_producer() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.2 SparkConnectServiceE2ESuite
+// rx §7.2 SparkConnectServiceE2ESuite
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -676,9 +677,9 @@ fn rx_s19_execute_plan_registers_before_any_response() {
     let submitted = f.m.execute_plan(&req(&o)).unwrap();
     assert_eq!(submitted.operation_id(), o);
     assert_eq!(f.m.execution_count(), 1);
-    assert_eq!(f.m.phase(&key(&o)), Some(Phase::Init));
+    assert_eq!(f.m.phase(&key(&o)), Some(ExecutionPhase::Init));
     let (_p, _s) = submitted.start();
-    assert_eq!(f.m.phase(&key(&o)), Some(Phase::Streaming));
+    assert_eq!(f.m.phase(&key(&o)), Some(ExecutionPhase::Streaming));
 }
 
 #[test]
@@ -792,7 +793,7 @@ fn rx_s26_execution_finishes_before_results_are_consumed() {
     let (mut p, _s) = start(&f.m, &req(&o));
     push_n(&mut p, 0, 1000);
     p.finish().unwrap();
-    assert_eq!(f.m.phase(&key(&o)), Some(Phase::Finishing));
+    assert_eq!(f.m.phase(&key(&o)), Some(ExecutionPhase::Finishing));
 }
 
 #[test]
@@ -821,7 +822,7 @@ fn rx_s28_hijacked_server_side_session_id_is_session_changed() {
         condition(&f.m.interrupt(&ir).unwrap_err()),
         "INVALID_HANDLE.SESSION_CHANGED"
     );
-    // ReleaseExecute deliberately does not validate it (spec §1.5)
+    // ReleaseExecute deliberately does not validate it (rx §1.5)
     let mut rel = release_all(&op());
     rel.client_observed_server_side_session_id = Some(fake);
     assert!(f.m.release_execute(&rel).is_ok());
@@ -930,7 +931,7 @@ fn rx_s33_interrupt_operation_id_requires_id() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.3 SparkConnectExecutionManagerSuite / SparkConnectExecuteHolderSuite
+// rx §7.3 SparkConnectExecutionManagerSuite / SparkConnectExecuteHolderSuite
 // ---------------------------------------------------------------------------------------------
 
 #[test]
@@ -1010,7 +1011,7 @@ fn rx_s38_interrupt_before_start_keeps_later_interrupts_working() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §7.5 / §7.6 scenarios with a server-side outcome
+// rx §7.5 / §7.6 scenarios with a server-side outcome
 // ---------------------------------------------------------------------------------------------
 
 #[test]

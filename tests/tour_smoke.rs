@@ -28,7 +28,7 @@ use tether::wire::{
     Init, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, execution_error,
 };
 use tether::worker::endpoint::{EndpointConfig, serve};
-use tether::worker::{
+use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, Termination, TerminationKind, WorkerHandle,
 };
 

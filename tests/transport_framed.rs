@@ -11,7 +11,7 @@ use tether::wire::{
     ExecutionError, FinishResponse, Init, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
 };
 use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
-use tether::worker::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
+use tether::worker::engine::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
 use tokio::io::AsyncWriteExt;
 
 /// Echoes every batch; reports the init payload's length in `InitResponse.data`.

@@ -1,7 +1,7 @@
 //! The gRPC transport end to end: a tether engine [`Session`] drives a tether worker
 //! ([`serve`] with the small echo UDF below) through the official `UdfWorker` service over a
-//! real Unix socket in a private temporary directory (spec §1.1, §1.7, §6.4). Tests that
-//! port a scenario of spec §8.4 are named `udf_sNNN_…`.
+//! real Unix socket in a private temporary directory (udf §1.1, §1.7, §6.4). Tests that
+//! port a scenario of udf §8.4 are named `udf_sNNN_…`.
 #![cfg(feature = "grpc")]
 
 use std::collections::BTreeMap;
@@ -25,12 +25,12 @@ use tether::wire::{
 use tether::worker::endpoint::{
     EndpointConfig, EndpointOutcome, OutcomeKind, Udf, WorkerControl, serve,
 };
-use tether::worker::state::Init as InitState;
-use tether::worker::transport::{WorkerEndpoint, WorkerTransport};
-use tether::worker::{
+use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, SessionError, Termination, TerminationKind,
     TransportFailure, WorkerHandle,
 };
+use tether::worker::engine::{WorkerEndpoint, WorkerTransport};
+use tether::worker::state;
 use tokio::sync::mpsc;
 
 const MIB: usize = 1024 * 1024;
@@ -103,7 +103,7 @@ impl Udf for Echo {
     }
 }
 
-/// A private socket directory (mode 0700, as spec §6.4), removed on drop.
+/// A private socket directory (mode 0700, as udf §6.4), removed on drop.
 struct TempDir(PathBuf);
 
 impl TempDir {
@@ -205,7 +205,7 @@ impl Worker {
     }
 }
 
-type GrpcSession = Session<InitState, GrpcEngineConnection>;
+type GrpcSession = Session<state::Init, GrpcEngineConnection>;
 
 fn session_with(
     channel: &GrpcChannel,
@@ -869,7 +869,7 @@ async fn a_reset_request_stream_reaches_the_worker_as_an_end_and_is_never_a_fini
     let connection = raw_streaming(&channel).await;
     // Dropping an unclosed connection resets the stream (RST_STREAM(CANCEL)). hyper and
     // tonic hand a client's CANCEL reset to the server as a clean end of the request
-    // stream: exactly the "abort that looks like a half-close" of spec §1.1.
+    // stream: exactly the "abort that looks like a half-close" of udf §1.1.
     drop(connection);
     let outcome = worker.outcome().await;
     assert!(

@@ -1,12 +1,12 @@
-//! Model-based tests of the engine side of a worker session (DESIGN.md, verification layer 3).
+//! Model-based tests of the engine side of a worker session (udf §4.5, §4.11).
 //!
 //! - [`core_matches_reference_model`] drives the sans-IO [`EngineCore`] with random schedules:
 //!   engine calls (`start_init` with 0..3 chunks, `send_data`, `finish`, `cancel`, timeouts,
 //!   interrupts, connection errors, stream end), transmit-draining steps, and worker messages
 //!   from two sources: arbitrary injected responses (any kind, malformed envelopes) and a
-//!   scripted echo worker (spec §2.1) whose replies the schedule delivers late, drops,
+//!   scripted echo worker (udf §2.1) whose replies the schedule delivers late, drops,
 //!   reorders or repeats. After every step the core is compared with [`Model`], a reference
-//!   model written from the spec (§2, §4.5, §4.8, §5.3) and the core's documented contract,
+//!   model written from the spec (udf §2, §4.5, §4.8, §5.3) and the core's documented contract,
 //!   and the invariants below are checked.
 //! - [`session_over_memory_pair`] runs the async [`Session`] typestates over
 //!   [`connection::pair`] against a scripted worker (any reply to any request, duplicates,
@@ -48,11 +48,11 @@ use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
     UdfControlResponse, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, udf_response,
 };
-use tether::worker::state::Init as InitState;
-use tether::worker::{
-    CountingHandle, EngineCore, InitStatus, PeerViolation, Phase, Session, SessionConfig,
+use tether::worker::engine::{
+    CountingHandle, EngineCore, EnginePhase, InitStatus, PeerViolation, Session, SessionConfig,
     SessionError, Termination, TerminationKind, TransportFailure, Wait, WorkerHandle,
 };
+use tether::worker::state;
 
 fn init_message() -> Init {
     Init::new(
@@ -194,31 +194,31 @@ impl Outcome {
 
 /// What the engine side must do, written from the spec rather than from `core.rs`:
 ///
-/// - calls (spec §4.3, §4.10 and the core's documented contract): `start_init` only in
+/// - calls (udf §4.3, §4.10 and the core's documented contract): `start_init` only in
 ///   `Created`; data and `Finish` only while `Streaming` (skipped once a Cancel is out);
-/// - the Cancel choke point (§4.8): one Cancel per session; in `Created` nothing is on the
-///   wire, so cancelling settles the synthetic `Cancelled` (§5.3 first row); otherwise unsent
+/// - the Cancel choke point (udf §4.8): one Cancel per session; in `Created` nothing is on the
+///   wire, so cancelling settles the synthetic `Cancelled` (udf §5.3 first row); otherwise unsent
 ///   chunks, data and Finish are dropped, a queued `Init` stays ahead of the Cancel (Cancel
-///   never precedes Init, §4.6 step 3);
-/// - inbound messages (§4.5): `DataResponse` before the `InitResponse` is a violation,
+///   never precedes Init, udf §4.6 step 3);
+/// - inbound messages (udf §4.5): `DataResponse` before the `InitResponse` is a violation,
 ///   otherwise queued for the reader; the first `InitResponse` either opens the data phase
 ///   or, with an error, records it and cancels (R4); later ones are ignored; `ErrorResponse`
 ///   records the first error and cancels (R4); `FinishResponse` is legitimate only once
 ///   `Finish` is on the wire; `CancelResponse` settles `Cancelled` at any time; malformed
 ///   envelopes, stream end and connection errors settle `TransportFailed`; after the terminal
-///   everything is ignored (first wins, §4.2);
-/// - a timeout queues a best-effort Cancel and settles `TransportFailed(Timeout)` (§4.6 step
-///   4, §5.2 step 3); an interrupt settles `Interrupted` (§4.9).
+///   everything is ignored (first wins, udf §4.2);
+/// - a timeout queues a best-effort Cancel and settles `TransportFailed(Timeout)` (udf §4.6 step
+///   4, §5.2 step 3); an interrupt settles `Interrupted` (udf §4.9).
 #[derive(Debug)]
 struct Model {
-    phase: Phase,
+    phase: EnginePhase,
     terminal: Option<Outcome>,
     cancel_requested: bool,
     /// The accepted `InitResponse` without error.
     init_ok: Option<InitResponse>,
     /// Whether an `InitResponse` (ok or error) has been taken; later ones are duplicates.
     init_answered: bool,
-    /// The worker reported an error before init was accepted (§4.6 step 5).
+    /// The worker reported an error before init was accepted (udf §4.6 step 5).
     init_failed: bool,
     first_error: Option<ExecutionError>,
     finish_on_wire: bool,
@@ -234,7 +234,7 @@ struct Model {
 impl Model {
     fn new() -> Self {
         Model {
-            phase: Phase::Created,
+            phase: EnginePhase::Created,
             terminal: None,
             cancel_requested: false,
             init_ok: None,
@@ -254,7 +254,7 @@ impl Model {
     fn settle(&mut self, outcome: Outcome) {
         if self.terminal.is_none() {
             self.terminal = Some(outcome);
-            self.phase = Phase::Terminated;
+            self.phase = EnginePhase::Terminated;
             self.outbox.clear();
         }
     }
@@ -263,14 +263,14 @@ impl Model {
         self.first_error.get_or_insert(error);
     }
 
-    /// Spec §4.8. Returns whether a Cancel was queued.
+    /// udf §4.8. Returns whether a Cancel was queued.
     fn cancel(&mut self) -> bool {
         if self.terminal.is_some() || self.cancel_requested {
             return false;
         }
         self.cancel_requested = true;
         if !self.stream_opened {
-            // Nothing on the wire: no stream, synthetic Cancelled (§5.2 step 1, §5.3).
+            // Nothing on the wire: no stream, synthetic Cancelled (udf §5.2 step 1, §5.3).
             self.settle(Outcome::Cancelled {
                 response: CancelResponse::default(),
                 execution_error: None,
@@ -280,16 +280,16 @@ impl Model {
         // The Init is already out (it is always first), so nothing unsent survives.
         self.outbox.clear();
         self.outbox.push_back(Req::Cancel);
-        self.phase = Phase::Cancelling;
+        self.phase = EnginePhase::Cancelling;
         true
     }
 
     /// `Ok(())` when the call is allowed.
     fn start_init(&mut self, chunks: &[Bytes]) -> Result<(), ()> {
-        if self.phase != Phase::Created {
+        if self.phase != EnginePhase::Created {
             return Err(());
         }
-        self.phase = Phase::Initializing;
+        self.phase = EnginePhase::Initializing;
         self.outbox.push_back(Req::Init {
             chunking: !chunks.is_empty(),
         });
@@ -305,23 +305,23 @@ impl Model {
     /// `Ok(queued)` when the call is allowed.
     fn send_data(&mut self, data: Bytes) -> Result<bool, ()> {
         match self.phase {
-            Phase::Streaming => {
+            EnginePhase::Streaming => {
                 self.outbox.push_back(Req::Data(data));
                 Ok(true)
             }
-            Phase::Cancelling | Phase::Terminated => Ok(false),
+            EnginePhase::Cancelling | EnginePhase::Terminated => Ok(false),
             _ => Err(()),
         }
     }
 
     fn finish(&mut self) -> Result<bool, ()> {
         match self.phase {
-            Phase::Streaming => {
-                self.phase = Phase::Finishing;
+            EnginePhase::Streaming => {
+                self.phase = EnginePhase::Finishing;
                 self.outbox.push_back(Req::Finish);
                 Ok(true)
             }
-            Phase::Cancelling | Phase::Terminated => Ok(false),
+            EnginePhase::Cancelling | EnginePhase::Terminated => Ok(false),
             _ => Err(()),
         }
     }
@@ -364,7 +364,7 @@ impl Model {
         )));
     }
 
-    /// Spec §4.5, one row per inbound message.
+    /// udf §4.5, one row per inbound message.
     fn receive(&mut self, response: &UdfResponse) {
         if self.terminal.is_some() {
             self.ignored_after_terminal += 1;
@@ -386,7 +386,7 @@ impl Model {
         };
         match message {
             tether::wire::ResponseMessage::Data(data) => {
-                // R2, §4.10: in every phase, also once cancelling.
+                // R2, udf §4.10: in every phase, also once cancelling.
                 if self.init_ok.is_none() {
                     self.settle(Outcome::TransportFailed(Cause::Violation(
                         PeerViolation::DataBeforeInitResponse,
@@ -409,8 +409,8 @@ impl Model {
                         self.cancel();
                     }
                     None => {
-                        if self.phase == Phase::Initializing {
-                            self.phase = Phase::Streaming;
+                        if self.phase == EnginePhase::Initializing {
+                            self.phase = EnginePhase::Streaming;
                         }
                         self.init_ok = Some(resp);
                     }
@@ -446,7 +446,7 @@ impl Model {
         }
     }
 
-    /// Spec §4.6 step 5, as the driver needs it.
+    /// udf §4.6 step 5, as the driver needs it.
     fn init_status(&self) -> InitStatus {
         if self.init_failed || (self.init_ok.is_some() && self.first_error.is_some()) {
             InitStatus::Failed
@@ -461,7 +461,7 @@ impl Model {
 }
 
 // =============================================================================================
-// Scripted echo worker (spec §2.1) for the core schedules
+// Scripted echo worker (udf §2.1) for the core schedules
 // =============================================================================================
 
 #[derive(Debug, Clone, Copy)]
@@ -483,7 +483,7 @@ enum EchoState {
     Done,
 }
 
-/// The reference worker of spec §2.1: its replies queue up in `pending`, and the schedule
+/// The reference worker of udf §2.1: its replies queue up in `pending`, and the schedule
 /// decides when (and whether, and in which order) the engine receives them.
 #[derive(Debug)]
 struct EchoWorker {
@@ -867,14 +867,14 @@ impl CoreRun {
     }
 
     fn deliver(&mut self, response: UdfResponse) -> Result<(), TestCaseError> {
-        // The first InitResponse is taken; later ones are ignored (spec §10 gap 13).
+        // The first InitResponse is taken; later ones are ignored (udf §10 gap 13).
         let first_init = !self.model.init_answered && !self.model.init_failed;
         let reports_error = match response.clone().into_message() {
             Ok(tether::wire::ResponseMessage::Error(_)) => true,
             Ok(tether::wire::ResponseMessage::Init(r)) => r.error.is_some() && first_init,
             _ => false,
         };
-        let live_stream = !self.core.is_terminal() && self.core.phase() != Phase::Created;
+        let live_stream = !self.core.is_terminal() && self.core.phase() != EnginePhase::Created;
         self.model.receive(&response);
         self.core.handle_response(response.clone());
         self.last_delivered = Some(response);
@@ -936,7 +936,10 @@ impl CoreRun {
         if core.init_status() == InitStatus::Accepted && !core.cancel_requested() {
             // What `Session::init` relies on when it hands out `Session<Streaming>`.
             prop_assert!(
-                matches!(core.phase(), Phase::Streaming | Phase::Finishing),
+                matches!(
+                    core.phase(),
+                    EnginePhase::Streaming | EnginePhase::Finishing
+                ),
                 "init accepted but phase {:?}",
                 core.phase()
             );
@@ -972,7 +975,7 @@ impl CoreRun {
     }
 }
 
-/// Rules on the transmitted sequence alone (spec §2, R1, R3, §4.8).
+/// Rules on the transmitted sequence alone (udf §2, R1, R3, §4.8).
 fn check_wire(wire: &[Req]) -> Result<(), TestCaseError> {
     let count = |f: fn(&Req) -> bool| wire.iter().filter(|r| f(r)).count();
     prop_assert!(
@@ -1462,7 +1465,7 @@ fn chunked_init() -> Init {
     )
 }
 
-type Any = tether::worker::AnySession<EngineConn>;
+type Any = tether::worker::engine::AnySession<EngineConn>;
 
 /// Runs `f` on the session under a short deadline; `None` (and a `Dropped` event) when the
 /// deadline dropped the future and the session with it.
@@ -1486,7 +1489,7 @@ where
 
 async fn drive_session(
     plan: &Plan,
-    session: Session<InitState, EngineConn>,
+    session: Session<state::Init, EngineConn>,
     log: &EvLog,
     obs: &mut Observed,
 ) {
@@ -1498,7 +1501,7 @@ async fn drive_session(
                 push(log, Ev::InitReturned(true));
                 Some(Any::from(s))
             }
-            Err(tether::worker::SessionFailed { error, session }) => {
+            Err(tether::worker::engine::SessionFailed { error, session }) => {
                 push(log, Ev::InitReturned(false));
                 obs.init_error = Some(error);
                 obs.terminated.push(session.outcome().clone());
@@ -1641,7 +1644,7 @@ fn check_session(
     log: &[Ev],
     obs: &Observed,
     handle: &CountingHandle,
-    watch: &tether::worker::TerminationWatch,
+    watch: &tether::worker::engine::TerminationWatch,
 ) -> Result<(), TestCaseError> {
     // The handle: released exactly once, invalid iff unsalvageable, one outcome.
     prop_assert_eq!(handle.releases(), 1, "released exactly once");
@@ -1813,7 +1816,7 @@ struct SessionRun {
     log: Vec<Ev>,
     obs: Observed,
     handle: Arc<CountingHandle>,
-    watch: tether::worker::TerminationWatch,
+    watch: tether::worker::engine::TerminationWatch,
     /// The plan did not end within an hour of the paused clock.
     hung: bool,
     /// The worker task ended (it saw the engine's side of the stream go away).
@@ -1955,7 +1958,7 @@ fn session_schedules_cover_every_outcome() {
 // =============================================================================================
 
 /// (A) `EngineCore::handle_response`, `ResponseMessage::Data`: a `DataResponse` before any
-/// `InitResponse` is a worker protocol violation (R2; §4.10: `TransportFailed`, worker
+/// `InitResponse` is a worker protocol violation (R2; udf §4.10: `TransportFailed`, worker
 /// invalidated), but the core only rejects it in `Created`/`Initializing`. Once a Cancel is
 /// queued (pre-init `ErrorResponse`, `InitResponse.error`, engine cancel or drop cleanup)
 /// the batch is queued as output instead.
@@ -2045,8 +2048,8 @@ fn regression_d_timeout_before_init_settles_a_timeout() {
 /// by a spawned task; if that task never completes (the runtime shuts down first, or it is
 /// cancelled while waiting for the Cancel ack) the boxed state is dropped without
 /// `finalize`: the handle is never released (its session count stays 1), never marked
-/// invalid, and no outcome is published. DESIGN.md: dropping "releases the handle exactly
-/// once".
+/// invalid, and no outcome is published. Dropping
+/// must release the handle exactly once (udf §5.1).
 #[test]
 fn regression_e_drop_cleanup_survives_runtime_shutdown() {
     let handle = Arc::new(CountingHandle::for_one_session());

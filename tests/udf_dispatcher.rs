@@ -1,4 +1,4 @@
-//! Process-dispatcher scenarios of spec §8.4–§8.6 ported as `udf_sNNN_…`, plus the reuse
+//! Process-dispatcher scenarios of udf §8.4–§8.6 ported as `udf_sNNN_…`, plus the reuse
 //! pool (`udf_pool_…`, beyond Spark), all with real processes:
 //!
 //! - lifecycle, validation and environment tests run bash stub workers
@@ -32,8 +32,8 @@ use tether::worker::dispatcher::{
     PoolConfig, SecurityScope, SpecError, validate_spec,
 };
 use tether::worker::endpoint::serve;
-use tether::worker::transport::{FramedTransport, WorkerEndpoint, WorkerTransport};
-use tether::worker::{HandleError, SessionConfig, SessionError, TerminationKind};
+use tether::worker::engine::{FramedTransport, WorkerEndpoint, WorkerTransport};
+use tether::worker::engine::{HandleError, SessionConfig, SessionError, TerminationKind};
 use tokio::sync::{Notify, Semaphore};
 
 use common::echo::{EchoUdf, INIT_FAILURE, USER_ERROR_CLASS, echo_config};
@@ -342,7 +342,7 @@ fn spec_error(spec: &UdfWorkerSpecification) -> String {
     e.to_string()
 }
 
-type FramedSession = tether::worker::Session<
+type FramedSession = tether::worker::engine::Session<
     tether::worker::state::Init,
     <FramedTransport as WorkerTransport>::Connection,
 >;
@@ -363,7 +363,7 @@ async fn echo_round(session: FramedSession, batches: &[&[u8]]) -> (Vec<Bytes>, T
 }
 
 // ---------------------------------------------------------------------------------------
-// §8.4 DirectGrpcDispatcherIntegrationSuite — against a real tether worker (framed UDS).
+// udf §8.4 DirectGrpcDispatcherIntegrationSuite — against a real tether worker (framed UDS).
 
 #[tokio::test]
 async fn udf_s069_s096_dispatcher_is_constructed_from_a_direct_spec() {
@@ -755,7 +755,7 @@ async fn udf_s091_socket_file_without_a_server_is_not_readiness() {
 }
 
 // ---------------------------------------------------------------------------------------
-// §8.5 DirectGrpcDispatcherSuite — spec validation.
+// udf §8.5 DirectGrpcDispatcherSuite — spec validation.
 
 #[test]
 fn udf_s092_missing_connection_is_rejected() {
@@ -792,7 +792,7 @@ fn udf_s095_only_unspecified_pattern_is_rejected() {
 }
 
 // ---------------------------------------------------------------------------------------
-// §8.6 DirectWorkerDispatcherSuite — bash stub workers.
+// udf §8.6 DirectWorkerDispatcherSuite — bash stub workers.
 
 #[tokio::test]
 async fn udf_s098_session_holds_a_live_worker_until_closed() {
@@ -1382,7 +1382,7 @@ async fn udf_s130_cleanup_runs_once_on_dispatcher_close_only() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Spawning details (spec §1.9 ProcessCallable, §6.2 step 4).
+// Spawning details (udf §1.9 ProcessCallable, §6.2 step 4).
 
 #[tokio::test]
 async fn udf_spawn_appends_id_and_connection_and_passes_runner_env() {
@@ -1501,7 +1501,7 @@ async fn udf_tcp_endpoint_when_allowed() {
 }
 
 // ---------------------------------------------------------------------------------------
-// Reuse pool (beyond Spark; spec §6.6 rules).
+// Reuse pool (beyond Spark; udf §6.6 rules).
 
 #[tokio::test]
 async fn udf_pool_reuses_a_healthy_worker_for_the_next_session() {

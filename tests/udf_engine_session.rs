@@ -1,4 +1,4 @@
-//! Engine-side worker-session scenarios ported from spec §8.1–§8.2 (`udf_sNNN_…`), run
+//! Engine-side worker-session scenarios ported from udf §8.1–§8.2 (`udf_sNNN_…`), run
 //! against scripted fake workers over the in-memory connection under a paused tokio clock.
 
 use std::sync::Arc;
@@ -12,11 +12,11 @@ use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestKind,
     RequestMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
 };
-use tether::worker::state::{Init as InitState, Streaming};
-use tether::worker::{
+use tether::worker::engine::{
     CountingHandle, HandleError, PeerViolation, Session, SessionConfig, SessionError, Termination,
     TerminationKind, TransportFailure, Wait, WorkerHandle,
 };
+use tether::worker::state;
 
 type EngineConn = MemoryConnection<UdfRequest, UdfResponse>;
 
@@ -72,14 +72,24 @@ fn huge_timeouts() -> SessionConfig {
     }
 }
 
-fn setup(config: SessionConfig) -> (Session<InitState, EngineConn>, Worker, Arc<CountingHandle>) {
+fn setup(
+    config: SessionConfig,
+) -> (
+    Session<state::Init, EngineConn>,
+    Worker,
+    Arc<CountingHandle>,
+) {
     setup_with_capacity(config, 16)
 }
 
 fn setup_with_capacity(
     config: SessionConfig,
     capacity: usize,
-) -> (Session<InitState, EngineConn>, Worker, Arc<CountingHandle>) {
+) -> (
+    Session<state::Init, EngineConn>,
+    Worker,
+    Arc<CountingHandle>,
+) {
     let (engine, worker) = pair::<UdfRequest, UdfResponse>(capacity);
     let handle = Arc::new(CountingHandle::for_one_session());
     let session = Session::new(engine, handle.clone(), config);
@@ -162,7 +172,11 @@ fn assert_released_once(handle: &CountingHandle, invalid: bool) {
 
 async fn streaming(
     config: SessionConfig,
-) -> (Session<Streaming, EngineConn>, Worker, Arc<CountingHandle>) {
+) -> (
+    Session<state::Streaming, EngineConn>,
+    Worker,
+    Arc<CountingHandle>,
+) {
     let (s, mut w, h) = setup(config);
     let init = tokio::spawn(async move {
         s.init(init_msg())
@@ -177,7 +191,7 @@ async fn streaming(
 }
 
 // ---------------------------------------------------------------------------------------------
-// §8.1 base state machine
+// udf §8.1 base state machine
 
 #[tokio::test(start_paused = true)]
 async fn udf_s001_init_returns_the_workers_init_response() {
@@ -192,7 +206,10 @@ async fn udf_s001_init_returns_the_workers_init_response() {
     let (session, got) = task.await.unwrap().expect("init ok");
     assert_eq!(got, resp);
     assert_eq!(session.init_response(), &resp);
-    assert_eq!(session.phase(), tether::worker::Phase::Streaming);
+    assert_eq!(
+        session.phase(),
+        tether::worker::engine::EnginePhase::Streaming
+    );
     drop(w);
     let t = session.close().await;
     assert_eq!(
@@ -301,7 +318,7 @@ fn udf_s009_failed_is_salvageable_and_carries_its_error() {
     assert!(matches!(t.to_error(), Some(SessionError::Execution(_))));
 }
 
-/// A handle whose release fails: close still returns the outcome (spec §8.1 #11, #12).
+/// A handle whose release fails: close still returns the outcome (udf §8.1 #11, #12).
 #[derive(Debug, Default)]
 struct FailingHandle {
     invalid: std::sync::atomic::AtomicBool,
@@ -373,7 +390,7 @@ async fn udf_s012_release_is_called_exactly_once_even_when_it_fails() {
 
 #[test]
 fn udf_s013_first_terminal_wins() {
-    let mut core = tether::worker::EngineCore::new();
+    let mut core = tether::worker::engine::EngineCore::new();
     assert!(core.settle(Termination::Finished {
         response: FinishResponse::default(),
         execution_error: None
@@ -420,7 +437,7 @@ fn udf_s015_each_terminal_kind_maps_one_to_one() {
             false,
         ),
         (
-            Termination::Interrupted(tether::worker::Interrupted {
+            Termination::Interrupted(tether::worker::engine::Interrupted {
                 context: "x",
                 waited: Duration::ZERO,
             }),
@@ -431,14 +448,14 @@ fn udf_s015_each_terminal_kind_maps_one_to_one() {
     for (t, kind, salvageable) in cases {
         assert_eq!(t.kind(), kind);
         assert_eq!(t.is_salvageable(), salvageable, "{kind:?}");
-        let mut core = tether::worker::EngineCore::new();
+        let mut core = tether::worker::engine::EngineCore::new();
         core.settle(t.clone());
         assert_eq!(core.terminal().map(|t| t.kind()), Some(kind));
     }
 }
 
 // ---------------------------------------------------------------------------------------------
-// §8.2 GrpcWorkerSessionConcurrencySuite, engine side over the in-memory connection
+// udf §8.2 GrpcWorkerSessionConcurrencySuite, engine side over the in-memory connection
 
 /// Runs `init` while `script` plays the worker; returns the init result and the worker.
 async fn init_against<F, Fut>(
@@ -446,8 +463,8 @@ async fn init_against<F, Fut>(
     script: F,
 ) -> (
     Result<
-        (Session<Streaming, EngineConn>, InitResponse),
-        tether::worker::SessionFailed<EngineConn>,
+        (Session<state::Streaming, EngineConn>, InitResponse),
+        tether::worker::engine::SessionFailed<EngineConn>,
     >,
     Arc<CountingHandle>,
     tokio::task::JoinHandle<Worker>,
@@ -972,7 +989,7 @@ async fn udf_s036_init_error_is_structured_and_cancel_is_on_the_wire() {
     drop(worker.await.unwrap());
 }
 
-/// A connection whose every send fails (spec §8.2 #42).
+/// A connection whose every send fails (udf §8.2 #42).
 struct FailingSend(MemoryConnection<UdfRequest, UdfResponse>);
 
 impl Connection<UdfRequest, UdfResponse> for FailingSend {

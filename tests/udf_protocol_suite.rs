@@ -1,8 +1,8 @@
-//! Spec §8.3 scenarios 51–68 (`EchoProtocolSuite` / `UdfWorkerProtocolSuite`): the raw
+//! udf §8.3 scenarios 51–68 (`EchoProtocolSuite` / `UdfWorkerProtocolSuite`): the raw
 //! `Execute` protocol against the reference echo worker, here built on tether's worker side
 //! (`serve` → `Endpoint` → `WorkerCore`). Each test drives the engine end by hand and asserts
 //! the exact messages the worker sends, in order, up to the end of its response stream,
-//! plus the worker's own outcome. `udf_x_*` tests cover further rules of spec §2 against the
+//! plus the worker's own outcome. `udf_x_*` tests cover further rules of udf §2 against the
 //! same worker or against a hand-written `Endpoint` worker.
 
 mod common;
@@ -476,7 +476,7 @@ fn udf_s068_manage_shutdown_reports_sessions_settled() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Further rules of spec §2 (R2–R10) against the same worker
+// Further rules of udf §2 (R2–R10) against the same worker
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test(start_paused = true)]
@@ -496,7 +496,7 @@ async fn udf_x_crc_mismatch_and_unsupported_format_are_rejected_in_the_init_resp
         panic!("chunked_init starts with an Init");
     };
     i.udf.as_mut().unwrap().payload_crc32 = Some(0x1234_5678);
-    requests[0] = UdfRequest::init(i);
+    requests[0] = UdfRequest::init(*i);
     let (mut engine, task, _) = spawn_echo();
     engine.send_all(requests).await;
     assert_protocol_error(

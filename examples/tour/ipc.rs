@@ -6,7 +6,7 @@
 //!   batch; the worker reads any number) and the end-of-stream marker (`0xFFFFFFFF
 //!   0x00000000`). Every message is self-describing, so a session never depends on an
 //!   earlier message's dictionary or schema state, and a zero-row batch is still non-empty
-//!   bytes (spec §1.4).
+//!   bytes (udf §1.4).
 //! - `Init.input_schema` and the `InitResponse.data` this worker answers with (the output
 //!   schema): an IPC stream holding only the schema message and the end-of-stream marker.
 //!

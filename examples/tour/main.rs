@@ -50,7 +50,7 @@ use tether::wire::{
     WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification, worker_connection_spec,
 };
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
-use tether::worker::transport::{FramedTransport, WorkerTransport};
+use tether::worker::engine::{FramedTransport, WorkerTransport};
 
 use scenarios::{Report, Tour, TourResult, process_exists};
 

@@ -17,9 +17,9 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use tether::wire::{Init, UdfPayload, UdfWorkerDataFormat};
 use tether::worker::dispatcher::{Dispatcher, WorkerInfo};
-use tether::worker::state::{Init as InitState, Streaming};
-use tether::worker::transport::{WorkerEndpoint, WorkerTransport};
-use tether::worker::{Session, Termination, TerminationKind, WorkerHandle};
+use tether::worker::engine::{Session, Termination, TerminationKind, WorkerHandle};
+use tether::worker::engine::{WorkerEndpoint, WorkerTransport};
+use tether::worker::state;
 
 use super::data::Dataset;
 use super::ipc;
@@ -247,7 +247,7 @@ fn decode_outputs(outputs: &[Bytes]) -> TourResult<Vec<RecordBatch>> {
 
 /// A session the dispatcher created, with the worker it runs on.
 struct Opened<C> {
-    session: Session<InitState, C>,
+    session: Session<state::Init, C>,
     info: WorkerInfo,
     handle: Arc<dyn WorkerHandle>,
 }
@@ -394,7 +394,7 @@ where
 
     /// Sends and receives `batches` one at a time (lock-step) on a streaming session.
     async fn lock_step(
-        session: &mut Session<Streaming, T::Connection>,
+        session: &mut Session<state::Streaming, T::Connection>,
         batches: &[Bytes],
         traffic: &Traffic,
     ) -> TourResult<()> {

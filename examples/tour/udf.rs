@@ -623,7 +623,7 @@ fn datum(v: Value) -> Box<dyn arrow::array::Datum> {
 // ---------------------------------------------------------------------------------------------
 
 /// Counters reported in `FinishResponse.metrics` / `CancelResponse.metrics` (names from the
-/// typed metrics revision, spec §1.6).
+/// typed metrics revision, udf §1.6).
 #[derive(Debug, Default, Clone)]
 struct Counters {
     rows_in: u64,

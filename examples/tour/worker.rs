@@ -1,5 +1,5 @@
 //! Worker mode: what the tour's executable does when a dispatcher starts it as
-//! `tour --worker --id <uuid> --connection <socket path>` (spec §1.9 `ProcessCallable`: the
+//! `tour --worker --id <uuid> --connection <socket path>` (udf §1.9 `ProcessCallable`: the
 //! engine appends `--id` and `--connection`).
 //!
 //! - Installs the SIGTERM handler first, then binds the socket: once the engine can connect,

@@ -43,7 +43,7 @@ pub struct FramedConfig {
 
 impl Default for FramedConfig {
     fn default() -> Self {
-        FramedConfig {
+        Self {
             max_frame_len: DEFAULT_MAX_FRAME_LEN,
             read_buffer: 64 * 1024,
             write_buffer: 64 * 1024,
@@ -70,7 +70,7 @@ pub enum FramedError {
 
 impl From<FramedError> for ConnectionError {
     fn from(e: FramedError) -> Self {
-        ConnectionError::transport(e)
+        Self::transport(e)
     }
 }
 
@@ -84,7 +84,7 @@ pub struct MessageCodec<Out, In> {
 impl<Out, In> MessageCodec<Out, In> {
     /// A codec with the given maximum frame body length in bytes.
     pub fn new(max_frame_len: usize) -> Self {
-        MessageCodec {
+        Self {
             codec: FrameCodec::new(max_frame_len),
             _types: PhantomData,
         }
@@ -143,7 +143,7 @@ where
             config.read_buffer,
         );
         inner.set_backpressure_boundary(config.write_buffer.max(1));
-        FramedConnection {
+        Self {
             inner,
             frame_timeout: config.frame_timeout,
             frame_deadline: None,
@@ -264,7 +264,7 @@ impl FramedListener {
     /// # Errors
     /// The bind error (e.g. the path exists, or is longer than the platform limit).
     pub fn bind_unix(path: impl AsRef<Path>) -> io::Result<Self> {
-        Ok(FramedListener::Unix(UnixListener::bind(path)?))
+        Ok(Self::Unix(UnixListener::bind(path)?))
     }
 
     /// Binds TCP on `addr` (use a loopback address).
@@ -272,14 +272,14 @@ impl FramedListener {
     /// # Errors
     /// The bind error.
     pub async fn bind_tcp(addr: std::net::SocketAddr) -> io::Result<Self> {
-        Ok(FramedListener::Tcp(TcpListener::bind(addr).await?))
+        Ok(Self::Tcp(TcpListener::bind(addr).await?))
     }
 
     /// The bound TCP address, for a TCP listener.
     pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
-            FramedListener::Tcp(l) => l.local_addr().ok(),
-            FramedListener::Unix(_) => None,
+            Self::Tcp(l) => l.local_addr().ok(),
+            Self::Unix(_) => None,
         }
     }
 
@@ -292,10 +292,10 @@ impl FramedListener {
         config: &FramedConfig,
     ) -> io::Result<SocketConnection<Out, In>> {
         Ok(match self {
-            FramedListener::Unix(l) => {
+            Self::Unix(l) => {
                 SocketConnection::Unix(FramedConnection::new(l.accept().await?.0, config))
             }
-            FramedListener::Tcp(l) => {
+            Self::Tcp(l) => {
                 let (io, _) = l.accept().await?;
                 io.set_nodelay(true)?;
                 SocketConnection::Tcp(FramedConnection::new(io, config))
@@ -305,7 +305,7 @@ impl FramedListener {
 }
 
 /// A framed connection over a Unix or TCP socket (what [`FramedListener::accept`] returns, and
-/// the engine side of [`FramedTransport`](crate::worker::transport::FramedTransport)).
+/// the engine side of [`FramedTransport`](crate::worker::engine::FramedTransport)).
 #[derive(Debug)]
 pub enum SocketConnection<Out, In> {
     /// Over a Unix-domain socket.

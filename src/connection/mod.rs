@@ -4,7 +4,7 @@
 //! session is a `Connection<UdfRequest, UdfResponse>`, the worker side a
 //! `Connection<UdfResponse, UdfRequest>`. How a connection is obtained (a socket per session,
 //! an HTTP/2 stream on a shared channel, an in-memory pair) is the dispatcher's business, not
-//! the session's (DESIGN.md, "Connection trait").
+//! the session's.
 //!
 //! Anything that is both a [`Sink`] of outbound messages and a [`Stream`] of
 //! `Result<inbound, E>` is a connection through the blanket impl, so
@@ -15,7 +15,7 @@
 
 #[cfg(feature = "tokio")]
 pub mod framed;
-pub mod memory;
+mod memory;
 
 use std::error::Error as StdError;
 use std::fmt;
@@ -29,7 +29,7 @@ pub use memory::{MemoryConnection, pair};
 
 /// A failure of the transport underneath a session: the channel is unusable afterwards.
 ///
-/// Cloneable so it can be carried inside a [`Termination`](crate::worker::Termination),
+/// Cloneable so it can be carried inside a [`Termination`](crate::worker::engine::Termination),
 /// which every `close()` call returns by value.
 #[derive(Clone)]
 #[non_exhaustive]
@@ -47,17 +47,15 @@ impl ConnectionError {
     where
         E: Into<Box<dyn StdError + Send + Sync + 'static>>,
     {
-        ConnectionError::Transport(Arc::from(error.into()))
+        Self::Transport(Arc::from(error.into()))
     }
 }
 
 impl fmt::Debug for ConnectionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConnectionError::Closed => f.write_str("Closed"),
-            ConnectionError::Transport(e) => {
-                f.debug_tuple("Transport").field(&e.to_string()).finish()
-            }
+            Self::Closed => f.write_str("Closed"),
+            Self::Transport(e) => f.debug_tuple("Transport").field(&e.to_string()).finish(),
         }
     }
 }
@@ -65,8 +63,8 @@ impl fmt::Debug for ConnectionError {
 impl fmt::Display for ConnectionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ConnectionError::Closed => f.write_str("connection closed"),
-            ConnectionError::Transport(e) => write!(f, "transport error: {e}"),
+            Self::Closed => f.write_str("connection closed"),
+            Self::Transport(e) => write!(f, "transport error: {e}"),
         }
     }
 }
@@ -74,15 +72,15 @@ impl fmt::Display for ConnectionError {
 impl StdError for ConnectionError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match self {
-            ConnectionError::Closed => None,
-            ConnectionError::Transport(e) => Some(&**e),
+            Self::Closed => None,
+            Self::Transport(e) => Some(&**e),
         }
     }
 }
 
 impl From<std::io::Error> for ConnectionError {
     fn from(e: std::io::Error) -> Self {
-        ConnectionError::transport(e)
+        Self::transport(e)
     }
 }
 
@@ -112,7 +110,7 @@ pub trait Connection<Out, In> {
     /// Polls for the next inbound message; `Ready(None)` means the peer ended its side.
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<In, ConnectionError>>>;
 
-    /// Whether the transport is still usable (spec §3 `WorkerConnection.isActive`). The
+    /// Whether the transport is still usable (udf §3 `WorkerConnection.isActive`). The
     /// default answers `true`; implementations that can tell otherwise override it.
     fn is_active(&self) -> bool {
         true
@@ -160,7 +158,7 @@ pub struct Pair<Si, St> {
 impl<Si, St> Pair<Si, St> {
     /// Joins `sink` (outbound) and `stream` (inbound).
     pub fn new(sink: Si, stream: St) -> Self {
-        Pair { sink, stream }
+        Self { sink, stream }
     }
 
     /// Splits the pair back into its halves.

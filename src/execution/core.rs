@@ -1,14 +1,4 @@
-//! One execution's rules as a sans-IO state machine (reattach spec §2, §4).
-//!
-//! [`ExecutionCore`] holds the [`ResponseLog`], the runner state of §2.1, the single attached
-//! consumer ("sender", §4) with its rotation budget, and the attachment bookkeeping the
-//! abandonment pass reads (§5.3). It does no I/O, takes no locks and reads no clock: every
-//! call that depends on time takes `now`. The async driver ([`ResponseStream`],
-//! [`Producer`]) wraps it in a mutex and wakes tasks after each call; the property tests
-//! drive it directly.
-//!
-//! [`ResponseStream`]: super::ResponseStream
-//! [`Producer`]: super::Producer
+//! One execution's rules as a sans-IO state machine (reattach rx §2, §4).
 
 use std::time::{Duration, Instant};
 
@@ -16,7 +6,7 @@ use super::error::ConnectError;
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use crate::wire::connect::ExecutePlanResponse;
 
-/// The runner (producer) state machine of spec §2.1 (Spark 4.0+, SPARK-49688).
+/// The runner (producer) state machine of rx §2.1 (Spark 4.0+, SPARK-49688).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RunnerState {
     /// Registered, producer not started. Next: `Started`, or `Interrupted`.
@@ -30,7 +20,7 @@ pub enum RunnerState {
     StartedInterrupted,
     /// Producing the final outcome; cannot be interrupted any more. tether completes
     /// atomically under the execution's lock, so this state is never observed from outside
-    /// a call (it exists to document the rule of spec §2.2 T7).
+    /// a call (it exists to document the rule of rx §2.2 T7).
     Completing,
     /// Terminal: the producer finished, failed, stopped after an interrupt, or vanished.
     Completed,
@@ -39,11 +29,11 @@ pub enum RunnerState {
 impl RunnerState {
     /// Whether the producer may still append responses.
     pub fn is_running(self) -> bool {
-        matches!(self, RunnerState::Started)
+        matches!(self, Self::Started)
     }
 }
 
-/// Stream rotation budgets of a reattachable execution's consumer (spec §4.2, §4.5).
+/// Stream rotation budgets of a reattachable execution's consumer (rx §4.2, §4.5).
 /// Non-reattachable executions ignore them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StreamLimits {
@@ -58,14 +48,14 @@ pub struct StreamLimits {
 
 impl Default for StreamLimits {
     fn default() -> Self {
-        StreamLimits {
+        Self {
             max_duration: Some(Duration::from_secs(120)),
             max_bytes: Some(1024 * 1024 * 1024),
         }
     }
 }
 
-/// How an execution left the registry (spec §2.1 dimension 1).
+/// How an execution left the registry (rx §2.1 dimension 1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Removal {
     /// ReleaseAll, end of a non-reattachable stream, a failed start, or an orphan found by a
@@ -77,9 +67,9 @@ pub enum Removal {
 }
 
 /// The coarse state of an execution, which the [`Execution`](super::Execution) typestates
-/// are views of (issue item 6).
+/// are views of (rx §2.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
+pub enum ExecutionPhase {
     /// Registered; the producer has not started.
     Init,
     /// The producer is running; responses flow.
@@ -95,7 +85,7 @@ pub enum Phase {
 }
 
 /// Identifies one attached consumer (one ExecutePlan/ReattachExecute stream). Attaching a
-/// new consumer makes every older id stale (spec §4.4).
+/// new consumer makes every older id stale (rx §4.4).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConsumerId(pub u64);
 
@@ -105,12 +95,12 @@ pub enum StreamEnd {
     /// Every response up to the final index was delivered (for a reattachable execution the
     /// last one carried `ResultComplete`).
     Complete,
-    /// Graceful rotation: the time or byte budget of this stream was used up (spec §4.2).
+    /// Graceful rotation: the time or byte budget of this stream was used up (rx §4.2).
     /// The client must reattach.
     Rotated,
 }
 
-/// What [`ExecutionCore::poll_consumer`] tells a consumer to do next (spec §4.2 main loop).
+/// What [`ExecutionCore::poll_consumer`] tells a consumer to do next (rx §4.2 main loop).
 #[allow(
     clippy::large_enum_variant,
     reason = "the response is the hot path; boxing it would allocate once per response"
@@ -137,10 +127,10 @@ pub enum ProduceError {
     /// The unsent bound is reached; the response is handed back. Wait for the consumer.
     #[error("the unsent-response bound is reached; wait for the consumer")]
     WouldBlock(Box<ExecutePlanResponse>),
-    /// The execution was interrupted (spec §2.2 T9): stop producing.
+    /// The execution was interrupted (rx §2.2 T9): stop producing.
     #[error("the execution was interrupted")]
     Cancelled,
-    /// The execution was released or abandoned (spec §2.2 T12): stop producing.
+    /// The execution was released or abandoned (rx §2.2 T12): stop producing.
     #[error("the execution was released or abandoned")]
     Closed,
     /// The producer already finished or failed the execution.
@@ -159,7 +149,19 @@ struct Cursor {
     bytes_sent: u64,
 }
 
-/// The sans-IO state machine of one execution (spec §2–§4). See the [module docs](self).
+/// One execution's rules as a sans-IO state machine (reattach rx §2, §4).
+///
+/// [`ExecutionCore`] holds the [`ResponseLog`], the runner state of rx §2.1, the single attached
+/// consumer ("sender", rx §4) with its rotation budget, and the attachment bookkeeping the
+/// abandonment pass reads (rx §5.3). It does no I/O, takes no locks and reads no clock: every
+/// call that depends on time takes `now`. The async driver ([`ResponseStream`],
+/// [`Producer`]) wraps it in a mutex and wakes tasks after each call; the property tests
+/// drive it directly.
+///
+/// [`ResponseStream`]: super::ResponseStream
+/// [`Producer`]: super::Producer
+///
+/// The sans-IO state machine of one execution (rx §2–§4).
 #[derive(Debug)]
 pub struct ExecutionCore {
     log: ResponseLog,
@@ -178,7 +180,7 @@ pub struct ExecutionCore {
 
 impl ExecutionCore {
     /// A registered execution whose producer has not started (runner `NotStarted`). It
-    /// counts as attached (the initial ExecutePlan RPC's grace period, spec §2.2 T1) until
+    /// counts as attached (the initial ExecutePlan RPC's grace period, rx §2.2 T1) until
     /// its first consumer detaches.
     pub fn new(reattachable: bool, log: LogConfig, limits: StreamLimits, stamp: Stamp) -> Self {
         let log = if reattachable {
@@ -189,7 +191,7 @@ impl ExecutionCore {
                 ..log
             }
         };
-        ExecutionCore {
+        Self {
             log: ResponseLog::new(log, stamp),
             reattachable,
             limits,
@@ -210,12 +212,12 @@ impl ExecutionCore {
         &self.log
     }
 
-    /// Whether the execution is reattachable (spec §1.2).
+    /// Whether the execution is reattachable (rx §1.2).
     pub fn is_reattachable(&self) -> bool {
         self.reattachable
     }
 
-    /// The runner state (spec §2.1).
+    /// The runner state (rx §2.1).
     pub fn runner(&self) -> RunnerState {
         self.runner
     }
@@ -225,7 +227,7 @@ impl ExecutionCore {
         self.removed
     }
 
-    /// Whether the producer vanished without finishing (spec §2.2 T15, SPARK-50735).
+    /// Whether the producer vanished without finishing (rx §2.2 T15, SPARK-50735).
     pub fn is_orphan(&self) -> bool {
         self.orphaned
     }
@@ -245,28 +247,28 @@ impl ExecutionCore {
         self.delivered_result_complete
     }
 
-    /// The coarse [`Phase`] of the execution.
-    pub fn phase(&self) -> Phase {
+    /// The coarse [`ExecutionPhase`] of the execution.
+    pub fn phase(&self) -> ExecutionPhase {
         match (self.removed.is_some(), self.runner) {
             (true, RunnerState::Started | RunnerState::StartedInterrupted)
                 if self.producer_alive =>
             {
-                Phase::Cancelling
+                ExecutionPhase::Cancelling
             }
-            (true, _) => Phase::Terminated,
-            (false, RunnerState::NotStarted) => Phase::Init,
-            (false, RunnerState::Started) => Phase::Streaming,
+            (true, _) => ExecutionPhase::Terminated,
+            (false, RunnerState::NotStarted) => ExecutionPhase::Init,
+            (false, RunnerState::Started) => ExecutionPhase::Streaming,
             (false, RunnerState::Interrupted | RunnerState::StartedInterrupted) => {
-                Phase::Cancelling
+                ExecutionPhase::Cancelling
             }
             (false, RunnerState::Completing | RunnerState::Completed) => {
                 if matches!(
                     self.log.terminal_error(),
                     Some(ConnectError::OperationCanceled)
                 ) {
-                    Phase::Cancelling
+                    ExecutionPhase::Cancelling
                 } else {
-                    Phase::Finishing
+                    ExecutionPhase::Finishing
                 }
             }
         }
@@ -276,7 +278,7 @@ impl ExecutionCore {
     /// budget ran out — it rotates on its next poll, and a consumer nobody polls any more
     /// must not pin the execution), or `None` while attached or once removed. The
     /// abandonment pass removes it when this plus the detached timeout is `<= now`
-    /// (spec §5.3).
+    /// (rx §5.3).
     pub fn detached_since(&self) -> Option<Instant> {
         if self.removed.is_some() {
             return None;
@@ -299,7 +301,7 @@ impl ExecutionCore {
         }
     }
 
-    /// Attaches a new consumer that will resume at `next_index` (spec §2.2 T5): the previous
+    /// Attaches a new consumer that will resume at `next_index` (rx §2.2 T5): the previous
     /// consumer, if any, is preempted and gets `INVALID_CURSOR.DISCONNECTED` on its next
     /// poll. Returns the new id and the preempted one. On a removed execution the new
     /// consumer is disconnected at once.
@@ -336,7 +338,7 @@ impl ExecutionCore {
         self.consumer.is_some_and(|c| c.id == id)
     }
 
-    /// The attached consumer's next step (spec §4.2), in Spark's order: preempted or closed
+    /// The attached consumer's next step (rx §4.2), in Spark's order: preempted or closed
     /// → `DISCONNECTED`; end of a finished log → complete or the stored terminal error;
     /// rotation budget used up → graceful end; otherwise the next response, a wait, or
     /// `POSITION_NOT_AVAILABLE`. A consumer at the end of an orphan's log gets the orphan
@@ -405,7 +407,7 @@ impl ExecutionCore {
         }
     }
 
-    /// The consumer `id` went away (stream dropped, transport failed) (spec §2.2 T4). If it
+    /// The consumer `id` went away (stream dropped, transport failed) (rx §2.2 T4). If it
     /// was the attached one the execution becomes detached at `now`. Returns whether it was.
     pub fn detach(&mut self, id: ConsumerId, now: Instant) -> bool {
         if self.is_current(id) {
@@ -416,7 +418,7 @@ impl ExecutionCore {
         }
     }
 
-    /// `ReleaseUntil(response_id)` on the log (spec §3.4). Returns the released index.
+    /// `ReleaseUntil(response_id)` on the log (rx §3.4). Returns the released index.
     ///
     /// # Errors
     /// `INVALID_CURSOR.POSITION_NOT_FOUND` for an id this execution never handed out.
@@ -424,7 +426,7 @@ impl ExecutionCore {
         self.log.release_until(response_id)
     }
 
-    /// Where a reattach with `last_response_id` resumes (spec §3.5), see
+    /// Where a reattach with `last_response_id` resumes (rx §3.5), see
     /// [`ResponseLog::position`].
     ///
     /// # Errors
@@ -435,7 +437,7 @@ impl ExecutionCore {
 
     /// For a consumer that is not asking for a response (e.g. waiting for its transport to
     /// become writable): `DISCONNECTED` if it was preempted or the execution closed, a
-    /// graceful rotation if its time budget ran out (spec §4.3: nothing is sent then), or
+    /// graceful rotation if its time budget ran out (rx §4.3: nothing is sent then), or
     /// `None` to keep waiting. A returned event ends the consumer.
     pub fn poll_interrupt(&mut self, id: ConsumerId, now: Instant) -> Option<ConsumerEvent> {
         let Some(cursor) = self.consumer.filter(|c| c.id == id) else {
@@ -456,7 +458,7 @@ impl ExecutionCore {
     }
 
     /// Disconnects the attached consumer without attaching another (its next poll gets
-    /// `DISCONNECTED`; spec §4.4, Spark's `interruptGrpcResponseSenders`). The execution
+    /// `DISCONNECTED`; rx §4.4, Spark's `interruptGrpcResponseSenders`). The execution
     /// becomes detached at `now`. Returns the disconnected consumer.
     pub fn disconnect(&mut self, now: Instant) -> Option<ConsumerId> {
         let id = self.consumer.map(|c| c.id)?;
@@ -464,7 +466,7 @@ impl ExecutionCore {
         Some(id)
     }
 
-    /// Whether appending a response of `size` bytes would have to wait (spec §3; tether's
+    /// Whether appending a response of `size` bytes would have to wait (rx §3; tether's
     /// unsent bound).
     pub fn would_block(&self, size: u64) -> bool {
         self.log.would_block(size)
@@ -484,7 +486,7 @@ impl ExecutionCore {
         }
     }
 
-    /// Appends a produced response (spec §2.2 T6). Returns its index.
+    /// Appends a produced response (rx §2.2 T6). Returns its index.
     ///
     /// # Errors
     /// [`ProduceError::WouldBlock`] (response handed back) at the unsent bound;
@@ -497,7 +499,7 @@ impl ExecutionCore {
         })
     }
 
-    /// The producer finished successfully (spec §2.2 T7): a reattachable execution gets its
+    /// The producer finished successfully (rx §2.2 T7): a reattachable execution gets its
     /// `ResultComplete` appended atomically with fixing the final index; a non-reattachable
     /// one just fixes it. Runner `Started → Completing → Completed` in one step, so an
     /// interrupt can never land after it.
@@ -516,7 +518,7 @@ impl ExecutionCore {
         Ok(())
     }
 
-    /// The producer failed (spec §2.2 T8): `error` becomes the terminal error, delivered
+    /// The producer failed (rx §2.2 T8): `error` becomes the terminal error, delivered
     /// after every earlier response.
     ///
     /// # Errors
@@ -540,7 +542,7 @@ impl ExecutionCore {
     }
 
     /// The producer went away. If it had not finished, the execution is an orphan
-    /// (spec §2.2 T15). Idempotent.
+    /// (rx §2.2 T15). Idempotent.
     pub fn producer_gone(&mut self) {
         if !self.producer_alive {
             return;
@@ -560,7 +562,7 @@ impl ExecutionCore {
         self.producer_alive
     }
 
-    /// Interrupt (spec §2.2 T9, §5.7): `NotStarted → Interrupted` or
+    /// Interrupt (rx §2.2 T9, §5.7): `NotStarted → Interrupted` or
     /// `Started → StartedInterrupted`, storing `OPERATION_CANCELED` as the terminal error
     /// right away so every consumer gets it after the earlier responses. Returns `true`
     /// only if this call changed the runner state; a no-op once completion started.
@@ -583,7 +585,7 @@ impl ExecutionCore {
         }
     }
 
-    /// Closes the execution as it leaves the registry (spec §2.2 T12): interrupts the
+    /// Closes the execution as it leaves the registry (rx §2.2 T12): interrupts the
     /// runner if it still runs, disconnects the attached consumer (its next poll gets
     /// `DISCONNECTED`), and drops every buffered response. Returns the preempted consumer,
     /// if any. Idempotent: later calls change nothing.
@@ -700,7 +702,7 @@ mod tests {
             c.poll_consumer(a, t),
             ConsumerEvent::End(StreamEnd::Complete)
         );
-        assert_eq!(c.phase(), Phase::Finishing);
+        assert_eq!(c.phase(), ExecutionPhase::Finishing);
     }
 
     #[test]
@@ -718,7 +720,7 @@ mod tests {
             c.poll_consumer(a, t),
             ConsumerEvent::Error(ConnectError::OperationCanceled)
         );
-        assert_eq!(c.phase(), Phase::Cancelling);
+        assert_eq!(c.phase(), ExecutionPhase::Cancelling);
         assert_eq!(c.finish(), Err(ProduceError::Cancelled));
         assert_eq!(c.runner(), RunnerState::Completed);
     }
@@ -751,9 +753,9 @@ mod tests {
             ConsumerEvent::Error(ConnectError::Disconnected)
         );
         assert_eq!(c.push(batch(1)), Err(ProduceError::Closed));
-        assert_eq!(c.phase(), Phase::Cancelling);
+        assert_eq!(c.phase(), ExecutionPhase::Cancelling);
         c.producer_gone();
-        assert_eq!(c.phase(), Phase::Terminated);
+        assert_eq!(c.phase(), ExecutionPhase::Terminated);
         assert!(!c.is_orphan());
         assert_eq!(c.close(Removal::Abandoned), None);
         assert_eq!(c.removal(), Some(Removal::Released));

@@ -1,11 +1,11 @@
-//! Spark Connect error conditions of the execution layer (reattach spec §1.8).
+//! Spark Connect error conditions of the execution layer (reattach rx §1.8).
 //!
 //! [`ConnectError`]'s `Display` is the status message a Spark server would send: it starts
 //! with the bracketed error condition (`[INVALID_CURSOR.DISCONNECTED] …`), because Spark
-//! clients classify errors by searching the message for the condition name (spec §1.8).
+//! clients classify errors by searching the message for the condition name (rx §1.8).
 //! The wording after the bracket is tether's own. [`ConnectError::code`] gives the gRPC
 //! status code category a transport adapter should use; Spark sends every recoverable server
-//! error as `INTERNAL` (spec §1.8), and so does tether except where noted.
+//! error as `INTERNAL` (rx §1.8), and so does tether except where noted.
 
 use std::fmt;
 
@@ -16,7 +16,7 @@ pub enum Code {
     Ok = 0,
     /// 1: cancelled by the caller.
     Cancelled = 1,
-    /// 2: unknown error; Spark uses it for fatal throwables (spec §1.8).
+    /// 2: unknown error; Spark uses it for fatal throwables (rx §1.8).
     Unknown = 2,
     /// 3: the client sent an invalid argument.
     InvalidArgument = 3,
@@ -38,9 +38,9 @@ pub enum Code {
     OutOfRange = 11,
     /// 12: not implemented.
     Unimplemented = 12,
-    /// 13: internal error; Spark's code for every recoverable server error (spec §1.8).
+    /// 13: internal error; Spark's code for every recoverable server error (rx §1.8).
     Internal = 13,
-    /// 14: the service is unavailable (transient; clients retry it, spec §6.1).
+    /// 14: the service is unavailable (transient; clients retry it, rx §6.1).
     Unavailable = 14,
     /// 15: unrecoverable data loss.
     DataLoss = 15,
@@ -52,23 +52,23 @@ impl Code {
     /// The code's canonical upper-case name, e.g. `"INTERNAL"`.
     pub fn as_str(self) -> &'static str {
         match self {
-            Code::Ok => "OK",
-            Code::Cancelled => "CANCELLED",
-            Code::Unknown => "UNKNOWN",
-            Code::InvalidArgument => "INVALID_ARGUMENT",
-            Code::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            Code::NotFound => "NOT_FOUND",
-            Code::AlreadyExists => "ALREADY_EXISTS",
-            Code::PermissionDenied => "PERMISSION_DENIED",
-            Code::ResourceExhausted => "RESOURCE_EXHAUSTED",
-            Code::FailedPrecondition => "FAILED_PRECONDITION",
-            Code::Aborted => "ABORTED",
-            Code::OutOfRange => "OUT_OF_RANGE",
-            Code::Unimplemented => "UNIMPLEMENTED",
-            Code::Internal => "INTERNAL",
-            Code::Unavailable => "UNAVAILABLE",
-            Code::DataLoss => "DATA_LOSS",
-            Code::Unauthenticated => "UNAUTHENTICATED",
+            Self::Ok => "OK",
+            Self::Cancelled => "CANCELLED",
+            Self::Unknown => "UNKNOWN",
+            Self::InvalidArgument => "INVALID_ARGUMENT",
+            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
+            Self::NotFound => "NOT_FOUND",
+            Self::AlreadyExists => "ALREADY_EXISTS",
+            Self::PermissionDenied => "PERMISSION_DENIED",
+            Self::ResourceExhausted => "RESOURCE_EXHAUSTED",
+            Self::FailedPrecondition => "FAILED_PRECONDITION",
+            Self::Aborted => "ABORTED",
+            Self::OutOfRange => "OUT_OF_RANGE",
+            Self::Unimplemented => "UNIMPLEMENTED",
+            Self::Internal => "INTERNAL",
+            Self::Unavailable => "UNAVAILABLE",
+            Self::DataLoss => "DATA_LOSS",
+            Self::Unauthenticated => "UNAUTHENTICATED",
         }
     }
 }
@@ -79,15 +79,15 @@ impl fmt::Display for Code {
     }
 }
 
-/// Every error the server side of the execution layer reports to a client (spec §1.8, §3.5,
-/// §4.4, §5). `Display` starts with the Spark error condition in brackets where Spark has one.
+/// Every error the server side of the execution layer reports to a client (rx §1.8, §3.5,
+/// rx §4.4, §5). `Display` starts with the Spark error condition in brackets where Spark has one.
 ///
 /// `handle` parameters are the identifier the request named (an operation or session id),
 /// as Spark's `handle` message parameter.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectError {
-    /// `INVALID_HANDLE.FORMAT`: a session or operation id is not a UUID (spec §1.9).
+    /// `INVALID_HANDLE.FORMAT`: a session or operation id is not a UUID (rx §1.9).
     #[error(
         "[INVALID_HANDLE.FORMAT] The handle {handle} is invalid: it must be a UUID string like \
          '00112233-4455-6677-8899-aabbccddeeff'."
@@ -98,8 +98,8 @@ pub enum ConnectError {
     },
     /// `INVALID_HANDLE.OPERATION_ABANDONED`: the operation was removed for inactivity (or
     /// with its closed session) and is remembered in the tombstones; or, as in Spark 4.3.0,
-    /// an ExecutePlan re-submits the id of a released or completed execution (spec §5.2,
-    /// §5.4).
+    /// an ExecutePlan re-submits the id of a released or completed execution (rx §5.2,
+    /// rx §5.4).
     #[error(
         "[INVALID_HANDLE.OPERATION_ABANDONED] The handle {handle} is invalid: the operation \
          was abandoned or already ran and cannot be started again."
@@ -109,7 +109,7 @@ pub enum ConnectError {
         handle: String,
     },
     /// `INVALID_HANDLE.OPERATION_ALREADY_EXISTS`: an ExecutePlan names a live operation with
-    /// a different plan (spec §5.2).
+    /// a different plan (rx §5.2).
     #[error(
         "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle {handle} is invalid: an \
          operation with this id already exists."
@@ -119,7 +119,7 @@ pub enum ConnectError {
         handle: String,
     },
     /// `INVALID_HANDLE.OPERATION_NOT_FOUND`: no live operation with this id in the session,
-    /// and no tombstone (released, or never existed) (spec §5.5).
+    /// and no tombstone (released, or never existed) (rx §5.5).
     #[error(
         "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle {handle} is invalid: the operation \
          was not found."
@@ -129,7 +129,7 @@ pub enum ConnectError {
         handle: String,
     },
     /// `INVALID_HANDLE.SESSION_CHANGED`: `client_observed_server_side_session_id` differs
-    /// from the session's `server_side_session_id` (spec §1.2, §5.5).
+    /// from the session's `server_side_session_id` (rx §1.2, §5.5).
     #[error(
         "[INVALID_HANDLE.SESSION_CHANGED] The handle {handle} is invalid: the server-side \
          session changed (the server restarted or the session was recreated); reconnect."
@@ -139,7 +139,7 @@ pub enum ConnectError {
         handle: String,
     },
     /// `INVALID_HANDLE.SESSION_CLOSED`: the session was released or expired and is in the
-    /// closed-session tombstones (spec §5.6).
+    /// closed-session tombstones (rx §5.6).
     #[error(
         "[INVALID_HANDLE.SESSION_CLOSED] The handle {handle} is invalid: the session was closed."
     )]
@@ -148,7 +148,7 @@ pub enum ConnectError {
         handle: String,
     },
     /// `INVALID_HANDLE.SESSION_NOT_FOUND`: no such `(user_id, session_id)` session
-    /// (spec §5.5).
+    /// (rx §5.5).
     #[error(
         "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle {handle} is invalid: the session was not found."
     )]
@@ -157,18 +157,18 @@ pub enum ConnectError {
         handle: String,
     },
     /// `INVALID_CURSOR.DISCONNECTED`: the server ended this stream because another consumer
-    /// attached, or the execution was released, abandoned or its session closed (spec §4.4).
-    /// Clients retry it by reattaching (spec §6.1).
+    /// attached, or the execution was released, abandoned or its session closed (rx §4.4).
+    /// Clients retry it by reattaching (rx §6.1).
     #[error("[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.")]
     Disconnected,
     /// `INVALID_CURSOR.NOT_REATTACHABLE`: reattach or release on an execution that is not
-    /// reattachable, or whose runner has not started (spec §5.5, SPARK-49492).
+    /// reattachable, or whose runner has not started (rx §5.5, SPARK-49492).
     #[error(
         "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: the operation is not reattachable."
     )]
     NotReattachable,
     /// `INVALID_CURSOR.POSITION_NOT_AVAILABLE`: the response at `index` was already released
-    /// from the retry buffer (spec §3.3, §3.5).
+    /// from the retry buffer (rx §3.3, §3.5).
     #[error(
         "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response \
          {response_id} at index {index} is no longer available."
@@ -180,7 +180,7 @@ pub enum ConnectError {
         index: u64,
     },
     /// `INVALID_CURSOR.POSITION_NOT_FOUND`: the response id was never produced by this
-    /// execution (unknown, empty, another operation's) (spec §3.4, §3.5).
+    /// execution (unknown, empty, another operation's) (rx §3.4, §3.5).
     #[error(
         "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response {response_id} \
          was not found."
@@ -189,24 +189,24 @@ pub enum ConnectError {
         /// The response id as sent.
         response_id: String,
     },
-    /// `OPERATION_CANCELED`: the execution was interrupted (spec §2.2 T9, §5.7). Delivered
+    /// `OPERATION_CANCELED`: the execution was interrupted (rx §2.2 T9, §5.7). Delivered
     /// after every earlier response.
     #[error("[OPERATION_CANCELED] The operation was canceled.")]
     OperationCanceled,
-    /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG` (spec §5.7).
+    /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG` (rx §5.7).
     #[error(
         "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type TAG \
          needs an operation_tag."
     )]
     InterruptTagRequiresTag,
-    /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID` (spec §5.7).
+    /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID` (rx §5.7).
     #[error(
         "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt of \
          type OPERATION_ID needs an operation_id."
     )]
     InterruptOperationIdRequiresId,
     /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`: unspecified or unknown interrupt type
-    /// (spec §5.7).
+    /// (rx §5.7).
     #[error(
         "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type {interrupt_type} is not supported."
     )]
@@ -214,7 +214,7 @@ pub enum ConnectError {
         /// The raw `interrupt_type` value.
         interrupt_type: i32,
     },
-    /// An ExecutePlan tag is empty or contains `,` (spec §1.2). Spark raises a plain
+    /// An ExecutePlan tag is empty or contains `,` (rx §1.2). Spark raises a plain
     /// `IllegalArgumentException` (no condition).
     #[error("Spark Connect tag {tag:?} is invalid: {reason}.")]
     InvalidTag {
@@ -223,12 +223,12 @@ pub enum ConnectError {
         /// What is wrong with it.
         reason: &'static str,
     },
-    /// A ReleaseExecute with neither `release_all` nor `release_until` (spec §1.5). Spark
+    /// A ReleaseExecute with neither `release_all` nor `release_until` (rx §1.5). Spark
     /// raises a plain exception (no condition).
     #[error("Unknown ReleaseExecute type: neither release_all nor release_until is set.")]
     UnknownReleaseType,
     /// The execution's producer stopped without completing or failing: the execution is an
-    /// orphan and was removed (spec §2.2 T15, SPARK-50735). Spark raises a plain
+    /// orphan and was removed (rx §2.2 T15, SPARK-50735). Spark raises a plain
     /// `IllegalStateException` (no condition).
     #[error("Operation {handle} was orphaned: its producer stopped without completing.")]
     Orphaned {
@@ -249,7 +249,7 @@ pub enum ConnectError {
         limit: usize,
     },
     /// The execution failed: the terminal error its producer reported, re-delivered to every
-    /// stream that reaches the end of the log (spec §2.2 T8, §4.2). `message` is used
+    /// stream that reaches the end of the log (rx §2.2 T8, §4.2). `message` is used
     /// verbatim as the status message (it should start with a Spark condition in brackets if
     /// it has one).
     #[error("{message}")]
@@ -268,37 +268,35 @@ impl ConnectError {
     /// [`Failed`](Self::Failed)).
     pub fn condition(&self) -> Option<&'static str> {
         Some(match self {
-            ConnectError::InvalidHandleFormat { .. } => "INVALID_HANDLE.FORMAT",
-            ConnectError::OperationAbandoned { .. } => "INVALID_HANDLE.OPERATION_ABANDONED",
-            ConnectError::OperationAlreadyExists { .. } => {
-                "INVALID_HANDLE.OPERATION_ALREADY_EXISTS"
-            }
-            ConnectError::OperationNotFound { .. } => "INVALID_HANDLE.OPERATION_NOT_FOUND",
-            ConnectError::SessionChanged { .. } => "INVALID_HANDLE.SESSION_CHANGED",
-            ConnectError::SessionClosed { .. } => "INVALID_HANDLE.SESSION_CLOSED",
-            ConnectError::SessionNotFound { .. } => "INVALID_HANDLE.SESSION_NOT_FOUND",
-            ConnectError::Disconnected => "INVALID_CURSOR.DISCONNECTED",
-            ConnectError::NotReattachable => "INVALID_CURSOR.NOT_REATTACHABLE",
-            ConnectError::PositionNotAvailable { .. } => "INVALID_CURSOR.POSITION_NOT_AVAILABLE",
-            ConnectError::PositionNotFound { .. } => "INVALID_CURSOR.POSITION_NOT_FOUND",
-            ConnectError::OperationCanceled => "OPERATION_CANCELED",
-            ConnectError::InterruptTagRequiresTag => {
+            Self::InvalidHandleFormat { .. } => "INVALID_HANDLE.FORMAT",
+            Self::OperationAbandoned { .. } => "INVALID_HANDLE.OPERATION_ABANDONED",
+            Self::OperationAlreadyExists { .. } => "INVALID_HANDLE.OPERATION_ALREADY_EXISTS",
+            Self::OperationNotFound { .. } => "INVALID_HANDLE.OPERATION_NOT_FOUND",
+            Self::SessionChanged { .. } => "INVALID_HANDLE.SESSION_CHANGED",
+            Self::SessionClosed { .. } => "INVALID_HANDLE.SESSION_CLOSED",
+            Self::SessionNotFound { .. } => "INVALID_HANDLE.SESSION_NOT_FOUND",
+            Self::Disconnected => "INVALID_CURSOR.DISCONNECTED",
+            Self::NotReattachable => "INVALID_CURSOR.NOT_REATTACHABLE",
+            Self::PositionNotAvailable { .. } => "INVALID_CURSOR.POSITION_NOT_AVAILABLE",
+            Self::PositionNotFound { .. } => "INVALID_CURSOR.POSITION_NOT_FOUND",
+            Self::OperationCanceled => "OPERATION_CANCELED",
+            Self::InterruptTagRequiresTag => {
                 "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG"
             }
-            ConnectError::InterruptOperationIdRequiresId => {
+            Self::InterruptOperationIdRequiresId => {
                 "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID"
             }
-            ConnectError::UnsupportedInterruptType { .. } => "UNSUPPORTED_FEATURE.INTERRUPT_TYPE",
-            ConnectError::ExecutionLimitExceeded { .. } => "EXECUTION_LIMIT_EXCEEDED",
-            ConnectError::InvalidTag { .. }
-            | ConnectError::UnknownReleaseType
-            | ConnectError::Orphaned { .. }
-            | ConnectError::Failed { .. } => return None,
+            Self::UnsupportedInterruptType { .. } => "UNSUPPORTED_FEATURE.INTERRUPT_TYPE",
+            Self::ExecutionLimitExceeded { .. } => "EXECUTION_LIMIT_EXCEEDED",
+            Self::InvalidTag { .. }
+            | Self::UnknownReleaseType
+            | Self::Orphaned { .. }
+            | Self::Failed { .. } => return None,
         })
     }
 
     /// The SQLSTATE Spark attaches to the condition (`HY000` for `INVALID_HANDLE.*`, `HY109`
-    /// for `INVALID_CURSOR.*`, spec §1.8), if any.
+    /// for `INVALID_CURSOR.*`, rx §1.8), if any.
     pub fn sql_state(&self) -> Option<&'static str> {
         let condition = self.condition()?;
         if condition.starts_with("INVALID_HANDLE.") {
@@ -317,27 +315,27 @@ impl ConnectError {
     }
 
     /// The gRPC status code category a transport should send this error with: `INTERNAL`
-    /// (as Spark does for every recoverable server error, spec §1.8), except
+    /// (as Spark does for every recoverable server error, rx §1.8), except
     /// [`ExecutionLimitExceeded`](Self::ExecutionLimitExceeded) (`RESOURCE_EXHAUSTED`) and
     /// [`Failed`](Self::Failed) (the producer's code).
     pub fn code(&self) -> Code {
         match self {
-            ConnectError::ExecutionLimitExceeded { .. } => Code::ResourceExhausted,
-            ConnectError::Failed { code, .. } => *code,
+            Self::ExecutionLimitExceeded { .. } => Code::ResourceExhausted,
+            Self::Failed { code, .. } => *code,
             _ => Code::Internal,
         }
     }
 
     /// A producer-reported failure with status `INTERNAL` (see [`Failed`](Self::Failed)).
     pub fn failed(message: impl Into<String>) -> Self {
-        ConnectError::Failed {
+        Self::Failed {
             message: message.into(),
             code: Code::Internal,
         }
     }
 
     /// Finds the Spark error condition named in a status message, the way Spark clients
-    /// classify errors (substring search, spec §1.8). Returns the first of the conditions
+    /// classify errors (substring search, rx §1.8). Returns the first of the conditions
     /// this module knows that the message contains, longest names first so that e.g.
     /// `INVALID_HANDLE.OPERATION_NOT_FOUND` is never mistaken for a shorter one.
     pub fn condition_in(message: &str) -> Option<&'static str> {

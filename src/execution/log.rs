@@ -1,21 +1,4 @@
-//! The per-execution response log and retry buffer (reattach spec §3).
-//!
-//! [`ResponseLog`] is pure data: no locks, no clock, no I/O. The execution core
-//! ([`ExecutionCore`](super::ExecutionCore)) drives it; property tests drive it directly.
-//!
-//! ```text
-//!   index:   1 … first-1 │ first … highest_consumed │ highest_consumed+1 … last_produced │ final?
-//!            released    │ retained (retry buffer)   │ unsent (bounded, producer waits)   │
-//! ```
-//!
-//! - Indexes start at 1 and are consecutive. Every response gets a fresh UUID v4
-//!   `response_id`; the id → index map (and index → id) is kept for the execution's lifetime,
-//!   only payloads are released (spec §3.1).
-//! - Responses are always released as a prefix (automatic policy on consume, `ReleaseUntil`),
-//!   so the retained responses are one contiguous range and every lookup is O(1): an index
-//!   is an offset into a ring buffer, an id is one hash lookup. Nothing scans.
-//! - Automatic release (spec §3.4) uses running byte totals, so it costs O(1) amortised per
-//!   released response instead of Spark's walk over the whole budget.
+//! The per-execution response log and retry buffer (reattach rx §3).
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -28,7 +11,7 @@ use crate::wire::connect::ExecutePlanResponse;
 /// Spark's placeholder for an unknown response id in `POSITION_NOT_AVAILABLE`.
 const UNKNOWN_ID: &str = "<UNKNOWN>";
 
-/// Bounds of one [`ResponseLog`] (spec §3.1, §3.4). Sizes are encoded protobuf sizes in
+/// Bounds of one [`ResponseLog`] (rx §3.1, §3.4). Sizes are encoded protobuf sizes in
 /// bytes (`ExecutePlanResponse::encoded_len` after the ids are stamped).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LogConfig {
@@ -48,7 +31,7 @@ pub struct LogConfig {
 impl LogConfig {
     /// The defaults for a reattachable execution: 10 MiB retry budget, 64 MiB / 100 000
     /// unsent responses.
-    pub const REATTACHABLE: LogConfig = LogConfig {
+    pub const REATTACHABLE: Self = Self {
         retry_budget: 10 * 1024 * 1024,
         max_unsent_bytes: 64 * 1024 * 1024,
         max_unsent_responses: 100_000,
@@ -56,19 +39,19 @@ impl LogConfig {
 
     /// The defaults for a non-reattachable execution: budget 0 ("ack on send": a response
     /// is released when the next one is consumed), 64 MiB / 100 000 unsent responses.
-    pub const NON_REATTACHABLE: LogConfig = LogConfig {
+    pub const NON_REATTACHABLE: Self = Self {
         retry_budget: 0,
-        ..LogConfig::REATTACHABLE
+        ..Self::REATTACHABLE
     };
 }
 
 impl Default for LogConfig {
     fn default() -> Self {
-        LogConfig::REATTACHABLE
+        Self::REATTACHABLE
     }
 }
 
-/// The identifiers stamped on every response of one execution (spec §3.2). Shared
+/// The identifiers stamped on every response of one execution (rx §3.2). Shared
 /// strings, so the executions of one session share their session ids.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Stamp {
@@ -83,7 +66,7 @@ pub struct Stamp {
 impl Default for Stamp {
     fn default() -> Self {
         let empty: Arc<str> = Arc::from("");
-        Stamp {
+        Self {
             session_id: empty.clone(),
             server_side_session_id: empty.clone(),
             operation_id: empty,
@@ -98,18 +81,18 @@ pub enum PushError {
     #[error("the unsent-response bound is reached; wait for the consumer")]
     WouldBlock(Box<ExecutePlanResponse>),
     /// The log is finished (completed or failed): nothing may follow the final index
-    /// (spec §3.2).
+    /// (rx §3.2).
     #[error("the response log is finished; nothing can be appended after the final index")]
     Finished(Box<ExecutePlanResponse>),
 }
 
 /// [`ResponseLog::finish`] or [`ResponseLog::fail`] on a log that is already finished
-/// (Spark: completing twice is an illegal state, spec §3.2).
+/// (Spark: completing twice is an illegal state, rx §3.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("the response log is already finished")]
 pub struct AlreadyFinished;
 
-/// What a consumer gets for the index it asks for ([`ResponseLog::consume`], spec §3.3).
+/// What a consumer gets for the index it asks for ([`ResponseLog::consume`], rx §3.3).
 #[allow(
     clippy::large_enum_variant,
     reason = "the response is the hot path; boxing it would allocate once per response"
@@ -121,7 +104,7 @@ pub enum Consumed {
     /// Not produced yet: wait for the producer.
     Pending,
     /// The log is finished and every response was consumed: end the stream, with the
-    /// stored terminal error if the execution failed (spec §3.3 case 3).
+    /// stored terminal error if the execution failed (rx §3.3 case 3).
     End(Option<ConnectError>),
 }
 
@@ -133,8 +116,27 @@ struct Entry {
     cumulative: u64,
 }
 
+/// The per-execution response log and retry buffer (reattach rx §3).
+///
+/// [`ResponseLog`] is pure data: no locks, no clock, no I/O. The execution core
+/// ([`ExecutionCore`](super::ExecutionCore)) drives it; property tests drive it directly.
+///
+/// ```text
+///   index:   1 … first-1 │ first … highest_consumed │ highest_consumed+1 … last_produced │ final?
+///            released    │ retained (retry buffer)   │ unsent (bounded, producer waits)   │
+/// ```
+///
+/// - Indexes start at 1 and are consecutive. Every response gets a fresh UUID v4
+///   `response_id`; the id → index map (and index → id) is kept for the execution's lifetime,
+///   only payloads are released (rx §3.1).
+/// - Responses are always released as a prefix (automatic policy on consume, `ReleaseUntil`),
+///   so the retained responses are one contiguous range and every lookup is O(1): an index
+///   is an offset into a ring buffer, an id is one hash lookup. Nothing scans.
+/// - Automatic release (rx §3.4) uses running byte totals, so it costs O(1) amortised per
+///   released response instead of Spark's walk over the whole budget.
+///
 /// The response log of one execution: responses by index, the retry buffer and the unsent
-/// bound (spec §3). See the [module docs](self) for the layout.
+/// bound (rx §3).
 #[derive(Debug)]
 pub struct ResponseLog {
     config: LogConfig,
@@ -157,7 +159,7 @@ pub struct ResponseLog {
 impl ResponseLog {
     /// An empty log stamping `stamp` on every response.
     pub fn new(config: LogConfig, stamp: Stamp) -> Self {
-        ResponseLog {
+        Self {
             config,
             stamp,
             ids: Vec::new(),
@@ -276,7 +278,7 @@ impl ResponseLog {
     }
 
     /// The index of a produced response id; `None` if this log never produced it.
-    /// Accepts any UUID spelling (tether normalises ids, spec §1.9).
+    /// Accepts any UUID spelling (tether normalises ids, rx §1.9).
     pub fn index_of(&self, response_id: &str) -> Option<u64> {
         let id = Uuid::try_parse(response_id).ok()?;
         self.index_of.get(&id).copied()
@@ -288,7 +290,7 @@ impl ResponseLog {
         self.ids.get(i).copied()
     }
 
-    /// Whether a response of `size` bytes would have to wait for the consumer (spec §3;
+    /// Whether a response of `size` bytes would have to wait for the consumer (rx §3;
     /// tether's unsent bound). Always `false` when nothing is unsent.
     pub fn would_block(&self, size: u64) -> bool {
         let unsent = self.unsent_len();
@@ -323,7 +325,7 @@ impl ResponseLog {
         );
     }
 
-    /// Appends a response (spec §3.2): stamps `session_id`, `server_side_session_id`,
+    /// Appends a response (rx §3.2): stamps `session_id`, `server_side_session_id`,
     /// `operation_id` and a fresh UUID v4 `response_id`, and gives it the next index.
     /// Returns that index.
     ///
@@ -360,7 +362,7 @@ impl ResponseLog {
         index
     }
 
-    /// Finishes the log successfully (spec §2.2 T7). With `result_complete` (reattachable
+    /// Finishes the log successfully (rx §2.2 T7). With `result_complete` (reattachable
     /// executions) a `ResultComplete` response is appended in the same step, bypassing the
     /// unsent bound, and is the final index; without it the last produced index is final.
     ///
@@ -381,7 +383,7 @@ impl ResponseLog {
         Ok(())
     }
 
-    /// Finishes the log with a terminal error (spec §3.2 `onError`): the last produced index
+    /// Finishes the log with a terminal error (rx §3.2 `onError`): the last produced index
     /// becomes final and `error` is delivered after it to every consumer that reaches the
     /// end.
     ///
@@ -396,7 +398,7 @@ impl ResponseLog {
         Ok(())
     }
 
-    /// The error for a consumer asking for a released `index` (spec §3.3 case 2).
+    /// The error for a consumer asking for a released `index` (rx §3.3 case 2).
     pub fn not_available(&self, index: u64) -> ConnectError {
         ConnectError::PositionNotAvailable {
             response_id: self
@@ -407,8 +409,8 @@ impl ResponseLog {
         }
     }
 
-    /// Hands the response at `index` to a consumer (spec §3.3) and applies the automatic
-    /// release policy (spec §3.4): walking back from `index - 1`, responses are kept while
+    /// Hands the response at `index` to a consumer (rx §3.3) and applies the automatic
+    /// release policy (rx §3.4): walking back from `index - 1`, responses are kept while
     /// the kept bytes are below the retry budget; everything older is released. So with a
     /// budget > 0 the previously consumed response is always kept (and at most one kept
     /// response straddles the budget); with budget 0 everything before `index` is released.
@@ -455,7 +457,7 @@ impl ResponseLog {
         }
     }
 
-    /// `ReleaseUntil(response_id)` (spec §3.4): releases that response and everything before
+    /// `ReleaseUntil(response_id)` (rx §3.4): releases that response and everything before
     /// it. Releasing an already released position is a no-op.
     ///
     /// # Errors
@@ -479,7 +481,7 @@ impl ResponseLog {
         }
     }
 
-    /// Where a reattach resumes (spec §3.5): `None` → index 1; a known id → the next index.
+    /// Where a reattach resumes (rx §3.5): `None` → index 1; a known id → the next index.
     /// Whether that index is still available is decided when it is consumed
     /// ([`consume`](Self::consume) → `POSITION_NOT_AVAILABLE`); past the final index the
     /// consumer ends at once (complete, or the stored terminal error).
@@ -500,7 +502,7 @@ impl ResponseLog {
         index >= self.first || index > self.last_produced()
     }
 
-    /// Drops every held response (execution closed, spec §2.2 T12). Ids stay known.
+    /// Drops every held response (execution closed, rx §2.2 T12). Ids stay known.
     pub fn clear(&mut self) {
         while !self.entries.is_empty() {
             self.pop_front();

@@ -1,4 +1,4 @@
-//! A small bounded map with least-recently-used eviction, for tombstones (spec §5.4, §5.6).
+//! A small bounded map with least-recently-used eviction, for tombstones (rx §5.4, §5.6).
 
 use std::collections::{HashMap, VecDeque};
 use std::hash::Hash;
@@ -16,7 +16,7 @@ pub(crate) struct Lru<K, V> {
 
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     pub(crate) fn new(capacity: usize) -> Self {
-        Lru {
+        Self {
             map: HashMap::new(),
             order: VecDeque::new(),
             capacity,

@@ -1,14 +1,4 @@
-//! The execution registry and the sessions (reattach spec §5): [`ExecutionManager`].
-//!
-//! One lock guards the registry (sessions, their executions, tombstones); each execution has
-//! its own lock (see [`ResponseStream`]). The registry lock is always taken before an
-//! execution's lock, never after, and producers and consumers only take the execution's
-//! lock, so streaming never contends on the registry.
-//!
-//! Executions live inside their session (`(user_id, session_id)` → session →
-//! `operation_id` → execution), so registering and removing is one map operation each and
-//! cannot leave an execution unreachable: registration is all-or-nothing (spec §5.1
-//! caution).
+//! The execution registry and the sessions (reattach rx §5): [`ExecutionManager`].
 
 use std::collections::HashMap;
 use std::fmt;
@@ -17,20 +7,21 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::core::{ExecutionCore, Phase, Removal, RunnerState, StreamLimits};
+use super::core::{ExecutionCore, ExecutionPhase, Removal, RunnerState, StreamLimits};
 use super::error::ConnectError;
 use super::log::{LogConfig, Stamp};
 use super::lru::Lru;
+use super::state;
 use super::stream::{ExecShared, ResponseStream, Wakes};
-use super::typed::{Execution, NonReattachable, Reattachable, state};
+use super::typed::{Execution, NonReattachable, Reattachable};
+use crate::time::Timer;
 use crate::wire::connect::{
     ExecutePlanRequest, InterruptRequest, InterruptResponse, InterruptType, ReattachExecuteRequest,
     ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
     interrupt_request, release_execute_request,
 };
-use crate::worker::Timer;
 
-/// Identifies a session: `(user_id, session_id)` (spec §5.5). Another user's identical
+/// Identifies a session: `(user_id, session_id)` (rx §5.5). Another user's identical
 /// `session_id` is another session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionKey {
@@ -40,7 +31,7 @@ pub struct SessionKey {
     pub session_id: Uuid,
 }
 
-/// Identifies an execution: `(user_id, session_id, operation_id)` (spec §5.1).
+/// Identifies an execution: `(user_id, session_id, operation_id)` (rx §5.1).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExecuteKey {
     /// The user id.
@@ -61,7 +52,7 @@ impl ExecuteKey {
     }
 }
 
-/// Settings of an [`ExecutionManager`]. Defaults are Spark's (spec §4.5) plus tether's
+/// Settings of an [`ExecutionManager`]. Defaults are Spark's (rx §4.5) plus tether's
 /// bounds.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
@@ -72,7 +63,7 @@ pub struct ManagerConfig {
     /// Stream rotation budgets (2 min, 1 GiB).
     pub stream: StreamLimits,
     /// `spark.connect.execute.reattachable.enabled` (true): when false every execution is
-    /// non-reattachable even if requested (spec §1.2).
+    /// non-reattachable even if requested (rx §1.2).
     pub reattachable_enabled: bool,
     /// Detached executions are abandoned after this long (`detachedTimeout`, 5 min).
     pub detached_timeout: Duration,
@@ -100,7 +91,7 @@ pub struct ManagerConfig {
 
 impl Default for ManagerConfig {
     fn default() -> Self {
-        ManagerConfig {
+        Self {
             log: LogConfig::REATTACHABLE,
             stream: StreamLimits::default(),
             reattachable_enabled: true,
@@ -121,12 +112,12 @@ impl Default for ManagerConfig {
 pub enum Submitted {
     /// A new reattachable execution, registered with its producer not started: call
     /// [`Execution::start`] to get the [`Producer`](super::Producer) and the initial
-    /// stream. Dropping it unstarted removes it (spec §2.2 T2).
+    /// stream. Dropping it unstarted removes it (rx §2.2 T2).
     Reattachable(Execution<state::Init, Reattachable>),
     /// A new non-reattachable execution (no reattach or release API), as above.
     NonReattachable(Execution<state::Init, NonReattachable>),
     /// The operation id names a live reattachable execution with the same plan: this is a
-    /// reattach from the start (spec §5.2, SPARK-52397). Nothing new runs.
+    /// reattach from the start (rx §5.2, SPARK-52397). Nothing new runs.
     Reattached(Box<ResponseStream>),
 }
 
@@ -135,24 +126,24 @@ impl Submitted {
     /// run the plan with (`None` for a reattach) and the response stream of this RPC.
     pub fn start(self) -> (Option<super::Producer>, ResponseStream) {
         match self {
-            Submitted::Reattachable(e) => {
+            Self::Reattachable(e) => {
                 let (_, p, s) = e.start();
                 (Some(p), s)
             }
-            Submitted::NonReattachable(e) => {
+            Self::NonReattachable(e) => {
                 let (_, p, s) = e.start();
                 (Some(p), s)
             }
-            Submitted::Reattached(s) => (None, *s),
+            Self::Reattached(s) => (None, *s),
         }
     }
 
     /// The canonical operation id.
     pub fn operation_id(&self) -> &str {
         match self {
-            Submitted::Reattachable(e) => e.operation_id(),
-            Submitted::NonReattachable(e) => e.operation_id(),
-            Submitted::Reattached(s) => s.operation_id(),
+            Self::Reattachable(e) => e.operation_id(),
+            Self::NonReattachable(e) => e.operation_id(),
+            Self::Reattached(s) => s.operation_id(),
         }
     }
 }
@@ -213,7 +204,19 @@ pub(crate) struct ManagerInner {
     registry: Mutex<Registry>,
 }
 
-/// The server side of reattachable executions (spec §5): sessions keyed by
+/// The execution registry and the sessions (reattach rx §5): [`ExecutionManager`].
+///
+/// One lock guards the registry (sessions, their executions, tombstones); each execution has
+/// its own lock (see [`ResponseStream`]). The registry lock is always taken before an
+/// execution's lock, never after, and producers and consumers only take the execution's
+/// lock, so streaming never contends on the registry.
+///
+/// Executions live inside their session (`(user_id, session_id)` → session →
+/// `operation_id` → execution), so registering and removing is one map operation each and
+/// cannot leave an execution unreachable: registration is all-or-nothing (rx §5.1
+/// caution).
+///
+/// The server side of reattachable executions (rx §5): sessions keyed by
 /// `(user_id, session_id)`, executions keyed by `(user_id, session_id, operation_id)`,
 /// tombstones, interrupts and abandonment. Cheap to clone (shared).
 ///
@@ -230,7 +233,7 @@ pub(crate) struct ManagerInner {
 /// - Unsent responses are bounded (the producer waits); Spark's are unbounded.
 /// - A per-session cap on live executions (`EXECUTION_LIMIT_EXCEEDED`).
 ///
-/// Time comes from the [`Timer`] given at construction ([`ManualClock`](super::ManualClock)
+/// Time comes from the [`Timer`] given at construction ([`ManualClock`](crate::time::ManualClock)
 /// in tests); [`maintain`](Self::maintain) is one abandonment + session-expiry pass, and
 /// [`run_maintenance`](Self::run_maintenance) runs it every `maintenance_interval`.
 #[derive(Clone)]
@@ -264,9 +267,9 @@ impl Registry {
         self.users.get_mut(user)?.get_mut(&sid)
     }
 
-    /// Looks a session up without creating it (spec §5.5), checks the client's observed
+    /// Looks a session up without creating it (rx §5.5), checks the client's observed
     /// `server_side_session_id` (`SESSION_CHANGED` on a mismatch) and refreshes the idle
-    /// timer. ReattachExecute, ReleaseExecute (which passes no observed id, spec §1.5) and
+    /// timer. ReattachExecute, ReleaseExecute (which passes no observed id, rx §1.5) and
     /// Interrupt all go through here.
     fn lookup_session(
         &mut self,
@@ -348,7 +351,7 @@ impl Registry {
         Ok(s)
     }
 
-    /// Removes an execution (spec §5.1 `removeExecuteHolder`) and closes it. With `expect`,
+    /// Removes an execution (rx §5.1 `removeExecuteHolder`) and closes it. With `expect`,
     /// only if the registered execution is that one. Returns whether it was removed.
     fn remove_execution(
         &mut self,
@@ -384,7 +387,7 @@ impl Registry {
         true
     }
 
-    /// Closes a session (spec §5.6): tombstone first (unless reconnect is allowed), then
+    /// Closes a session (rx §5.6): tombstone first (unless reconnect is allowed), then
     /// every execution removed as abandoned. Returns its server-side id if it existed.
     fn close_session(
         &mut self,
@@ -479,7 +482,7 @@ impl ManagerInner {
         removed
     }
 
-    /// Attaches a new consumer to `exec` (spec §5.5 ReattachExecute steps 3–4) with the
+    /// Attaches a new consumer to `exec` (rx §5.5 ReattachExecute steps 3–4) with the
     /// registry locked by the caller.
     pub(crate) fn attach_locked(
         reg: &mut Registry,
@@ -534,15 +537,15 @@ impl ManagerInner {
 }
 
 impl ExecutionManager {
-    /// A manager on tokio's clock ([`TokioTimer`](crate::worker::TokioTimer)).
+    /// A manager on tokio's clock ([`TokioTimer`](crate::time::TokioTimer)).
     #[cfg(feature = "tokio")]
     pub fn new(config: ManagerConfig) -> Self {
-        Self::with_clock(config, Arc::new(crate::worker::TokioTimer))
+        Self::with_clock(config, Arc::new(crate::time::TokioTimer))
     }
 
-    /// A manager on the given clock (e.g. a [`ManualClock`](super::ManualClock)).
+    /// A manager on the given clock (e.g. a [`ManualClock`](crate::time::ManualClock)).
     pub fn with_clock(config: ManagerConfig, clock: Arc<dyn Timer>) -> Self {
-        ExecutionManager {
+        Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry {
                     users: HashMap::new(),
@@ -653,7 +656,7 @@ impl ExecutionManager {
     }
 
     /// The coarse phase of a live execution.
-    pub fn phase(&self, key: &ExecuteKey) -> Option<Phase> {
+    pub fn phase(&self, key: &ExecuteKey) -> Option<ExecutionPhase> {
         let exec = {
             let mut reg = self.inner.lock();
             reg.session_mut(&key.user_id, key.session_id)?
@@ -665,8 +668,8 @@ impl ExecutionManager {
         Some(p)
     }
 
-    /// `ExecutePlan` (spec §5.5, §2.2 T1): gets or creates the session, validates the
-    /// operation id and tags, applies the duplicate-id rules of Spark 4.3.0 (§5.2) and
+    /// `ExecutePlan` (rx §5.5, §2.2 T1): gets or creates the session, validates the
+    /// operation id and tags, applies the duplicate-id rules of Spark 4.3.0 (rx §5.2) and
     /// registers a new execution, or reattaches from the start for a duplicate with the
     /// same plan.
     ///
@@ -783,7 +786,7 @@ impl ExecutionManager {
         Ok(Err((exec, reattachable)))
     }
 
-    /// `ReattachExecute` (spec §5.5): resumes a reattachable execution after
+    /// `ReattachExecute` (rx §5.5): resumes a reattachable execution after
     /// `last_response_id` (from index 1 when absent), preempting the attached consumer
     /// (which gets `INVALID_CURSOR.DISCONNECTED`).
     ///
@@ -841,7 +844,7 @@ impl ExecutionManager {
         r
     }
 
-    /// `ReleaseExecute` (spec §5.5): `ReleaseUntil` frees responses (spec §3.4);
+    /// `ReleaseExecute` (rx §5.5): `ReleaseUntil` frees responses (rx §3.4);
     /// `ReleaseAll` removes the execution (interrupting it if it still runs, disconnecting
     /// its consumer; no tombstone). An unknown operation in a live session succeeds with
     /// `operation_id` unset. `client_observed_server_side_session_id` is deliberately not
@@ -863,7 +866,7 @@ impl ExecutionManager {
             (|| {
                 let raw_sid = request.session_id.as_str();
                 // Like Spark, ReleaseExecute does not validate the observed server-side
-                // session id (spec §1.5), so a release always reaches the execution.
+                // session id (rx §1.5), so a release always reaches the execution.
                 let session = reg.lookup_session(request.user_id(), raw_sid, None, now)?;
                 let mut response = ReleaseExecuteResponse {
                     session_id: request.session_id.clone(),
@@ -902,7 +905,7 @@ impl ExecutionManager {
         r
     }
 
-    /// `Interrupt` (spec §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
+    /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
     /// session. Each interrupted execution delivers `OPERATION_CANCELED` after its earlier
     /// responses and stays registered until ReleaseAll or abandonment. The response lists
     /// the operation ids whose runner changed state (sorted); an interrupt after completion
@@ -977,7 +980,7 @@ impl ExecutionManager {
         r
     }
 
-    /// `ReleaseSession` (spec §5.6): closes the session if it exists — a closed-session
+    /// `ReleaseSession` (rx §5.6): closes the session if it exists — a closed-session
     /// tombstone first (unless `allow_reconnect`), then every execution removed as
     /// abandoned (their consumers get `DISCONNECTED`, producers are stopped). Always
     /// succeeds; a no-op for an unknown session.
@@ -1001,7 +1004,7 @@ impl ExecutionManager {
     }
 
     /// Disconnects every attached stream of every execution with
-    /// `INVALID_CURSOR.DISCONNECTED` (spec §4.4; Spark's `interruptAllRPCs` test hook, and
+    /// `INVALID_CURSOR.DISCONNECTED` (rx §4.4; Spark's `interruptAllRPCs` test hook, and
     /// what a server does before shutting its transport down). Executions stay registered
     /// and become detached; clients reattach. Returns how many streams were disconnected.
     pub fn disconnect_all_streams(&self) -> usize {
@@ -1026,7 +1029,7 @@ impl ExecutionManager {
         n
     }
 
-    /// One maintenance pass at the clock's `now` (spec §5.3, §5.6): closes sessions idle for
+    /// One maintenance pass at the clock's `now` (rx §5.3, §5.6): closes sessions idle for
     /// `session_timeout` (tombstoned, their executions abandoned), then abandons every
     /// execution detached for `detached_timeout` (tombstoned, closed), and forgets expired
     /// inactive operation ids. Attached executions are never abandoned, however old.

@@ -1,5 +1,5 @@
-//! Reattachable executions, server side (Spark Connect; reference
-//! `spec/reattach-protocol.md`, section numbers below refer to it).
+//! Reattachable executions, server side (Spark Connect; the protocol is written down in
+//! [`reference::rx`](crate::reference::rx), cited as "rx §N" below).
 //!
 //! A client starts a query with `ExecutePlan(reattachable = true)`; the server keeps every
 //! produced response in a per-execution log with a UUID `response_id` and a 1-based index,
@@ -22,8 +22,8 @@
 //!
 //! Layers, as for worker sessions:
 //!
-//! - Sans-IO cores, time passed in: [`ResponseLog`] (spec §3) and [`ExecutionCore`]
-//!   (runner states §2.1, the sender rules of §4: one consumer, preemption, rotation).
+//! - Sans-IO cores, time passed in: [`ResponseLog`] (rx §3) and [`ExecutionCore`]
+//!   (runner states rx §2.1, the sender rules of rx §4: one consumer, preemption, rotation).
 //! - The async driver: [`ResponseStream`] (a consumer; `Stream` of responses, or
 //!   [`ResponseStream::forward`] into a `Sink`), [`Producer`] (appends, waits on
 //!   backpressure, finishes exactly once).
@@ -46,7 +46,8 @@
 //! ```
 //! # use std::sync::Arc;
 //! # use futures::StreamExt;
-//! use tether::execution::{ExecutionManager, ManagerConfig, ManualClock};
+//! use tether::execution::{ExecutionManager, ManagerConfig};
+//! use tether::time::ManualClock;
 //! use tether::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, UserContext, Plan};
 //! use tether::wire::connect::execute_plan_request::RequestOption;
 //!
@@ -73,20 +74,19 @@
 //! ```
 
 pub mod client;
-pub mod clock;
-pub mod core;
-pub mod error;
-pub mod log;
+mod core;
+mod error;
+mod log;
 mod lru;
-pub mod manager;
-pub mod stream;
-pub mod typed;
+mod manager;
+pub mod state;
+mod stream;
+mod typed;
 
 pub use self::core::{
-    ConsumerEvent, ConsumerId, ExecutionCore, Phase, ProduceError, Removal, RunnerState, StreamEnd,
-    StreamLimits,
+    ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, Removal, RunnerState,
+    StreamEnd, StreamLimits,
 };
-pub use clock::ManualClock;
 pub use error::{CONDITIONS, Code, ConnectError};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
 pub use manager::{
@@ -96,5 +96,5 @@ pub use manager::{
 pub use stream::{ForwardError, Producer, ResponseStream};
 pub use typed::{
     AnyExecution, Execution, ExecutionOutcome, Kind, Lookup, NonReattachable, Reattachable,
-    RunOutcome, state,
+    RunOutcome,
 };

@@ -1,5 +1,5 @@
 //! The async driver of one execution: the consumer side ([`ResponseStream`]) and the producer
-//! side ([`Producer`]) over a shared, locked [`ExecutionCore`] (reattach spec §3, §4).
+//! side ([`Producer`]) over a shared, locked [`ExecutionCore`] (reattach rx §3, §4).
 //!
 //! Every call locks the execution, runs one core step with the clock's `now`, and wakes the
 //! tasks the step may have unblocked after unlocking (a consumer when a response, a terminal
@@ -19,8 +19,8 @@ use futures::{Sink, Stream};
 use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, StreamEnd};
 use super::error::ConnectError;
 use super::manager::{ExecuteKey, ManagerInner};
+use crate::time::Timer;
 use crate::wire::connect::{ExecutePlanResponse, Plan};
-use crate::worker::Timer;
 
 type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
 
@@ -91,7 +91,7 @@ impl ExecShared {
         clock: Arc<dyn Timer>,
         manager: Weak<ManagerInner>,
     ) -> Self {
-        ExecShared {
+        Self {
             operation_id: core.log().stamp().operation_id.clone(),
             reattachable: core.is_reattachable(),
             key,
@@ -116,7 +116,7 @@ impl ExecShared {
         self.clock.now()
     }
 
-    /// Removes a non-reattachable execution whose only consumer ended (spec §2.2 T14).
+    /// Removes a non-reattachable execution whose only consumer ended (rx §2.2 T14).
     fn release_non_reattachable(self: &Arc<Self>) {
         if !self.reattachable
             && let Some(m) = self.manager.upgrade()
@@ -141,22 +141,22 @@ impl fmt::Debug for ExecShared {
 // ---------------------------------------------------------------------------------------------
 
 /// One attached consumer: the response stream of an `ExecutePlan` or `ReattachExecute` RPC
-/// (spec §4). Yields responses in index order; ends (`None`) on completion or graceful
+/// (rx §4). Yields responses in index order; ends (`None`) on completion or graceful
 /// rotation; yields one error and then ends on preemption (`INVALID_CURSOR.DISCONNECTED`),
 /// a released position (`POSITION_NOT_AVAILABLE`), the execution's terminal error
 /// (`OPERATION_CANCELED`, a producer failure) or an orphan.
 ///
 /// For a reattachable execution a stream that ends without a `ResultComplete` response
-/// means "reattach" (spec §1.3); [`end`](Self::end) tells which kind of end it was.
+/// means "reattach" (rx §1.3); [`end`](Self::end) tells which kind of end it was.
 ///
-/// Dropping the stream detaches it (spec §2.2 T4): a reattachable execution starts its
+/// Dropping the stream detaches it (rx §2.2 T4): a reattachable execution starts its
 /// detached timeout, a non-reattachable one is released (T14). Cancel-safe: dropping a
 /// `next()` future loses nothing (the response is only taken when it is returned).
 ///
 /// The `Stream` impl notices preemption only when polled. A transport that can block
 /// (a full HTTP/2 window) should use [`forward`](Self::forward), which also watches for
 /// preemption and for the rotation deadline while the sink is not ready (SPARK-44855,
-/// spec §4.3).
+/// rx §4.3).
 pub struct ResponseStream {
     exec: Arc<ExecShared>,
     id: ConsumerId,
@@ -188,7 +188,7 @@ pub enum ForwardError<E> {
 
 impl ResponseStream {
     pub(crate) fn new(exec: Arc<ExecShared>, id: ConsumerId) -> Self {
-        ResponseStream {
+        Self {
             exec,
             id,
             sleep: None,
@@ -282,7 +282,7 @@ impl ResponseStream {
         }
     }
 
-    /// Drives the stream into `sink` until it ends (spec §4.2, §4.3): each response is
+    /// Drives the stream into `sink` until it ends (rx §4.2, §4.3): each response is
     /// handed to the sink only once it is ready; while it is not, preemption
     /// (`DISCONNECTED`) and the rotation deadline (a graceful end, nothing more sent) are
     /// still noticed promptly. Flushes the sink before returning a graceful end.
@@ -429,7 +429,7 @@ impl Drop for ResponseStream {
 // Producer
 // ---------------------------------------------------------------------------------------------
 
-/// The producing side of one execution (the query runner, spec §2.2 T6–T8): appends
+/// The producing side of one execution (the query runner, rx §2.2 T6–T8): appends
 /// responses, then [`finish`](Self::finish)es or [`fail`](Self::fail)s exactly once.
 ///
 /// Backpressure: [`push`](Self::push) waits while the unsent responses are at their bound
@@ -441,7 +441,7 @@ impl Drop for ResponseStream {
 /// resolves at that moment too.
 ///
 /// Dropping a producer that neither finished nor failed makes the execution an orphan
-/// (spec §2.2 T15): consumers get an error at the end of the log instead of waiting
+/// (rx §2.2 T15): consumers get an error at the end of the log instead of waiting
 /// forever (SPARK-50735).
 pub struct Producer {
     exec: Arc<ExecShared>,
@@ -459,7 +459,7 @@ impl fmt::Debug for Producer {
 
 impl Producer {
     pub(crate) fn new(exec: Arc<ExecShared>) -> Self {
-        Producer { exec, done: false }
+        Self { exec, done: false }
     }
 
     /// The canonical operation id of the execution.
@@ -467,7 +467,7 @@ impl Producer {
         &self.exec.operation_id
     }
 
-    /// The execution's tags (spec §1.2).
+    /// The execution's tags (rx §1.2).
     pub fn tags(&self) -> &[String] {
         &self.exec.tags
     }
@@ -579,7 +579,7 @@ impl Producer {
         r
     }
 
-    /// Finishes successfully (spec §2.2 T7): a reattachable execution gets `ResultComplete`
+    /// Finishes successfully (rx §2.2 T7): a reattachable execution gets `ResultComplete`
     /// appended atomically; nothing can follow. An interrupt arriving after this is a no-op.
     ///
     /// # Errors
@@ -588,7 +588,7 @@ impl Producer {
         self.end_with(ExecutionCore::finish)
     }
 
-    /// Fails the execution with `error` (spec §2.2 T8), delivered after every earlier
+    /// Fails the execution with `error` (rx §2.2 T8), delivered after every earlier
     /// response to every consumer that reaches the end.
     ///
     /// # Errors

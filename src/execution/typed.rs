@@ -1,33 +1,4 @@
-//! Typed handles on registered executions: [`Execution<S, K>`](Execution) (issue item 6).
-//!
-//! `S` is the state the holder has driven the execution to, `K` whether it is reattachable:
-//!
-//! ```text
-//!             start()                    producer finishes / fails
-//!   ┌──────┐ ─────────► ┌───────────┐ ───────────────────────────► ┌───────────┐
-//!   │ Init │            │ Streaming │  reattach, release_until      │ Finishing │ release_all
-//!   └──────┘            └───────────┘  (Reattachable only)          └───────────┘ (Reattachable)
-//!      │ interrupt()        │ interrupt(), release_all()                  │  │
-//!      │                    ▼                                             │  │ removed
-//!      │              ┌────────────┐  release_all / producer stopped      │  ▼
-//!      │              │ Cancelling │ ─────────────────────────────► ┌────────────┐
-//!      └────────────────────────────────────────────────────────── ►│ Terminated │
-//!                                                                    └────────────┘
-//! ```
-//!
-//! - A [`NonReattachable`] execution has no `reattach`, `release_until` or `release_all`
-//!   at all; it is released when its single stream ends (spec §2.2 T14).
-//! - Transitions consume the handle; [`Terminated`] offers only
-//!   inspection.
-//! - The typestate records what *this handle* did. Other parties act on the same execution
-//!   concurrently through RPCs (a client's ReleaseAll, an Interrupt, abandonment), so
-//!   [`phase`](Execution::phase) reports the live state and
-//!   [`into_any`](Execution::into_any) re-reads it into the matching typestate
-//!   ([`AnyExecution`], the erased form, convertible back with `TryFrom`).
-//! - Dropping an [`Init`] handle obtained from
-//!   [`ExecutionManager::execute_plan`](super::ExecutionManager::execute_plan) without
-//!   starting it removes the execution (spec §2.2 T2: the client must not reattach).
-//!   Dropping any other handle changes nothing: the execution lives in the manager.
+//! Typed handles on registered executions: [`Execution<S, K>`](Execution) (rx §2.3).
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -36,48 +7,10 @@ use std::task::Poll;
 
 use futures::future::poll_fn;
 
-use super::core::{Phase, Removal};
+use super::core::{ExecutionPhase, Removal};
 use super::error::ConnectError;
 use super::manager::ExecuteKey;
 use super::stream::{ExecShared, Producer, ResponseStream, Wakes};
-
-/// Typestate markers of an [`Execution`].
-pub mod state {
-    mod sealed {
-        pub trait Sealed {}
-    }
-
-    /// A typestate of [`Execution`](super::Execution). Sealed: the five markers below.
-    pub trait State: sealed::Sealed + Send + Sync + 'static {
-        /// The marker's name, for `Debug` output.
-        const NAME: &'static str;
-    }
-
-    macro_rules! marker {
-        ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
-            $(#[$doc])*
-            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-            pub struct $name;
-            impl sealed::Sealed for $name {}
-            impl State for $name { const NAME: &'static str = stringify!($name); }
-        )*};
-    }
-
-    marker! {
-        /// Submitted and registered; not yet answered (producer not started).
-        Init,
-        /// Responses flowing; reattach and release-until allowed (reattachable only).
-        Streaming,
-        /// The final index is fixed (`ResultComplete` or a terminal error); release-all
-        /// only.
-        Finishing,
-        /// Interrupted, or released while running; waiting for the producer to stop and/or
-        /// the release.
-        Cancelling,
-        /// Removed and stopped: inspection only.
-        Terminated,
-    }
-}
 
 mod sealed_kind {
     pub trait Sealed {}
@@ -90,7 +23,7 @@ pub trait Kind: sealed_kind::Sealed + Send + Sync + 'static {
     const REATTACHABLE: bool;
 }
 
-/// Marker: the execution was started with `reattachable = true` (spec §1.2).
+/// Marker: the execution was started with `reattachable = true` (rx §1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Reattachable;
 
@@ -107,7 +40,7 @@ impl Kind for NonReattachable {
     const REATTACHABLE: bool = false;
 }
 
-use state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
+use super::state::{self, State as _};
 
 /// How an execution's producer ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -118,11 +51,11 @@ pub enum RunOutcome {
     Failed(ConnectError),
     /// It was interrupted, or released/abandoned before finishing (`OPERATION_CANCELED`).
     Cancelled,
-    /// Its producer vanished without finishing (spec §2.2 T15).
+    /// Its producer vanished without finishing (rx §2.2 T15).
     Orphaned,
 }
 
-/// The final outcome of a [`Terminated`] execution.
+/// The final outcome of a [`Terminated`](state::Terminated) execution.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutionOutcome {
     /// How the producer ended.
@@ -131,15 +64,46 @@ pub struct ExecutionOutcome {
     pub removal: Removal,
 }
 
-/// A typed handle on one registered execution. See the [module docs](self).
+/// Typed handles on registered executions: [`Execution<S, K>`](Execution) (rx §2.3).
+///
+/// `S` is the state the holder has driven the execution to, `K` whether it is reattachable:
+///
+/// ```text
+///             start()                    producer finishes / fails
+///   ┌──────┐ ─────────► ┌───────────┐ ───────────────────────────► ┌───────────┐
+///   │ Init │            │ Streaming │  reattach, release_until      │ Finishing │ release_all
+///   └──────┘            └───────────┘  (Reattachable only)          └───────────┘ (Reattachable)
+///      │ interrupt()        │ interrupt(), release_all()                  │  │
+///      │                    ▼                                             │  │ removed
+///      │              ┌────────────┐  release_all / producer stopped      │  ▼
+///      │              │ Cancelling │ ─────────────────────────────► ┌────────────┐
+///      └────────────────────────────────────────────────────────── ►│ Terminated │
+///                                                                    └────────────┘
+/// ```
+///
+/// - A [`NonReattachable`] execution has no `reattach`, `release_until` or `release_all`
+///   at all; it is released when its single stream ends (rx §2.2 T14).
+/// - Transitions consume the handle; [`Terminated`](state::Terminated) offers only
+///   inspection.
+/// - The typestate records what *this handle* did. Other parties act on the same execution
+///   concurrently through RPCs (a client's ReleaseAll, an Interrupt, abandonment), so
+///   [`phase`](Execution::phase) reports the live state and
+///   [`into_any`](Execution::into_any) re-reads it into the matching typestate
+///   ([`AnyExecution`], the erased form, convertible back with `TryFrom`).
+/// - Dropping an [`state::Init`] handle obtained from
+///   [`ExecutionManager::execute_plan`](super::ExecutionManager::execute_plan) without
+///   starting it removes the execution (rx §2.2 T2: the client must not reattach).
+///   Dropping any other handle changes nothing: the execution lives in the manager.
+///
+/// A typed handle on one registered execution.
 #[must_use = "an execution handle records its protocol state; drop it explicitly if unused"]
-pub struct Execution<S: State, K: Kind> {
+pub struct Execution<S: state::State, K: Kind> {
     exec: Arc<ExecShared>,
     remove_if_unstarted: bool,
     _state: PhantomData<fn() -> (S, K)>,
 }
 
-impl<S: State, K: Kind> fmt::Debug for Execution<S, K> {
+impl<S: state::State, K: Kind> fmt::Debug for Execution<S, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Execution")
             .field("state", &S::NAME)
@@ -150,7 +114,7 @@ impl<S: State, K: Kind> fmt::Debug for Execution<S, K> {
     }
 }
 
-impl<S: State, K: Kind> Drop for Execution<S, K> {
+impl<S: state::State, K: Kind> Drop for Execution<S, K> {
     fn drop(&mut self) {
         if self.remove_if_unstarted {
             let unstarted = self.exec.lock().core.runner() == super::core::RunnerState::NotStarted;
@@ -161,16 +125,16 @@ impl<S: State, K: Kind> Drop for Execution<S, K> {
     }
 }
 
-impl<S: State, K: Kind> Execution<S, K> {
+impl<S: state::State, K: Kind> Execution<S, K> {
     fn from_arc(exec: Arc<ExecShared>) -> Self {
-        Execution {
+        Self {
             exec,
             remove_if_unstarted: false,
             _state: PhantomData,
         }
     }
 
-    fn into_state<T: State>(mut self) -> Execution<T, K> {
+    fn into_state<T: state::State>(mut self) -> Execution<T, K> {
         self.remove_if_unstarted = false;
         Execution::from_arc(self.exec.clone())
     }
@@ -190,13 +154,13 @@ impl<S: State, K: Kind> Execution<S, K> {
         &self.exec.tags
     }
 
-    /// The live phase (which may have moved on since this handle's typestate, see the
-    /// [module docs](self)).
-    pub fn phase(&self) -> Phase {
+    /// The live phase (which may have moved on since this handle's typestate, see
+    /// [`Execution`]).
+    pub fn phase(&self) -> ExecutionPhase {
         self.exec.lock().core.phase()
     }
 
-    /// Bytes currently kept for backtracking (the retry buffer, spec §3.4).
+    /// Bytes currently kept for backtracking (the retry buffer, rx §3.4).
     pub fn retained_bytes(&self) -> u64 {
         self.exec.lock().core.log().retained_bytes()
     }
@@ -209,24 +173,24 @@ impl<S: State, K: Kind> Execution<S, K> {
     /// Re-reads the live phase into the matching typestate.
     pub fn into_any(self) -> AnyExecution<K> {
         let phase = self.phase();
-        AnyExecution::from_phase(self.into_state::<Init>(), phase)
+        AnyExecution::from_phase(self.into_state::<state::Init>(), phase)
     }
 }
 
-impl<K: Kind> Execution<Init, K> {
+impl<K: Kind> Execution<state::Init, K> {
     pub(crate) fn new_submitted(exec: Arc<ExecShared>) -> Self {
-        Execution {
+        Self {
             exec,
             remove_if_unstarted: true,
             _state: PhantomData,
         }
     }
 
-    /// Starts the producer and attaches the initial ExecutePlan stream (spec §2.2 T1):
+    /// Starts the producer and attaches the initial ExecutePlan stream (rx §2.2 T1):
     /// returns the handle, the [`Producer`] to run the plan with, and the stream to send.
     /// If an interrupt won the race, the producer is told to stop at once and the stream
     /// delivers `OPERATION_CANCELED`.
-    pub fn start(self) -> (Execution<Streaming, K>, Producer, ResponseStream) {
+    pub fn start(self) -> (Execution<state::Streaming, K>, Producer, ResponseStream) {
         let now = self.exec.now();
         let id = {
             let mut st = self.exec.lock();
@@ -240,7 +204,7 @@ impl<K: Kind> Execution<Init, K> {
 
     /// Abandons the submission before starting it (interrupt before start): the execution
     /// is removed without a tombstone.
-    pub fn interrupt(self) -> Execution<Terminated, K> {
+    pub fn interrupt(self) -> Execution<state::Terminated, K> {
         let mut wakes = Wakes::default();
         {
             let mut st = self.exec.lock();
@@ -255,15 +219,17 @@ impl<K: Kind> Execution<Init, K> {
     }
 }
 
-impl<K: Kind> Execution<Streaming, K> {
-    /// Interrupts the execution (spec §2.2 T9): its consumers get `OPERATION_CANCELED`
+impl<K: Kind> Execution<state::Streaming, K> {
+    /// Interrupts the execution (rx §2.2 T9): its consumers get `OPERATION_CANCELED`
     /// after the earlier responses and the producer is told to stop. If completion had
     /// already started the interrupt is a no-op and the `Finishing` handle comes back.
     ///
     /// # Errors
     /// `Err(Execution<Finishing, K>)` when the execution had already completed.
     #[allow(clippy::result_large_err)]
-    pub fn interrupt(self) -> Result<Execution<Cancelling, K>, Execution<Finishing, K>> {
+    pub fn interrupt(
+        self,
+    ) -> Result<Execution<state::Cancelling, K>, Execution<state::Finishing, K>> {
         let mut wakes = Wakes::default();
         let changed = {
             let mut st = self.exec.lock();
@@ -272,7 +238,7 @@ impl<K: Kind> Execution<Streaming, K> {
             changed
         };
         wakes.wake();
-        if changed || self.phase() == Phase::Cancelling {
+        if changed || self.phase() == ExecutionPhase::Cancelling {
             Ok(self.into_state())
         } else {
             Err(self.into_state())
@@ -280,8 +246,8 @@ impl<K: Kind> Execution<Streaming, K> {
     }
 }
 
-impl Execution<Streaming, Reattachable> {
-    /// Attaches a new consumer resuming after `last_response_id` (spec §3.5), preempting
+impl Execution<state::Streaming, Reattachable> {
+    /// Attaches a new consumer resuming after `last_response_id` (rx §3.5), preempting
     /// the current one (which gets `DISCONNECTED`).
     ///
     /// # Errors
@@ -297,7 +263,7 @@ impl Execution<Streaming, Reattachable> {
         }
     }
 
-    /// `ReleaseUntil(response_id)` (spec §3.4).
+    /// `ReleaseUntil(response_id)` (rx §3.4).
     ///
     /// # Errors
     /// `POSITION_NOT_FOUND` for an id this execution never handed out.
@@ -313,9 +279,9 @@ impl Execution<Streaming, Reattachable> {
         r
     }
 
-    /// `ReleaseAll` while running (spec §2.2 T10): removes the execution without a
+    /// `ReleaseAll` while running (rx §2.2 T10): removes the execution without a
     /// tombstone, interrupts the producer and disconnects the consumer.
-    pub fn release_all(self) -> Execution<Cancelling, Reattachable> {
+    pub fn release_all(self) -> Execution<state::Cancelling, Reattachable> {
         release(&self.exec);
         self.into_state()
     }
@@ -327,15 +293,15 @@ fn release(exec: &Arc<ExecShared>) -> bool {
         .is_some_and(|m| m.remove_execution(exec, Removal::Released))
 }
 
-impl Execution<Finishing, Reattachable> {
-    /// `ReleaseAll` after completion (spec §2.2 T10): removes the execution.
-    pub fn release_all(self) -> Execution<Terminated, Reattachable> {
+impl Execution<state::Finishing, Reattachable> {
+    /// `ReleaseAll` after completion (rx §2.2 T10): removes the execution.
+    pub fn release_all(self) -> Execution<state::Terminated, Reattachable> {
         release(&self.exec);
         self.into_state()
     }
 }
 
-impl Execution<Cancelling, Reattachable> {
+impl Execution<state::Cancelling, Reattachable> {
     /// `ReleaseAll` after an interrupt: removes the execution if still registered.
     /// Returns whether this call removed it. Always succeeds (unlike Spark 4.3.0 after a
     /// rotation).
@@ -353,8 +319,8 @@ macro_rules! settle {
             /// # Errors
             /// `Err(self)` while the execution is still registered or its producer runs.
             #[allow(clippy::result_large_err)]
-            pub fn try_terminated(self) -> Result<Execution<Terminated, K>, Self> {
-                if self.phase() == Phase::Terminated {
+            pub fn try_terminated(self) -> Result<Execution<state::Terminated, K>, Self> {
+                if self.phase() == ExecutionPhase::Terminated {
                     Ok(self.into_state())
                 } else {
                     Err(self)
@@ -363,10 +329,10 @@ macro_rules! settle {
 
             /// Waits until the execution is removed (released, abandoned, or — for a
             /// non-reattachable one — its stream ended) and its producer stopped.
-            pub async fn terminated(self) -> Execution<Terminated, K> {
+            pub async fn terminated(self) -> Execution<state::Terminated, K> {
                 poll_fn(|cx| {
                     let mut st = self.exec.lock();
-                    if st.core.phase() == Phase::Terminated {
+                    if st.core.phase() == ExecutionPhase::Terminated {
                         Poll::Ready(())
                     } else {
                         st.watch(cx.waker());
@@ -380,10 +346,10 @@ macro_rules! settle {
     };
 }
 
-settle!(Finishing);
-settle!(Cancelling);
+settle!(state::Finishing);
+settle!(state::Cancelling);
 
-impl<K: Kind> Execution<Terminated, K> {
+impl<K: Kind> Execution<state::Terminated, K> {
     /// The final outcome.
     pub fn outcome(&self) -> ExecutionOutcome {
         let st = self.exec.lock();
@@ -410,60 +376,60 @@ impl<K: Kind> Execution<Terminated, K> {
 #[derive(Debug)]
 pub enum AnyExecution<K: Kind> {
     /// See [`state::Init`].
-    Init(Execution<Init, K>),
+    Init(Execution<state::Init, K>),
     /// See [`state::Streaming`].
-    Streaming(Execution<Streaming, K>),
+    Streaming(Execution<state::Streaming, K>),
     /// See [`state::Finishing`].
-    Finishing(Execution<Finishing, K>),
+    Finishing(Execution<state::Finishing, K>),
     /// See [`state::Cancelling`].
-    Cancelling(Execution<Cancelling, K>),
+    Cancelling(Execution<state::Cancelling, K>),
     /// See [`state::Terminated`].
-    Terminated(Execution<Terminated, K>),
+    Terminated(Execution<state::Terminated, K>),
 }
 
 impl<K: Kind> AnyExecution<K> {
-    fn from_phase(e: Execution<Init, K>, phase: Phase) -> Self {
+    fn from_phase(e: Execution<state::Init, K>, phase: ExecutionPhase) -> Self {
         match phase {
-            Phase::Init => AnyExecution::Init(e),
-            Phase::Streaming => AnyExecution::Streaming(e.into_state()),
-            Phase::Finishing => AnyExecution::Finishing(e.into_state()),
-            Phase::Cancelling => AnyExecution::Cancelling(e.into_state()),
-            Phase::Terminated => AnyExecution::Terminated(e.into_state()),
+            ExecutionPhase::Init => Self::Init(e),
+            ExecutionPhase::Streaming => Self::Streaming(e.into_state()),
+            ExecutionPhase::Finishing => Self::Finishing(e.into_state()),
+            ExecutionPhase::Cancelling => Self::Cancelling(e.into_state()),
+            ExecutionPhase::Terminated => Self::Terminated(e.into_state()),
         }
     }
 
     /// The typestate's name.
     pub fn state_name(&self) -> &'static str {
         match self {
-            AnyExecution::Init(_) => Init::NAME,
-            AnyExecution::Streaming(_) => Streaming::NAME,
-            AnyExecution::Finishing(_) => Finishing::NAME,
-            AnyExecution::Cancelling(_) => Cancelling::NAME,
-            AnyExecution::Terminated(_) => Terminated::NAME,
+            Self::Init(_) => state::Init::NAME,
+            Self::Streaming(_) => state::Streaming::NAME,
+            Self::Finishing(_) => state::Finishing::NAME,
+            Self::Cancelling(_) => state::Cancelling::NAME,
+            Self::Terminated(_) => state::Terminated::NAME,
         }
     }
 
     /// The canonical operation id.
     pub fn operation_id(&self) -> &str {
         match self {
-            AnyExecution::Init(e) => e.operation_id(),
-            AnyExecution::Streaming(e) => e.operation_id(),
-            AnyExecution::Finishing(e) => e.operation_id(),
-            AnyExecution::Cancelling(e) => e.operation_id(),
-            AnyExecution::Terminated(e) => e.operation_id(),
+            Self::Init(e) => e.operation_id(),
+            Self::Streaming(e) => e.operation_id(),
+            Self::Finishing(e) => e.operation_id(),
+            Self::Cancelling(e) => e.operation_id(),
+            Self::Terminated(e) => e.operation_id(),
         }
     }
 }
 
 macro_rules! any_conv {
     ($($state:ident),*) => {$(
-        impl<K: Kind> From<Execution<$state, K>> for AnyExecution<K> {
-            fn from(e: Execution<$state, K>) -> Self {
+        impl<K: Kind> From<Execution<state::$state, K>> for AnyExecution<K> {
+            fn from(e: Execution<state::$state, K>) -> Self {
                 AnyExecution::$state(e)
             }
         }
 
-        impl<K: Kind> TryFrom<AnyExecution<K>> for Execution<$state, K> {
+        impl<K: Kind> TryFrom<AnyExecution<K>> for Execution<state::$state, K> {
             type Error = AnyExecution<K>;
 
             fn try_from(any: AnyExecution<K>) -> Result<Self, Self::Error> {
@@ -492,9 +458,9 @@ impl Lookup {
     pub(crate) fn from_shared(exec: Arc<ExecShared>) -> Self {
         let phase = exec.lock().core.phase();
         if exec.reattachable {
-            Lookup::Reattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
+            Self::Reattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
         } else {
-            Lookup::NonReattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
+            Self::NonReattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
         }
     }
 }
@@ -506,7 +472,8 @@ mod tests {
     use bytes::Bytes;
 
     use super::*;
-    use crate::execution::{ExecutionManager, ManagerConfig, ManualClock, Submitted};
+    use crate::execution::{ExecutionManager, ManagerConfig, Submitted};
+    use crate::time::ManualClock;
     use crate::wire::connect::execute_plan_request::RequestOption;
     use crate::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, Plan, UserContext};
 
@@ -531,7 +498,7 @@ mod tests {
         let Submitted::Reattachable(init) = submit(&m, true) else {
             panic!("reattachable")
         };
-        assert_eq!(init.phase(), Phase::Init);
+        assert_eq!(init.phase(), ExecutionPhase::Init);
         let (streaming, mut producer, mut stream) = init.start();
         producer
             .try_push(ExecutePlanResponse::arrow_batch(
@@ -566,7 +533,7 @@ mod tests {
         };
         let (streaming, producer, _stream) = init.start();
         let cancelling = streaming.release_all();
-        assert_eq!(cancelling.phase(), Phase::Cancelling);
+        assert_eq!(cancelling.phase(), ExecutionPhase::Cancelling);
         assert!(!cancelling.release_all());
         let cancelling = cancelling.try_terminated().unwrap_err();
         drop(producer);
@@ -583,7 +550,7 @@ mod tests {
         let (streaming, producer, stream) = init.start();
         producer.finish().unwrap();
         let finishing = streaming.interrupt().unwrap_err();
-        assert_eq!(finishing.phase(), Phase::Finishing);
+        assert_eq!(finishing.phase(), ExecutionPhase::Finishing);
         let finishing = finishing.try_terminated().unwrap_err();
         drop(stream); // a non-reattachable execution is released when its stream ends
         let terminated = finishing.try_terminated().unwrap();
@@ -598,7 +565,7 @@ mod tests {
         };
         let any = AnyExecution::from(init);
         assert_eq!(any.state_name(), "Init");
-        let init = Execution::<Init, Reattachable>::try_from(any).unwrap();
+        let init = Execution::<state::Init, Reattachable>::try_from(any).unwrap();
         let terminated = init.interrupt();
         assert_eq!(terminated.outcome().run, RunOutcome::Cancelled);
         assert_eq!(m.execution_count(), 0);

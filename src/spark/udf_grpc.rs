@@ -1,4 +1,4 @@
-//! The official `UdfWorker` gRPC service over a Unix socket (spec §1.1, §1.7, §6.4), both
+//! The official `UdfWorker` gRPC service over a Unix socket (udf §1.1, §1.7, §6.4), both
 //! sides, written by hand against tonic's codegen API.
 //!
 //! ```text
@@ -11,12 +11,12 @@
 //! # Engine side
 //!
 //! [`GrpcChannel::connect`] opens one HTTP/2 channel to a worker's socket (plaintext,
-//! `:authority` `localhost` — a socket path is not a valid HTTP authority, spec §6.4) and
+//! `:authority` `localhost` — a socket path is not a valid HTTP authority, udf §6.4) and
 //! proves the worker serves before returning. Every session then opens its own `Execute`
 //! stream on that shared channel with [`GrpcChannel::open_session`], which gives a
 //! [`GrpcEngineConnection`]: a [`Connection<UdfRequest, UdfResponse>`](crate::connection::Connection)
-//! for [`Session::new`](crate::worker::Session::new). [`GrpcTransport`] packages this as a
-//! [`WorkerTransport`](crate::worker::transport::WorkerTransport) for dispatchers.
+//! for [`Session::new`](crate::worker::engine::Session::new). [`GrpcTransport`] packages this as a
+//! [`WorkerTransport`](crate::worker::engine::WorkerTransport) for dispatchers.
 //! [`GrpcChannel::heartbeat`] and [`GrpcChannel::shutdown`] call `Manage`.
 //!
 //! # Worker side
@@ -39,11 +39,11 @@
 //!
 //! Over gRPC an aborted request stream can look like a clean half-close — literally so with
 //! hyper and tonic, which hand a client's `RST_STREAM(CANCEL)` to the server as a clean end of
-//! the request stream. So only an explicit `Finish` message finishes a session (spec §2):
+//! the request stream. So only an explicit `Finish` message finishes a session (udf §2):
 //!
 //! - the worker endpoint treats a request stream that ends before the session is done as a
 //!   protocol violation (`ErrorResponse(ProtocolError)` + `CancelResponse`), never as Finish;
-//! - an engine [`Session`](crate::worker::Session) sends an explicit `Cancel` before it lets
+//! - an engine [`Session`](crate::worker::engine::Session) sends an explicit `Cancel` before it lets
 //!   go of its stream (`close`, and the drop cleanup), then half-closes;
 //! - a [`GrpcEngineConnection`] dropped without being closed cancels its stream
 //!   (`RST_STREAM(CANCEL)`, gRPC's cancellation), so the worker stops sending to it; a
@@ -75,7 +75,7 @@ use std::time::Duration;
 pub use client::{GrpcChannel, GrpcEngineConnection, GrpcTransport, ManageCallError};
 pub use server::{GrpcWorkerConnection, ShutdownHandle, WorkerServer, WorkerService};
 
-/// The fully qualified service name, `org.apache.spark.udf.worker.UdfWorker` (spec §1.1).
+/// The fully qualified service name, `org.apache.spark.udf.worker.UdfWorker` (udf §1.1).
 pub const SERVICE_NAME: &str = "org.apache.spark.udf.worker.UdfWorker";
 
 /// The HTTP/2 path of the bidirectional `Execute` RPC.
@@ -84,7 +84,7 @@ pub const EXECUTE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Execute";
 /// The HTTP/2 path of the unary `Manage` RPC.
 pub const MANAGE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Manage";
 
-/// The `:authority` every request carries: `localhost` (spec §6.4; a Unix socket path is
+/// The `:authority` every request carries: `localhost` (udf §6.4; a Unix socket path is
 /// not a valid HTTP authority and strict HTTP/2 servers reject it).
 pub const AUTHORITY: &str = "localhost";
 
@@ -94,8 +94,8 @@ pub const AUTHORITY: &str = "localhost";
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrpcConfig {
     /// Largest encoded message, in bytes, either side sends or accepts (both the encoding
-    /// and the decoding limit; spec §6.4 "max inbound message 128 MiB"). tonic's own default
-    /// is 4 MiB, too small for Spark (scenario 87 sends 5 MiB). A larger message fails the
+    /// and the decoding limit; udf §6.4 "max inbound message 128 MiB"). tonic's own default
+    /// is 4 MiB, too small for Spark (udf §8 scenario 87 sends 5 MiB). A larger message fails the
     /// stream with a gRPC status (`RESOURCE_EXHAUSTED` / `OUT_OF_RANGE`), which the session
     /// reports as a transport failure. Default 128 MiB.
     pub max_message_size: usize,
@@ -118,21 +118,21 @@ pub struct GrpcConfig {
     pub response_buffer: usize,
     /// Worker side: most concurrent streams per connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
     /// `None` means no limit, so `Manage` stays serviceable however many `Execute` streams
-    /// are open (spec §1.1). Default `None`.
+    /// are open (udf §1.1). Default `None`.
     pub max_concurrent_streams: Option<u32>,
     /// Engine side: bound of one readiness attempt in [`GrpcChannel::connect`] (socket
     /// connect plus the readiness heartbeat). Default 2 s.
     pub connect_timeout: Duration,
     /// Engine side: whether [`GrpcChannel::connect`] proves readiness with a `Manage`
-    /// heartbeat round trip (a socket that accepts but never speaks gRPC is not ready; spec
-    /// §6.4 "a socket file alone is not readiness"). A worker that answers
+    /// heartbeat round trip (a socket that accepts but never speaks gRPC is not ready; udf
+    /// udf §6.4 "a socket file alone is not readiness"). A worker that answers
     /// `UNIMPLEMENTED` for `Manage` still counts as ready. Default `true`.
     pub readiness_heartbeat: bool,
     /// Engine side: bound of one `Manage` call made through [`GrpcChannel::heartbeat`] or
     /// [`GrpcChannel::shutdown`]. Default 10 s.
     pub manage_timeout: Duration,
     /// Worker side: how long a graceful [`WorkerServer::shutdown`] waits for open streams to
-    /// end before closing their connections. Default 5 s (spec §6.4 `close()` waits).
+    /// end before closing their connections. Default 5 s (udf §6.4 `close()` waits).
     pub shutdown_grace: Duration,
 }
 
@@ -140,7 +140,7 @@ impl GrpcConfig {
     /// The defaults listed on each field.
     pub fn new() -> Self {
         const MIB: u32 = 1024 * 1024;
-        GrpcConfig {
+        Self {
             max_message_size: 128 * 1024 * 1024,
             stream_window: MIB,
             connection_window: 64 * MIB,

@@ -1,17 +1,4 @@
 //! A sans-IO length-delimited frame codec for carrying protocol messages over byte streams
-//! (sockets, pipes) where gRPC's own framing is not available.
-//!
-//! Each frame is a 4-byte big-endian unsigned length `N` followed by exactly `N` bytes holding
-//! one encoded protobuf message (for the `Execute` stream: a
-//! [`UdfRequest`](crate::wire::UdfRequest) or [`UdfResponse`](crate::wire::UdfResponse),
-//! spec §1.2). The codec only moves bytes between a [`BytesMut`] buffer and messages; reading
-//! and writing the transport is the caller's job.
-//!
-//! Robustness: a length prefix above the configured maximum is rejected as soon as the four
-//! prefix bytes are buffered, and while waiting for a body the codec asks for at most 64 KiB
-//! of extra buffer capacity beyond the bytes already received, so a hostile length prefix
-//! cannot make it allocate memory the peer has not actually sent. A frame whose body fails to decode is consumed before the error is
-//! returned, so decoding can continue with the next frame.
 
 use bytes::{Buf, BufMut, BytesMut};
 
@@ -54,6 +41,21 @@ pub enum FrameError {
     Decode(#[from] prost::DecodeError),
 }
 
+/// A sans-IO length-delimited frame codec for carrying protocol messages over byte streams
+/// (sockets, pipes) where gRPC's own framing is not available.
+///
+/// Each frame is a 4-byte big-endian unsigned length `N` followed by exactly `N` bytes holding
+/// one encoded protobuf message (for the `Execute` stream: a
+/// [`UdfRequest`](crate::wire::UdfRequest) or [`UdfResponse`](crate::wire::UdfResponse),
+/// udf §1.2). The codec only moves bytes between a [`BytesMut`] buffer and messages; reading
+/// and writing the transport is the caller's job.
+///
+/// Robustness: a length prefix above the configured maximum is rejected as soon as the four
+/// prefix bytes are buffered, and while waiting for a body the codec asks for at most 64 KiB
+/// of extra buffer capacity beyond the bytes already received, so a hostile length prefix
+/// cannot make it allocate memory the peer has not actually sent. A frame whose body fails to decode is consumed before the error is
+/// returned, so decoding can continue with the next frame.
+///
 /// Encodes messages into, and decodes them out of, length-prefixed frames (see the module
 /// docs for the format). Holds only the maximum body length, so it is cheap to clone; it
 /// keeps no per-stream state between calls.

@@ -1,15 +1,15 @@
 //! The subset of Spark Connect's `spark.connect` protobuf messages (`base.proto`) that the
-//! reattachable-execution layer needs (reattach spec §1).
+//! reattachable-execution layer needs (reattach rx §1).
 //!
 //! Hand-written with `prost` and Spark's field numbers, like the rest of [`crate::wire`]:
 //!
 //! * [`ExecutePlanRequest`] / [`ExecutePlanResponse`] — start an execution and the streamed
-//!   responses of both `ExecutePlan` and `ReattachExecute` (spec §1.2, §1.3).
-//! * [`ReattachExecuteRequest`] — resume a reattachable execution (spec §1.4).
+//!   responses of both `ExecutePlan` and `ReattachExecute` (rx §1.2, §1.3).
+//! * [`ReattachExecuteRequest`] — resume a reattachable execution (rx §1.4).
 //! * [`ReleaseExecuteRequest`] / [`ReleaseExecuteResponse`] — free responses or the whole
-//!   execution (spec §1.5, §1.6).
+//!   execution (rx §1.5, §1.6).
 //! * [`InterruptRequest`] / [`InterruptResponse`] and [`ReleaseSessionRequest`] /
-//!   [`ReleaseSessionResponse`] (spec §1.7).
+//!   [`ReleaseSessionResponse`] (rx §1.7).
 //!
 //! # What is opaque
 //!
@@ -21,10 +21,10 @@
 //! into them unchanged and re-encode identically. Fields and `response_type` variants that
 //! are not modelled here (for example `client_env`, `sql_command_result`) are skipped on
 //! decode, as protobuf requires for unknown fields; a client must ignore unknown response
-//! types anyway (spec §1.3).
+//! types anyway (rx §1.3).
 //!
 //! Identifiers (`session_id`, `operation_id`, `response_id`) are UUID strings in the
-//! canonical `00112233-4455-6677-8899-aabbccddeeff` form (spec §1.9).
+//! canonical `00112233-4455-6677-8899-aabbccddeeff` form (rx §1.9).
 
 use bytes::Bytes;
 
@@ -33,7 +33,7 @@ use bytes::Bytes;
 // ---------------------------------------------------------------------------------------------
 
 /// `google.protobuf.Any`: a type URL and an encoded message, used by the `extension` fields
-/// (spec §1.2, §1.3).
+/// (rx §1.2, §1.3).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Any {
     /// Field 1: the type URL, e.g. `type.googleapis.com/spark.connect.Foo`.
@@ -44,11 +44,11 @@ pub struct Any {
     pub value: Bytes,
 }
 
-/// `UserContext`: who issues a request (spec §1.2). `user_id` and the request's `session_id`
-/// together name one server-side session (spec §5.5).
+/// `UserContext`: who issues a request (rx §1.2). `user_id` and the request's `session_id`
+/// together name one server-side session (rx §5.5).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct UserContext {
-    /// Field 1: the user id; part of every session and execution key (spec §5.5).
+    /// Field 1: the user id; part of every session and execution key (rx §5.5).
     #[prost(string, tag = "1")]
     pub user_id: String,
     /// Field 2: the user name; informational.
@@ -69,12 +69,12 @@ impl UserContext {
     }
 }
 
-/// `Plan`: what an `ExecutePlan` runs (spec §1.2, field 3).
+/// `Plan`: what an `ExecutePlan` runs (rx §1.2, field 3).
 ///
 /// Modelled with its real oneof (`root` = 1, `command` = 2) but with the `Relation` /
 /// `Command` trees kept as their encoded bytes: the wire form is identical, and this layer
 /// only compares plans byte-for-byte (a duplicate `operation_id` with the same plan bytes
-/// reattaches, spec §5.2).
+/// reattaches, rx §5.2).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct Plan {
     /// The `op_type` oneof; `None` for an empty plan.
@@ -86,7 +86,7 @@ pub struct Plan {
 pub mod plan {
     use bytes::Bytes;
 
-    /// The branches of [`Plan::op_type`](super::Plan::op_type) (spec §1.2).
+    /// The branches of [`Plan::op_type`](super::Plan::op_type) (rx §1.2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
     pub enum OpType {
         /// Field 1: a query (`Relation`), as its encoded bytes.
@@ -118,22 +118,22 @@ impl Plan {
 // ExecutePlan
 // ---------------------------------------------------------------------------------------------
 
-/// `ReattachOptions` (spec §1.2): `reattachable = true` asks for a reattachable execution.
+/// `ReattachOptions` (rx §1.2): `reattachable = true` asks for a reattachable execution.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReattachOptions {
     /// Field 1: whether the execution can be reattached to and must end with
-    /// `ResultComplete` (spec §1.2, §1.3).
+    /// `ResultComplete` (rx §1.2, §1.3).
     #[prost(bool, tag = "1")]
     pub reattachable: bool,
 }
 
-/// `ExecutePlanRequest`: starts an execution (spec §1.2).
+/// `ExecutePlanRequest`: starts an execution (rx §1.2).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ExecutePlanRequest {
-    /// Field 1: the client's session id, a UUID (spec §1.2, §5.5).
+    /// Field 1: the client's session id, a UUID (rx §1.2, §5.5).
     #[prost(string, tag = "1")]
     pub session_id: String,
-    /// Field 2: the user; `user_id` is part of the session key (spec §5.5).
+    /// Field 2: the user; `user_id` is part of the session key (rx §5.5).
     #[prost(message, optional, tag = "2")]
     pub user_context: Option<UserContext>,
     /// Field 3: the plan to run (see [`Plan`] for what is opaque).
@@ -143,26 +143,26 @@ pub struct ExecutePlanRequest {
     #[prost(string, optional, tag = "4")]
     pub client_type: Option<String>,
     /// Field 5: request options; the execution is reattachable iff one of them carries
-    /// `reattach_options.reattachable = true` (spec §1.2). See
+    /// `reattach_options.reattachable = true` (rx §1.2). See
     /// [`is_reattachable`](Self::is_reattachable).
     #[prost(message, repeated, tag = "5")]
     pub request_options: Vec<execute_plan_request::RequestOption>,
     /// Field 6: the client-chosen operation id; must be a UUID, else
-    /// `INVALID_HANDLE.FORMAT`; the server generates one when absent (spec §1.2, §1.9).
+    /// `INVALID_HANDLE.FORMAT`; the server generates one when absent (rx §1.2, §1.9).
     #[prost(string, optional, tag = "6")]
     pub operation_id: Option<String>,
-    /// Field 7: tags for `Interrupt(TAG)`; none may be empty or contain `,` (spec §1.2).
+    /// Field 7: tags for `Interrupt(TAG)`; none may be empty or contain `,` (rx §1.2).
     #[prost(string, repeated, tag = "7")]
     pub tags: Vec<String>,
     /// Field 8: the `server_side_session_id` the client saw last; a mismatch is
-    /// `INVALID_HANDLE.SESSION_CHANGED` (spec §1.2, §5.5).
+    /// `INVALID_HANDLE.SESSION_CHANGED` (rx §1.2, §5.5).
     #[prost(string, optional, tag = "8")]
     pub client_observed_server_side_session_id: Option<String>,
 }
 
 /// Nested types of [`ExecutePlanRequest`].
 pub mod execute_plan_request {
-    /// `ExecutePlanRequest.RequestOption` (spec §1.2).
+    /// `ExecutePlanRequest.RequestOption` (rx §1.2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct RequestOption {
         /// The `request_option` oneof.
@@ -172,7 +172,7 @@ pub mod execute_plan_request {
 
     /// Oneof types nested in [`RequestOption`].
     pub mod request_option {
-        /// The branches of `RequestOption.request_option` (spec §1.2).
+        /// The branches of `RequestOption.request_option` (rx §1.2).
         #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
         pub enum RequestOption {
             /// Field 1: reattach options.
@@ -197,7 +197,7 @@ pub mod execute_plan_request {
 }
 
 impl ExecutePlanRequest {
-    /// Whether any request option asks for a reattachable execution (spec §1.2; the server
+    /// Whether any request option asks for a reattachable execution (rx §1.2; the server
     /// conf `spark.connect.execute.reattachable.enabled` is assumed true).
     pub fn is_reattachable(&self) -> bool {
         self.request_options.iter().any(|o| {
@@ -222,20 +222,20 @@ impl ExecutePlanRequest {
 }
 
 /// `ExecutePlanResponse`: one streamed response of `ExecutePlan` or `ReattachExecute`
-/// (spec §1.3).
+/// (rx §1.3).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ExecutePlanResponse {
     /// Field 1: the echoed client session id.
     #[prost(string, tag = "1")]
     pub session_id: String,
     /// Field 15: the server-generated id of the underlying session; constant for the
-    /// session's life (spec §1.3, §5.5).
+    /// session's life (rx §1.3, §5.5).
     #[prost(string, tag = "15")]
     pub server_side_session_id: String,
-    /// Field 12: the operation id, set on every response (spec §1.3).
+    /// Field 12: the operation id, set on every response (rx §1.3).
     #[prost(string, tag = "12")]
     pub operation_id: String,
-    /// Field 13: a fresh random UUID per response, set by the server (spec §1.3, §3.1).
+    /// Field 13: a fresh random UUID per response, set by the server (rx §1.3, §3.1).
     #[prost(string, tag = "13")]
     pub response_id: String,
     /// The `response_type` oneof (the modelled subset; see the module docs).
@@ -256,7 +256,7 @@ pub struct ExecutePlanResponse {
 pub mod execute_plan_response {
     use bytes::Bytes;
 
-    /// `ExecutePlanResponse.ArrowBatch`: one batch of results (spec §1.3, field 2).
+    /// `ExecutePlanResponse.ArrowBatch`: one batch of results (rx §1.3, field 2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ArrowBatch {
         /// Field 1: the number of rows in `data`.
@@ -271,11 +271,11 @@ pub mod execute_plan_response {
     }
 
     /// `ExecutePlanResponse.ResultComplete` (empty): the end-of-result marker of a
-    /// reattachable execution (spec §1.3). A stream ending without it means "reattach".
+    /// reattachable execution (rx §1.3). A stream ending without it means "reattach".
     #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ResultComplete {}
 
-    /// `ExecutePlanResponse.ExecutionProgress`: progress report (spec §1.3, field 18).
+    /// `ExecutePlanResponse.ExecutionProgress`: progress report (rx §1.3, field 18).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ExecutionProgress {
         /// Field 1: per-stage progress.
@@ -286,7 +286,7 @@ pub mod execute_plan_response {
         pub num_inflight_tasks: i64,
     }
 
-    /// `ExecutionProgress.StageInfo` (spec §1.3, field 18).
+    /// `ExecutionProgress.StageInfo` (rx §1.3, field 18).
     #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct StageInfo {
         /// Field 1: the stage id.
@@ -306,7 +306,7 @@ pub mod execute_plan_response {
         pub done: bool,
     }
 
-    /// The modelled branches of `ExecutePlanResponse.response_type` (spec §1.3).
+    /// The modelled branches of `ExecutePlanResponse.response_type` (rx §1.3).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum ResponseType {
         /// Field 2: a result batch.
@@ -326,7 +326,7 @@ pub mod execute_plan_response {
 
 impl ExecutePlanResponse {
     /// A response carrying one Arrow batch; the ids are left empty (the response log fills
-    /// them in, spec §3.1).
+    /// them in, rx §3.1).
     pub fn arrow_batch(row_count: i64, data: impl Into<Bytes>) -> Self {
         Self {
             response_type: Some(execute_plan_response::ResponseType::ArrowBatch(
@@ -340,7 +340,7 @@ impl ExecutePlanResponse {
         }
     }
 
-    /// A `ResultComplete` response; ids left empty (spec §1.3).
+    /// A `ResultComplete` response; ids left empty (rx §1.3).
     pub fn result_complete() -> Self {
         Self {
             response_type: Some(execute_plan_response::ResponseType::ResultComplete(
@@ -350,7 +350,7 @@ impl ExecutePlanResponse {
         }
     }
 
-    /// Whether this response carries `ResultComplete` (spec §1.3).
+    /// Whether this response carries `ResultComplete` (rx §1.3).
     pub fn is_result_complete(&self) -> bool {
         matches!(
             self.response_type,
@@ -363,10 +363,10 @@ impl ExecutePlanResponse {
 // ReattachExecute / ReleaseExecute
 // ---------------------------------------------------------------------------------------------
 
-/// `ReattachExecuteRequest`: resume a reattachable execution (spec §1.4).
+/// `ReattachExecuteRequest`: resume a reattachable execution (rx §1.4).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReattachExecuteRequest {
-    /// Field 1: the session; must exist (no implicit creation, spec §1.4).
+    /// Field 1: the session; must exist (no implicit creation, rx §1.4).
     #[prost(string, tag = "1")]
     pub session_id: String,
     /// Field 2: the user.
@@ -379,10 +379,10 @@ pub struct ReattachExecuteRequest {
     #[prost(string, optional, tag = "4")]
     pub client_type: Option<String>,
     /// Field 5: resume after this response; `None` restarts at index 1; `Some("")` is looked
-    /// up as the id `""` and fails with `INVALID_CURSOR.POSITION_NOT_FOUND` (spec §1.4, §3.5).
+    /// up as the id `""` and fails with `INVALID_CURSOR.POSITION_NOT_FOUND` (rx §1.4, §3.5).
     #[prost(string, optional, tag = "5")]
     pub last_response_id: Option<String>,
-    /// Field 6: the `server_side_session_id` the client saw last (spec §5.5).
+    /// Field 6: the `server_side_session_id` the client saw last (rx §5.5).
     #[prost(string, optional, tag = "6")]
     pub client_observed_server_side_session_id: Option<String>,
 }
@@ -397,7 +397,7 @@ impl ReattachExecuteRequest {
     }
 }
 
-/// `ReleaseExecuteRequest`: free responses up to an id, or the whole execution (spec §1.5).
+/// `ReleaseExecuteRequest`: free responses up to an id, or the whole execution (rx §1.5).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReleaseExecuteRequest {
     /// Field 1: the session.
@@ -413,11 +413,11 @@ pub struct ReleaseExecuteRequest {
     #[prost(string, optional, tag = "4")]
     pub client_type: Option<String>,
     /// The `release` oneof (fields 5 and 6); `None` is an "unknown release type" error
-    /// (spec §1.5).
+    /// (rx §1.5).
     #[prost(oneof = "release_execute_request::Release", tags = "5, 6")]
     pub release: Option<release_execute_request::Release>,
     /// Field 7: the `server_side_session_id` the client saw last. Spark deliberately does not
-    /// validate it for this RPC (spec §1.5).
+    /// validate it for this RPC (rx §1.5).
     #[prost(string, optional, tag = "7")]
     pub client_observed_server_side_session_id: Option<String>,
 }
@@ -425,12 +425,12 @@ pub struct ReleaseExecuteRequest {
 /// Nested types of [`ReleaseExecuteRequest`].
 pub mod release_execute_request {
     /// `ReleaseAll` (empty): free everything, interrupting the execution if it still runs
-    /// (spec §1.5).
+    /// (rx §1.5).
     #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ReleaseAll {}
 
     /// `ReleaseUntil`: free buffered responses up to and including `response_id`
-    /// (spec §1.5, §3.3).
+    /// (rx §1.5, §3.3).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ReleaseUntil {
         /// Field 1: the last response id to free.
@@ -438,7 +438,7 @@ pub mod release_execute_request {
         pub response_id: String,
     }
 
-    /// The branches of `ReleaseExecuteRequest.release` (spec §1.5).
+    /// The branches of `ReleaseExecuteRequest.release` (rx §1.5).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
     pub enum Release {
         /// Field 5: release everything.
@@ -460,7 +460,7 @@ impl ReleaseExecuteRequest {
     }
 }
 
-/// `ReleaseExecuteResponse` (spec §1.6).
+/// `ReleaseExecuteResponse` (rx §1.6).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReleaseExecuteResponse {
     /// Field 1: the session id.
@@ -470,7 +470,7 @@ pub struct ReleaseExecuteResponse {
     #[prost(string, tag = "3")]
     pub server_side_session_id: String,
     /// Field 2: set when the execution was found and released; unset when it was not found
-    /// (already released, abandoned, never existed) — not an error (spec §1.6).
+    /// (already released, abandoned, never existed) — not an error (rx §1.6).
     #[prost(string, optional, tag = "2")]
     pub operation_id: Option<String>,
 }
@@ -479,7 +479,7 @@ pub struct ReleaseExecuteResponse {
 // Interrupt / ReleaseSession
 // ---------------------------------------------------------------------------------------------
 
-/// `InterruptRequest.InterruptType` (spec §1.7). Stored as a raw `i32` in
+/// `InterruptRequest.InterruptType` (rx §1.7). Stored as a raw `i32` in
 /// [`InterruptRequest::interrupt_type`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
@@ -517,8 +517,8 @@ impl InterruptType {
     }
 }
 
-/// `InterruptRequest`: interrupt all, tagged, or one execution of a session (spec §1.7,
-/// §4.4).
+/// `InterruptRequest`: interrupt all, tagged, or one execution of a session (rx §1.7,
+/// rx §4.4).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct InterruptRequest {
     /// Field 1: the session.
@@ -536,14 +536,14 @@ pub struct InterruptRequest {
     /// The `interrupt` oneof (fields 5 and 6).
     #[prost(oneof = "interrupt_request::Interrupt", tags = "5, 6")]
     pub interrupt: Option<interrupt_request::Interrupt>,
-    /// Field 7: the `server_side_session_id` the client saw last (spec §5.5).
+    /// Field 7: the `server_side_session_id` the client saw last (rx §5.5).
     #[prost(string, optional, tag = "7")]
     pub client_observed_server_side_session_id: Option<String>,
 }
 
 /// Nested types of [`InterruptRequest`].
 pub mod interrupt_request {
-    /// The branches of `InterruptRequest.interrupt` (spec §1.7).
+    /// The branches of `InterruptRequest.interrupt` (rx §1.7).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
     pub enum Interrupt {
         /// Field 5: the tag, for [`InterruptType::Tag`](super::InterruptType::Tag).
@@ -566,13 +566,13 @@ impl InterruptRequest {
     }
 }
 
-/// `InterruptResponse` (spec §1.7).
+/// `InterruptResponse` (rx §1.7).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct InterruptResponse {
     /// Field 1: the session id.
     #[prost(string, tag = "1")]
     pub session_id: String,
-    /// Field 2: the operation ids that were interrupted (spec §4.4).
+    /// Field 2: the operation ids that were interrupted (rx §4.4).
     #[prost(string, repeated, tag = "2")]
     pub interrupted_ids: Vec<String>,
     /// Field 3: the server-side session id.
@@ -580,7 +580,7 @@ pub struct InterruptResponse {
     pub server_side_session_id: String,
 }
 
-/// `ReleaseSessionRequest`: close a session and abandon its executions (spec §1.7, §5.6).
+/// `ReleaseSessionRequest`: close a session and abandon its executions (rx §1.7, §5.6).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReleaseSessionRequest {
     /// Field 1: the session.
@@ -593,12 +593,12 @@ pub struct ReleaseSessionRequest {
     #[prost(string, optional, tag = "3")]
     pub client_type: Option<String>,
     /// Field 4: allow a later request to recreate the session instead of tombstoning it
-    /// (spec §1.7, SPARK-50710).
+    /// (rx §1.7, SPARK-50710).
     #[prost(bool, tag = "4")]
     pub allow_reconnect: bool,
 }
 
-/// `ReleaseSessionResponse` (spec §1.7).
+/// `ReleaseSessionResponse` (rx §1.7).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ReleaseSessionResponse {
     /// Field 1: the session id.

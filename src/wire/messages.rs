@@ -1,10 +1,10 @@
 //! Protocol messages of the `Execute` stream and the `Manage` RPC, plus the shared enums
-//! (spec §1.2–§1.8).
+//! (udf §1.2–§1.8).
 //!
 //! The engine (Spark, the gRPC client) sends [`UdfRequest`]s and receives [`UdfResponse`]s on
 //! one bidirectional `Execute` stream per session; the worker-scoped `Manage` RPC exchanges a
-//! [`WorkerRequest`] for a [`WorkerResponse`] (spec §1.1). The ordering rules for both
-//! directions are in spec §2.
+//! [`WorkerRequest`] for a [`WorkerResponse`] (udf §1.1). The ordering rules for both
+//! directions are in udf §2.
 //!
 //! The envelopes nest two oneofs deep (`UdfRequest.request` → `UdfControlRequest.control`), so
 //! besides the raw prost types this module offers flattened views — [`RequestMessage`] and
@@ -22,15 +22,15 @@ use bytes::Bytes;
 // ---------------------------------------------------------------------------------------------
 
 /// Encoding of the data-plane payloads ([`DataRequest::data`], [`DataResponse::data`]) for
-/// one session (spec §1.8). Stored in messages as a raw `i32`, so values unknown to this
+/// one session (udf §1.8). Stored in messages as a raw `i32`, so values unknown to this
 /// build survive a decode/encode round trip.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum UdfWorkerDataFormat {
     /// Proto3 zero value: no format chosen. A worker must reject an [`Init`] carrying it
-    /// (spec §1.3, field 2).
+    /// (udf §1.3, field 2).
     Unspecified = 0,
-    /// Apache Arrow IPC stream batches (spec §1.8). Every worker must support it (spec §1.9).
+    /// Apache Arrow IPC stream batches (udf §1.8). Every worker must support it (udf §1.9).
     Arrow = 1,
 }
 
@@ -54,15 +54,15 @@ impl UdfWorkerDataFormat {
     }
 }
 
-/// How engine and worker exchange messages for one UDF execution (spec §1.8). Listed by a
+/// How engine and worker exchange messages for one UDF execution (udf §1.8). Listed by a
 /// worker in [`WorkerCapabilities::supported_communication_patterns`](crate::wire::WorkerCapabilities::supported_communication_patterns).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]
 pub enum UdfProtoCommunicationPattern {
-    /// Proto3 zero value: no pattern chosen (spec §1.8).
+    /// Proto3 zero value: no pattern chosen (udf §1.8).
     Unspecified = 0,
     /// One bidirectional `Execute` stream per session — the only pattern the engine supports
-    /// (spec §1.1, §1.8).
+    /// (udf §1.1, §1.8).
     BidirectionalStreaming = 1,
 }
 
@@ -92,10 +92,10 @@ impl UdfProtoCommunicationPattern {
 // ---------------------------------------------------------------------------------------------
 
 /// Engine → worker envelope: every message the engine writes on an `Execute` stream
-/// (spec §1.2). Exactly one branch must be set; an empty oneof is malformed.
+/// (udf §1.2). Exactly one branch must be set; an empty oneof is malformed.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfRequest {
-    /// The carried message: a control message or a data batch (spec §1.2). `None` only for a
+    /// The carried message: a control message or a data batch (udf §1.2). `None` only for a
     /// malformed envelope.
     #[prost(oneof = "udf_request::Request", tags = "1, 2")]
     pub request: Option<udf_request::Request>,
@@ -103,27 +103,23 @@ pub struct UdfRequest {
 
 /// Oneof types nested in [`UdfRequest`].
 pub mod udf_request {
-    /// The branches of [`UdfRequest::request`](super::UdfRequest::request) (spec §1.2).
-    #[allow(
-        clippy::large_enum_variant,
-        reason = "mirrors the schema like prost-build output; boxing `Init` would change the public shape"
-    )]
+    /// The branches of [`UdfRequest::request`](super::UdfRequest::request) (udf §1.2).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Request {
         /// Field 1: a control message (`Init`, `PayloadChunk`, `Finish` or `Cancel`).
         #[prost(message, tag = "1")]
         Control(super::UdfControlRequest),
-        /// Field 2: one input data batch (spec §1.4).
+        /// Field 2: one input data batch (udf §1.4).
         #[prost(message, tag = "2")]
         Data(super::DataRequest),
     }
 }
 
 /// Worker → engine envelope: every message the worker writes on an `Execute` stream
-/// (spec §1.2). Exactly one branch must be set; an empty oneof is malformed.
+/// (udf §1.2). Exactly one branch must be set; an empty oneof is malformed.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfResponse {
-    /// The carried message: a control response or an output data batch (spec §1.2). `None`
+    /// The carried message: a control response or an output data batch (udf §1.2). `None`
     /// only for a malformed envelope.
     #[prost(oneof = "udf_response::Response", tags = "1, 2")]
     pub response: Option<udf_response::Response>,
@@ -131,21 +127,21 @@ pub struct UdfResponse {
 
 /// Oneof types nested in [`UdfResponse`].
 pub mod udf_response {
-    /// The branches of [`UdfResponse::response`](super::UdfResponse::response) (spec §1.2).
+    /// The branches of [`UdfResponse::response`](super::UdfResponse::response) (udf §1.2).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Response {
         /// Field 1: a control response (`InitResponse`, `FinishResponse`, `CancelResponse` or
         /// `ErrorResponse`).
         #[prost(message, tag = "1")]
         Control(super::UdfControlResponse),
-        /// Field 2: one output data batch (spec §1.4).
+        /// Field 2: one output data batch (udf §1.4).
         #[prost(message, tag = "2")]
         Data(super::DataResponse),
     }
 }
 
-/// Engine → worker control messages (spec §1.2); the legal order is
-/// `Init → PayloadChunk* → … → Finish [→ Cancel] | Cancel` (spec §2).
+/// Engine → worker control messages (udf §1.2); the legal order is
+/// `Init → PayloadChunk* → … → Finish [→ Cancel] | Cancel` (udf §2).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfControlRequest {
     /// The control message. `None` only for a malformed message.
@@ -156,30 +152,28 @@ pub struct UdfControlRequest {
 /// Oneof types nested in [`UdfControlRequest`].
 pub mod udf_control_request {
     /// The branches of [`UdfControlRequest::control`](super::UdfControlRequest::control)
-    /// (spec §1.2).
-    #[allow(
-        clippy::large_enum_variant,
-        reason = "mirrors the schema like prost-build output; boxing `Init` would change the public shape"
-    )]
+    /// (udf §1.2).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Control {
-        /// Field 1: opens the session; first message of the stream (spec §1.3).
-        #[prost(message, tag = "1")]
-        Init(super::Init),
-        /// Field 2: one piece of a chunked UDF payload (spec §1.3).
+        /// Field 1: opens the session; first message of the stream (udf §1.3). Boxed, as
+        /// prost-build's `boxed` option would: an `Init` is hundreds of bytes and sent once,
+        /// while every other message of the stream moves through this enum by value.
+        #[prost(message, tag = "1", boxed)]
+        Init(::prost::alloc::boxed::Box<super::Init>),
+        /// Field 2: one piece of a chunked UDF payload (udf §1.3).
         #[prost(message, tag = "2")]
         Payload(super::PayloadChunk),
-        /// Field 3: all input has been sent (spec §1.5).
+        /// Field 3: all input has been sent (udf §1.5).
         #[prost(message, tag = "3")]
         Finish(super::Finish),
-        /// Field 4: cooperative cancellation (spec §1.5).
+        /// Field 4: cooperative cancellation (udf §1.5).
         #[prost(message, tag = "4")]
         Cancel(super::Cancel),
     }
 }
 
-/// Worker → engine control responses (spec §1.2); the legal order is
-/// `InitResponse → … → [ErrorResponse] → (FinishResponse | CancelResponse)` (spec §2).
+/// Worker → engine control responses (udf §1.2); the legal order is
+/// `InitResponse → … → [ErrorResponse] → (FinishResponse | CancelResponse)` (udf §2).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfControlResponse {
     /// The control response. `None` only for a malformed message.
@@ -190,19 +184,19 @@ pub struct UdfControlResponse {
 /// Oneof types nested in [`UdfControlResponse`].
 pub mod udf_control_response {
     /// The branches of [`UdfControlResponse::control`](super::UdfControlResponse::control)
-    /// (spec §1.2).
+    /// (udf §1.2).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Control {
-        /// Field 1: acknowledgement of `Init`, sent exactly once (spec §1.3).
+        /// Field 1: acknowledgement of `Init`, sent exactly once (udf §1.3).
         #[prost(message, tag = "1")]
         Init(super::InitResponse),
-        /// Field 2: clean terminator answering `Finish` (spec §1.5).
+        /// Field 2: clean terminator answering `Finish` (udf §1.5).
         #[prost(message, tag = "2")]
         Finish(super::FinishResponse),
-        /// Field 3: terminator answering `Cancel`, and after any error (spec §1.5, §2 R4).
+        /// Field 3: terminator answering `Cancel`, and after any error (udf §1.5, §2 R4).
         #[prost(message, tag = "3")]
         Cancel(super::CancelResponse),
-        /// Field 4: data-phase error, at most once per stream (spec §1.5, §2 R4).
+        /// Field 4: data-phase error, at most once per stream (udf §1.5, §2 R4).
         #[prost(message, tag = "4")]
         Error(super::ErrorResponse),
     }
@@ -212,108 +206,108 @@ pub mod udf_control_response {
 // Init phase
 // ---------------------------------------------------------------------------------------------
 
-/// Opens a session: the first message of an `Execute` stream, sent exactly once (spec §1.3).
+/// Opens a session: the first message of an `Execute` stream, sent exactly once (udf §1.3).
 /// Names the UDF to run, the data format and the per-session context. Field numbers 10–99 are
 /// reserved upstream for fields promoted out of [`session_conf`](Self::session_conf); 100+ are
 /// opaque escape hatches.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Init {
     /// Field 1: the engine's protocol revision; unset means the initial revision. A worker
-    /// that does not support it answers with a `ProtocolError` (spec §1.3).
+    /// that does not support it answers with a `ProtocolError` (udf §1.3).
     #[prost(uint32, optional, tag = "1")]
     pub protocol_version: Option<u32>,
     /// Field 2: the [`UdfWorkerDataFormat`] of every data batch in this session, as its raw
     /// `i32`. Required; `Unspecified` or a format the worker did not declare must be
-    /// rejected (spec §1.3).
+    /// rejected (udf §1.3).
     #[prost(enumeration = "UdfWorkerDataFormat", tag = "2")]
     pub data_format: i32,
-    /// Field 3: the single UDF body to execute (required; spec §1.3).
+    /// Field 3: the single UDF body to execute (required; udf §1.3).
     #[prost(message, optional, tag = "3")]
     pub udf: Option<UdfPayload>,
-    /// Field 4: `Some(true)` when the payload bytes follow as [`PayloadChunk`]s (spec §1.3).
+    /// Field 4: `Some(true)` when the payload bytes follow as [`PayloadChunk`]s (udf §1.3).
     #[prost(bool, optional, tag = "4")]
     pub is_chunking_payload: Option<bool>,
     /// Field 5: wire schema of the input batches in the session's data format (for Arrow, an
-    /// encoded IPC schema); unset when the worker can derive it (spec §1.3).
+    /// encoded IPC schema); unset when the worker can derive it (udf §1.3).
     #[prost(bytes = "bytes", optional, tag = "5")]
     pub input_schema: Option<Bytes>,
     /// Field 6: wire schema of the output batches the engine expects, encoded like
-    /// [`input_schema`](Self::input_schema) (spec §1.3).
+    /// [`input_schema`](Self::input_schema) (udf §1.3).
     #[prost(bytes = "bytes", optional, tag = "6")]
     pub output_schema: Option<Bytes>,
     /// Field 7: per-task context, string keys to string values (e.g. partition id, task
-    /// attempt id, stage id); empty by default (spec §1.3).
+    /// attempt id, stage id); empty by default (udf §1.3).
     #[prost(btree_map = "string, string", tag = "7")]
     pub task_context: BTreeMap<String, String>,
     /// Field 8: free-form worker configuration, string keys to string values; empty by
-    /// default (spec §1.3).
+    /// default (udf §1.3).
     #[prost(btree_map = "string, string", tag = "8")]
     pub session_conf: BTreeMap<String, String>,
     /// Field 9: the session time zone exactly as Spark's `spark.sql.session.timeZone` holds it
     /// — an IANA id such as `"America/Los_Angeles"` or an offset such as `"+08:00"`
-    /// (spec §1.3).
+    /// (udf §1.3).
     #[prost(string, optional, tag = "9")]
     pub timezone: Option<String>,
     /// Field 100: opaque engine-packed bytes for a particular kind of UDF execution, answered
-    /// by [`InitResponse::data`]; the protocol does not interpret them (spec §1.3).
+    /// by [`InitResponse::data`]; the protocol does not interpret them (udf §1.3).
     #[prost(bytes = "bytes", optional, tag = "100")]
     pub parameters: Option<Bytes>,
 }
 
-/// The UDF body carried in [`Init::udf`] (spec §1.3). Opaque to the engine, which forwards it
+/// The UDF body carried in [`Init::udf`] (udf §1.3). Opaque to the engine, which forwards it
 /// unchanged. Struct fields follow the schema's declaration order (field 6 sits between 3
 /// and 4).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfPayload {
     /// Field 1: the serialized UDF bundle, encoded as [`format`](Self::format) says; may be
-    /// empty when the bytes arrive as [`PayloadChunk`]s (spec §1.3).
+    /// empty when the bytes arrive as [`PayloadChunk`]s (udf §1.3).
     #[prost(bytes = "bytes", tag = "1")]
     pub payload: Bytes,
     /// Field 2: required, non-empty tag naming the encoding of
-    /// [`payload`](Self::payload); agreed between client and worker (spec §1.3).
+    /// [`payload`](Self::payload); agreed between client and worker (udf §1.3).
     #[prost(string, tag = "2")]
     pub format: String,
     /// Field 3: total size in bytes of the assembled payload (inline plus chunks); when set,
-    /// receivers must verify it (spec §1.3).
+    /// receivers must verify it (udf §1.3).
     #[prost(int64, optional, tag = "3")]
     pub payload_size: Option<i64>,
     /// Field 6: CRC-32 (IEEE 802.3 polynomial, zlib-compatible) of the assembled payload
     /// bytes; when set the worker must verify it, a mismatch being a `ProtocolError`
-    /// (spec §1.3).
+    /// (udf §1.3).
     #[prost(uint32, optional, tag = "6")]
     pub payload_crc32: Option<u32>,
-    /// Field 4: human-readable UDF name for diagnostics and metrics (spec §1.3).
+    /// Field 4: human-readable UDF name for diagnostics and metrics (udf §1.3).
     #[prost(string, optional, tag = "4")]
     pub name: Option<String>,
     /// Field 5: language-specific dispatch hint telling the worker which code path handles
-    /// the payload; unset when derivable from the payload (spec §1.3).
+    /// the payload; unset when derivable from the payload (udf §1.3).
     #[prost(string, optional, tag = "5")]
     pub eval_type: Option<String>,
 }
 
 /// Worker → engine acknowledgement of [`Init`] (and of all its chunks), sent exactly once
-/// whether init succeeded or failed (spec §1.3).
+/// whether init succeeded or failed (udf §1.3).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct InitResponse {
     /// Field 1: opaque init-time result for the engine (e.g. "skip execution" or a derived
-    /// schema), answering [`Init::parameters`] (spec §1.3).
+    /// schema), answering [`Init::parameters`] (udf §1.3).
     #[prost(bytes = "bytes", optional, tag = "1")]
     pub data: Option<Bytes>,
     /// Field 2: set when init failed; then no data follows and the engine must send
-    /// [`Cancel`] (spec §1.3, §2 R4).
+    /// [`Cancel`] (udf §1.3, §2 R4).
     #[prost(message, optional, tag = "2")]
     pub error: Option<ExecutionError>,
 }
 
 /// One piece of a UDF payload too large for a single message, sent between [`Init`] and
-/// [`InitResponse`] when [`Init::is_chunking_payload`] is true (spec §1.3, §2 R1). The worker
+/// [`InitResponse`] when [`Init::is_chunking_payload`] is true (udf §1.3, §2 R1). The worker
 /// appends chunks, in arrival order, to the inline [`UdfPayload::payload`].
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct PayloadChunk {
-    /// Field 1: the bytes to append; required and non-empty (spec §1.3).
+    /// Field 1: the bytes to append; required and non-empty (udf §1.3).
     #[prost(bytes = "bytes", tag = "1")]
     pub data: Bytes,
-    /// Field 2: `Some(true)` on the final chunk; non-final chunks leave it unset (spec §1.3).
+    /// Field 2: `Some(true)` on the final chunk; non-final chunks leave it unset (udf §1.3).
     #[prost(bool, optional, tag = "2")]
     pub last: Option<bool>,
 }
@@ -322,19 +316,19 @@ pub struct PayloadChunk {
 // Data phase
 // ---------------------------------------------------------------------------------------------
 
-/// Engine → worker: one input batch (spec §1.4).
+/// Engine → worker: one input batch (udf §1.4).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct DataRequest {
     /// Field 1: the batch, encoded in the session's [`Init::data_format`] (for Arrow, an IPC
-    /// stream message; never empty, even for zero rows) (spec §1.4).
+    /// stream message; never empty, even for zero rows) (udf §1.4).
     #[prost(bytes = "bytes", tag = "1")]
     pub data: Bytes,
 }
 
-/// Worker → engine: one output batch (spec §1.4).
+/// Worker → engine: one output batch (udf §1.4).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct DataResponse {
-    /// Field 1: the batch, encoded in the session's [`Init::data_format`] (spec §1.4).
+    /// Field 1: the batch, encoded in the session's [`Init::data_format`] (udf §1.4).
     #[prost(bytes = "bytes", tag = "1")]
     pub data: Bytes,
 }
@@ -344,61 +338,61 @@ pub struct DataResponse {
 // ---------------------------------------------------------------------------------------------
 
 /// Engine → worker: all input has been sent; the worker drains its output and answers with
-/// [`FinishResponse`] (spec §1.5, §2 R5). Has no fields.
+/// [`FinishResponse`] (udf §1.5, §2 R5). Has no fields.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Finish {}
 
-/// Worker → engine clean terminator answering [`Finish`] (spec §1.5).
+/// Worker → engine clean terminator answering [`Finish`] (udf §1.5).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct FinishResponse {
     /// Field 1: per-execution metrics, worker-defined names to string values (the "map"
-    /// metrics revision, spec §1.6).
+    /// metrics revision, udf §1.6).
     #[prost(btree_map = "string, string", tag = "1")]
     pub metrics: BTreeMap<String, String>,
-    /// Field 2: opaque finish-time result for the engine (spec §1.5).
+    /// Field 2: opaque finish-time result for the engine (udf §1.5).
     #[prost(bytes = "bytes", optional, tag = "2")]
     pub data: Option<Bytes>,
     /// Field 3: error raised by the worker's finish callback; the engine should raise it
-    /// (spec §1.5).
+    /// (udf §1.5).
     #[prost(message, optional, tag = "3")]
     pub error: Option<ExecutionError>,
 }
 
 /// Engine → worker cooperative cancellation: the worker stops emitting data, cleans up and
-/// answers with [`CancelResponse`] (spec §1.5, §2 R7). Allowed at any point of the stream.
+/// answers with [`CancelResponse`] (udf §1.5, §2 R7). Allowed at any point of the stream.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Cancel {
-    /// Field 1: free-form reason, for diagnostics only (spec §1.5).
+    /// Field 1: free-form reason, for diagnostics only (udf §1.5).
     #[prost(string, optional, tag = "1")]
     pub reason: Option<String>,
 }
 
 /// Worker → engine terminator answering [`Cancel`]; also the terminator after any error
-/// (spec §1.5, §2 R4).
+/// (udf §1.5, §2 R4).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CancelResponse {
     /// Field 1: metrics accumulated up to cancellation, worker-defined names to string values
-    /// (spec §1.6).
+    /// (udf §1.6).
     #[prost(btree_map = "string, string", tag = "1")]
     pub metrics: BTreeMap<String, String>,
     /// Field 2: error raised by the worker's cancel callback; the engine should surface it
-    /// alongside any earlier error (spec §1.5).
+    /// alongside any earlier error (udf §1.5).
     #[prost(message, optional, tag = "2")]
     pub error: Option<ExecutionError>,
 }
 
 /// Worker → engine application error from the data phase; at most one per stream, after all
-/// output, followed by the engine's [`Cancel`] (spec §1.5, §2 R4).
+/// output, followed by the engine's [`Cancel`] (udf §1.5, §2 R4).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ErrorResponse {
     /// Field 1: the error (required by the protocol; `None` only when a peer omitted it)
-    /// (spec §1.5).
+    /// (udf §1.5).
     #[prost(message, optional, tag = "1")]
     pub error: Option<ExecutionError>,
 }
 
 /// An in-band application error: raised by user code, by the worker itself, or a protocol
-/// violation the worker detected (spec §1.5). Exactly one kind must be set.
+/// violation the worker detected (udf §1.5). Exactly one kind must be set.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ExecutionError {
     /// Which party failed, with its details. `None` only for a malformed message.
@@ -408,7 +402,7 @@ pub struct ExecutionError {
 
 /// Oneof types nested in [`ExecutionError`].
 pub mod execution_error {
-    /// The branches of [`ExecutionError::kind`](super::ExecutionError::kind) (spec §1.5).
+    /// The branches of [`ExecutionError::kind`](super::ExecutionError::kind) (udf §1.5).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Kind {
         /// Field 1: the user's UDF code raised.
@@ -417,42 +411,42 @@ pub mod execution_error {
         /// Field 2: the worker implementation failed.
         #[prost(message, tag = "2")]
         Worker(super::WorkerError),
-        /// Field 3: the worker saw a protocol violation (spec §2 R6).
+        /// Field 3: the worker saw a protocol violation (udf §2 R6).
         #[prost(message, tag = "3")]
         Protocol(super::ProtocolError),
     }
 }
 
-/// An error raised by the user's UDF code (spec §1.5).
+/// An error raised by the user's UDF code (udf §1.5).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UserError {
-    /// Field 1: human-readable message from the UDF (required; spec §1.5).
+    /// Field 1: human-readable message from the UDF (required; udf §1.5).
     #[prost(string, tag = "1")]
     pub message: String,
-    /// Field 2: stack trace in the worker language's own format, forwarded as-is (spec §1.5).
+    /// Field 2: stack trace in the worker language's own format, forwarded as-is (udf §1.5).
     #[prost(string, optional, tag = "2")]
     pub traceback: Option<String>,
-    /// Field 3: the language's error class name, e.g. `"ValueError"` (spec §1.5).
+    /// Field 3: the language's error class name, e.g. `"ValueError"` (udf §1.5).
     #[prost(string, optional, tag = "3")]
     pub error_class: Option<String>,
 }
 
-/// An error of the worker implementation itself rather than user code (spec §1.5).
+/// An error of the worker implementation itself rather than user code (udf §1.5).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerError {
-    /// Field 1: human-readable description (spec §1.5).
+    /// Field 1: human-readable description (udf §1.5).
     #[prost(string, tag = "1")]
     pub message: String,
-    /// Field 2: stack trace for diagnostics (spec §1.5).
+    /// Field 2: stack trace for diagnostics (udf §1.5).
     #[prost(string, optional, tag = "2")]
     pub traceback: Option<String>,
 }
 
 /// A protocol violation detected by the worker, e.g. out-of-order messages or an unsupported
-/// protocol version (spec §1.5, §2 R6).
+/// protocol version (udf §1.5, §2 R6).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ProtocolError {
-    /// Field 1: description of the violation (spec §1.5).
+    /// Field 1: description of the violation (udf §1.5).
     #[prost(string, tag = "1")]
     pub message: String,
 }
@@ -462,7 +456,7 @@ pub struct ProtocolError {
 // ---------------------------------------------------------------------------------------------
 
 /// Engine → worker request of the unary `Manage` RPC; exactly one operation is set
-/// (spec §1.7).
+/// (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerRequest {
     /// The requested operation. `None` only for a malformed request.
@@ -472,7 +466,7 @@ pub struct WorkerRequest {
 
 /// Oneof types nested in [`WorkerRequest`].
 pub mod worker_request {
-    /// The branches of [`WorkerRequest::manage`](super::WorkerRequest::manage) (spec §1.7).
+    /// The branches of [`WorkerRequest::manage`](super::WorkerRequest::manage) (udf §1.7).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Manage {
         /// Field 1: liveness probe.
@@ -485,7 +479,7 @@ pub mod worker_request {
 }
 
 /// Worker → engine response of the `Manage` RPC; its branch must match the request's
-/// (spec §1.7).
+/// (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerResponse {
     /// The answered operation. `None` only for a malformed response.
@@ -495,7 +489,7 @@ pub struct WorkerResponse {
 
 /// Oneof types nested in [`WorkerResponse`].
 pub mod worker_response {
-    /// The branches of [`WorkerResponse::manage`](super::WorkerResponse::manage) (spec §1.7).
+    /// The branches of [`WorkerResponse::manage`](super::WorkerResponse::manage) (udf §1.7).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Manage {
         /// Field 1: answers a heartbeat.
@@ -508,37 +502,37 @@ pub mod worker_response {
 }
 
 /// Application-level liveness probe: proves the worker's request handling is responsive
-/// (spec §1.7). Has no fields (field 1 is reserved upstream).
+/// (udf §1.7). Has no fields (field 1 is reserved upstream).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct Heartbeat {}
 
-/// Answer to [`Heartbeat`] (spec §1.7).
+/// Answer to [`Heartbeat`] (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct HeartbeatResponse {
     /// Field 1: worker-global metrics across all sessions, worker-defined names to string
-    /// values (spec §1.6, §1.7).
+    /// values (udf §1.6, §1.7).
     #[prost(btree_map = "string, string", tag = "1")]
     pub metrics: BTreeMap<String, String>,
 }
 
 /// Engine → worker graceful shutdown: no further `Execute` streams will be opened
-/// (spec §1.7).
+/// (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ShutdownRequest {
-    /// Field 1: free-form reason, for diagnostics (spec §1.7).
+    /// Field 1: free-form reason, for diagnostics (udf §1.7).
     #[prost(string, optional, tag = "1")]
     pub reason: Option<String>,
     /// Field 2: `Some(true)` asks the worker to cancel every in-flight stream right away;
-    /// unset or false lets them finish normally (spec §1.7).
+    /// unset or false lets them finish normally (udf §1.7).
     #[prost(bool, optional, tag = "2")]
     pub cancel_sessions: Option<bool>,
 }
 
-/// Answer to [`ShutdownRequest`] (spec §1.7).
+/// Answer to [`ShutdownRequest`] (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ShutdownResponse {
     /// Field 1: true iff every `Execute` stream had settled before the worker replied
-    /// (spec §1.7).
+    /// (udf §1.7).
     #[prost(bool, tag = "1")]
     pub sessions_settled: bool,
 }
@@ -548,43 +542,40 @@ pub struct ShutdownResponse {
 // ---------------------------------------------------------------------------------------------
 
 /// A [`UdfRequest`] with both oneof levels resolved: one variant per message the engine can
-/// send (spec §1.2). Convert with [`UdfRequest::into_message`] and back with `From`.
-#[allow(
-    clippy::large_enum_variant,
-    reason = "a flattened view of the wire enum; boxing `Init` would only add an allocation per session"
-)]
+/// send (udf §1.2). Convert with [`UdfRequest::into_message`] and back with `From`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RequestMessage {
-    /// Opens the session (spec §1.3).
-    Init(Init),
-    /// One piece of a chunked UDF payload (spec §1.3).
+    /// Opens the session (udf §1.3). Boxed like the wire oneof, so the per-message variants
+    /// stay small.
+    Init(Box<Init>),
+    /// One piece of a chunked UDF payload (udf §1.3).
     PayloadChunk(PayloadChunk),
-    /// One input batch: the bytes of [`DataRequest::data`] (spec §1.4).
+    /// One input batch: the bytes of [`DataRequest::data`] (udf §1.4).
     Data(Bytes),
-    /// All input sent (spec §1.5).
+    /// All input sent (udf §1.5).
     Finish(Finish),
-    /// Cooperative cancellation (spec §1.5).
+    /// Cooperative cancellation (udf §1.5).
     Cancel(Cancel),
 }
 
 /// A [`UdfResponse`] with both oneof levels resolved: one variant per message the worker can
-/// send (spec §1.2). Convert with [`UdfResponse::into_message`] and back with `From`.
+/// send (udf §1.2). Convert with [`UdfResponse::into_message`] and back with `From`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResponseMessage {
-    /// Init acknowledgement (spec §1.3).
+    /// Init acknowledgement (udf §1.3).
     Init(InitResponse),
-    /// One output batch: the bytes of [`DataResponse::data`] (spec §1.4).
+    /// One output batch: the bytes of [`DataResponse::data`] (udf §1.4).
     Data(Bytes),
-    /// Clean terminator (spec §1.5).
+    /// Clean terminator (udf §1.5).
     Finish(FinishResponse),
-    /// Cancel terminator (spec §1.5).
+    /// Cancel terminator (udf §1.5).
     Cancel(CancelResponse),
-    /// Data-phase error (spec §1.5).
+    /// Data-phase error (udf §1.5).
     Error(ErrorResponse),
 }
 
 /// Why an envelope has no message in it: one of its oneofs is unset, which the protocol
-/// treats as malformed (spec §1.2).
+/// treats as malformed (udf §1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 pub enum MalformedMessage {
     /// [`UdfRequest::request`] is unset.
@@ -601,7 +592,7 @@ pub enum MalformedMessage {
     EmptyControlResponse,
 }
 
-/// Which message a [`UdfRequest`] carries, without its contents (spec §1.2).
+/// Which message a [`UdfRequest`] carries, without its contents (udf §1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RequestKind {
     /// An [`Init`].
@@ -616,7 +607,7 @@ pub enum RequestKind {
     Cancel,
 }
 
-/// Which message a [`UdfResponse`] carries, without its contents (spec §1.2).
+/// Which message a [`UdfResponse`] carries, without its contents (udf §1.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ResponseKind {
     /// An [`InitResponse`].
@@ -667,14 +658,14 @@ impl UdfRequest {
         }
     }
 
-    /// An envelope carrying `init` (spec §1.3).
+    /// An envelope carrying `init` (udf §1.3).
     pub fn init(init: Init) -> Self {
-        Self::control(udf_control_request::Control::Init(init))
+        Self::control(udf_control_request::Control::Init(Box::new(init)))
     }
 
     /// An envelope carrying one [`PayloadChunk`] of `data`. `last = true` marks the final
     /// chunk (`Some(true)`); non-final chunks leave the field unset, as the protocol asks
-    /// (spec §1.3).
+    /// (udf §1.3).
     pub fn payload_chunk(data: Bytes, last: bool) -> Self {
         Self::control(udf_control_request::Control::Payload(PayloadChunk {
             data,
@@ -682,19 +673,19 @@ impl UdfRequest {
         }))
     }
 
-    /// An envelope carrying one input batch (spec §1.4).
+    /// An envelope carrying one input batch (udf §1.4).
     pub fn data(data: Bytes) -> Self {
         Self {
             request: Some(udf_request::Request::Data(DataRequest { data })),
         }
     }
 
-    /// An envelope carrying [`Finish`] (spec §1.5).
+    /// An envelope carrying [`Finish`] (udf §1.5).
     pub fn finish() -> Self {
         Self::control(udf_control_request::Control::Finish(Finish {}))
     }
 
-    /// An envelope carrying [`Cancel`] with an optional diagnostic reason (spec §1.5).
+    /// An envelope carrying [`Cancel`] with an optional diagnostic reason (udf §1.5).
     pub fn cancel(reason: Option<String>) -> Self {
         Self::control(udf_control_request::Control::Cancel(Cancel { reason }))
     }
@@ -755,29 +746,29 @@ impl UdfResponse {
         }
     }
 
-    /// An envelope carrying an [`InitResponse`] (spec §1.3).
+    /// An envelope carrying an [`InitResponse`] (udf §1.3).
     pub fn init(init: InitResponse) -> Self {
         Self::control(udf_control_response::Control::Init(init))
     }
 
-    /// An envelope carrying one output batch (spec §1.4).
+    /// An envelope carrying one output batch (udf §1.4).
     pub fn data(data: Bytes) -> Self {
         Self {
             response: Some(udf_response::Response::Data(DataResponse { data })),
         }
     }
 
-    /// An envelope carrying a [`FinishResponse`] (spec §1.5).
+    /// An envelope carrying a [`FinishResponse`] (udf §1.5).
     pub fn finish(finish: FinishResponse) -> Self {
         Self::control(udf_control_response::Control::Finish(finish))
     }
 
-    /// An envelope carrying a [`CancelResponse`] (spec §1.5).
+    /// An envelope carrying a [`CancelResponse`] (udf §1.5).
     pub fn cancel(cancel: CancelResponse) -> Self {
         Self::control(udf_control_response::Control::Cancel(cancel))
     }
 
-    /// An envelope carrying an [`ErrorResponse`] wrapping `error` (spec §1.5).
+    /// An envelope carrying an [`ErrorResponse`] wrapping `error` (udf §1.5).
     pub fn error(error: ExecutionError) -> Self {
         Self::control(udf_control_response::Control::Error(ErrorResponse {
             error: Some(error),
@@ -838,7 +829,7 @@ impl From<ResponseMessage> for UdfResponse {
 
 impl UdfPayload {
     /// An inline payload: `payload` bytes encoded as the `format` tag; size, checksum, name
-    /// and eval type unset (spec §1.3).
+    /// and eval type unset (udf §1.3).
     pub fn new(format: impl Into<String>, payload: Bytes) -> Self {
         Self {
             payload,
@@ -850,7 +841,7 @@ impl UdfPayload {
 
 impl Init {
     /// An `Init` for `udf` in `data_format`; every optional field unset and both maps empty
-    /// (spec §1.3).
+    /// (udf §1.3).
     pub fn new(data_format: UdfWorkerDataFormat, udf: UdfPayload) -> Self {
         Self {
             data_format: data_format.into(),
@@ -1472,7 +1463,10 @@ mod tests {
     #[test]
     fn request_flattening_roundtrips() {
         let cases = [
-            (RequestMessage::Init(full_init()), RequestKind::Init),
+            (
+                RequestMessage::Init(Box::new(full_init())),
+                RequestKind::Init,
+            ),
             (
                 RequestMessage::PayloadChunk(PayloadChunk {
                     data: Bytes::from_static(b"c"),
@@ -1514,7 +1508,7 @@ mod tests {
         );
         assert_eq!(
             UdfRequest::init(full_init()),
-            UdfRequest::from(RequestMessage::Init(full_init()))
+            UdfRequest::from(RequestMessage::Init(Box::new(full_init())))
         );
     }
 
@@ -1725,7 +1719,7 @@ mod tests {
                 "UdfControlRequest",
                 "init",
                 UdfControlRequest {
-                    control: Some(Req::Init(Init::default())),
+                    control: Some(Req::Init(Box::default())),
                 },
             ),
             p(

@@ -2,12 +2,12 @@
 //! protocol (proto package `org.apache.spark.udf.worker`) and a sans-IO length-delimited frame
 //! codec to carry them over byte streams.
 //!
-//! * [`messages`] — the `Execute` stream envelopes and every message they carry, the `Manage`
-//!   RPC messages and the shared enums (spec §1.2–§1.8), plus flattened views
+//! * messages — the `Execute` stream envelopes and every message they carry, the `Manage`
+//!   RPC messages and the shared enums (udf §1.2–§1.8), plus flattened views
 //!   ([`RequestMessage`], [`ResponseMessage`]) that hide the two levels of nested oneofs.
-//! * [`spec`] — the worker specification a worker ships to describe how to install, start and
-//!   reach it (spec §1.9).
-//! * [`codec`] — [`FrameCodec`]: each frame is a 4-byte big-endian length followed by exactly
+//! * the worker specification a worker ships to describe how to install, start and
+//!   reach it (udf §1.9).
+//! * [`FrameCodec`]: each frame is a 4-byte big-endian length followed by exactly
 //!   one encoded message.
 //!
 //! All types are derived with `prost` directly (no build script, no `protoc`). Field numbers,
@@ -18,10 +18,10 @@
 //! decoding from a `Bytes` buffer) and `map<string, string>` fields are
 //! [`BTreeMap`](std::collections::BTreeMap)s so encoding is deterministic.
 
-pub mod codec;
+mod codec;
 pub mod connect;
-pub mod messages;
-pub mod spec;
+mod messages;
+mod spec;
 
 #[cfg(test)]
 mod proto_oracle;

@@ -1,22 +1,22 @@
-//! The worker specification (spec §1.9): how the engine installs, verifies, starts, reaches
+//! The worker specification (udf §1.9): how the engine installs, verifies, starts, reaches
 //! and cleans up a UDF worker, and what the worker can do.
 //!
 //! These messages are configuration, not traffic on the `Execute` stream: a worker ships a
-//! [`UdfWorkerSpecification`] and the engine's dispatcher acts on it (spec §6).
+//! [`UdfWorkerSpecification`] and the engine's dispatcher acts on it (udf §6).
 
 use std::collections::BTreeMap;
 
-/// Everything the engine needs to run a kind of UDF worker (spec §1.9). The 4.3.0 schema has
+/// Everything the engine needs to run a kind of UDF worker (udf §1.9). The 4.3.0 schema has
 /// fields 1–3 only.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfWorkerSpecification {
-    /// Field 1: setup / verification / cleanup callables (required; spec §1.9).
+    /// Field 1: setup / verification / cleanup callables (required; udf §1.9).
     #[prost(message, optional, tag = "1")]
     pub environment: Option<WorkerEnvironment>,
-    /// Field 2: what the worker supports, used for planning (required; spec §1.9).
+    /// Field 2: what the worker supports, used for planning (required; udf §1.9).
     #[prost(message, optional, tag = "2")]
     pub capabilities: Option<WorkerCapabilities>,
-    /// How workers are created (required; only direct creation exists so far; spec §1.9).
+    /// How workers are created (required; only direct creation exists so far; udf §1.9).
     #[prost(oneof = "udf_worker_specification::Worker", tags = "3")]
     pub worker: Option<udf_worker_specification::Worker>,
 }
@@ -24,43 +24,43 @@ pub struct UdfWorkerSpecification {
 /// Oneof types nested in [`UdfWorkerSpecification`].
 pub mod udf_worker_specification {
     /// The branches of [`UdfWorkerSpecification::worker`](super::UdfWorkerSpecification::worker)
-    /// (spec §1.9).
+    /// (udf §1.9).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Worker {
-        /// Field 3: the engine spawns the worker process itself (spec §1.9, §6.1).
+        /// Field 3: the engine spawns the worker process itself (udf §1.9, §6.1).
         #[prost(message, tag = "3")]
         Direct(super::DirectWorker),
     }
 }
 
 /// Callables run once per executor around worker creation: verification, then installation
-/// if verification failed or is absent, then (after all workers ended) cleanup (spec §1.9,
-/// §6.3). All are optional, but a verification callable requires an installation callable.
+/// if verification failed or is absent, then (after all workers ended) cleanup (udf §1.9,
+/// udf §6.3). All are optional, but a verification callable requires an installation callable.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerEnvironment {
     /// Field 1: installs the runtime, dependencies and worker binaries (required when
-    /// [`environment_verification`](Self::environment_verification) is set; spec §1.9).
+    /// [`environment_verification`](Self::environment_verification) is set; udf §1.9).
     #[prost(message, optional, tag = "1")]
     pub installation: Option<ProcessCallable>,
-    /// Field 2: checks that the worker and its dependencies are present (spec §1.9).
+    /// Field 2: checks that the worker and its dependencies are present (udf §1.9).
     #[prost(message, optional, tag = "2")]
     pub environment_verification: Option<ProcessCallable>,
     /// Field 3: runs after every worker has terminated, to remove temporary resources
-    /// (spec §1.9).
+    /// (udf §1.9).
     #[prost(message, optional, tag = "3")]
     pub environment_cleanup: Option<ProcessCallable>,
 }
 
-/// What a worker supports, used for query planning and execution (spec §1.9).
+/// What a worker supports, used for query planning and execution (udf §1.9).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerCapabilities {
     /// Field 1: [`UdfWorkerDataFormat`](crate::wire::UdfWorkerDataFormat)s the worker accepts
-    /// and produces, as raw `i32`s (packed on the wire); must include `Arrow` (spec §1.9).
+    /// and produces, as raw `i32`s (packed on the wire); must include `Arrow` (udf §1.9).
     #[prost(enumeration = "crate::wire::UdfWorkerDataFormat", repeated, tag = "1")]
     pub supported_data_formats: Vec<i32>,
     /// Field 2: every
     /// [`UdfProtoCommunicationPattern`](crate::wire::UdfProtoCommunicationPattern) the worker
-    /// supports, as raw `i32`s (packed on the wire) (spec §1.9).
+    /// supports, as raw `i32`s (packed on the wire) (udf §1.9).
     #[prost(
         enumeration = "crate::wire::UdfProtoCommunicationPattern",
         repeated,
@@ -68,47 +68,47 @@ pub struct WorkerCapabilities {
     )]
     pub supported_communication_patterns: Vec<i32>,
     /// Field 3: whether one worker can run several UDF sessions concurrently; not used by the
-    /// engine yet (spec §1.9).
+    /// engine yet (udf §1.9).
     #[prost(bool, optional, tag = "3")]
     pub supports_concurrent_udfs: Option<bool>,
     /// Field 4: whether a worker may be reused for later invocations; when false it is
-    /// terminated after each one (spec §1.9).
+    /// terminated after each one (udf §1.9).
     #[prost(bool, optional, tag = "4")]
     pub supports_reuse: Option<bool>,
 }
 
-/// A worker process the engine spawns and stops itself (spec §1.9, §6.1).
+/// A worker process the engine spawns and stops itself (udf §1.9, §6.1).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct DirectWorker {
     /// Field 1: the blocking worker command, stopped with SIGTERM then SIGKILL (required;
-    /// spec §1.9).
+    /// udf §1.9).
     #[prost(message, optional, tag = "1")]
     pub runner: Option<ProcessCallable>,
-    /// Field 2: timeouts and the connection endpoint (required; spec §1.9).
+    /// Field 2: timeouts and the connection endpoint (required; udf §1.9).
     #[prost(message, optional, tag = "2")]
     pub properties: Option<UdfWorkerProperties>,
 }
 
-/// Timeouts and connection of a [`DirectWorker`] (spec §1.9).
+/// Timeouts and connection of a [`DirectWorker`] (udf §1.9).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfWorkerProperties {
     /// Field 1: milliseconds to wait for the worker to accept connections; the engine caps it
-    /// with its own maximum (spec §1.9, §7).
+    /// with its own maximum (udf §1.9, §7).
     #[prost(int32, optional, tag = "1")]
     pub initialization_timeout_ms: Option<i32>,
     /// Field 2: milliseconds between SIGTERM and SIGKILL on engine-initiated termination;
-    /// the engine caps it with its own maximum (spec §1.9, §7).
+    /// the engine caps it with its own maximum (udf §1.9, §7).
     #[prost(int32, optional, tag = "2")]
     pub graceful_termination_timeout_ms: Option<i32>,
-    /// Field 3: the single endpoint all of the worker's sessions share (required; spec §1.9).
+    /// Field 3: the single endpoint all of the worker's sessions share (required; udf §1.9).
     #[prost(message, optional, tag = "3")]
     pub connection: Option<WorkerConnectionSpec>,
 }
 
-/// The transport of a worker's single connection endpoint (spec §1.9, §6.4).
+/// The transport of a worker's single connection endpoint (udf §1.9, §6.4).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerConnectionSpec {
-    /// Which transport (required; spec §1.9).
+    /// Which transport (required; udf §1.9).
     #[prost(oneof = "worker_connection_spec::Transport", tags = "1, 2")]
     pub transport: Option<worker_connection_spec::Transport>,
 }
@@ -117,7 +117,7 @@ pub struct WorkerConnectionSpec {
 pub mod worker_connection_spec {
     /// The branches of
     /// [`WorkerConnectionSpec::transport`](super::WorkerConnectionSpec::transport)
-    /// (spec §1.9).
+    /// (udf §1.9).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Transport {
         /// Field 1: a Unix domain socket; the engine passes the socket path.
@@ -131,28 +131,28 @@ pub mod worker_connection_spec {
 }
 
 /// Marker: the worker listens on a Unix domain socket whose path the engine passes as
-/// `--connection PATH` (spec §1.9). Has no fields.
+/// `--connection PATH` (udf §1.9). Has no fields.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UnixDomainSocket {}
 
 /// Marker: the worker listens on localhost TCP at the port the engine passes as
-/// `--connection PORT` (spec §1.9). Has no fields.
+/// `--connection PORT` (udf §1.9). Has no fields.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct LocalTcpConnection {}
 
-/// A process to run: executable, arguments and environment (spec §1.9). Exit code 0 means
+/// A process to run: executable, arguments and environment (udf §1.9). Exit code 0 means
 /// success. The engine always appends `--id <worker id>` and `--connection <address>` itself.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ProcessCallable {
     /// Field 1: the executable and any leading words, e.g. `["python3", "-m"]` (required;
-    /// spec §1.9).
+    /// udf §1.9).
     #[prost(string, repeated, tag = "1")]
     pub command: Vec<String>,
     /// Field 2: arguments after the command; must not contain `--id` or `--connection`
-    /// (spec §1.9).
+    /// (udf §1.9).
     #[prost(string, repeated, tag = "2")]
     pub arguments: Vec<String>,
-    /// Field 3: environment variables for the process, name to value (spec §1.9).
+    /// Field 3: environment variables for the process, name to value (udf §1.9).
     #[prost(btree_map = "string, string", tag = "3")]
     pub environment_variables: BTreeMap<String, String>,
 }

@@ -1,28 +1,20 @@
-//! Worker sessions: one UDF execution on an external worker process (spec
-//! `udf-worker-protocol.md`).
+//! Worker sessions: one UDF execution on an external worker process (udf §4–§6).
 //!
-//! - [`Session`]: the engine side as typestates over a [`Connection`](crate::connection::Connection).
-//! - [`EngineCore`]: the engine side's rules as a sans-IO state machine.
-//! - [`Termination`]: the single terminal outcome; [`WorkerHandle`]: the worker a session
-//!   runs on, released exactly once per session.
+//! The module names say the side of the stream:
+//!
+//! - [`engine`]: the engine side. [`engine::Session`] (typestates over a
+//!   [`Connection`](crate::connection::Connection)), its sans-IO rules in
+//!   [`engine::EngineCore`], the single terminal outcome [`engine::Termination`], and the
+//!   [`engine::WorkerHandle`] a session runs on, released exactly once per session.
+//! - [`endpoint`]: the worker side. [`endpoint::Endpoint`] and its sans-IO rules in
+//!   [`endpoint::WorkerCore`], and [`endpoint::serve`] for a whole worker.
+//! - [`state`]: the typestate markers both sides share (always written `state::Init`, so
+//!   that the bare name `Init` is the wire message).
+//! - `dispatcher` (feature `tokio`): the engine's process dispatcher, which spawns,
+//!   reaches, reuses and stops worker processes (udf §6).
 
-pub mod config;
-pub mod core;
 #[cfg(feature = "tokio")]
 pub mod dispatcher;
 pub mod endpoint;
-pub mod handle;
-pub mod session;
-pub mod termination;
-pub mod transport;
-
-pub use config::SessionConfig;
-pub use config::Timer;
-#[cfg(feature = "tokio")]
-pub use config::TokioTimer;
-pub use core::{CoreStats, EngineCore, InitStatus, Misuse, Phase};
-pub use handle::{CountingHandle, HandleError, WorkerHandle};
-pub use session::{AnySession, Process, Session, SessionFailed, TerminationWatch, state};
-pub use termination::{
-    Interrupted, PeerViolation, SessionError, Termination, TerminationKind, TransportFailure, Wait,
-};
+pub mod engine;
+pub mod state;

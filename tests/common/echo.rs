@@ -1,4 +1,4 @@
-//! The reference echo worker of spec §2.1 as a [`Udf`], and helpers to run it against an
+//! The reference echo worker of udf §2.1 as a [`Udf`], and helpers to run it against an
 //! [`EngineScript`](super::EngineScript) inside a tokio test.
 //!
 //! Behaviour: an assembled payload equal to `"INIT_ERROR"` fails init with
@@ -43,7 +43,7 @@ pub struct Calls {
 /// A shared view of an [`EchoUdf`]'s [`Calls`].
 pub type Probe = Arc<Mutex<Calls>>;
 
-/// The reference echo UDF (spec §2.1).
+/// The reference echo UDF (udf §2.1).
 #[derive(Debug, Default, Clone)]
 pub struct EchoUdf {
     probe: Probe,

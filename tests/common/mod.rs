@@ -1,6 +1,6 @@
 //! Helpers shared by the integration suites: a raw "engine script" that speaks the
 //! `Execute` stream message by message, message builders and assertions, and (in [`echo`])
-//! the reference echo worker of spec §2.1.
+//! the reference echo worker of udf §2.1.
 #![allow(
     dead_code,
     reason = "each integration suite uses a different subset of the helpers"
@@ -17,7 +17,6 @@ use tether::wire::{
     ExecutionError, Init, ResponseKind, ResponseMessage, UdfPayload, UdfRequest, UdfResponse,
     UdfWorkerDataFormat, execution_error,
 };
-use tether::worker::endpoint::crc32::crc32;
 
 /// How long a script waits for the next worker message before failing the test. Under
 /// `start_paused` tokio skips idle time, so this costs nothing when the worker is silent.
@@ -133,7 +132,7 @@ pub fn chunked_init(payload: &str, chunks: usize) -> Vec<UdfRequest> {
     i.is_chunking_payload = Some(true);
     let udf = i.udf.as_mut().unwrap();
     udf.payload_size = Some(payload.len() as i64);
-    udf.payload_crc32 = Some(crc32(payload.as_bytes()));
+    udf.payload_crc32 = Some(crc32fast::hash(payload.as_bytes()));
     let mut requests = vec![UdfRequest::init(i)];
     let size = payload.len().div_ceil(chunks);
     let pieces: Vec<&[u8]> = payload.as_bytes().chunks(size).collect();

@@ -2,13 +2,13 @@
 // type and calls, in orders the protocol allows, compile. A compile-fail case therefore fails
 // for its illegal call order, not for a typo in the shared preamble.
 use tether::connection::MemoryConnection;
-use tether::wire::Init as InitMessage;
+use tether::wire::Init;
 use tether::wire::{UdfRequest, UdfResponse};
-use tether::worker::{Session, state::Init};
+use tether::worker::{engine::Session, state};
 
 type C = MemoryConnection<UdfRequest, UdfResponse>;
 
-async fn legal(session: Session<Init, C>, init: InitMessage) {
+async fn legal(session: Session<state::Init, C>, init: Init) {
     let mut streaming = match session.init(init).await {
         Ok((streaming, _response)) => streaming,
         Err(failed) => {

@@ -1,12 +1,12 @@
-// Reusing a session after `close` (spec §5: close is the single finalizer):
+// Reusing a session after `close` (udf §5: close is the single finalizer):
 // `close` consumes the session, so it cannot be used, or closed, again.
 use tether::connection::MemoryConnection;
 use tether::wire::{UdfRequest, UdfResponse};
-use tether::worker::{Session, state::Streaming};
+use tether::worker::{engine::Session, state};
 
 type C = MemoryConnection<UdfRequest, UdfResponse>;
 
-async fn misuse(session: Session<Streaming, C>) {
+async fn misuse(session: Session<state::Streaming, C>) {
     let outcome = session.close().await;
     let again = session.close().await;
     drop((outcome, again));

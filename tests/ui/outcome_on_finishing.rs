@@ -1,12 +1,12 @@
-// Spec §8 scenario #16 (settledTermination while non-terminal): `outcome()` exists
+// udf §8 scenario #16 (settledTermination while non-terminal): `outcome()` exists
 // only on Session<Terminated, _>; a Session<Finishing, _> has none.
 use tether::connection::MemoryConnection;
 use tether::wire::{UdfRequest, UdfResponse};
-use tether::worker::{Session, state::Finishing};
+use tether::worker::{engine::Session, state};
 
 type C = MemoryConnection<UdfRequest, UdfResponse>;
 
-fn misuse(session: Session<Finishing, C>) {
+fn misuse(session: Session<state::Finishing, C>) {
     let _ = session.outcome();
 }
 

@@ -1,12 +1,12 @@
-// Spec §8 scenario #16 (settledTermination while non-terminal): `outcome()` exists
+// udf §8 scenario #16 (settledTermination while non-terminal): `outcome()` exists
 // only on Session<Terminated, _>; a Session<Init, _> has none.
 use tether::connection::MemoryConnection;
 use tether::wire::{UdfRequest, UdfResponse};
-use tether::worker::{Session, state::Init};
+use tether::worker::{engine::Session, state};
 
 type C = MemoryConnection<UdfRequest, UdfResponse>;
 
-fn misuse(session: Session<Init, C>) {
+fn misuse(session: Session<state::Init, C>) {
     let _ = session.outcome();
 }
 

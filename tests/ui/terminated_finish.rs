@@ -1,12 +1,12 @@
-// Nothing but inspection and close on a terminated session (DESIGN.md "Typestates",
-// spec §4.11 "Terminal | anything | ignored"): Session<Terminated, _> has no `finish`.
+// Nothing but inspection and close on a terminated session
+// (udf §4.11 "Terminal | anything | ignored"): Session<Terminated, _> has no `finish`.
 use tether::connection::MemoryConnection;
 use tether::wire::{UdfRequest, UdfResponse};
-use tether::worker::{Session, state::Terminated};
+use tether::worker::{engine::Session, state};
 
 type C = MemoryConnection<UdfRequest, UdfResponse>;
 
-async fn misuse(session: Session<Terminated, C>) {
+async fn misuse(session: Session<state::Terminated, C>) {
     let _ = session.finish().await;
 }
 

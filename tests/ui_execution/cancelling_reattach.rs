@@ -1,9 +1,9 @@
 // No reattach once this handle interrupted or released the execution (issue 4 item 6).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Cancelling, Reattachable>) {
+fn misuse(e: Execution<state::Cancelling, Reattachable>) {
     let _ = e.reattach(None);
 }
 

@@ -1,9 +1,9 @@
-// No reattach before the execution started (SPARK-49492, spec §7 scenario 17: NOT_REATTACHABLE).
+// No reattach before the execution started (SPARK-49492, rx §7 scenario 17: NOT_REATTACHABLE).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Init, Reattachable>) {
+fn misuse(e: Execution<state::Init, Reattachable>) {
     let _ = e.reattach(None);
 }
 

@@ -1,9 +1,9 @@
-// interrupt consumes the Streaming handle (spec §2.2 T9).
+// interrupt consumes the Streaming handle (rx §2.2 T9).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Streaming, Reattachable>) {
+fn misuse(e: Execution<state::Streaming, Reattachable>) {
     let first = e.interrupt();
     let second = e.interrupt();
 }

@@ -1,28 +1,28 @@
 // Positive control: every legal order of the execution typestates compiles.
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{
     AnyExecution, Execution, ExecutionOutcome, NonReattachable, Producer, Reattachable,
     ResponseStream,
 };
 
-fn start_stream(e: Execution<Init, Reattachable>) -> (Execution<Streaming, Reattachable>, Producer, ResponseStream) {
+fn start_stream(e: Execution<state::Init, Reattachable>) -> (Execution<state::Streaming, Reattachable>, Producer, ResponseStream) {
     e.start()
 }
 
-fn reattach_and_release(e: &Execution<Streaming, Reattachable>) {
+fn reattach_and_release(e: &Execution<state::Streaming, Reattachable>) {
     let _ = e.reattach(Some("r"));
     let _ = e.release_until("r");
 }
 
-fn release_running(e: Execution<Streaming, Reattachable>) -> Execution<Cancelling, Reattachable> {
+fn release_running(e: Execution<state::Streaming, Reattachable>) -> Execution<state::Cancelling, Reattachable> {
     e.release_all()
 }
 
-fn release_finished(e: Execution<Finishing, Reattachable>) -> Execution<Terminated, Reattachable> {
+fn release_finished(e: Execution<state::Finishing, Reattachable>) -> Execution<state::Terminated, Reattachable> {
     e.release_all()
 }
 
-fn interrupt(e: Execution<Streaming, NonReattachable>) {
+fn interrupt(e: Execution<state::Streaming, NonReattachable>) {
     match e.interrupt() {
         Ok(cancelling) => {
             let _ = cancelling.try_terminated();
@@ -33,19 +33,19 @@ fn interrupt(e: Execution<Streaming, NonReattachable>) {
     }
 }
 
-fn after_interrupt(e: Execution<Cancelling, Reattachable>) -> bool {
+fn after_interrupt(e: Execution<state::Cancelling, Reattachable>) -> bool {
     e.release_all()
 }
 
-async fn wait(e: Execution<Finishing, NonReattachable>) -> ExecutionOutcome {
+async fn wait(e: Execution<state::Finishing, NonReattachable>) -> ExecutionOutcome {
     e.terminated().await.outcome()
 }
 
-fn erase(e: Execution<Streaming, Reattachable>) -> Result<Execution<Streaming, Reattachable>, AnyExecution<Reattachable>> {
+fn erase(e: Execution<state::Streaming, Reattachable>) -> Result<Execution<state::Streaming, Reattachable>, AnyExecution<Reattachable>> {
     Execution::try_from(e.into_any())
 }
 
-fn cancel_before_start(e: Execution<Init, NonReattachable>) -> Execution<Terminated, NonReattachable> {
+fn cancel_before_start(e: Execution<state::Init, NonReattachable>) -> Execution<state::Terminated, NonReattachable> {
     e.interrupt()
 }
 

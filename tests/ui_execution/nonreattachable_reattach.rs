@@ -1,9 +1,9 @@
-// A non-reattachable execution has no reattach API at all (issue 4 item 6; spec §5.5 NOT_REATTACHABLE made a compile error).
+// A non-reattachable execution has no reattach API at all (issue 4 item 6; rx §5.5 NOT_REATTACHABLE made a compile error).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Streaming, NonReattachable>) {
+fn misuse(e: Execution<state::Streaming, NonReattachable>) {
     let _ = e.reattach(None);
 }
 

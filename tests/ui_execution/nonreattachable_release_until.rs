@@ -1,9 +1,9 @@
-// A non-reattachable execution has no ReleaseUntil (spec §1.5: ReleaseExecute is only for reattachable executions).
+// A non-reattachable execution has no ReleaseUntil (rx §1.5: ReleaseExecute is only for reattachable executions).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Streaming, NonReattachable>) {
+fn misuse(e: Execution<state::Streaming, NonReattachable>) {
     let _ = e.release_until("r");
 }
 

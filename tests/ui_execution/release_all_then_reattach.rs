@@ -1,9 +1,9 @@
-// ReleaseAll consumes the Streaming handle; the released execution cannot be reattached through it (spec §2.2 T10).
+// ReleaseAll consumes the Streaming handle; the released execution cannot be reattached through it (rx §2.2 T10).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Streaming, Reattachable>) {
+fn misuse(e: Execution<state::Streaming, Reattachable>) {
     let cancelling = e.release_all();
     let _ = e.reattach(None);
 }

@@ -1,9 +1,9 @@
-// start consumes the Init handle: starting twice is a use of a moved value (spec §2.1: notStarted -> started once).
+// start consumes the Init handle: starting twice is a use of a moved value (rx §2.1: notStarted -> started once).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Init, Reattachable>) {
+fn misuse(e: Execution<state::Init, Reattachable>) {
     let first = e.start();
     let second = e.start();
 }

@@ -1,9 +1,9 @@
-// Terminated is inspection only (DESIGN.md Typestates).
+// Terminated is inspection only (rx §2.3).
 #![allow(unused)]
-use tether::execution::state::{Cancelling, Finishing, Init, Streaming, Terminated};
+use tether::execution::state;
 use tether::execution::{Execution, NonReattachable, Reattachable};
 
-fn misuse(e: Execution<Terminated, Reattachable>) {
+fn misuse(e: Execution<state::Terminated, Reattachable>) {
     let _ = e.release_all();
 }
 

@@ -1,13 +1,13 @@
-//! Settings of a reattaching client stream (spec §6).
+//! Settings of a reattaching client stream (rx §6).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::worker::Timer;
+use crate::time::Timer;
 
 use super::retry::RetryPolicy;
 
-/// When the stream acknowledges responses with `ReleaseExecute(ReleaseUntil)` (spec §6.3).
+/// When the stream acknowledges responses with `ReleaseExecute(ReleaseUntil)` (rx §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub enum ReleaseMode {
     /// After every delivered response, as Spark's clients do (default). The server may then
@@ -18,7 +18,7 @@ pub enum ReleaseMode {
     /// [`ReattachingStream::release_until`](super::ReattachingStream::release_until) with a
     /// [`ResponseId`](super::ResponseId) it received (e.g. once a batch is persisted).
     /// Unreleased responses count against the server's retry budget (10 MiB by default), after
-    /// which the server evicts them itself (spec §3.4). `ReleaseAll` is still automatic.
+    /// which the server evicts them itself (rx §3.4). `ReleaseAll` is still automatic.
     Manual,
 }
 
@@ -28,7 +28,7 @@ pub enum ReleaseMode {
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Retry policies, tried in order; the first whose `can_retry` accepts an error decides
-    /// (spec §6.1). Default: one [`RetryPolicy::default`] (Spark's `DefaultPolicy`).
+    /// (rx §6.1). Default: one [`RetryPolicy::default`] (Spark's `DefaultPolicy`).
     pub retry_policies: Vec<RetryPolicy>,
     /// When `ReleaseUntil` is sent. Default [`ReleaseMode::AfterDelivery`].
     pub release_mode: ReleaseMode,
@@ -61,7 +61,7 @@ pub struct ClientConfig {
     /// Seed of the retry jitter; `None` (default) seeds from the OS.
     pub jitter_seed: Option<u64>,
     /// The clock for backoff waits and the stream deadline. Default: tokio's clock
-    /// ([`TokioTimer`](crate::worker::TokioTimer), which honours `tokio::time::pause`) with
+    /// ([`TokioTimer`](crate::time::TokioTimer), which honours `tokio::time::pause`) with
     /// the `tokio` feature, else `None`. With `None`, backoff waits are skipped (retries
     /// happen at once, still bounded by the policy) and `stream_deadline` is ignored. Outside
     /// a tokio runtime `TokioTimer` never fires: supply a timer for other executors.
@@ -70,7 +70,7 @@ pub struct ClientConfig {
 
 impl Default for ClientConfig {
     fn default() -> Self {
-        ClientConfig {
+        Self {
             retry_policies: vec![RetryPolicy::default()],
             release_mode: ReleaseMode::AfterDelivery,
             max_releases_in_flight: 4,
@@ -79,17 +79,7 @@ impl Default for ClientConfig {
             max_immediate_retry_elapsed: Duration::from_secs(3600),
             max_empty_rotations: None,
             jitter_seed: None,
-            timer: default_timer(),
+            timer: crate::time::default_timer(),
         }
     }
-}
-
-#[cfg(feature = "tokio")]
-fn default_timer() -> Option<Arc<dyn Timer>> {
-    Some(Arc::new(crate::worker::TokioTimer))
-}
-
-#[cfg(not(feature = "tokio"))]
-fn default_timer() -> Option<Arc<dyn Timer>> {
-    None
 }

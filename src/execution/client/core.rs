@@ -1,32 +1,4 @@
-//! The client's reattach algorithm as a sans-IO state machine (spec §6).
-//!
-//! [`ReattachCore`] holds every client rule once: the operation id and reattach option on the
-//! initial request, the graceful reattach loop, the retry scope around each wait for a
-//! response, re-execute on `OPERATION_NOT_FOUND` / `SESSION_NOT_FOUND` only while nothing was
-//! delivered, `ReleaseUntil` per delivered response, exactly one `ReleaseAll`, the
-//! `server_side_session_id` check. It does no I/O and reads no clock: the caller asks it what
-//! to do next ([`poll_command`](ReattachCore::poll_command)), performs that RPC or wait, and
-//! reports back (`on_*`); release RPCs to send come out of
-//! [`poll_release`](ReattachCore::poll_release). The async
-//! [`ReattachingStream`](super::ReattachingStream) is a thin driver over it; property tests
-//! drive it directly.
-//!
-//! ```text
-//!                 ExecutePlan / ReattachExecute
-//!        ┌──────┐ ─────────────────────────────► ┌──────────┐  response: deliver,
-//!        │ Idle │                                │ Attached │  queue ReleaseUntil
-//!        └──────┘ ◄───────────────────────────── └──────────┘ ◄──────┐
-//!          ▲  ▲    end without ResultComplete      │ │ │  │ ────────┘
-//!          │  │    (graceful reattach; an empty    │ │ │  │ ResultComplete: queue ReleaseAll
-//!          │  │    rotation is normal)             │ │ │  ▼
-//!          │  └─ not found, nothing delivered:     │ │ │ Complete
-//!          │     re-execute at once ───────────────┘ │ │
-//!          │                         retryable error │ │ fatal error, retries used up,
-//!   wait   │    ┌─────────┐ ◄────────────────────────┘ │ not found after delivery,
-//!   over   └─── │ Backoff │                            │ session changed, violation:
-//!               └─────────┘                            ▼ queue ReleaseAll
-//!                                                    Failed ─ error yielded once ─► done
-//! ```
+//! The client's reattach algorithm as a sans-IO state machine (rx §6).
 
 use std::collections::VecDeque;
 use std::fmt;
@@ -40,15 +12,16 @@ use crate::wire::connect::{
 };
 
 use super::config::{ClientConfig, ReleaseMode};
-use super::error::{ClientError, Code, ReleaseError, RpcError, Violation};
+use super::error::{ClientError, ReleaseError, RpcError, Violation};
 use super::retry::{Jitter, RetryDecision, RetryPolicy, Retrying};
+use crate::execution::Code;
 
 /// The id of a response this client delivered: the only thing
 /// [`ReattachingStream::release_until`](super::ReattachingStream::release_until) accepts.
 ///
 /// It cannot be built from a string: only a reattaching stream creates one, for a response it
 /// received and delivered, so a release can never name a response the client did not see
-/// (spec §6.4). It remembers its operation and its delivery position (1-based), so a release
+/// (rx §6.4). It remembers its operation and its delivery position (1-based), so a release
 /// on the wrong stream is refused and a release older than one already sent is skipped.
 ///
 /// ```compile_fail
@@ -93,7 +66,7 @@ impl fmt::Display for ResponseId {
 
 /// Where a [`ReattachCore`] stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
+pub enum ClientPhase {
     /// No RPC open; [`poll_command`](ReattachCore::poll_command) gives the next
     /// `ExecutePlan` or `ReattachExecute`.
     Idle,
@@ -160,7 +133,37 @@ enum Open {
     Reattach,
 }
 
-/// The client side of one execution, without I/O (spec §6).
+/// The client's reattach algorithm as a sans-IO state machine (rx §6).
+///
+/// [`ReattachCore`] holds every client rule once: the operation id and reattach option on the
+/// initial request, the graceful reattach loop, the retry scope around each wait for a
+/// response, re-execute on `OPERATION_NOT_FOUND` / `SESSION_NOT_FOUND` only while nothing was
+/// delivered, `ReleaseUntil` per delivered response, exactly one `ReleaseAll`, the
+/// `server_side_session_id` check. It does no I/O and reads no clock: the caller asks it what
+/// to do next ([`poll_command`](ReattachCore::poll_command)), performs that RPC or wait, and
+/// reports back (`on_*`); release RPCs to send come out of
+/// [`poll_release`](ReattachCore::poll_release). The async
+/// [`ReattachingStream`](super::ReattachingStream) is a thin driver over it; property tests
+/// drive it directly.
+///
+/// ```text
+///                 ExecutePlan / ReattachExecute
+///        ┌──────┐ ─────────────────────────────► ┌──────────┐  response: deliver,
+///        │ Idle │                                │ Attached │  queue ReleaseUntil
+///        └──────┘ ◄───────────────────────────── └──────────┘ ◄──────┐
+///          ▲  ▲    end without ResultComplete      │ │ │  │ ────────┘
+///          │  │    (graceful reattach; an empty    │ │ │  │ ResultComplete: queue ReleaseAll
+///          │  │    rotation is normal)             │ │ │  ▼
+///          │  └─ not found, nothing delivered:     │ │ │ Complete
+///          │     re-execute at once ───────────────┘ │ │
+///          │                         retryable error │ │ fatal error, retries used up,
+///   wait   │    ┌─────────┐ ◄────────────────────────┘ │ not found after delivery,
+///   over   └─── │ Backoff │                            │ session changed, violation:
+///               └─────────┘                            ▼ queue ReleaseAll
+///                                                    Failed ─ error yielded once ─► done
+/// ```
+///
+/// The client side of one execution, without I/O (rx §6).
 ///
 /// Construct it with [`ReattachCore::reattachable`] (Spark's reattachable iterator) or
 /// [`ReattachCore::non_reattachable`] (plain `ExecutePlan`: retried only before the first
@@ -171,7 +174,7 @@ pub struct ReattachCore {
     release_mode: ReleaseMode,
     initial: ExecutePlanRequest,
     operation_id: Arc<str>,
-    phase: Phase,
+    phase: ClientPhase,
     next: Open,
     backoff_until: Option<Instant>,
     /// Responses delivered on the RPC currently attached.
@@ -195,7 +198,7 @@ pub struct ReattachCore {
 }
 
 impl ReattachCore {
-    /// A reattachable execution of `request` (spec §6.2): the `operation_id` is kept (in
+    /// A reattachable execution of `request` (rx §6.2): the `operation_id` is kept (in
     /// canonical lower case) if set and non-empty, else a fresh UUID v4; any reattach option
     /// is replaced by `reattach_options { reattachable: true }`.
     ///
@@ -210,7 +213,7 @@ impl ReattachCore {
 
     /// A non-reattachable execution of `request`: same operation-id rules, any reattach
     /// option removed. The stream's plain end is the result's end; errors are retried (by
-    /// re-sending `ExecutePlan`) only before the first response (spec §6.3, "for contrast").
+    /// re-sending `ExecutePlan`) only before the first response (rx §6.3, "for contrast").
     ///
     /// # Errors
     /// [`ClientError::InvalidOperationId`] when the request's `operation_id` is not a UUID.
@@ -244,7 +247,7 @@ impl ReattachCore {
             request.request_options.push(RequestOption::reattach(true));
         }
         let policies: Arc<[RetryPolicy]> = Arc::from(config.retry_policies.clone());
-        Ok(ReattachCore {
+        Ok(Self {
             reattachable,
             release_mode: config.release_mode,
             expected_server_session: request
@@ -253,7 +256,7 @@ impl ReattachCore {
                 .filter(|s| !s.is_empty()),
             initial: request,
             operation_id: Arc::from(operation_id),
-            phase: Phase::Idle,
+            phase: ClientPhase::Idle,
             next: Open::Execute,
             backoff_until: None,
             stream_delivered: 0,
@@ -290,7 +293,7 @@ impl ReattachCore {
     }
 
     /// The current phase.
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> ClientPhase {
         self.phase
     }
 
@@ -319,15 +322,18 @@ impl ReattachCore {
     /// Whether the stream has ended (complete, failed or closed) — nothing more will be
     /// delivered.
     pub fn is_finished(&self) -> bool {
-        matches!(self.phase, Phase::Complete | Phase::Failed | Phase::Closed)
+        matches!(
+            self.phase,
+            ClientPhase::Complete | ClientPhase::Failed | ClientPhase::Closed
+        )
     }
 
     /// Whether nothing more will come out of [`poll_command`](Self::poll_command) but
     /// [`Command::Done`] (finished, and any error already handed out).
     pub fn is_terminated(&self) -> bool {
         match self.phase {
-            Phase::Complete | Phase::Closed => true,
-            Phase::Failed => self.error.is_none(),
+            ClientPhase::Complete | ClientPhase::Closed => true,
+            ClientPhase::Failed => self.error.is_none(),
             _ => false,
         }
     }
@@ -336,8 +342,8 @@ impl ReattachCore {
     /// is handed out once, then [`Command::Done`] forever.
     pub fn poll_command(&mut self) -> Command {
         match self.phase {
-            Phase::Idle => {
-                self.phase = Phase::Attached;
+            ClientPhase::Idle => {
+                self.phase = ClientPhase::Attached;
                 self.stream_delivered = 0;
                 match self.next {
                     Open::Execute => {
@@ -350,19 +356,19 @@ impl ReattachCore {
                     }
                 }
             }
-            Phase::Attached => Command::Read,
-            Phase::Backoff => match self.backoff_until {
+            ClientPhase::Attached => Command::Read,
+            ClientPhase::Backoff => match self.backoff_until {
                 Some(until) => Command::Sleep(until),
                 None => {
-                    self.phase = Phase::Idle;
+                    self.phase = ClientPhase::Idle;
                     self.poll_command()
                 }
             },
-            Phase::Failed => match self.error.take() {
+            ClientPhase::Failed => match self.error.take() {
                 Some(e) => Command::Fail(e),
                 None => Command::Done,
             },
-            Phase::Complete | Phase::Closed => Command::Done,
+            ClientPhase::Complete | ClientPhase::Closed => Command::Done,
         }
     }
 
@@ -370,7 +376,7 @@ impl ReattachCore {
     /// caller; `None` when it was ignored (nothing attached) or broke the protocol (the core
     /// is then `Failed`).
     pub fn on_response(&mut self, response: ExecutePlanResponse) -> Option<ExecutePlanResponse> {
-        if self.phase != Phase::Attached {
+        if self.phase != ClientPhase::Attached {
             self.stats.ignored += 1;
             return None;
         }
@@ -423,7 +429,7 @@ impl ReattachCore {
                 Some(_) => {}
             }
         }
-        // Delivered: a new retry scope starts with the next wait (spec §6.3).
+        // Delivered: a new retry scope starts with the next wait (rx §6.3).
         self.retrying.reset();
         self.immediate = 0;
         self.immediate_since = None;
@@ -437,7 +443,7 @@ impl ReattachCore {
                 index: self.stats.delivered,
             };
             if response.is_result_complete() {
-                self.phase = Phase::Complete;
+                self.phase = ClientPhase::Complete;
                 self.queue_release_all();
             } else if self.release_mode == ReleaseMode::AfterDelivery {
                 self.queue_release_until(&id);
@@ -448,15 +454,15 @@ impl ReattachCore {
     }
 
     /// The attached RPC's stream ended without error. Reattachable: without `ResultComplete`
-    /// this means "more to come — reattach" (spec §1.3, §6.3 step 2b); an empty rotation is
+    /// this means "more to come — reattach" (rx §1.3, §6.3 step 2b); an empty rotation is
     /// normal and costs no retry. Non-reattachable: the result is complete.
     pub fn on_stream_end(&mut self) {
-        if self.phase != Phase::Attached {
+        if self.phase != ClientPhase::Attached {
             self.stats.ignored += 1;
             return;
         }
         if !self.reattachable {
-            self.phase = Phase::Complete;
+            self.phase = ClientPhase::Complete;
             return;
         }
         if self.stream_delivered == 0 {
@@ -471,11 +477,11 @@ impl ReattachCore {
                 return;
             }
         }
-        self.phase = Phase::Idle;
+        self.phase = ClientPhase::Idle;
         self.next = Open::Reattach;
     }
 
-    /// The attached RPC failed (at the call or while streaming) at `now` (spec §6.3 steps
+    /// The attached RPC failed (at the call or while streaming) at `now` (rx §6.3 steps
     /// 3 and 5):
     ///
     /// - reattachable and `OPERATION_NOT_FOUND`/`SESSION_NOT_FOUND`: with nothing delivered
@@ -488,7 +494,7 @@ impl ReattachCore {
     /// - otherwise the retry scope decides: a backoff then a reattach (or a re-sent
     ///   `ExecutePlan` when not reattachable), or the error is final.
     pub fn on_error(&mut self, error: RpcError, now: Instant) {
-        if self.phase != Phase::Attached {
+        if self.phase != ClientPhase::Attached {
             self.stats.ignored += 1;
             return;
         }
@@ -514,7 +520,7 @@ impl ReattachCore {
                     "retrying after a retryable error"
                 );
                 self.stats.retries += 1;
-                self.phase = Phase::Backoff;
+                self.phase = ClientPhase::Backoff;
                 self.backoff_until = Some(now + wait);
                 self.next = if self.reattachable {
                     Open::Reattach
@@ -535,7 +541,7 @@ impl ReattachCore {
     /// server keeps the execution, so reattach at once (no retry consumed, bounded like a
     /// re-execute; SPARK-56538). Non-reattachable: fatal `DEADLINE_EXCEEDED`.
     pub fn on_stream_deadline(&mut self, now: Instant) {
-        if self.phase != Phase::Attached {
+        if self.phase != ClientPhase::Attached {
             self.stats.ignored += 1;
             return;
         }
@@ -552,8 +558,8 @@ impl ReattachCore {
 
     /// The backoff wait of a [`Command::Sleep`] is over: the next command opens an RPC.
     pub fn on_wait_elapsed(&mut self) {
-        if self.phase == Phase::Backoff {
-            self.phase = Phase::Idle;
+        if self.phase == ClientPhase::Backoff {
+            self.phase = ClientPhase::Idle;
             self.backoff_until = None;
         }
     }
@@ -562,11 +568,11 @@ impl ReattachCore {
     /// `ReleaseAll` if it was not queued yet (reattachable form) and stop. No-op once
     /// finished; a pending error is discarded.
     pub fn close(&mut self) {
-        if matches!(self.phase, Phase::Complete | Phase::Closed) {
+        if matches!(self.phase, ClientPhase::Complete | ClientPhase::Closed) {
             return;
         }
         self.error = None;
-        self.phase = Phase::Closed;
+        self.phase = ClientPhase::Closed;
         if self.reattachable {
             self.queue_release_all();
         }
@@ -574,14 +580,14 @@ impl ReattachCore {
 
     /// The next `ReleaseExecute` request to send, if any. Requests come out in the order
     /// they were queued; queuing `ReleaseAll` drops any `ReleaseUntil` not yet taken (it
-    /// frees all of it), and nothing is queued after it. Send them without blocking delivery (spec
-    /// §6.3); their failures are not the stream's (the server's abandonment cleans up).
+    /// frees all of it), and nothing is queued after it. Send them without blocking delivery (rx
+    /// rx §6.3); their failures are not the stream's (the server's abandonment cleans up).
     pub fn poll_release(&mut self) -> Option<ReleaseExecuteRequest> {
         self.releases.pop_front()
     }
 
-    /// Queues `ReleaseUntil(id)` for a response the caller is done with (manual mode, spec
-    /// §6.3). Ids at or before one already released, or any id after `ReleaseAll`, are
+    /// Queues `ReleaseUntil(id)` for a response the caller is done with (manual mode, rx
+    /// rx §6.3). Ids at or before one already released, or any id after `ReleaseAll`, are
     /// skipped.
     ///
     /// # Errors
@@ -620,14 +626,14 @@ impl ReattachCore {
             Open::Execute => self.stats.reexecutions += 1,
             Open::Reattach => self.stats.deadline_reattaches += 1,
         }
-        self.phase = Phase::Idle;
+        self.phase = ClientPhase::Idle;
         self.next = next;
     }
 
     fn fail(&mut self, error: ClientError) {
         tracing::debug!(operation_id = %self.operation_id, %error, "stream failed");
         self.error = Some(error);
-        self.phase = Phase::Failed;
+        self.phase = ClientPhase::Failed;
         if self.reattachable {
             self.queue_release_all();
         }
@@ -657,7 +663,7 @@ impl ReattachCore {
         self.stats.release_until += 1;
     }
 
-    /// The reattach request (spec §6.3 `call_iter` 1): `last_response_id` only when something
+    /// The reattach request (rx §6.3 `call_iter` 1): `last_response_id` only when something
     /// was delivered, never empty; the observed server session id only when the initial
     /// request carried one (SPARK-49458).
     fn reattach_request(&self) -> ReattachExecuteRequest {

@@ -1,52 +1,52 @@
 //! What the client sees of failed RPCs ([`RpcError`], [`Code`]) and how a reattaching stream
-//! ends in error ([`ClientError`]) (spec §1.8, §6).
+//! ends in error ([`ClientError`]) (rx §1.8, §6).
 //!
 //! [`RpcError`] is deliberately transport-agnostic: a gRPC adapter builds one from a
 //! `tonic::Status` (code, message, and the `errorClass` / `RetryInfo` found in the
 //! `grpc-status-details-bin` trailer), an in-memory transport from the server's error enum.
-//! Spark's clients classify errors by substring search on the status message (spec §1.8), so
+//! Spark's clients classify errors by substring search on the status message (rx §1.8), so
 //! [`RpcError::has_condition`] matches the condition either in the explicit
 //! [`condition`](RpcError::condition) or anywhere in the message.
 
 use std::fmt;
 use std::time::Duration;
 
-pub use crate::execution::error::Code;
-use crate::execution::error::ConnectError;
+use crate::execution::Code;
+use crate::execution::ConnectError;
 
-/// Spark error-condition names the client reacts to (spec §1.8). Each is the exact string
+/// Spark error-condition names the client reacts to (rx §1.8). Each is the exact string
 /// Spark puts, in brackets, at the start of the status message.
 pub mod condition {
     /// The RPC was cut by the server: another attach preempted it, or an interrupt / release /
-    /// close interrupted the sender (spec §4.4). Retryable (SPARK-44835).
+    /// close interrupted the sender (rx §4.4). Retryable (SPARK-44835).
     pub const INVALID_CURSOR_DISCONNECTED: &str = "INVALID_CURSOR.DISCONNECTED";
-    /// The execution is not reattachable (spec §5.5).
+    /// The execution is not reattachable (rx §5.5).
     pub const INVALID_CURSOR_NOT_REATTACHABLE: &str = "INVALID_CURSOR.NOT_REATTACHABLE";
-    /// The response after `last_response_id` was already evicted (spec §3.5).
+    /// The response after `last_response_id` was already evicted (rx §3.5).
     pub const INVALID_CURSOR_POSITION_NOT_AVAILABLE: &str = "INVALID_CURSOR.POSITION_NOT_AVAILABLE";
-    /// `last_response_id` was never produced by this execution (spec §3.5).
+    /// `last_response_id` was never produced by this execution (rx §3.5).
     pub const INVALID_CURSOR_POSITION_NOT_FOUND: &str = "INVALID_CURSOR.POSITION_NOT_FOUND";
-    /// No such operation in the session: it never arrived, or it was released (spec §5.5).
+    /// No such operation in the session: it never arrived, or it was released (rx §5.5).
     /// With nothing delivered yet the client re-executes (SPARK-44624).
     pub const INVALID_HANDLE_OPERATION_NOT_FOUND: &str = "INVALID_HANDLE.OPERATION_NOT_FOUND";
-    /// No such session (spec §5.5). Treated like `OPERATION_NOT_FOUND` (SPARK-48056).
+    /// No such session (rx §5.5). Treated like `OPERATION_NOT_FOUND` (SPARK-48056).
     pub const INVALID_HANDLE_SESSION_NOT_FOUND: &str = "INVALID_HANDLE.SESSION_NOT_FOUND";
-    /// The operation was abandoned by the server (spec §5.3, §5.4).
+    /// The operation was abandoned by the server (rx §5.3, §5.4).
     pub const INVALID_HANDLE_OPERATION_ABANDONED: &str = "INVALID_HANDLE.OPERATION_ABANDONED";
-    /// The session was closed or expired (spec §5.6).
+    /// The session was closed or expired (rx §5.6).
     pub const INVALID_HANDLE_SESSION_CLOSED: &str = "INVALID_HANDLE.SESSION_CLOSED";
-    /// The server-side session changed under the client (spec §5.5).
+    /// The server-side session changed under the client (rx §5.5).
     pub const INVALID_HANDLE_SESSION_CHANGED: &str = "INVALID_HANDLE.SESSION_CHANGED";
-    /// The execution was interrupted (spec §5.7).
+    /// The execution was interrupted (rx §5.7).
     pub const OPERATION_CANCELED: &str = "OPERATION_CANCELED";
     /// Client-only: an operation or session was not found after responses had been delivered,
-    /// so re-executing would duplicate results (spec §1.8, §6.3, Python's condition name).
+    /// so re-executing would duplicate results (rx §1.8, §6.3, Python's condition name).
     pub const RESPONSE_ALREADY_RECEIVED: &str = "RESPONSE_ALREADY_RECEIVED";
 }
 
 /// A failed RPC as the client sees it: a status [`Code`], the status message, and what a rich
 /// status may add (the Spark error condition from `ErrorInfo.metadata["errorClass"]`, the
-/// `RetryInfo.retry_delay`) (spec §1.8).
+/// `RetryInfo.retry_delay`) (rx §1.8).
 ///
 /// `Display` is `"<CODE>: <message>"`, e.g.
 /// `INTERNAL: [INVALID_CURSOR.DISCONNECTED] The cursor was disconnected.`, so Spark clients
@@ -62,7 +62,7 @@ pub struct RpcError {
 impl RpcError {
     /// An error with a status code and message, no rich status.
     pub fn new(code: Code, message: impl Into<String>) -> Self {
-        RpcError {
+        Self {
             code,
             message: message.into(),
             condition: None,
@@ -71,9 +71,9 @@ impl RpcError {
     }
 
     /// A Spark error as a Spark server sends it: the message is `"[<condition>] <detail>"`
-    /// and the condition is also recorded as if read from the rich status (spec §1.8).
+    /// and the condition is also recorded as if read from the rich status (rx §1.8).
     pub fn spark(code: Code, condition: &str, detail: impl fmt::Display) -> Self {
-        RpcError {
+        Self {
             code,
             message: format!("[{condition}] {detail}"),
             condition: Some(condition.to_owned()),
@@ -93,7 +93,7 @@ impl RpcError {
         self
     }
 
-    /// Sets the server's `RetryInfo.retry_delay` (spec §6.1, 4.1+). Under the default policy
+    /// Sets the server's `RetryInfo.retry_delay` (rx §6.1, 4.1+). Under the default policy
     /// such an error is retried whatever its code, waiting at least this long (capped at
     /// [`RetryPolicy::max_server_retry_delay`](super::RetryPolicy::max_server_retry_delay)).
     pub fn with_retry_delay(mut self, delay: Duration) -> Self {
@@ -123,14 +123,14 @@ impl RpcError {
 
     /// Whether this error carries the Spark condition `condition` (for example
     /// [`condition::INVALID_CURSOR_DISCONNECTED`]): as the rich-status condition, or anywhere
-    /// in the message, the way Spark's clients search it (spec §1.8).
+    /// in the message, the way Spark's clients search it (rx §1.8).
     pub fn has_condition(&self, condition: &str) -> bool {
         self.condition.as_deref() == Some(condition) || self.message.contains(condition)
     }
 
     /// Whether this is `INVALID_HANDLE.OPERATION_NOT_FOUND` or
     /// `INVALID_HANDLE.SESSION_NOT_FOUND`: the errors that make a client re-execute when
-    /// nothing was delivered yet (spec §6.3 step 3).
+    /// nothing was delivered yet (rx §6.3 step 3).
     pub fn is_not_found(&self) -> bool {
         self.has_condition(condition::INVALID_HANDLE_OPERATION_NOT_FOUND)
             || self.has_condition(condition::INVALID_HANDLE_SESSION_NOT_FOUND)
@@ -147,10 +147,10 @@ impl std::error::Error for RpcError {}
 
 /// What a client receives for a server-side [`ConnectError`]: its status code, its `Display`
 /// as the message and its condition as the rich-status condition — what a gRPC adapter would
-/// carry over the wire (spec §1.8). In-memory transports use this directly.
+/// carry over the wire (rx §1.8). In-memory transports use this directly.
 impl From<&ConnectError> for RpcError {
     fn from(error: &ConnectError) -> Self {
-        RpcError {
+        Self {
             code: error.code(),
             message: error.to_string(),
             condition: error.condition().map(str::to_owned),
@@ -161,7 +161,7 @@ impl From<&ConnectError> for RpcError {
 
 impl From<ConnectError> for RpcError {
     fn from(error: ConnectError) -> Self {
-        RpcError::from(&error)
+        Self::from(&error)
     }
 }
 
@@ -171,7 +171,7 @@ impl From<ConnectError> for RpcError {
 pub enum Violation {
     /// A response of a reattachable execution without `response_id`: it could never be
     /// named in `last_response_id`, and an empty `last_response_id` is
-    /// `POSITION_NOT_FOUND` (spec §1.4, §6.4).
+    /// `POSITION_NOT_FOUND` (rx §1.4, §6.4).
     #[error("response without response_id in a reattachable execution")]
     MissingResponseId,
     /// The same `response_id` twice in a row: delivering it again would duplicate a result.
@@ -180,7 +180,7 @@ pub enum Violation {
         /// The repeated id.
         response_id: String,
     },
-    /// A response naming another operation (spec §1.3: `operation_id` is set on every
+    /// A response naming another operation (rx §1.3: `operation_id` is set on every
     /// response).
     #[error("response for operation {actual}, expected {expected}")]
     WrongOperation {
@@ -207,7 +207,7 @@ pub enum Violation {
 pub enum ClientError {
     /// An RPC failed with an error the retry policy does not retry (for example
     /// `OPERATION_CANCELED`, `INVALID_HANDLE.OPERATION_ABANDONED`, `DEADLINE_EXCEEDED`), or an
-    /// immediate-retry bound was reached and this is the underlying error (spec §6.1, §6.3).
+    /// immediate-retry bound was reached and this is the underlying error (rx §6.1, §6.3).
     #[error("{0}")]
     Rpc(RpcError),
     /// A retryable error kept coming back until the policy's retries were used up. Spark
@@ -221,7 +221,7 @@ pub enum ClientError {
         retries: u32,
     },
     /// `OPERATION_NOT_FOUND` / `SESSION_NOT_FOUND` after responses had been delivered:
-    /// re-executing would duplicate them, so this is fatal (spec §6.3 step 3, SPARK-48056).
+    /// re-executing would duplicate them, so this is fatal (rx §6.3 step 3, SPARK-48056).
     #[error(
         "[RESPONSE_ALREADY_RECEIVED] the server lost the operation ({error}) after {delivered} \
          responses were delivered; re-executing would duplicate results"
@@ -233,7 +233,7 @@ pub enum ClientError {
         delivered: u64,
     },
     /// A response carried a different `server_side_session_id` than the first one: the server
-    /// session was restarted under the client (spec §1.3, §6.2, SPARK-45798).
+    /// session was restarted under the client (rx §1.3, §6.2, SPARK-45798).
     #[error(
         "[INVALID_HANDLE.SESSION_CHANGED] server_side_session_id changed from {expected} to \
          {actual}"
@@ -248,7 +248,7 @@ pub enum ClientError {
     #[error("protocol violation by the server: {0}")]
     Violation(#[from] Violation),
     /// The request's `operation_id` is not a UUID; the server would answer
-    /// `INVALID_HANDLE.FORMAT` (spec §1.2, §1.9). Reported at construction.
+    /// `INVALID_HANDLE.FORMAT` (rx §1.2, §1.9). Reported at construction.
     #[error("[INVALID_HANDLE.FORMAT] operation_id {0:?} is not a UUID")]
     InvalidOperationId(String),
 }
@@ -257,9 +257,9 @@ impl ClientError {
     /// The RPC error behind this one, if it came from an RPC.
     pub fn rpc_error(&self) -> Option<&RpcError> {
         match self {
-            ClientError::Rpc(e)
-            | ClientError::RetriesExceeded { error: e, .. }
-            | ClientError::ResponseAlreadyReceived { error: e, .. } => Some(e),
+            Self::Rpc(e)
+            | Self::RetriesExceeded { error: e, .. }
+            | Self::ResponseAlreadyReceived { error: e, .. } => Some(e),
             _ => None,
         }
     }
@@ -269,12 +269,12 @@ impl ClientError {
     /// their variants.
     pub fn has_condition(&self, condition: &str) -> bool {
         match self {
-            ClientError::ResponseAlreadyReceived { .. }
+            Self::ResponseAlreadyReceived { .. }
                 if condition == condition::RESPONSE_ALREADY_RECEIVED =>
             {
                 true
             }
-            ClientError::SessionChanged { .. }
+            Self::SessionChanged { .. }
                 if condition == condition::INVALID_HANDLE_SESSION_CHANGED =>
             {
                 true

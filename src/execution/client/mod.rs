@@ -1,4 +1,4 @@
-//! The client side of reattachable executions (Spark Connect, spec §6): consume a long
+//! The client side of reattachable executions (Spark Connect, rx §6): consume a long
 //! streamed result without loss across broken, preempted and rotated RPCs.
 //!
 //! - [`ExecutionRpc`]: the three RPCs (`ExecutePlan`, `ReattachExecute`, `ReleaseExecute`)
@@ -11,7 +11,7 @@
 //! - [`ReattachCore`]: the algorithm as a sans-IO state machine (commands out, events in, no
 //!   clock, no I/O), which the streams drive and the property tests drive directly.
 //! - [`RetryPolicy`] / [`Retrying`]: Spark's `DefaultPolicy` and retry scopes, as pure values.
-//! - [`RpcError`]: the client's view of a failed RPC (status [`Code`] + Spark error condition
+//! - [`RpcError`]: the client's view of a failed RPC (status [`Code`](crate::execution::Code) + Spark error condition
 //!   such as `INVALID_CURSOR.DISCONNECTED`); [`ClientError`]: why a stream ended in error.
 //!
 //! ```text
@@ -79,16 +79,16 @@
 //! # });
 //! ```
 
-pub mod config;
-pub mod core;
-pub mod error;
-pub mod retry;
-pub mod rpc;
-pub mod stream;
+mod config;
+mod core;
+mod error;
+mod retry;
+mod rpc;
+mod stream;
 
 pub use config::{ClientConfig, ReleaseMode};
-pub use core::{ClientStats, Command, Phase, ReattachCore, ResponseId};
-pub use error::{ClientError, Code, ReleaseError, RpcError, Violation, condition};
+pub use core::{ClientPhase, ClientStats, Command, ReattachCore, ResponseId};
+pub use error::{ClientError, ReleaseError, RpcError, Violation, condition};
 pub use retry::{RetryDecision, RetryPolicy, Retrying};
 pub use rpc::ExecutionRpc;
 pub use stream::{ExecuteStream, ReattachingStream, ReleaseStats};

@@ -1,18 +1,19 @@
-//! Spark Connect's client retry policies as pure values (spec §6.1).
+//! Spark Connect's client retry policies as pure values (rx §6.1).
 //!
 //! A [`RetryPolicy`] says which errors it retries and how long to wait; a [`Retrying`] is one
 //! retry scope over a list of policies (Spark's `Retrying`): the first policy whose
 //! `can_retry` accepts an error is the one whose counter and backoff advance, and when it is
 //! used up the error is final. Nothing here sleeps or reads a clock, and the random jitter
 //! comes in as a number, so every decision can be tested exactly; the
-//! [driver](super::ReattachingStream) sleeps on its [`Timer`](crate::worker::Timer).
+//! [driver](super::ReattachingStream) sleeps on its [`Timer`](crate::time::Timer).
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::{Code, RpcError, condition};
+use super::error::{RpcError, condition};
+use crate::execution::Code;
 
-/// One retry policy (Spark's `RetryPolicy`, spec §6.1). [`RetryPolicy::default`] is Spark's
+/// One retry policy (Spark's `RetryPolicy`, rx §6.1). [`RetryPolicy::default`] is Spark's
 /// `DefaultPolicy`, identical in the Scala and Python clients.
 ///
 /// The wait before retry *n* (1-based) is `initial_backoff × backoff_multiplier^(n-1)`,
@@ -29,7 +30,7 @@ pub struct RetryPolicy {
     /// The first wait. Default 50 ms.
     pub initial_backoff: Duration,
     /// The largest backoff wait; `None` keeps the wait at `initial_backoff` forever (Spark's
-    /// Python quirk, spec §6.1). Default 60 s.
+    /// Python quirk, rx §6.1). Default 60 s.
     pub max_backoff: Option<Duration>,
     /// Factor between consecutive waits. Default 4.0.
     pub backoff_multiplier: f64,
@@ -47,7 +48,7 @@ pub struct RetryPolicy {
 
 impl Default for RetryPolicy {
     fn default() -> Self {
-        RetryPolicy {
+        Self {
             max_retries: Some(15),
             initial_backoff: Duration::from_millis(50),
             max_backoff: Some(Duration::from_secs(60)),
@@ -56,7 +57,7 @@ impl Default for RetryPolicy {
             min_jitter_threshold: Duration::from_secs(2),
             recognize_server_retry_delay: true,
             max_server_retry_delay: Some(Duration::from_secs(600)),
-            can_retry: RetryPolicy::default_can_retry,
+            can_retry: Self::default_can_retry,
         }
     }
 }
@@ -69,7 +70,7 @@ impl RetryPolicy {
         Self::default()
     }
 
-    /// `DefaultPolicy.can_retry` (spec §6.1): `UNAVAILABLE`; `INTERNAL` whose message carries
+    /// `DefaultPolicy.can_retry` (rx §6.1): `UNAVAILABLE`; `INTERNAL` whose message carries
     /// `INVALID_CURSOR.DISCONNECTED` (SPARK-44835); any error with a server `RetryInfo`
     /// (4.1+). Everything else — `DEADLINE_EXCEEDED` explicitly included — is not retried.
     pub fn default_can_retry(error: &RpcError) -> bool {
@@ -98,7 +99,7 @@ struct PolicyState {
 
 impl PolicyState {
     fn new(policy: &RetryPolicy) -> Self {
-        PolicyState {
+        Self {
             attempt: 0,
             next_wait_ms: millis(policy.initial_backoff),
         }
@@ -151,10 +152,10 @@ pub enum RetryDecision {
     Exhausted,
 }
 
-/// One retry scope over an ordered list of policies (Spark's `Retrying`, spec §6.1).
+/// One retry scope over an ordered list of policies (Spark's `Retrying`, rx §6.1).
 ///
 /// The reattaching client opens a new scope for every response it waits for: the counters
-/// restart once a response is delivered (spec §6.3, "inside one retry scope").
+/// restart once a response is delivered (rx §6.3, "inside one retry scope").
 #[derive(Debug, Clone)]
 pub struct Retrying {
     policies: Arc<[RetryPolicy]>,
@@ -166,7 +167,7 @@ impl Retrying {
     /// A fresh scope over `policies` (tried in order; an empty list retries nothing).
     pub fn new(policies: Arc<[RetryPolicy]>) -> Self {
         let states = policies.iter().map(PolicyState::new).collect();
-        Retrying {
+        Self {
             policies,
             states,
             retries: 0,
@@ -186,7 +187,7 @@ impl Retrying {
 
     /// Decides about `error`: the first policy whose `can_retry` accepts it advances and gives
     /// the wait; later policies are not consulted even when it is used up (newest Spark
-    /// behaviour, spec §6.1). `unit` is a uniform random number in `[0, 1)` for the jitter.
+    /// behaviour, rx §6.1). `unit` is a uniform random number in `[0, 1)` for the jitter.
     pub fn on_error(&mut self, error: &RpcError, unit: f64) -> RetryDecision {
         let Some(i) = self.policies.iter().position(|p| (p.can_retry)(error)) else {
             return RetryDecision::NotRetryable;
@@ -208,7 +209,7 @@ pub(crate) struct Jitter(u64);
 
 impl Jitter {
     pub(crate) fn new(seed: Option<u64>) -> Self {
-        Jitter(seed.unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0))
+        Self(seed.unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0))
     }
 
     pub(crate) fn next_u64(&mut self) -> u64 {
@@ -242,7 +243,7 @@ mod tests {
         let mut expected = vec![50, 200, 800, 3_200, 12_800, 51_200];
         expected.extend([60_000; 9]);
         assert_eq!(waits, expected);
-        // spec §6.1 / §7.5 #53, §7.6 #61: at least 10 minutes of outage tolerated.
+        // rx §6.1 / §7.5 #53, §7.6 #61: at least 10 minutes of outage tolerated.
         assert!(waits.iter().sum::<u64>() >= 600_000);
     }
 

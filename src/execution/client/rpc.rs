@@ -1,5 +1,5 @@
 //! [`ExecutionRpc`]: the three Spark Connect RPCs a reattaching client needs, as a small
-//! transport-agnostic trait (spec §1.1).
+//! transport-agnostic trait (rx §1.1).
 
 use std::sync::Arc;
 
@@ -14,38 +14,38 @@ use crate::wire::connect::{
 use super::error::RpcError;
 
 /// The client end of `SparkConnectService`'s `ExecutePlan`, `ReattachExecute` and
-/// `ReleaseExecute` (spec §1.1), over any transport: a gRPC channel, an in-memory server, a
+/// `ReleaseExecute` (rx §1.1), over any transport: a gRPC channel, an in-memory server, a
 /// scripted fake.
 ///
 /// - Each method starts one RPC and returns a `'static` future, so implementations clone what
 ///   they need (a tonic client is cheap to clone) and the caller can keep or spawn it.
 /// - The streaming calls resolve to the response stream. A failure may surface either from
 ///   the future (the call was refused) or as the stream's first item (gRPC server-streaming
-///   calls report connection errors on the first read, spec §6.2, §7.6 #67); the client
+///   calls report connection errors on the first read, rx §6.2, §7.6 #67); the client
 ///   treats both alike.
 /// - A stream ending with `None` is the server's `onCompleted`: for a reattachable execution
-///   without a preceding `ResultComplete` it means "reattach" (spec §1.3).
+///   without a preceding `ResultComplete` it means "reattach" (rx §1.3).
 /// - Dropping a stream or future cancels its RPC.
 /// - Errors are [`RpcError`]s carrying the status code and the Spark error condition
-///   (spec §1.8); which ones are retried is the [`RetryPolicy`](super::RetryPolicy)'s call.
+///   (rx §1.8); which ones are retried is the [`RetryPolicy`](super::RetryPolicy)'s call.
 pub trait ExecutionRpc: Send + Sync + 'static {
     /// The response stream of `ExecutePlan` and `ReattachExecute`.
     type Stream: Stream<Item = Result<ExecutePlanResponse, RpcError>> + Send + 'static;
 
-    /// Starts `ExecutePlan` (spec §1.2).
+    /// Starts `ExecutePlan` (rx §1.2).
     fn execute_plan(
         &self,
         request: ExecutePlanRequest,
     ) -> BoxFuture<'static, Result<Self::Stream, RpcError>>;
 
-    /// Starts `ReattachExecute` (spec §1.4).
+    /// Starts `ReattachExecute` (rx §1.4).
     fn reattach_execute(
         &self,
         request: ReattachExecuteRequest,
     ) -> BoxFuture<'static, Result<Self::Stream, RpcError>>;
 
-    /// Calls `ReleaseExecute` (spec §1.5). A response with `operation_id` unset (the
-    /// execution was already gone) is a success (spec §1.6).
+    /// Calls `ReleaseExecute` (rx §1.5). A response with `operation_id` unset (the
+    /// execution was already gone) is a success (rx §1.6).
     fn release_execute(
         &self,
         request: ReleaseExecuteRequest,

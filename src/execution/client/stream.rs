@@ -1,4 +1,4 @@
-//! The async client streams: [`ReattachingStream`] (spec §6) and the non-reattachable
+//! The async client streams: [`ReattachingStream`] (rx §6) and the non-reattachable
 //! [`ExecuteStream`], thin drivers over [`ReattachCore`].
 
 use std::fmt;
@@ -12,11 +12,11 @@ use std::time::Instant;
 use futures::future::{BoxFuture, poll_fn};
 use futures::stream::{FusedStream, FuturesUnordered, Stream, StreamExt};
 
+use crate::time::Timer;
 use crate::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, ReleaseExecuteRequest};
-use crate::worker::Timer;
 
 use super::config::ClientConfig;
-use super::core::{ClientStats, Command, Phase, ReattachCore, ResponseId};
+use super::core::{ClientPhase, ClientStats, Command, ReattachCore, ResponseId};
 use super::error::{ClientError, ReleaseError, RpcError};
 use super::retry::{Jitter, RetryDecision, RetryPolicy, Retrying};
 use super::rpc::ExecutionRpc;
@@ -183,7 +183,7 @@ fn start_release<R: ExecutionRpc + ?Sized>(
     rpc.release_execute(req)
 }
 
-/// One release slot: the request with Spark's retry loop (spec §6.3: failures are retried,
+/// One release slot: the request with Spark's retry loop (rx §6.3: failures are retried,
 /// then only logged), then any coalesced request.
 fn release_task<R: ExecutionRpc + ?Sized>(
     rpc: Arc<R>,
@@ -258,7 +258,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
             jitter: Jitter::new(config.jitter_seed.map(|s| s ^ 0x5eed)),
             cap: config.max_releases_in_flight.max(1),
         };
-        Driver {
+        Self {
             core,
             rpc,
             timer: config.timer.clone(),
@@ -277,7 +277,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
 
     /// Drops the RPC when the core no longer expects it (completed, failed, retrying).
     fn sync_rpc(&mut self) {
-        if self.core.phase() != Phase::Attached {
+        if self.core.phase() != ClientPhase::Attached {
             self.opening = None;
             self.current = None;
             self.rpc_deadline = None;
@@ -450,7 +450,7 @@ impl<R: ExecutionRpc + ?Sized> Drop for Driver<R> {
 }
 
 /// A reattachable execution's responses as a [`Stream`], surviving broken and rotated RPCs
-/// (Spark's `ExecutePlanResponseReattachableIterator`, spec §6).
+/// (Spark's `ExecutePlanResponseReattachableIterator`, rx §6).
 ///
 /// Each item is the next response, delivered exactly once and in order — the final
 /// `ResultComplete` response included — or, once, the [`ClientError`] that ended it. Under
@@ -490,7 +490,7 @@ impl<R: ExecutionRpc + ?Sized> Drop for Driver<R> {
 /// Dropping the stream (also what happens when the consuming task is cancelled) never
 /// blocks: inside a tokio runtime the pending releases and the `ReleaseAll` are spawned;
 /// without one they are not sent, and the server abandons the detached execution after its
-/// `detached_timeout` (5 min, spec §5.3) — call [`close`](Self::close) to release promptly.
+/// `detached_timeout` (5 min, rx §5.3) — call [`close`](Self::close) to release promptly.
 ///
 /// # Cancel safety
 ///
@@ -527,7 +527,7 @@ impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
         config: ClientConfig,
     ) -> Result<Self, ClientError> {
         let core = ReattachCore::reattachable(request, &config)?;
-        Ok(ReattachingStream {
+        Ok(Self {
             driver: Driver::new(core, rpc, &config),
         })
     }
@@ -547,7 +547,7 @@ impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
         self.driver.core.last_response_id().cloned()
     }
 
-    /// The server-side session id the responses carry (spec §1.3), once seen.
+    /// The server-side session id the responses carry (rx §1.3), once seen.
     pub fn server_side_session_id(&self) -> Option<&str> {
         self.driver.core.server_side_session_id()
     }
@@ -569,7 +569,7 @@ impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
     }
 
     /// Tells the server the caller is done with every response up to and including `id`
-    /// (`ReleaseUntil`, spec §1.5), without waiting for the RPC. Only in
+    /// (`ReleaseUntil`, rx §1.5), without waiting for the RPC. Only in
     /// [`ReleaseMode::Manual`](super::ReleaseMode::Manual). Ids older than one already
     /// released, and anything after `ReleaseAll`, are skipped.
     ///
@@ -622,9 +622,9 @@ impl<R: ExecutionRpc + ?Sized> fmt::Debug for ReattachingStream<R> {
 /// end of stream is the end of the result.
 ///
 /// It has no reattach and no release: the server removes a non-reattachable execution when
-/// its one RPC ends (spec §2.2 T14). Retryable errors (per the [`RetryPolicy`]) before the
+/// its one RPC ends (rx §2.2 T14). Retryable errors (per the [`RetryPolicy`]) before the
 /// first response re-send the same `ExecutePlan` after the backoff, as Spark's Scala client
-/// does; after a response any error is final, since the stream cannot resume (spec §6.3).
+/// does; after a response any error is final, since the stream cannot resume (rx §6.3).
 /// Against a 4.3 server a re-send whose first attempt did reach it is refused with
 /// `OPERATION_ALREADY_EXISTS` / `OPERATION_ABANDONED`, which is final too.
 ///
@@ -647,7 +647,7 @@ impl<R: ExecutionRpc + ?Sized> ExecuteStream<R> {
         config: ClientConfig,
     ) -> Result<Self, ClientError> {
         let core = ReattachCore::non_reattachable(request, &config)?;
-        Ok(ExecuteStream {
+        Ok(Self {
             driver: Driver::new(core, rpc, &config),
         })
     }

@@ -25,10 +25,10 @@ use crate::wire::{
     Heartbeat, HeartbeatResponse, ShutdownRequest, ShutdownResponse, UdfRequest, UdfResponse,
     WorkerRequest, WorkerResponse, worker_request, worker_response,
 };
-use crate::worker::transport::{WorkerEndpoint, WorkerTransport};
+use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
 
 /// Why a typed `Manage` call ([`GrpcChannel::heartbeat`], [`GrpcChannel::shutdown`]) failed
-/// (spec §1.7).
+/// (udf §1.7).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum ManageCallError {
@@ -40,7 +40,7 @@ pub enum ManageCallError {
     #[error("Manage RPC not answered within {0:?}")]
     Timeout(Duration),
     /// The response's branch does not match the request's (or is unset): a protocol error
-    /// (spec §1.7 "branch MUST match the request").
+    /// (udf §1.7 "branch MUST match the request").
     #[error("Manage response branch {got} does not match the {expected} request")]
     MismatchedResponse {
         /// The branch the request set (`"heartbeat"` or `"shutdown"`).
@@ -50,7 +50,7 @@ pub enum ManageCallError {
     },
 }
 
-/// The engine's channel to one worker (spec §6.4 `GrpcWorkerChannel`): one HTTP/2 connection
+/// The engine's channel to one worker (udf §6.4 `GrpcWorkerChannel`): one HTTP/2 connection
 /// over the worker's Unix socket (or loopback TCP port), shared by all of the worker's
 /// sessions. Cheap to clone (clones share the connection).
 ///
@@ -81,7 +81,7 @@ impl fmt::Debug for GrpcChannel {
 }
 
 impl GrpcChannel {
-    /// Connects to the worker at `endpoint` and checks once that it serves (spec §6.4
+    /// Connects to the worker at `endpoint` and checks once that it serves (udf §6.4
     /// readiness): the socket connects, the HTTP/2 connection is set up, and — with
     /// [`GrpcConfig::readiness_heartbeat`] — a `Manage` heartbeat is answered (any answer
     /// from the worker, including `UNIMPLEMENTED`, proves it serves gRPC). The whole
@@ -101,7 +101,7 @@ impl GrpcChannel {
                 .map_err(|e| {
                     io_error(&e, &format!("cannot connect to the worker at {endpoint}"))
                 })?;
-            let channel = GrpcChannel::from_channel(channel, endpoint.clone(), config.clone());
+            let channel = Self::from_channel(channel, endpoint.clone(), config.clone());
             if config.readiness_heartbeat {
                 channel.probe().await?;
             }
@@ -122,11 +122,11 @@ impl GrpcChannel {
     pub fn connect_lazy(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> Self {
         let channel =
             tonic_endpoint(config).connect_with_connector_lazy(connector(endpoint.clone()));
-        GrpcChannel::from_channel(channel, endpoint.clone(), config.clone())
+        Self::from_channel(channel, endpoint.clone(), config.clone())
     }
 
     fn from_channel(channel: Channel, endpoint: WorkerEndpoint, config: GrpcConfig) -> Self {
-        GrpcChannel {
+        Self {
             inner: Arc::new(ChannelInner {
                 channel: Mutex::new(Some(channel)),
                 endpoint,
@@ -163,7 +163,7 @@ impl GrpcChannel {
         &self.inner.config
     }
 
-    /// Whether the channel is usable: true until [`close`](Self::close) (spec §6.4
+    /// Whether the channel is usable: true until [`close`](Self::close) (udf §6.4
     /// `isActive`: transient connection failures count as usable, the next call reconnects).
     pub fn is_active(&self) -> bool {
         self.lock().is_some()
@@ -191,7 +191,7 @@ impl GrpcChannel {
             .max_encoding_message_size(max))
     }
 
-    /// Opens a new session's `Execute` stream on this channel (spec §1.1: one stream per
+    /// Opens a new session's `Execute` stream on this channel (udf §1.1: one stream per
     /// session). Nothing is awaited: the stream is set up as the session first sends or
     /// receives, and a failure to set it up surfaces there as a transport error (gRPC
     /// status), bounded by the session's init timeout.
@@ -205,7 +205,7 @@ impl GrpcChannel {
         Ok(GrpcEngineConnection::open(grpc, &self.inner.config))
     }
 
-    /// Calls `Manage` once with `request` as given (spec §1.7), without a deadline and
+    /// Calls `Manage` once with `request` as given (udf §1.7), without a deadline and
     /// without checking the response branch; see [`heartbeat`](Self::heartbeat) and
     /// [`shutdown`](Self::shutdown) for the checked forms.
     ///
@@ -240,7 +240,7 @@ impl GrpcChannel {
     }
 
     /// Sends a `Heartbeat` and returns the worker's `HeartbeatResponse` (worker-global
-    /// metrics), within [`GrpcConfig::manage_timeout`] (spec §1.7: application liveness).
+    /// metrics), within [`GrpcConfig::manage_timeout`] (udf §1.7: application liveness).
     ///
     /// # Errors
     /// See [`ManageCallError`].
@@ -255,7 +255,7 @@ impl GrpcChannel {
     }
 
     /// Sends a `ShutdownRequest` and returns the `ShutdownResponse`
-    /// (`sessions_settled`), within [`GrpcConfig::manage_timeout`] (spec §1.7). Do not send
+    /// (`sessions_settled`), within [`GrpcConfig::manage_timeout`] (udf §1.7). Do not send
     /// it while sessions are still to be opened on this worker.
     ///
     /// # Errors
@@ -364,7 +364,7 @@ enum Responses {
 
 /// The engine side of one session's `Execute` stream: a
 /// [`Connection<UdfRequest, UdfResponse>`](Connection) for
-/// [`Session::new`](crate::worker::Session::new). Obtained from
+/// [`Session::new`](crate::worker::engine::Session::new). Obtained from
 /// [`GrpcChannel::open_session`].
 ///
 /// - Sending: requests go through a bounded queue ([`GrpcConfig::request_buffer`] messages)
@@ -378,7 +378,7 @@ enum Responses {
 ///   connection without closing it cancels the stream (`RST_STREAM(CANCEL)`), so the worker
 ///   stops sending to it. A tonic worker sees that reset as a plain end of the request
 ///   stream, which is why only an explicit `Finish` message finishes a session and a
-///   [`Session`](crate::worker::Session) sends `Cancel` before it lets go of the stream.
+///   [`Session`](crate::worker::engine::Session) sends `Cancel` before it lets go of the stream.
 pub struct GrpcEngineConnection {
     requests: mpsc::Sender<UdfRequest>,
     responses: Responses,
@@ -420,7 +420,7 @@ impl GrpcEngineConnection {
                 .await?;
             Ok(response.into_inner())
         });
-        GrpcEngineConnection {
+        Self {
             requests,
             responses: Responses::Opening(call),
             failure: None,
@@ -547,7 +547,7 @@ impl Drop for GrpcEngineConnection {
     }
 }
 
-/// The gRPC transport for dispatchers (spec §6.4): one [`GrpcChannel`] per worker, one
+/// The gRPC transport for dispatchers (udf §6.4): one [`GrpcChannel`] per worker, one
 /// `Execute` stream per session on it.
 #[derive(Debug, Clone, Default)]
 pub struct GrpcTransport {
@@ -558,7 +558,7 @@ pub struct GrpcTransport {
 impl GrpcTransport {
     /// A transport with the given settings.
     pub fn new(config: GrpcConfig) -> Self {
-        GrpcTransport { config }
+        Self { config }
     }
 }
 

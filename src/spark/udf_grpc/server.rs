@@ -45,14 +45,14 @@ struct ServerState {
 
 impl ServerState {
     fn new() -> Arc<Self> {
-        Arc::new(ServerState {
+        Arc::new(Self {
             active: AtomicUsize::new(0),
             shutdown: watch::Sender::new(false),
         })
     }
 }
 
-/// The `UdfWorker` service (spec §1.1, §1.7): `Execute` streams go to a callback as
+/// The `UdfWorker` service (udf §1.1, §1.7): `Execute` streams go to a callback as
 /// [`GrpcWorkerConnection`]s, `Manage` to a handler.
 ///
 /// It is a `tower::Service` over HTTP requests with
@@ -97,7 +97,7 @@ impl WorkerService {
     where
         F: Fn(GrpcWorkerConnection) + Send + Sync + 'static,
     {
-        WorkerService {
+        Self {
             execute: Arc::new(on_execute),
             manage: None,
             config: Arc::new(GrpcConfig::default()),
@@ -112,7 +112,7 @@ impl WorkerService {
         F: Fn() -> U + Send + Sync + 'static,
         U: Udf + Send + 'static,
     {
-        WorkerService::new(move |connection| {
+        Self::new(move |connection| {
             let udf = make_udf();
             let config = endpoint_config.clone();
             tokio::spawn(async move {
@@ -134,7 +134,7 @@ impl WorkerService {
     }
 
     /// Answers `Manage` with `handler`: its `Err` status is the RPC's status. It runs on the
-    /// connection's task and must answer quickly (spec §1.7: heartbeats are answered within
+    /// connection's task and must answer quickly (udf §1.7: heartbeats are answered within
     /// a small bound).
     pub fn with_manage<F>(mut self, handler: F) -> Self
     where
@@ -325,7 +325,7 @@ impl Drop for ActiveGuard {
 ///
 /// - Receiving: the engine's requests. A gRPC error on the request stream (the engine reset
 ///   it, the connection broke) is a transport failure; a clean end of the request stream is
-///   `Ready(None)` — which the endpoint never takes for `Finish` (spec §2: only an explicit
+///   `Ready(None)` — which the endpoint never takes for `Finish` (udf §2: only an explicit
 ///   `Finish` finishes; an end before the session is done is a protocol violation).
 /// - Sending: responses go through a bounded queue ([`GrpcConfig::response_buffer`]
 ///   messages) into the response stream; beyond it `poll_ready` waits for HTTP/2 flow
@@ -364,7 +364,7 @@ impl GrpcWorkerConnection {
         let (responses, queue) = mpsc::channel(service.config.response_buffer.max(1) - 1);
         let closed = Arc::new(AtomicBool::new(false));
         service.state.active.fetch_add(1, Ordering::SeqCst);
-        let connection = GrpcWorkerConnection {
+        let connection = Self {
             requests,
             responses,
             closed: closed.clone(),
@@ -382,7 +382,7 @@ impl GrpcWorkerConnection {
     }
 
     /// The HTTP/2 `:authority` the engine sent (`localhost` for Spark's engine and for
-    /// [`GrpcChannel`](super::GrpcChannel), spec §6.4), if any.
+    /// [`GrpcChannel`](super::GrpcChannel), udf §6.4), if any.
     pub fn authority(&self) -> Option<&str> {
         self.authority.as_deref()
     }
@@ -495,7 +495,7 @@ pub struct WorkerServer {
 
 impl WorkerServer {
     /// Binds `path` and serves `service` on a new tokio task. The socket file must not
-    /// exist (a fresh path per worker, spec §6.4); the path must fit the platform limit
+    /// exist (a fresh path per worker, udf §6.4); the path must fit the platform limit
     /// (107 bytes on Linux). Must be called inside a tokio runtime.
     ///
     /// # Errors
@@ -535,7 +535,7 @@ impl WorkerServer {
     ) -> Self {
         let state = service.state.clone();
         let task = tokio::spawn(run(listener, service, path.clone()));
-        WorkerServer {
+        Self {
             path,
             tcp_addr,
             state,

@@ -1,16 +1,20 @@
-//! The environment lifecycle of a dispatcher (spec §6.3): verification, then installation
+//! The environment lifecycle of a dispatcher (udf §6.3): verification, then installation
 //! if verification failed or is absent, once, on a dedicated thread whose result every
 //! waiting session shares; cleanup once when the dispatcher closes.
 
+use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
-use crate::worker::transport::WorkerTransport;
+use tokio::sync::watch;
+
+use crate::wire::ProcessCallable;
 
 use super::error::{CallableStage, DispatchError, EnvironmentError};
 use super::process::{CallableRun, run_callable};
-use super::shared::Shared;
+use super::sync::Monitor;
 
-/// Where a dispatcher's environment setup stands (spec §6.3 states).
+/// Where a dispatcher's environment setup stands (udf §6.3 states).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum EnvironmentState {
@@ -27,127 +31,163 @@ pub enum EnvironmentState {
     CleanedUp,
 }
 
-/// Waits until the environment is ready, starting the setup if this is the first session.
-/// Cancel-safe: the setup runs on its own thread and is never started twice.
-pub(crate) async fn ensure_ready<T: WorkerTransport>(
-    shared: &Arc<Shared<T>>,
-) -> Result<(), DispatchError> {
-    enum Step {
-        Done(Result<(), DispatchError>),
-        Wait,
-        Start,
-    }
-    let settings = &shared.settings;
-    let step = shared.env.update(|env| match env {
-        EnvironmentState::Ready | EnvironmentState::CleanedUp => Step::Done(Ok(())),
-        EnvironmentState::Failed(e) => {
-            Step::Done(Err(DispatchError::EnvironmentPreviouslyFailed(e.clone())))
+/// A dispatcher's environment: its setup state and what it needs to run the callables.
+/// Owned by the dispatcher's shared state; knows nothing of workers or sessions.
+pub(crate) struct Environment {
+    state: Monitor<EnvironmentState>,
+    verification: Option<ProcessCallable>,
+    installation: Option<ProcessCallable>,
+    cleanup: Option<ProcessCallable>,
+    callable_timeout: Duration,
+    dir: PathBuf,
+    process_group: bool,
+}
+
+impl Environment {
+    /// An environment in [`EnvironmentState::Pending`]; callables' output logs go to `dir`.
+    pub(crate) fn new(
+        verification: Option<ProcessCallable>,
+        installation: Option<ProcessCallable>,
+        cleanup: Option<ProcessCallable>,
+        callable_timeout: Duration,
+        dir: PathBuf,
+        process_group: bool,
+    ) -> Self {
+        Self {
+            state: Monitor::new(EnvironmentState::Pending),
+            verification,
+            installation,
+            cleanup,
+            callable_timeout,
+            dir,
+            process_group,
         }
-        EnvironmentState::Running => Step::Wait,
-        EnvironmentState::Pending => {
-            if settings.verification.is_none() && settings.installation.is_none() {
-                *env = EnvironmentState::Ready;
-                Step::Done(Ok(()))
-            } else {
-                *env = EnvironmentState::Running;
-                Step::Start
+    }
+
+    /// The current state (a snapshot).
+    pub(crate) fn state(&self) -> EnvironmentState {
+        self.state.lock().clone()
+    }
+
+    /// Waits until the environment is ready, starting the setup if this is the first
+    /// session; gives up with [`DispatchError::Closed`] when `closed` turns true.
+    /// Cancel-safe: the setup runs on its own thread and is never started twice.
+    pub(crate) async fn ensure_ready(
+        self: &Arc<Self>,
+        mut closed: watch::Receiver<bool>,
+    ) -> Result<(), DispatchError> {
+        enum Step {
+            Done(Result<(), DispatchError>),
+            Wait,
+            Start,
+        }
+        let nothing_to_run = self.verification.is_none() && self.installation.is_none();
+        let step = self.state.update(|env| match env {
+            EnvironmentState::Ready | EnvironmentState::CleanedUp => Step::Done(Ok(())),
+            EnvironmentState::Failed(e) => {
+                Step::Done(Err(DispatchError::EnvironmentPreviouslyFailed(e.clone())))
             }
-        }
-    });
-    match step {
-        Step::Done(result) => return result,
-        Step::Start => start_setup(shared),
-        Step::Wait => {}
-    }
-    let mut closed = shared.closed_signal();
-    tokio::select! {
-        result = shared.env.wait(|env| match env {
-            EnvironmentState::Pending | EnvironmentState::Running => None,
-            EnvironmentState::Ready | EnvironmentState::CleanedUp => Some(Ok(())),
-            EnvironmentState::Failed(e) => Some(Err(DispatchError::Environment(e.clone()))),
-        }) => result,
-        _ = closed.wait_for(|c| *c) => Err(DispatchError::Closed),
-    }
-}
-
-fn start_setup<T: WorkerTransport>(shared: &Arc<Shared<T>>) {
-    let for_thread = shared.clone();
-    let spawned = std::thread::Builder::new()
-        .name("tether-udf-env".into())
-        .spawn(move || {
-            let result = setup_blocking(&for_thread);
-            for_thread.env.update(|env| {
-                *env = match result {
-                    Ok(()) => EnvironmentState::Ready,
-                    Err(e) => EnvironmentState::Failed(e),
+            EnvironmentState::Running => Step::Wait,
+            EnvironmentState::Pending => {
+                if nothing_to_run {
+                    *env = EnvironmentState::Ready;
+                    Step::Done(Ok(()))
+                } else {
+                    *env = EnvironmentState::Running;
+                    Step::Start
                 }
-            });
+            }
         });
-    if let Err(e) = spawned {
-        shared.env.update(|env| {
-            *env = EnvironmentState::Failed(EnvironmentError::Spawn {
-                stage: CallableStage::Installation,
-                command: "environment setup thread".into(),
-                source: Arc::new(e),
-            });
-        });
+        match step {
+            Step::Done(result) => return result,
+            Step::Start => self.start_setup(),
+            Step::Wait => {}
+        }
+        tokio::select! {
+            result = self.state.wait(|env| match env {
+                EnvironmentState::Pending | EnvironmentState::Running => None,
+                EnvironmentState::Ready | EnvironmentState::CleanedUp => Some(Ok(())),
+                EnvironmentState::Failed(e) => Some(Err(DispatchError::Environment(e.clone()))),
+            }) => result,
+            _ = closed.wait_for(|c| *c) => Err(DispatchError::Closed),
+        }
     }
-}
 
-/// Verification, then installation unless verification succeeded. A verification that
-/// exits non-zero, times out or cannot start counts as "not verified" (installation may be
-/// what provides it).
-fn setup_blocking<T: WorkerTransport>(shared: &Shared<T>) -> Result<(), EnvironmentError> {
-    let settings = &shared.settings;
-    let run = |stage: CallableStage, callable| {
+    fn start_setup(self: &Arc<Self>) {
+        let for_thread = self.clone();
+        let spawned = std::thread::Builder::new()
+            .name("tether-udf-env".into())
+            .spawn(move || {
+                let result = for_thread.setup_blocking();
+                for_thread.state.update(|env| {
+                    *env = match result {
+                        Ok(()) => EnvironmentState::Ready,
+                        Err(e) => EnvironmentState::Failed(e),
+                    }
+                });
+            });
+        if let Err(e) = spawned {
+            self.state.update(|env| {
+                *env = EnvironmentState::Failed(EnvironmentError::Spawn {
+                    stage: CallableStage::Installation,
+                    command: "environment setup thread".into(),
+                    source: Arc::new(e),
+                });
+            });
+        }
+    }
+
+    fn run(&self, stage: CallableStage, callable: &ProcessCallable, log: &str) -> CallableRun {
         run_callable(
             stage,
             callable,
-            shared.config.callable_timeout,
-            &shared.dir.join(format!("env-{stage}.log")),
-            shared.config.process_group,
+            self.callable_timeout,
+            &self.dir.join(log),
+            self.process_group,
         )
-    };
-    let verified = match &settings.verification {
-        None => false,
-        Some(callable) => match run(CallableStage::Verification, callable) {
-            CallableRun::Success => true,
-            CallableRun::Failed(e) => {
-                tracing::info!(error = %e, "environment verification did not pass; installing");
-                false
-            }
-        },
-    };
-    if !verified
-        && let Some(callable) = &settings.installation
-        && let CallableRun::Failed(e) = run(CallableStage::Installation, callable)
-    {
-        tracing::warn!(error = %e, "environment installation failed");
-        return Err(e);
     }
-    Ok(())
-}
 
-/// Runs the cleanup callable once (after any running setup ends) and settles `CleanedUp`.
-/// A failing cleanup is only logged (spec §6.3). Blocks the calling thread.
-pub(crate) fn cleanup_blocking<T: WorkerTransport>(shared: &Shared<T>) {
-    shared
-        .env
-        .wait_blocking(|env| (!matches!(env, EnvironmentState::Running)).then_some(()));
-    if matches!(*shared.env.lock(), EnvironmentState::CleanedUp) {
-        return;
-    }
-    if let Some(callable) = &shared.settings.cleanup {
-        match run_callable(
-            CallableStage::Cleanup,
-            callable,
-            shared.config.callable_timeout,
-            &shared.dir.join("env-cleanup.log"),
-            shared.config.process_group,
-        ) {
-            CallableRun::Success => tracing::debug!("environment cleanup done"),
-            CallableRun::Failed(e) => tracing::warn!(error = %e, "environment cleanup failed"),
+    /// Verification, then installation unless verification succeeded. A verification that
+    /// exits non-zero, times out or cannot start counts as "not verified" (installation may
+    /// be what provides it).
+    fn setup_blocking(&self) -> Result<(), EnvironmentError> {
+        let verified = match &self.verification {
+            None => false,
+            Some(callable) => {
+                let log = format!("env-{}.log", CallableStage::Verification);
+                match self.run(CallableStage::Verification, callable, &log) {
+                    CallableRun::Success => true,
+                    CallableRun::Failed(e) => {
+                        tracing::info!(error = %e, "environment verification did not pass; installing");
+                        false
+                    }
+                }
+            }
+        };
+        if !verified && let Some(callable) = &self.installation {
+            let log = format!("env-{}.log", CallableStage::Installation);
+            if let CallableRun::Failed(e) = self.run(CallableStage::Installation, callable, &log) {
+                tracing::warn!(error = %e, "environment installation failed");
+                return Err(e);
+            }
         }
+        Ok(())
     }
-    shared.env.update(|env| *env = EnvironmentState::CleanedUp);
+
+    /// Runs the cleanup callable once (after any running setup ends) and settles
+    /// `CleanedUp`. A failing cleanup is only logged (udf §6.3). Blocks the calling thread.
+    pub(crate) fn cleanup_blocking(&self) {
+        self.state
+            .wait_blocking(|env| (!matches!(env, EnvironmentState::Running)).then_some(()));
+        if matches!(*self.state.lock(), EnvironmentState::CleanedUp) {
+            return;
+        }
+        if let Some(callable) = &self.cleanup {
+            match self.run(CallableStage::Cleanup, callable, "env-cleanup.log") {
+                CallableRun::Success => tracing::debug!("environment cleanup done"),
+                CallableRun::Failed(e) => tracing::warn!(error = %e, "environment cleanup failed"),
+            }
+        }
+        self.state.update(|env| *env = EnvironmentState::CleanedUp);
+    }
 }

@@ -8,21 +8,21 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::worker::transport::WorkerEndpoint;
+use crate::worker::engine::WorkerEndpoint;
 
 /// Why a [`UdfWorkerSpecification`](crate::wire::UdfWorkerSpecification) cannot be run by a
-/// [`Dispatcher`](super::Dispatcher) (spec §6.2, §6.4; scenarios 79–80, 92–95, 99–100,
+/// [`Dispatcher`](super::Dispatcher) (udf §6.2, §6.4; scenarios 79–80, 92–95, 99–100,
 /// 113–114, 116, 129).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum SpecError {
-    /// `worker` is unset: only the `direct` worker exists (spec §1.9).
+    /// `worker` is unset: only the `direct` worker exists (udf §1.9).
     #[error("the worker specification must set a direct worker (UDFWorkerSpecification.direct)")]
     MissingDirectWorker,
     /// `direct.runner` is unset.
     #[error("the direct worker must set a runner (DirectWorker.runner)")]
     MissingRunner,
-    /// A callable's `command` is empty (scenario 116).
+    /// A callable's `command` is empty (udf §8 scenario 116).
     #[error("the {callable} command must contain at least one entry")]
     EmptyCommand {
         /// Which callable: `runner`, `installation`, `environment_verification` or
@@ -30,7 +30,7 @@ pub enum SpecError {
         callable: &'static str,
     },
     /// The runner's `arguments` contain `--id` or `--connection`, which the engine appends
-    /// itself (spec §1.9).
+    /// itself (udf §1.9).
     #[error("the runner arguments must not contain {argument}: the engine appends it itself")]
     ReservedArgument {
         /// The offending argument.
@@ -54,7 +54,7 @@ pub enum SpecError {
     /// `supported_data_formats` does not contain `ARROW`.
     #[error("supported_data_formats must contain at least ARROW")]
     ArrowRequired,
-    /// `supported_data_formats` contains `UNSPECIFIED` (scenario 100).
+    /// `supported_data_formats` contains `UNSPECIFIED` (udf §8 scenario 100).
     #[error("supported_data_formats must not contain UNSPECIFIED")]
     UnspecifiedDataFormat,
     /// `supported_communication_patterns` contains `UNSPECIFIED` (scenarios 95, 100).
@@ -62,17 +62,17 @@ pub enum SpecError {
         "supported_communication_patterns must not contain UNSPECIFIED (the dispatcher requires BIDIRECTIONAL_STREAMING)"
     )]
     UnspecifiedCommunicationPattern,
-    /// `supported_communication_patterns` lacks `BIDIRECTIONAL_STREAMING` (scenario 79).
+    /// `supported_communication_patterns` lacks `BIDIRECTIONAL_STREAMING` (udf §8 scenario 79).
     #[error("the dispatcher requires BIDIRECTIONAL_STREAMING in supported_communication_patterns")]
     BidirectionalStreamingRequired,
-    /// `environment_verification` is set without `installation` (scenario 129).
+    /// `environment_verification` is set without `installation` (udf §8 scenario 129).
     #[error(
         "WorkerEnvironment.environment_verification requires an installation callable (WorkerEnvironment.installation)"
     )]
     VerificationWithoutInstallation,
 }
 
-/// One of the environment callables (spec §1.9 `WorkerEnvironment`, §6.3).
+/// One of the environment callables (udf §1.9 `WorkerEnvironment`, §6.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum CallableStage {
     /// `environment_verification`: exit 0 means the environment is ready.
@@ -86,9 +86,9 @@ pub enum CallableStage {
 impl fmt::Display for CallableStage {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            CallableStage::Verification => "verification",
-            CallableStage::Installation => "installation",
-            CallableStage::Cleanup => "cleanup",
+            Self::Verification => "verification",
+            Self::Installation => "installation",
+            Self::Cleanup => "cleanup",
         })
     }
 }
@@ -107,10 +107,10 @@ impl ExitReason {
     pub fn from_status(status: std::process::ExitStatus) -> Self {
         use std::os::unix::process::ExitStatusExt;
         match (status.code(), status.signal()) {
-            (Some(code), _) => ExitReason::Code(code),
-            (None, Some(signal)) => ExitReason::Signal(signal),
+            (Some(code), _) => Self::Code(code),
+            (None, Some(signal)) => Self::Signal(signal),
             // Neither: a stopped/continued status, which `wait` never returns.
-            (None, None) => ExitReason::Code(-1),
+            (None, None) => Self::Code(-1),
         }
     }
 }
@@ -118,8 +118,8 @@ impl ExitReason {
 impl fmt::Display for ExitReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            ExitReason::Code(c) => write!(f, "code {c}"),
-            ExitReason::Signal(s) => write!(f, "signal {s}"),
+            Self::Code(c) => write!(f, "code {c}"),
+            Self::Signal(s) => write!(f, "signal {s}"),
         }
     }
 }
@@ -137,16 +137,16 @@ impl fmt::Display for OutputTail<'_> {
     }
 }
 
-/// An environment callable failed (spec §6.3). Failures of verification+installation are
+/// An environment callable failed (udf §6.3). Failures of verification+installation are
 /// permanent for the dispatcher: later sessions get
 /// [`DispatchError::EnvironmentPreviouslyFailed`] without the callables being rerun.
 ///
 /// `output` is the tail of the callable's merged stdout and stderr: at most the last 50 lines
-/// of the last 1 MiB (spec §7 `PROCESS_OUTPUT_TAIL_LINES`, `MAX_OUTPUT_SCAN_BYTES`).
+/// of the last 1 MiB (udf §7 `PROCESS_OUTPUT_TAIL_LINES`, `MAX_OUTPUT_SCAN_BYTES`).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum EnvironmentError {
-    /// The callable exited unsuccessfully (scenario 122: "exit code 7" and its output).
+    /// The callable exited unsuccessfully (udf §8 scenario 122: "exit code 7" and its output).
     #[error("environment {stage} failed with exit {reason}{}", OutputTail(output))]
     Failed {
         /// Which callable.
@@ -158,7 +158,7 @@ pub enum EnvironmentError {
     },
     /// The callable ran longer than
     /// [`DispatcherConfig::callable_timeout`](super::DispatcherConfig::callable_timeout); it
-    /// was killed (SIGKILL to its process group) and reaped (scenario 123).
+    /// was killed (SIGKILL to its process group) and reaped (udf §8 scenario 123).
     #[error("environment {stage}: callable timed out after {}ms{}", after.as_millis(), OutputTail(output))]
     TimedOut {
         /// Which callable.
@@ -184,15 +184,15 @@ impl EnvironmentError {
     /// The callable that failed.
     pub fn stage(&self) -> CallableStage {
         match self {
-            EnvironmentError::Failed { stage, .. }
-            | EnvironmentError::TimedOut { stage, .. }
-            | EnvironmentError::Spawn { stage, .. } => *stage,
+            Self::Failed { stage, .. }
+            | Self::TimedOut { stage, .. }
+            | Self::Spawn { stage, .. } => *stage,
         }
     }
 }
 
 /// Everything [`Dispatcher::new`](super::Dispatcher::new) and
-/// [`Dispatcher::create_session`](super::Dispatcher::create_session) can report (spec §6.2).
+/// [`Dispatcher::create_session`](super::Dispatcher::create_session) can report (udf §6.2).
 ///
 /// Worker start failures carry the worker's id, its endpoint and the tail of its merged
 /// stdout/stderr (last 50 lines of the last 1 MiB); by the time one is returned the process
@@ -203,7 +203,7 @@ pub enum DispatchError {
     /// The specification is invalid for this dispatcher.
     #[error("invalid UDF worker specification: {0}")]
     InvalidSpec(#[from] SpecError),
-    /// A security scope was passed; only `None` is accepted (spec §3, scenario 128).
+    /// A security scope was passed; only `None` is accepted (udf §3, udf §8 scenario 128).
     #[error("worker security scopes are not supported yet: create sessions without a scope")]
     SecurityScopeNotSupported,
     /// The dispatcher is closed (or closed while this session was being created; scenarios
@@ -227,7 +227,7 @@ pub enum DispatchError {
         source: io::Error,
     },
     /// The socket path is longer than the platform's limit (107 bytes on Linux, 103 on macOS
-    /// and the BSDs; spec §6.4).
+    /// and the BSDs; udf §6.4).
     #[error("socket path {path:?} is {len} bytes long, over the platform limit of {max} bytes")]
     SocketPathTooLong {
         /// The path.
@@ -259,7 +259,7 @@ pub enum DispatchError {
         /// The OS error.
         source: io::Error,
     },
-    /// The worker died before it became reachable (scenario 117: "exited with code 42").
+    /// The worker died before it became reachable (udf §8 scenario 117: "exited with code 42").
     #[error(
         "worker {id} exited with {reason} before becoming reachable at {endpoint}{}",
         OutputTail(output)
@@ -290,7 +290,7 @@ pub enum DispatchError {
         output: String,
     },
     /// The worker was ready but the session's connection could not be opened; the worker
-    /// was marked invalid and stopped (scenario 112).
+    /// was marked invalid and stopped (udf §8 scenario 112).
     #[error("could not open a session to worker {id} at {endpoint}: {source}")]
     OpenSession {
         /// The worker's id.

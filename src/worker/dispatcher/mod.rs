@@ -1,13 +1,13 @@
 //! The process dispatcher: runs UDF workers as child processes from a
-//! [`UdfWorkerSpecification`] and opens one [`Session`] per UDF execution on them (spec §3,
-//! §6). Feature `tokio`.
+//! [`UdfWorkerSpecification`] and opens one [`Session`] per UDF execution on them (udf §3,
+//! udf §6). Feature `tokio`.
 //!
 //! ```text
-//!   Dispatcher::new(spec, transport, config)   validate (§6.2, §6.4), private socket dir 0700
+//!   Dispatcher::new(spec, transport, config)   validate (udf §6.2, §6.4), private socket dir 0700
 //!        │
 //!   create_session() ── closed? ── idle pooled worker healthy? ──yes──► acquire ──┐
 //!        │                                   │ no                                 │
-//!        │                       environment ready? (once: verify → install, §6.3) │
+//!        │                       environment ready? (once: verify → install, udf §6.3) │
 //!        │                       spawn `command ++ arguments ++ --id ID            │
 //!        │                              --connection ADDR`, output → log           │
 //!        │                       poll transport.connect until ready (≤ init timeout;│
@@ -23,7 +23,7 @@
 //! ```
 //!
 //! - **Generic over the transport** ([`WorkerTransport`]): the framed transport
-//!   ([`FramedTransport`](crate::worker::transport::FramedTransport)), the gRPC one, or a
+//!   ([`FramedTransport`](crate::worker::engine::FramedTransport)), the gRPC one, or a
 //!   test double. The dispatcher owns processes, sockets and the pool; the transport only
 //!   says how to reach a worker (readiness probe, per-worker channel, per-session
 //!   connection).
@@ -33,12 +33,12 @@
 //!   errors quote. Stops run on short-lived background threads, so nothing here blocks an
 //!   async task and a dropped runtime cannot leave a zombie.
 //! - **Reuse** is opt-in ([`DispatcherConfig::pool`]) and only for specs that declare
-//!   `supports_reuse`; invalid, dead or inactive workers are never reused (spec §6.5, §6.6).
+//!   `supports_reuse`; invalid, dead or inactive workers are never reused (udf §6.5, §6.6).
 //!
 //! ```no_run
 //! # async fn demo(spec: tether::wire::UdfWorkerSpecification) -> Result<(), Box<dyn std::error::Error>> {
 //! use tether::worker::dispatcher::{Dispatcher, DispatcherConfig};
-//! use tether::worker::transport::FramedTransport;
+//! use tether::worker::engine::FramedTransport;
 //!
 //! let dispatcher = Dispatcher::new(spec, FramedTransport::default(), DispatcherConfig::default())?;
 //! let session = dispatcher.create_session().await?;
@@ -61,11 +61,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::wire::UdfWorkerSpecification;
-use crate::worker::config::SessionConfig;
-use crate::worker::handle::WorkerHandle;
-use crate::worker::session::Session;
-use crate::worker::session::state::Init;
-use crate::worker::transport::{WorkerEndpoint, WorkerTransport};
+use crate::worker::engine::Session;
+use crate::worker::engine::SessionConfig;
+use crate::worker::engine::WorkerHandle;
+use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
+use crate::worker::state;
 
 pub use environment::EnvironmentState;
 pub use error::{CallableStage, DispatchError, EnvironmentError, ExitReason, SpecError};
@@ -73,10 +73,10 @@ pub use process::{MAX_OUTPUT_SCAN_BYTES, OUTPUT_TAIL_LINES};
 pub use socket::MAX_SOCKET_PATH_BYTES;
 pub use validate::validate_spec;
 
-use shared::{Acquired, Phase, Reservation, Shared, Worker};
+use shared::{Acquired, PoolPhase, Reservation, Shared, Worker};
 use validate::EndpointKind;
 
-/// The opt-in reuse pool (beyond Spark, whose pool has size zero; spec §6.6).
+/// The opt-in reuse pool (beyond Spark, whose pool has size zero; udf §6.6).
 ///
 /// A worker whose last session ended is kept idle, instead of being stopped, when the spec
 /// declares `capabilities.supports_reuse = true`, the session did not leave it invalid, its
@@ -93,17 +93,17 @@ pub struct PoolConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig {
+        Self {
             max_idle: 4,
             idle_timeout: Duration::from_secs(60),
         }
     }
 }
 
-/// Engine-side settings of a [`Dispatcher`]; the defaults are Spark's (spec §7).
+/// Engine-side settings of a [`Dispatcher`]; the defaults are Spark's (udf §7).
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
-    /// Timeouts and buffers of every session created (spec §7: 30 s init, 30 s terminal,
+    /// Timeouts and buffers of every session created (udf §7: 30 s init, 30 s terminal,
     /// 2 s interrupt-cancel).
     pub session: SessionConfig,
     /// Readiness deadline when the spec sets no `initialization_timeout_ms` (or ≤ 0):
@@ -128,12 +128,12 @@ pub struct DispatcherConfig {
     /// The reuse pool; `None` (default) stops every worker after its session, as Spark does.
     pub pool: Option<PoolConfig>,
     /// Where to create the private socket directory. `None` (default): the shortest
-    /// writable of `$TMPDIR`, `$TEMP`, `$TMP`, `/tmp` (spec §6.4).
+    /// writable of `$TMPDIR`, `$TEMP`, `$TMP`, `/tmp` (udf §6.4).
     pub socket_base_dir: Option<PathBuf>,
     /// Accept specs whose connection is local TCP (the engine picks a free loopback port and
     /// passes it as `--connection`). Off by default: like Spark's gRPC dispatcher, a Unix
     /// domain socket is required; turn it on only for transports that can reach TCP
-    /// endpoints (e.g. [`FramedTransport`](crate::worker::transport::FramedTransport)).
+    /// endpoints (e.g. [`FramedTransport`](crate::worker::engine::FramedTransport)).
     pub allow_tcp: bool,
     /// Start workers and callables in their own process group and signal the whole group
     /// (default `true`), so a worker's children (a shell wrapper's child, a launcher's
@@ -144,7 +144,7 @@ pub struct DispatcherConfig {
 
 impl Default for DispatcherConfig {
     fn default() -> Self {
-        DispatcherConfig {
+        Self {
             session: SessionConfig::default(),
             default_init_timeout: Duration::from_secs(10),
             default_graceful_timeout: Duration::from_secs(5),
@@ -160,7 +160,7 @@ impl Default for DispatcherConfig {
     }
 }
 
-/// A worker security scope: the pool-partition identity of spec §3 (`WorkerSecurityScope`).
+/// A worker security scope: the pool-partition identity of udf §3 (`WorkerSecurityScope`).
 /// Not supported yet: [`Dispatcher::create_session_in`] accepts only `None`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SecurityScope(pub String);
@@ -198,7 +198,7 @@ pub struct DispatcherStats {
 }
 
 /// Runs UDF workers as processes for one [`UdfWorkerSpecification`] and creates sessions on
-/// them (spec §6.2 `DirectWorkerDispatcher`, §6.4 transport). See the [module
+/// them (udf §6.2 `DirectWorkerDispatcher`, §6.4 transport). See the [module
 /// docs](self).
 ///
 /// Share it behind an `Arc`: [`create_session`](Self::create_session) takes `&self` and may
@@ -241,7 +241,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         let settings = validate::settings(&spec, &config)?;
         let dir = socket::create_private_dir(config.socket_base_dir.as_deref())?;
         tracing::debug!(?dir, "dispatcher created");
-        Ok(Dispatcher {
+        Ok(Self {
             shared: Arc::new(Shared::new(transport, spec, settings, config, dir)),
         })
     }
@@ -250,11 +250,13 @@ impl<T: WorkerTransport> Dispatcher<T> {
     ///
     /// # Errors
     /// As [`create_session_in`](Self::create_session_in).
-    pub async fn create_session(&self) -> Result<Session<Init, T::Connection>, DispatchError> {
+    pub async fn create_session(
+        &self,
+    ) -> Result<Session<state::Init, T::Connection>, DispatchError> {
         self.create_session_in(None).await
     }
 
-    /// Creates a session on a worker (spec §6.2 `createSession`): a healthy pooled worker if
+    /// Creates a session on a worker (udf §6.2 `createSession`): a healthy pooled worker if
     /// there is one, else a new process (after the environment setup, once per dispatcher).
     /// The returned session holds the worker's handle; closing or dropping it releases the
     /// worker (back to the pool, or stopped).
@@ -274,7 +276,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
     pub async fn create_session_in(
         &self,
         scope: Option<&SecurityScope>,
-    ) -> Result<Session<Init, T::Connection>, DispatchError> {
+    ) -> Result<Session<state::Init, T::Connection>, DispatchError> {
         if scope.is_some() {
             return Err(DispatchError::SecurityScopeNotSupported);
         }
@@ -289,7 +291,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
                     Err(e) => return Err(e),
                 },
                 Acquired::Spawn(mut reservation) => {
-                    environment::ensure_ready(shared).await?;
+                    shared.env.ensure_ready(shared.closed_signal()).await?;
                     self.spawn_worker(&mut reservation).await?;
                     let worker = reservation.publish()?;
                     return self.open(worker).await;
@@ -303,7 +305,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
     async fn open(
         &self,
         worker: Arc<Worker<T>>,
-    ) -> Result<Session<Init, T::Connection>, DispatchError> {
+    ) -> Result<Session<state::Init, T::Connection>, DispatchError> {
         struct Acquisition<T: WorkerTransport>(Option<Arc<Worker<T>>>);
         impl<T: WorkerTransport> Drop for Acquisition<T> {
             fn drop(&mut self) {
@@ -350,8 +352,8 @@ impl<T: WorkerTransport> Dispatcher<T> {
         }
     }
 
-    /// Starts a worker process and waits until the transport reaches it (spec §6.2 step 4,
-    /// §6.4 readiness). On failure the process is killed and reaped before returning.
+    /// Starts a worker process and waits until the transport reaches it (udf §6.2 step 4,
+    /// udf §6.4 readiness). On failure the process is killed and reaped before returning.
     async fn spawn_worker(&self, reservation: &mut Reservation<T>) -> Result<(), DispatchError> {
         let shared = &self.shared;
         let uuid = uuid::Uuid::new_v4();
@@ -473,7 +475,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         }
     }
 
-    /// Closes the dispatcher (spec §6.2 `close`): refuses new sessions, stops every worker
+    /// Closes the dispatcher (udf §6.2 `close`): refuses new sessions, stops every worker
     /// (SIGTERM, graceful timeout, SIGKILL, reap, socket removed; including workers whose
     /// sessions are still open — those sessions then fail), waits for in-flight
     /// `create_session` calls to give up, runs the cleanup callable once, removes the socket
@@ -483,7 +485,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         self.shared.begin_close();
         self.shared
             .state
-            .wait(|st| (st.phase == Phase::Closed).then_some(()))
+            .wait(|st| (st.phase == PoolPhase::Closed).then_some(()))
             .await;
     }
 
@@ -500,7 +502,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
 
     /// Whether [`close`](Self::close) has begun (sessions are refused).
     pub fn is_closed(&self) -> bool {
-        self.shared.state.lock().phase != Phase::Open
+        self.shared.state.lock().phase != PoolPhase::Open
     }
 
     /// The specification this dispatcher runs.
@@ -525,13 +527,13 @@ impl<T: WorkerTransport> Dispatcher<T> {
     }
 
     /// The readiness deadline in effect: the spec's `initialization_timeout_ms`, defaulted
-    /// and clamped (scenario 108).
+    /// and clamped (udf §8 scenario 108).
     pub fn init_timeout(&self) -> Duration {
         self.shared.settings.init_timeout
     }
 
     /// The SIGTERM→SIGKILL grace in effect: the spec's `graceful_termination_timeout_ms`,
-    /// defaulted and clamped (scenario 107).
+    /// defaulted and clamped (udf §8 scenario 107).
     pub fn graceful_timeout(&self) -> Duration {
         self.shared.settings.graceful_timeout
     }
@@ -542,9 +544,9 @@ impl<T: WorkerTransport> Dispatcher<T> {
         self.shared.pool_enabled()
     }
 
-    /// Where the environment setup stands (spec §6.3).
+    /// Where the environment setup stands (udf §6.3).
     pub fn environment(&self) -> EnvironmentState {
-        self.shared.env.lock().clone()
+        self.shared.env.state()
     }
 
     /// Snapshots of the tracked workers (busy and idle), ordered by process id.

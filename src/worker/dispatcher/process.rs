@@ -1,6 +1,6 @@
 //! Processes: spawning with merged output captured to a log file, the output tail for error
 //! reports, liveness checks that do not reap, graceful stop (SIGTERM, grace, SIGKILL, reap)
-//! and the environment callables (spec §6.1, §6.3).
+//! and the environment callables (udf §6.1, §6.3).
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom};
@@ -15,9 +15,9 @@ use crate::wire::ProcessCallable;
 
 use super::error::{CallableStage, EnvironmentError, ExitReason};
 
-/// Lines of output quoted in error messages (spec §7 `PROCESS_OUTPUT_TAIL_LINES`).
+/// Lines of output quoted in error messages (udf §7 `PROCESS_OUTPUT_TAIL_LINES`).
 pub const OUTPUT_TAIL_LINES: usize = 50;
-/// Bytes scanned from the end of an output log (spec §7 `MAX_OUTPUT_SCAN_BYTES`).
+/// Bytes scanned from the end of an output log (udf §7 `MAX_OUTPUT_SCAN_BYTES`).
 pub const MAX_OUTPUT_SCAN_BYTES: u64 = 1024 * 1024;
 
 /// The last [`OUTPUT_TAIL_LINES`] lines of the file at `path`, reading at most the last
@@ -172,7 +172,7 @@ fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
     }
 }
 
-/// Stops and reaps `child` (spec §6.1 `close`): SIGTERM (to its process group when
+/// Stops and reaps `child` (udf §6.1 `close`): SIGTERM (to its process group when
 /// `group`), up to `grace` for it to exit, then SIGKILL (to the group: it also ends children
 /// the worker left behind), then up to `reap_timeout` for the kernel to reap it; after that a
 /// warning and a blocking wait (a process in uninterruptible sleep). Blocks the calling
@@ -224,7 +224,7 @@ pub(crate) enum CallableRun {
     Failed(EnvironmentError),
 }
 
-/// Runs an environment callable to completion (spec §6.3): merged output to `log_path`
+/// Runs an environment callable to completion (udf §6.3): merged output to `log_path`
 /// (deleted afterwards), at most `timeout`, after which its process group is killed and it
 /// is reaped. Blocks the calling thread.
 pub(crate) fn run_callable(

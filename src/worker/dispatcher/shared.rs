@@ -3,7 +3,7 @@
 //!
 //! Lock order: `Shared::state` → `Worker::life` → `Worker::child` / `Worker::channel`. The
 //! session count, the idle pool and the "stopping" decision all change under `state`, which
-//! is what arbitrates a pooled acquire against a concurrent last release (spec §6.6).
+//! is what arbitrates a pooled acquire against a concurrent last release (udf §6.6).
 
 use std::collections::HashMap;
 use std::fmt;
@@ -16,11 +16,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::watch;
 
 use crate::wire::UdfWorkerSpecification;
-use crate::worker::handle::{HandleError, WorkerHandle};
-use crate::worker::termination::Termination;
-use crate::worker::transport::{WorkerEndpoint, WorkerTransport};
+use crate::worker::engine::Termination;
+use crate::worker::engine::{HandleError, WorkerHandle};
+use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
 
-use super::environment::{self, EnvironmentState};
+use super::environment::Environment;
 use super::error::{DispatchError, ExitReason};
 use super::process;
 use super::sync::Monitor;
@@ -33,14 +33,14 @@ fn lock<V>(m: &Mutex<V>) -> std::sync::MutexGuard<'_, V> {
 
 /// Open → Closing (workers being stopped, cleanup pending) → Closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Phase {
+pub(crate) enum PoolPhase {
     Open,
     Closing,
     Closed,
 }
 
 pub(crate) struct State<T: WorkerTransport> {
-    pub(crate) phase: Phase,
+    pub(crate) phase: PoolPhase,
     /// Published workers that are not being stopped (busy or idle), by id.
     pub(crate) workers: HashMap<String, Arc<Worker<T>>>,
     /// Idle pooled workers (a subset of `workers`), most recently released last.
@@ -59,7 +59,7 @@ pub(crate) struct Shared<T: WorkerTransport> {
     pub(crate) config: DispatcherConfig,
     pub(crate) dir: PathBuf,
     pub(crate) state: Monitor<State<T>>,
-    pub(crate) env: Monitor<EnvironmentState>,
+    pub(crate) env: Arc<Environment>,
     closed: watch::Sender<bool>,
 }
 
@@ -110,15 +110,15 @@ pub(crate) struct StopMode {
 }
 
 impl StopMode {
-    pub(crate) const GRACEFUL: StopMode = StopMode {
+    pub(crate) const GRACEFUL: Self = Self {
         graceful: true,
         capture_output: false,
     };
-    pub(crate) const KILL: StopMode = StopMode {
+    pub(crate) const KILL: Self = Self {
         graceful: false,
         capture_output: false,
     };
-    pub(crate) const KILL_CAPTURE: StopMode = StopMode {
+    pub(crate) const KILL_CAPTURE: Self = Self {
         graceful: false,
         capture_output: true,
     };
@@ -180,7 +180,7 @@ impl<T: WorkerTransport> StopJob<T> {
     fn run(self) {
         let w = self.worker;
         let shared = &w.shared;
-        // Close the transport first (spec §6.1 artifacts close order), then the process.
+        // Close the transport first (udf §6.1 artifacts close order), then the process.
         drop(lock(&w.channel).take());
         let child = lock(&w.child).take();
         let grace = if self.mode.graceful {
@@ -234,7 +234,7 @@ impl<T: WorkerTransport> Worker<T> {
         log_path: PathBuf,
         child: Child,
     ) -> Self {
-        Worker {
+        Self {
             id,
             pid: child.id(),
             endpoint,
@@ -264,7 +264,7 @@ impl<T: WorkerTransport> Worker<T> {
         lock(&self.channel).clone()
     }
 
-    /// Valid, process alive, transport active (spec §6.1 `isAlive`, §6.6).
+    /// Valid, process alive, transport active (udf §6.1 `isAlive`, §6.6).
     pub(crate) fn is_healthy(&self) -> bool {
         if self.invalid.load(Ordering::SeqCst) {
             return false;
@@ -375,21 +375,29 @@ impl<T: WorkerTransport> Shared<T> {
         config: DispatcherConfig,
         dir: PathBuf,
     ) -> Self {
-        Shared {
+        let env = Arc::new(Environment::new(
+            settings.verification.clone(),
+            settings.installation.clone(),
+            settings.cleanup.clone(),
+            config.callable_timeout,
+            dir.clone(),
+            config.process_group,
+        ));
+        Self {
             transport,
             spec,
             settings,
             config,
             dir,
             state: Monitor::new(State {
-                phase: Phase::Open,
+                phase: PoolPhase::Open,
                 workers: HashMap::new(),
                 idle: Vec::new(),
                 in_flight: 0,
                 stopping: 0,
                 stats: DispatcherStats::default(),
             }),
-            env: Monitor::new(EnvironmentState::Pending),
+            env,
             closed: watch::Sender::new(false),
         }
     }
@@ -404,7 +412,7 @@ impl<T: WorkerTransport> Shared<T> {
     }
 
     fn may_pool(&self, st: &State<T>, w: &Worker<T>) -> bool {
-        st.phase == Phase::Open
+        st.phase == PoolPhase::Open
             && self.pool_enabled()
             && self.config.pool.is_some_and(|p| st.idle.len() < p.max_idle)
             && w.is_healthy()
@@ -479,7 +487,7 @@ impl<T: WorkerTransport> Shared<T> {
     /// worker (acquiring its session) or reserve a spawn.
     pub(crate) fn acquire_or_reserve(self: &Arc<Self>) -> Result<Acquired<T>, DispatchError> {
         let (result, jobs) = self.state.update(|st| {
-            if st.phase != Phase::Open {
+            if st.phase != PoolPhase::Open {
                 return (Err(DispatchError::Closed), Vec::new());
             }
             let mut jobs = self.reap_expired(st);
@@ -513,10 +521,10 @@ impl<T: WorkerTransport> Shared<T> {
     /// to a closer thread. Never blocks.
     pub(crate) fn begin_close(self: &Arc<Self>) {
         let jobs = self.state.update(|st| {
-            if st.phase != Phase::Open {
+            if st.phase != PoolPhase::Open {
                 return None;
             }
-            st.phase = Phase::Closing;
+            st.phase = PoolPhase::Closing;
             let all: Vec<_> = st.workers.values().cloned().collect();
             Some(
                 all.iter()
@@ -549,13 +557,13 @@ impl<T: WorkerTransport> Shared<T> {
     fn finish_close(&self) {
         self.state
             .wait_blocking(|st| (st.in_flight == 0 && st.stopping == 0).then_some(()));
-        environment::cleanup_blocking(self);
+        self.env.cleanup_blocking();
         if let Err(e) = std::fs::remove_dir_all(&self.dir)
             && e.kind() != std::io::ErrorKind::NotFound
         {
             tracing::warn!(dir = ?self.dir, error = %e, "could not remove the socket directory");
         }
-        self.state.update(|st| st.phase = Phase::Closed);
+        self.state.update(|st| st.phase = PoolPhase::Closed);
         tracing::debug!(dir = ?self.dir, "dispatcher closed");
     }
 }
@@ -598,7 +606,7 @@ impl<T: WorkerTransport> Reservation<T> {
             .await
     }
 
-    /// Acquires the worker's first session and publishes it (spec §6.2 step 5), atomically
+    /// Acquires the worker's first session and publishes it (udf §6.2 step 5), atomically
     /// with the closed check: a dispatcher that closed meanwhile gets the worker stopped and
     /// [`DispatchError::Closed`].
     pub(crate) fn publish(mut self) -> Result<Arc<Worker<T>>, DispatchError> {
@@ -609,7 +617,7 @@ impl<T: WorkerTransport> Reservation<T> {
         };
         let (result, job) = self.shared.state.update(|st| {
             st.in_flight -= 1;
-            if st.phase != Phase::Open {
+            if st.phase != PoolPhase::Open {
                 return (
                     Err(DispatchError::Closed),
                     st.begin_stop(&w, StopMode::GRACEFUL),

@@ -1,5 +1,5 @@
 //! The dispatcher's private directory (sockets and output logs) and socket names
-//! (spec §6.4).
+//! (udf §6.4).
 
 use std::io;
 use std::os::unix::ffi::OsStrExt;
@@ -8,14 +8,14 @@ use std::path::{Path, PathBuf};
 
 use super::error::DispatchError;
 
-/// Longest Unix socket path in bytes: `sun_path` minus the terminating NUL (spec §6.4).
+/// Longest Unix socket path in bytes: `sun_path` minus the terminating NUL (udf §6.4).
 pub const MAX_SOCKET_PATH_BYTES: usize = if cfg!(any(target_os = "linux", target_os = "android")) {
     107
 } else {
     103
 };
 
-/// Collision suffixes tried after the plain leaf name (spec §6.4: `-1`…`-16`).
+/// Collision suffixes tried after the plain leaf name (udf §6.4: `-1`…`-16`).
 const LEAF_RETRIES: usize = 16;
 
 /// Candidate base directories: `base` if configured, else `$TMPDIR`, `$TEMP`, `$TMP` and
@@ -41,7 +41,7 @@ pub(crate) fn base_candidates(base: Option<&Path>) -> Vec<PathBuf> {
 }
 
 /// Creates the dispatcher's private directory, mode `0700`, under the shortest writable
-/// candidate (spec §6.4). The mode is set at creation (`mkdir(2)` with mode 0700, so no
+/// candidate (udf §6.4). The mode is set at creation (`mkdir(2)` with mode 0700, so no
 /// window with wider permissions) and re-applied if a umask changed it.
 pub(crate) fn create_private_dir(base: Option<&Path>) -> Result<PathBuf, DispatchError> {
     let tried = base_candidates(base);
@@ -76,7 +76,7 @@ pub(crate) fn create_private_dir(base: Option<&Path>) -> Result<PathBuf, Dispatc
 }
 
 /// Picks `dir/w-<hex16>.sock` (or `-1`…`-16` suffixed when taken) and its log path
-/// `….log`; checks the socket path length (spec §6.4).
+/// `….log`; checks the socket path length (udf §6.4).
 pub(crate) fn allocate_leaf(dir: &Path, hex16: &str) -> Result<(PathBuf, PathBuf), DispatchError> {
     for attempt in 0..=LEAF_RETRIES {
         let stem = if attempt == 0 {

@@ -16,7 +16,7 @@ pub(crate) struct Monitor<V> {
 
 impl<V> Monitor<V> {
     pub(crate) fn new(value: V) -> Self {
-        Monitor {
+        Self {
             value: Mutex::new(value),
             changed: Condvar::new(),
             notify: Notify::new(),

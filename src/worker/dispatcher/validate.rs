@@ -1,5 +1,5 @@
-//! Spec validation (spec §6.2, §6.4) and the settings a dispatcher derives from a valid spec
-//! (timeouts defaulted and clamped, spec §7).
+//! Spec validation (udf §6.2, §6.4) and the settings a dispatcher derives from a valid spec
+//! (timeouts defaulted and clamped, udf §7).
 
 use std::time::Duration;
 
@@ -32,7 +32,7 @@ pub(crate) struct Settings {
 }
 
 /// Checks `spec` as a [`Dispatcher`](super::Dispatcher) built with `config` would, without
-/// creating anything (spec §6.2 construction, §6.4 transport support).
+/// creating anything (udf §6.2 construction, §6.4 transport support).
 ///
 /// Checked in this order: a direct worker with a runner whose command has at least one entry
 /// and whose arguments do not contain `--id`/`--connection`; capabilities present;
@@ -147,7 +147,7 @@ pub(crate) fn settings(
 }
 
 /// A spec-provided timeout: unset or ≤ 0 gives `default`; above `max` is clamped to `max`
-/// with a warning (spec §6.2, §7 `ENGINE_MAX_TIMEOUT_MS`).
+/// with a warning (udf §6.2, §7 `ENGINE_MAX_TIMEOUT_MS`).
 pub(crate) fn resolve_timeout(
     name: &str,
     spec_ms: Option<i32>,

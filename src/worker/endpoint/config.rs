@@ -3,26 +3,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::time::Timer;
 use crate::wire::UdfWorkerDataFormat;
-use crate::worker::config::Timer;
 
 /// Configuration of a worker-side session ([`WorkerCore`](super::WorkerCore) and
 /// [`Endpoint`](super::Endpoint)).
 ///
 /// The [`Default`] accepts protocol version 1 with [`UdfWorkerDataFormat::Arrow`] data,
 /// payloads up to 1 GiB, buffers 64 input batches and waits at most 30 s for the engine's
-/// `Cancel` after the worker reported an error (on [`TokioTimer`](crate::worker::TokioTimer)
+/// `Cancel` after the worker reported an error (on [`TokioTimer`](crate::time::TokioTimer)
 /// with the `tokio` feature; without a timer it waits indefinitely).
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
     /// The data formats this worker declared in its `WorkerCapabilities`
-    /// (`supported_data_formats`, spec §1.9). An `Init` whose `data_format` is not listed,
+    /// (`supported_data_formats`, udf §1.9). An `Init` whose `data_format` is not listed,
     /// is `UNSPECIFIED` or is an unknown numeric value is rejected with a `ProtocolError` in
-    /// the `InitResponse` (spec §1.3). Listing `Unspecified` here does not make it acceptable.
+    /// the `InitResponse` (udf §1.3). Listing `Unspecified` here does not make it acceptable.
     pub supported_data_formats: Vec<UdfWorkerDataFormat>,
     /// The protocol revision this worker speaks (1). An `Init` whose `protocol_version` is set
     /// to anything else is rejected with a `ProtocolError` in the `InitResponse`; an unset
-    /// version means the initial revision and is accepted (spec §1.3).
+    /// version means the initial revision and is accepted (udf §1.3).
     pub protocol_version: u32,
     /// Upper bound, in bytes, of an assembled UDF payload (inline plus chunks). A chunked
     /// payload growing beyond it is a protocol violation: the worker does not buffer
@@ -32,12 +32,12 @@ pub struct EndpointConfig {
     /// connection (backpressure to the engine). Default 64 batches; at least 1 is used.
     pub input_buffer: usize,
     /// How long to wait for the engine's `Cancel` after the worker sent its own
-    /// `ErrorResponse` or `InitResponse.error` (the engine MUST send one, spec §2 R4). On
+    /// `ErrorResponse` or `InitResponse.error` (the engine MUST send one, udf §2 R4). On
     /// expiry the worker closes the stream with `CancelResponse(error = ProtocolError)`.
-    /// `None` waits indefinitely. Default 30 s, Spark's terminal timeout (spec §7).
+    /// `None` waits indefinitely. Default 30 s, Spark's terminal timeout (udf §7).
     pub cancel_timeout: Option<Duration>,
     /// The clock [`cancel_timeout`](Self::cancel_timeout) runs on; `None` disables it.
-    /// Default: [`TokioTimer`](crate::worker::TokioTimer) with the `tokio` feature (which
+    /// Default: [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature (which
     /// needs a tokio runtime when the timeout is armed), else `None`.
     pub timer: Option<Arc<dyn Timer>>,
 }
@@ -45,13 +45,13 @@ pub struct EndpointConfig {
 impl EndpointConfig {
     /// The defaults listed on [`EndpointConfig`].
     pub fn new() -> Self {
-        EndpointConfig {
+        Self {
             supported_data_formats: vec![UdfWorkerDataFormat::Arrow],
             protocol_version: 1,
             max_payload_size: 1 << 30,
             input_buffer: 64,
             cancel_timeout: Some(Duration::from_secs(30)),
-            timer: default_timer(),
+            timer: crate::time::default_timer(),
         }
     }
 
@@ -70,14 +70,4 @@ impl Default for EndpointConfig {
     fn default() -> Self {
         Self::new()
     }
-}
-
-#[cfg(feature = "tokio")]
-fn default_timer() -> Option<Arc<dyn Timer>> {
-    Some(Arc::new(crate::worker::config::TokioTimer))
-}
-
-#[cfg(not(feature = "tokio"))]
-fn default_timer() -> Option<Arc<dyn Timer>> {
-    None
 }

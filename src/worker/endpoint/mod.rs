@@ -1,10 +1,10 @@
-//! The worker side of a worker session: write a UDF worker in Rust (spec §2, §2.1).
+//! The worker side of a worker session: write a UDF worker in Rust (udf §2, §2.1).
 //!
 //! Three levels, each built on the one below:
 //!
 //! - [`serve()`] with a [`Udf`]: implement four callbacks (`init`, `process`, `finish`,
 //!   `cancel`) and run one session per `Execute` stream; every ordering rule is handled.
-//!   [`handle_manage`] answers the `Manage` RPC (spec §1.7).
+//!   [`handle_manage`] answers the `Manage` RPC (udf §1.7).
 //! - [`Endpoint<S, C>`](Endpoint): the session as typestates over any
 //!   [`Connection<UdfResponse, UdfRequest>`](crate::connection::Connection), reusing the
 //!   engine's markers ([`state`](crate::worker::state)): `recv_init` → [`InitRequest`] →
@@ -53,17 +53,16 @@
 //! ```
 
 mod config;
-pub mod crc32;
-mod machine;
+mod core;
 mod serve;
 mod typed;
 
 #[cfg(test)]
 mod tests;
 
-pub use config::EndpointConfig;
-pub use machine::{
+pub use self::core::{
     EndpointMisuse, EndpointOutcome, OutcomeKind, WorkerCore, WorkerPhase, WorkerStats,
 };
+pub use config::EndpointConfig;
 pub use serve::{ManageError, Udf, WorkerControl, handle_manage, serve};
 pub use typed::{Endpoint, EndpointError, InitRequest, InputEnd};

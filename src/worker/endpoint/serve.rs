@@ -11,14 +11,14 @@ use crate::wire::{
     ShutdownResponse, UdfRequest, UdfResponse, WorkerRequest, WorkerResponse, worker_request,
     worker_response,
 };
-use crate::worker::state::{Cancelling, Finishing};
+use crate::worker::state;
 
 use super::config::EndpointConfig;
-use super::machine::EndpointOutcome;
+use super::core::EndpointOutcome;
 use super::typed::{Endpoint, InputEnd};
 
 /// One UDF as the worker runs it, one instance per session: the callbacks [`serve`] calls as
-/// the protocol unfolds (spec §1.3–§1.5).
+/// the protocol unfolds (udf §1.3–§1.5).
 ///
 /// Output goes into the `out` vector and is sent, in order, as `DataResponse`s right after
 /// the callback returns. Errors become the protocol's error messages: see each method.
@@ -30,12 +30,12 @@ pub trait Udf {
 
     /// Called for each input batch, in order. `Err(e)` sends whatever was pushed to `out`,
     /// then `ErrorResponse(e)`; the session then waits for the engine's Cancel and calls
-    /// [`cancel`](Self::cancel) (spec §2 R4).
+    /// [`cancel`](Self::cancel) (udf §2 R4).
     fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError>;
 
     /// Called once after the engine's `Finish` (all input processed): push trailing output
     /// to `out` and return the `FinishResponse` (metrics, opaque data). `Err(e)` sends the
-    /// trailing output, then `FinishResponse { error: e }` (spec §1.5).
+    /// trailing output, then `FinishResponse { error: e }` (udf §1.5).
     fn finish(&mut self, out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError>;
 
     /// Called when the engine's `Cancel` arrived after the user code was involved (after
@@ -48,7 +48,7 @@ pub trait Udf {
 }
 
 /// Runs one worker-side session of `udf` on `connection` to its end and returns the outcome
-/// (spec §2, §2.1).
+/// (udf §2, §2.1).
 ///
 /// `Init` → [`Udf::init`] → `InitResponse`; each `DataRequest` → [`Udf::process`] → its
 /// output as `DataResponse`s; `Finish` → [`Udf::finish`] → trailing output and
@@ -59,7 +59,7 @@ pub trait Udf {
 /// session as [`Endpoint`] describes.
 ///
 /// The callbacks run on the task polling this future; a callback that blocks delays the
-/// noticing of a Cancel (spec §1.1: hanging user code is out of the protocol's scope).
+/// noticing of a Cancel (udf §1.1: hanging user code is out of the protocol's scope).
 pub async fn serve<C, U>(connection: C, mut udf: U, config: EndpointConfig) -> EndpointOutcome
 where
     C: Connection<UdfResponse, UdfRequest>,
@@ -100,7 +100,10 @@ where
     }
 }
 
-async fn run_finish<C, U>(mut endpoint: Endpoint<Finishing, C>, udf: &mut U) -> EndpointOutcome
+async fn run_finish<C, U>(
+    mut endpoint: Endpoint<state::Finishing, C>,
+    udf: &mut U,
+) -> EndpointOutcome
 where
     C: Connection<UdfResponse, UdfRequest>,
     U: Udf,
@@ -130,7 +133,10 @@ where
     endpoint.finish(response).await.close()
 }
 
-async fn answer_cancel<C, U>(mut endpoint: Endpoint<Cancelling, C>, udf: &mut U) -> EndpointOutcome
+async fn answer_cancel<C, U>(
+    mut endpoint: Endpoint<state::Cancelling, C>,
+    udf: &mut U,
+) -> EndpointOutcome
 where
     C: Connection<UdfResponse, UdfRequest>,
     U: Udf,
@@ -146,7 +152,7 @@ where
 // Manage RPC
 // ---------------------------------------------------------------------------------------------
 
-/// Why a `Manage` request could not be answered (spec §1.7). Its `Display` starts with the
+/// Why a `Manage` request could not be answered (udf §1.7). Its `Display` starts with the
 /// gRPC status code a server should answer with.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -160,12 +166,12 @@ impl ManageError {
     /// The gRPC status code name for this error (`"INVALID_ARGUMENT"`).
     pub fn grpc_code(&self) -> &'static str {
         match self {
-            ManageError::EmptyRequest => "INVALID_ARGUMENT",
+            Self::EmptyRequest => "INVALID_ARGUMENT",
         }
     }
 }
 
-/// What a worker knows to answer the `Manage` RPC with (spec §1.7).
+/// What a worker knows to answer the `Manage` RPC with (udf §1.7).
 pub trait WorkerControl {
     /// Worker-global metrics for a `HeartbeatResponse` (free-form). Default: none.
     fn heartbeat_metrics(&self) -> BTreeMap<String, String> {
@@ -179,7 +185,7 @@ pub trait WorkerControl {
     fn shutdown(&self, request: &ShutdownRequest) -> bool;
 }
 
-/// Answers one `Manage` request (spec §1.7): a heartbeat with a `HeartbeatResponse`
+/// Answers one `Manage` request (udf §1.7): a heartbeat with a `HeartbeatResponse`
 /// carrying [`WorkerControl::heartbeat_metrics`], a shutdown with a `ShutdownResponse` from
 /// [`WorkerControl::shutdown`]. The response branch always matches the request's.
 ///

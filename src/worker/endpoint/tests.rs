@@ -8,7 +8,6 @@ use std::time::Duration;
 use bytes::Bytes;
 use proptest::prelude::*;
 
-use super::crc32::crc32;
 use super::*;
 use crate::connection::ConnectionError;
 use crate::wire::{
@@ -47,7 +46,7 @@ fn chunked_init(inline: &str, total: &str) -> Init {
     i.is_chunking_payload = Some(true);
     let udf = i.udf.as_mut().unwrap();
     udf.payload_size = Some(total.len() as i64);
-    udf.payload_crc32 = Some(crc32(total.as_bytes()));
+    udf.payload_crc32 = Some(crc32fast::hash(total.as_bytes()));
     i
 }
 
@@ -118,7 +117,7 @@ fn plain_init_waits_for_the_user_then_accept_sends_init_response() {
         matches!(&out[..], [ResponseMessage::Init(r)] if r.data == Some(b("schema")) && r.error.is_none())
     );
     assert_eq!(c.phase(), WorkerPhase::Data);
-    // Output before the first input is allowed (spec §1.4).
+    // Output before the first input is allowed (udf §1.4).
     assert_eq!(c.send_data(b("gen")), Ok(true));
     assert_eq!(drain(&mut c), [ResponseMessage::Data(b("gen"))]);
 }
@@ -152,7 +151,7 @@ fn assert_init_rejected(c: &mut WorkerCore, fragment: &str) {
     let msg = protocol_error(&out[0]).expect("a ProtocolError in the InitResponse");
     assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
     assert_eq!(c.phase(), WorkerPhase::PostError);
-    // Finish is ignored while the Cancel is due (spec §2.1).
+    // Finish is ignored while the Cancel is due (udf §2.1).
     c.handle_request(UdfRequest::finish());
     assert_eq!(c.phase(), WorkerPhase::PostError);
     assert!(!c.has_transmit());
@@ -179,7 +178,7 @@ fn assert_init_rejected(c: &mut WorkerCore, fragment: &str) {
 fn crc_mismatch_is_a_protocol_error_in_the_init_response() {
     let mut c = core();
     let mut i = chunked_init("", "abc");
-    i.udf.as_mut().unwrap().payload_crc32 = Some(crc32(b"abd"));
+    i.udf.as_mut().unwrap().payload_crc32 = Some(crc32fast::hash(b"abd"));
     c.handle_request(UdfRequest::init(i));
     c.handle_request(UdfRequest::payload_chunk(b("abc"), true));
     assert_init_rejected(&mut c, "payload_crc32");
@@ -213,7 +212,7 @@ fn matching_size_and_crc_on_an_inline_payload_are_accepted() {
     let mut c = core();
     let mut i = init("abc");
     i.udf.as_mut().unwrap().payload_size = Some(3);
-    i.udf.as_mut().unwrap().payload_crc32 = Some(crc32(b"abc"));
+    i.udf.as_mut().unwrap().payload_crc32 = Some(crc32fast::hash(b"abc"));
     c.handle_request(UdfRequest::init(i));
     assert_eq!(c.phase(), WorkerPhase::InitPending);
 }
@@ -284,7 +283,7 @@ fn a_bad_chunked_init_is_answered_only_after_the_last_chunk() {
     c.handle_request(UdfRequest::payload_chunk(b("ab"), false));
     assert!(
         !c.has_transmit(),
-        "InitResponse must not precede the last chunk (spec §1.3)"
+        "InitResponse must not precede the last chunk (udf §1.3)"
     );
     c.handle_request(UdfRequest::payload_chunk(b("c"), true));
     assert_init_rejected(&mut c, "unsupported protocol_version 7");
@@ -347,7 +346,7 @@ fn user_rejection_sends_the_error_in_the_init_response_then_waits_for_cancel() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Protocol violations (spec §2 R6, §2.1 "any other combination")
+// Protocol violations (udf §2 R6, §2.1 "any other combination")
 // ---------------------------------------------------------------------------------------------
 
 /// Where the ProtocolError of a violation goes.
@@ -1021,9 +1020,9 @@ impl Harness {
                 udf.payload_size = size;
                 udf.payload_crc32 = crc.map(|ok| {
                     if ok {
-                        crc32(&payload)
+                        crc32fast::hash(&payload)
                     } else {
-                        crc32(&payload) ^ 1
+                        crc32fast::hash(&payload) ^ 1
                     }
                 });
                 let mut i = Init::new(UdfWorkerDataFormat::Arrow, udf);
@@ -1185,7 +1184,7 @@ proptest! {
             i.is_chunking_payload = Some(true);
             let udf = i.udf.as_mut().unwrap();
             udf.payload_size = Some(total.len() as i64);
-            udf.payload_crc32 = Some(crc32(&total));
+            udf.payload_crc32 = Some(crc32fast::hash(&total));
         }
         h.core.handle_request(UdfRequest::init(i));
         for (n, chunk) in chunks.iter().enumerate() {

@@ -8,20 +8,20 @@ use bytes::Bytes;
 use futures::future::poll_fn;
 
 use crate::connection::{Connection, ConnectionError};
-use crate::wire::{CancelResponse, ExecutionError, FinishResponse, Init as InitMessage};
+use crate::time::Deadline;
+use crate::wire::{CancelResponse, ExecutionError, FinishResponse, Init};
 use crate::wire::{UdfRequest, UdfResponse};
-use crate::worker::config::Deadline;
-use crate::worker::state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
+use crate::worker::state;
 
 use super::config::EndpointConfig;
-use super::machine::{EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
+use super::core::{EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
 
 /// Why an [`Endpoint`] operation could not go on: the engine cancelled, or the session ended.
 /// The endpoint itself still holds the full [`EndpointOutcome`].
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum EndpointError {
-    /// The engine sent `Cancel` (spec §1.5): stop producing output; the next transition
+    /// The engine sent `Cancel` (udf §1.5): stop producing output; the next transition
     /// leads to the `CancelResponse`.
     #[error("the engine cancelled the UDF execution{}", reason_suffix(.reason))]
     Cancelled {
@@ -29,10 +29,10 @@ pub enum EndpointError {
         reason: Option<String>,
     },
     /// The engine broke the protocol; the worker already answered with a `ProtocolError`
-    /// and a `CancelResponse` and closed the stream (spec §2 R6).
+    /// and a `CancelResponse` and closed the stream (udf §2 R6).
     #[error("protocol violation by the engine: {0}")]
     ProtocolViolation(String),
-    /// The connection failed; nothing more can be sent (spec §2 R8).
+    /// The connection failed; nothing more can be sent (udf §2 R8).
     #[error(transparent)]
     Transport(ConnectionError),
     /// The session already ended normally (its terminator was sent).
@@ -50,12 +50,12 @@ fn reason_suffix(reason: &Option<String>) -> String {
 impl EndpointError {
     fn from_outcome(outcome: &EndpointOutcome) -> Self {
         match outcome {
-            EndpointOutcome::Finished => EndpointError::Ended,
-            EndpointOutcome::Cancelled { reason, .. } => EndpointError::Cancelled {
+            EndpointOutcome::Finished => Self::Ended,
+            EndpointOutcome::Cancelled { reason, .. } => Self::Cancelled {
                 reason: reason.clone(),
             },
-            EndpointOutcome::ProtocolViolation(m) => EndpointError::ProtocolViolation(m.clone()),
-            EndpointOutcome::TransportFailed(e) => EndpointError::Transport(e.clone()),
+            EndpointOutcome::ProtocolViolation(m) => Self::ProtocolViolation(m.clone()),
+            EndpointOutcome::TransportFailed(e) => Self::Transport(e.clone()),
         }
     }
 }
@@ -134,7 +134,7 @@ where
             && !self.send_broken
             && !self.closed
         {
-            // Half-close the response side once the terminator is out (spec §2.1).
+            // Half-close the response side once the terminator is out (udf §2.1).
             if self.conn.poll_close(cx).is_ready() {
                 self.closed = true;
                 progress = true;
@@ -255,7 +255,7 @@ where
     }
 }
 
-/// One UDF execution on the worker side, as a typestate (spec §2, §2.1): the protocol a UDF
+/// One UDF execution on the worker side, as a typestate (udf §2, §2.1): the protocol a UDF
 /// worker written in Rust speaks on one `Execute` stream.
 ///
 /// ```text
@@ -278,7 +278,7 @@ where
 ///   `Terminated`, so the outcome is never lost.
 /// - The rules live in [`WorkerCore`], which the endpoint drives; it reads requests while
 ///   it sends, so a `Cancel` is noticed promptly (unless the bounded input buffer is full:
-///   a Cancel is in order with the data before it, spec §1.1). Engine protocol violations
+///   a Cancel is in order with the data before it, udf §1.1). Engine protocol violations
 ///   are answered by the core on its own (R6); the runtime phase is the source of truth, so
 ///   after one every operation reports [`EndpointError::ProtocolViolation`] and
 ///   `end_of_input` leads to `Terminated`.
@@ -290,12 +290,12 @@ where
 /// end (R10: it settles a transport failure). Dropping a `Terminated` endpoint is the same
 /// as [`close`](Endpoint::close).
 #[must_use = "an endpoint must be driven to Terminated; dropping it closes the stream without a terminator"]
-pub struct Endpoint<S: State, C> {
+pub struct Endpoint<S: state::State, C> {
     inner: Box<Inner<C>>,
     _state: PhantomData<S>,
 }
 
-impl<S: State, C> fmt::Debug for Endpoint<S, C> {
+impl<S: state::State, C> fmt::Debug for Endpoint<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Endpoint")
             .field("state", &S::NAME)
@@ -305,8 +305,8 @@ impl<S: State, C> fmt::Debug for Endpoint<S, C> {
     }
 }
 
-impl<S: State, C> Endpoint<S, C> {
-    fn into_state<T: State>(self) -> Endpoint<T, C> {
+impl<S: state::State, C> Endpoint<S, C> {
+    fn into_state<T: state::State>(self) -> Endpoint<T, C> {
         Endpoint {
             inner: self.inner,
             _state: PhantomData,
@@ -348,7 +348,7 @@ impl<S: State, C> Endpoint<S, C> {
     }
 }
 
-impl<C> Endpoint<Init, C>
+impl<C> Endpoint<state::Init, C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
@@ -366,14 +366,14 @@ where
             cancel_deadline: None,
             close_now: close_now::<C>,
         };
-        Endpoint {
+        Self {
             inner: Box::new(inner),
             _state: PhantomData,
         }
     }
 
     /// Waits for the engine's `Init` (and, when it declares chunking, every `PayloadChunk`
-    /// up to `last = true`), assembled and verified (spec §1.3, R1).
+    /// up to `last = true`), assembled and verified (udf §1.3, R1).
     ///
     /// Returns an [`InitRequest`] holding the `Init`, to [`accept`](InitRequest::accept) or
     /// [`reject`](InitRequest::reject). Everything else is answered here, without the user,
@@ -389,7 +389,7 @@ where
     /// - a transport failure: outcome `TransportFailed`.
     ///
     /// Cancel-safe in the sense of [`Endpoint`]'s drop rule.
-    pub async fn recv_init(mut self) -> Result<InitRequest<C>, Endpoint<Terminated, C>> {
+    pub async fn recv_init(mut self) -> Result<InitRequest<C>, Endpoint<state::Terminated, C>> {
         let ready = self
             .inner
             .drive(|s| {
@@ -422,8 +422,8 @@ where
 /// [`reject`](Self::reject). Dropping it drops the endpoint (see [`Endpoint`]'s drop rule).
 #[must_use = "an Init must be accepted or rejected"]
 pub struct InitRequest<C> {
-    init: InitMessage,
-    endpoint: Endpoint<Init, C>,
+    init: Init,
+    endpoint: Endpoint<state::Init, C>,
 }
 
 impl<C> fmt::Debug for InitRequest<C> {
@@ -440,8 +440,8 @@ where
     C: Connection<UdfResponse, UdfRequest>,
 {
     /// The engine's `Init`. When the payload came in chunks, `udf.payload` holds the whole
-    /// assembled payload (inline part first, spec §1.3) and `is_chunking_payload` is as sent.
-    pub fn init(&self) -> &InitMessage {
+    /// assembled payload (inline part first, udf §1.3) and `is_chunking_payload` is as sent.
+    pub fn init(&self) -> &Init {
         &self.init
     }
 
@@ -457,13 +457,13 @@ where
         self.endpoint.cancel_requested()
     }
 
-    /// Answers with `InitResponse { data }` (spec §1.3) and waits until the transport took
+    /// Answers with `InitResponse { data }` (udf §1.3) and waits until the transport took
     /// it: the data phase begins.
     ///
     /// If the engine cancelled meanwhile, nothing is sent and the returned endpoint's
     /// [`end_of_input`](Endpoint::end_of_input) gives [`InputEnd::Cancel`]; if it broke the
     /// protocol, the session has already ended (`end_of_input` gives [`InputEnd::Ended`]).
-    pub async fn accept(mut self, data: Option<Bytes>) -> Endpoint<Streaming, C> {
+    pub async fn accept(mut self, data: Option<Bytes>) -> Endpoint<state::Streaming, C> {
         let inner = &mut self.endpoint.inner;
         inner
             .core
@@ -473,13 +473,13 @@ where
         self.endpoint.into_state()
     }
 
-    /// Answers with `InitResponse { error }` (init failed, spec §1.3, R4): no data follows;
+    /// Answers with `InitResponse { error }` (init failed, udf §1.3, R4): no data follows;
     /// the returned endpoint waits for the engine's mandatory Cancel and answers it with
     /// [`cancelled`](Endpoint::cancelled).
     ///
     /// If the engine cancelled meanwhile, the error is not sent on its own but put into the
     /// `CancelResponse.error` (unless the user's response has one).
-    pub async fn reject(mut self, error: ExecutionError) -> Endpoint<Cancelling, C> {
+    pub async fn reject(mut self, error: ExecutionError) -> Endpoint<state::Cancelling, C> {
         let inner = &mut self.endpoint.inner;
         inner
             .core
@@ -496,21 +496,21 @@ where
 #[must_use]
 pub enum InputEnd<C> {
     /// The engine sent `Finish`: emit trailing output, then
-    /// [`finish`](Endpoint::finish) (spec §2 R5 (a)).
-    Finish(Endpoint<Finishing, C>),
+    /// [`finish`](Endpoint::finish) (udf §2 R5 (a)).
+    Finish(Endpoint<state::Finishing, C>),
     /// The engine sent `Cancel`: produce the `CancelResponse` with
-    /// [`cancelled`](Endpoint::cancelled) (spec §2 R5 (b), R7).
-    Cancel(Endpoint<Cancelling, C>),
+    /// [`cancelled`](Endpoint::cancelled) (udf §2 R5 (b), R7).
+    Cancel(Endpoint<state::Cancelling, C>),
     /// The session already ended (engine protocol violation, transport failure); nothing
     /// more is sent.
-    Ended(Endpoint<Terminated, C>),
+    Ended(Endpoint<state::Terminated, C>),
 }
 
-impl<C> Endpoint<Streaming, C>
+impl<C> Endpoint<state::Streaming, C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
-    /// Receives the next input batch (`DataRequest.data`, spec §1.4), in arrival order.
+    /// Receives the next input batch (`DataRequest.data`, udf §1.4), in arrival order.
     ///
     /// - `Ok(Some(batch))`: the next batch;
     /// - `Ok(None)`: the input ended — the engine sent `Finish` (every batch before it has
@@ -538,7 +538,7 @@ where
             .await
     }
 
-    /// Sends one output batch as a `DataResponse` (spec §1.4) and waits until the
+    /// Sends one output batch as a `DataResponse` (udf §1.4) and waits until the
     /// connection has taken it (backpressure), reading requests meanwhile.
     ///
     /// # Errors
@@ -552,9 +552,9 @@ where
 
     /// Reports a data-phase error (a user error, a worker error): sends
     /// `ErrorResponse(error)` after every batch already sent, drops unread input, and
-    /// returns the endpoint waiting for the engine's Cancel (spec §2 R4). If the engine
+    /// returns the endpoint waiting for the engine's Cancel (udf §2 R4). If the engine
     /// already cancelled, the error goes into the `CancelResponse.error` instead.
-    pub async fn fail(mut self, error: ExecutionError) -> Endpoint<Cancelling, C> {
+    pub async fn fail(mut self, error: ExecutionError) -> Endpoint<state::Cancelling, C> {
         fail_endpoint(&mut self.inner, error).await;
         self.into_state()
     }
@@ -592,23 +592,23 @@ where
     inner.flush().await;
 }
 
-impl<C> Endpoint<Finishing, C>
+impl<C> Endpoint<state::Finishing, C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
     /// Sends trailing output after `Finish`; see [`Endpoint<Streaming, C>::send`]. A
     /// `Cancel` after the `Finish` makes it fail with [`EndpointError::Cancelled`] (then
-    /// [`finish`](Self::finish) sends a `CancelResponse`, spec §2 R5 (c)).
+    /// [`finish`](Self::finish) sends a `CancelResponse`, udf §2 R5 (c)).
     pub async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
         self.inner.send(data).await
     }
 
-    /// Ends the session with `response` (spec §2 R5 (a)) — or, if the engine's `Cancel`
+    /// Ends the session with `response` (udf §2 R5 (a)) — or, if the engine's `Cancel`
     /// arrived first, with a `CancelResponse` carrying the response's metrics and error
     /// (R5 (c)); the outcome tells which. A Cancel the transport already delivered counts
     /// as arrived. Waits until the terminator is handed to the
     /// transport and the response side is half-closed.
-    pub async fn finish(mut self, response: FinishResponse) -> Endpoint<Terminated, C> {
+    pub async fn finish(mut self, response: FinishResponse) -> Endpoint<state::Terminated, C> {
         // One non-blocking I/O pass first, so a Cancel already delivered is honoured (R5 (c)).
         poll_fn(|cx| {
             self.inner.poll_io(cx);
@@ -622,20 +622,20 @@ where
         self.into_state()
     }
 
-    /// Reports an error after `Finish` as an `ErrorResponse` (spec §2 R4; the engine then
+    /// Reports an error after `Finish` as an `ErrorResponse` (udf §2 R4; the engine then
     /// sends Cancel-after-Finish). A finish-callback error should rather go into
-    /// `FinishResponse.error` via [`finish`](Self::finish) (spec §1.5).
-    pub async fn fail(mut self, error: ExecutionError) -> Endpoint<Cancelling, C> {
+    /// `FinishResponse.error` via [`finish`](Self::finish) (udf §1.5).
+    pub async fn fail(mut self, error: ExecutionError) -> Endpoint<state::Cancelling, C> {
         fail_endpoint(&mut self.inner, error).await;
         self.into_state()
     }
 }
 
-impl<C> Endpoint<Cancelling, C>
+impl<C> Endpoint<state::Cancelling, C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
-    /// Waits for the engine's `Cancel` (it is due after the worker's error, spec §2 R4),
+    /// Waits for the engine's `Cancel` (it is due after the worker's error, udf §2 R4),
     /// up to [`EndpointConfig::cancel_timeout`].
     ///
     /// # Errors
@@ -657,10 +657,10 @@ where
     }
 
     /// Answers the engine's `Cancel` with `response` (partial metrics, cancel-callback
-    /// error; spec §1.5, R7), waiting for the Cancel first if it has not arrived; then
+    /// error; udf §1.5, R7), waiting for the Cancel first if it has not arrived; then
     /// half-closes. If `response.error` is unset, an error reported after the Cancel
     /// arrived is put there. If the session ended without a Cancel, nothing is sent.
-    pub async fn cancelled(mut self, response: CancelResponse) -> Endpoint<Terminated, C> {
+    pub async fn cancelled(mut self, response: CancelResponse) -> Endpoint<state::Terminated, C> {
         if self.wait_cancel().await.is_ok()
             && let Err(misuse) = self.inner.core.cancelled(response)
         {
@@ -671,7 +671,7 @@ where
     }
 }
 
-impl<C> Endpoint<Terminated, C> {
+impl<C> Endpoint<state::Terminated, C> {
     /// How the session ended.
     pub fn outcome(&self) -> &EndpointOutcome {
         self.inner

@@ -13,9 +13,8 @@ use crate::wire::{
 };
 
 use super::config::EndpointConfig;
-use super::crc32::crc32;
 
-/// Where a worker-side session stands (the states of the reference worker, spec §2.1, plus
+/// Where a worker-side session stands (the states of the reference worker, udf §2.1, plus
 /// `InitPending` for the time the user code holds the `Init`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum WorkerPhase {
@@ -29,7 +28,7 @@ pub enum WorkerPhase {
     /// `InitResponse` sent without error: input may arrive, output may be sent.
     Data,
     /// The worker sent its own `ErrorResponse` or `InitResponse.error` and waits for the
-    /// engine's `Cancel` (spec §2 R4). `Finish` is ignored here.
+    /// engine's `Cancel` (udf §2 R4). `Finish` is ignored here.
     PostError,
     /// `Finish` received: the user may still emit output, then answers with
     /// `FinishResponse`.
@@ -47,10 +46,10 @@ pub enum WorkerPhase {
 #[derive(Debug, Clone)]
 #[must_use]
 pub enum EndpointOutcome {
-    /// `FinishResponse` sent after the engine's `Finish` (spec §2 R5 (a), or (c) when a
+    /// `FinishResponse` sent after the engine's `Finish` (udf §2 R5 (a), or (c) when a
     /// `Cancel` arrived only after it).
     Finished,
-    /// `CancelResponse` sent answering the engine's `Cancel` (spec §2 R5 (b)/(c), R4, R7).
+    /// `CancelResponse` sent answering the engine's `Cancel` (udf §2 R5 (b)/(c), R4, R7).
     Cancelled {
         /// The `Cancel.reason` the engine gave.
         reason: Option<String>,
@@ -59,9 +58,9 @@ pub enum EndpointOutcome {
         reported: Option<ExecutionError>,
     },
     /// The engine broke the ordering rules (or went silent where a `Cancel` was due): the
-    /// worker sent a `ProtocolError` and a `CancelResponse` and closed (spec §2 R6).
+    /// worker sent a `ProtocolError` and a `CancelResponse` and closed (udf §2 R6).
     ProtocolViolation(String),
-    /// The connection failed; nothing more was sent (spec §2 R8).
+    /// The connection failed; nothing more was sent (udf §2 R8).
     TransportFailed(ConnectionError),
 }
 
@@ -82,17 +81,17 @@ impl EndpointOutcome {
     /// The variant, without payload.
     pub fn kind(&self) -> OutcomeKind {
         match self {
-            EndpointOutcome::Finished => OutcomeKind::Finished,
-            EndpointOutcome::Cancelled { .. } => OutcomeKind::Cancelled,
-            EndpointOutcome::ProtocolViolation(_) => OutcomeKind::ProtocolViolation,
-            EndpointOutcome::TransportFailed(_) => OutcomeKind::TransportFailed,
+            Self::Finished => OutcomeKind::Finished,
+            Self::Cancelled { .. } => OutcomeKind::Cancelled,
+            Self::ProtocolViolation(_) => OutcomeKind::ProtocolViolation,
+            Self::TransportFailed(_) => OutcomeKind::TransportFailed,
         }
     }
 
     /// The error the worker reported before being cancelled, if any.
     pub fn reported_error(&self) -> Option<&ExecutionError> {
         match self {
-            EndpointOutcome::Cancelled { reported, .. } => reported.as_ref(),
+            Self::Cancelled { reported, .. } => reported.as_ref(),
             _ => None,
         }
     }
@@ -100,18 +99,15 @@ impl EndpointOutcome {
     /// Whether the session ended by the protocol's rules with a terminator the engine
     /// asked for (`Finished` or `Cancelled`).
     pub fn is_clean(&self) -> bool {
-        matches!(
-            self,
-            EndpointOutcome::Finished | EndpointOutcome::Cancelled { .. }
-        )
+        matches!(self, Self::Finished | Self::Cancelled { .. })
     }
 }
 
 impl fmt::Display for EndpointOutcome {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            EndpointOutcome::Finished => f.write_str("Finished"),
-            EndpointOutcome::Cancelled { reason, reported } => {
+            Self::Finished => f.write_str("Finished"),
+            Self::Cancelled { reason, reported } => {
                 f.write_str("Cancelled")?;
                 if let Some(r) = reason {
                     write!(f, " ({r})")?;
@@ -121,8 +117,8 @@ impl fmt::Display for EndpointOutcome {
                 }
                 Ok(())
             }
-            EndpointOutcome::ProtocolViolation(m) => write!(f, "ProtocolViolation ({m})"),
-            EndpointOutcome::TransportFailed(e) => write!(f, "TransportFailed ({e})"),
+            Self::ProtocolViolation(m) => write!(f, "ProtocolViolation ({m})"),
+            Self::TransportFailed(e) => write!(f, "TransportFailed ({e})"),
         }
     }
 }
@@ -152,7 +148,7 @@ pub struct WorkerStats {
     /// `DataRequest`s and `Finish`es that raced with the worker's own `ErrorResponse`
     /// (ignored while waiting for the Cancel).
     pub ignored_after_error: u64,
-    /// Requests received after the session was done (a late Cancel, spec R5 (c)).
+    /// Requests received after the session was done (a late Cancel, udf §2 R5 (c)).
     pub ignored_after_done: u64,
     /// `Cancel`s after the first one.
     pub duplicate_cancels: u64,
@@ -166,7 +162,7 @@ enum State {
         init: Box<Init>,
         assembled: BytesMut,
         /// A validation error found at `Init`; answered once the last chunk arrived (an
-        /// `InitResponse` never precedes the final chunk, spec §1.3).
+        /// `InitResponse` never precedes the final chunk, udf §1.3).
         pending_error: Option<ExecutionError>,
     },
     InitPending,
@@ -180,7 +176,7 @@ enum State {
     Done,
 }
 
-/// The worker side of one worker session, without I/O (spec §2, §2.1).
+/// The worker side of one worker session, without I/O (udf §2, §2.1).
 ///
 /// Events go in — [`handle_request`](Self::handle_request) for each received `UdfRequest`,
 /// [`handle_stream_end`](Self::handle_stream_end),
@@ -194,7 +190,7 @@ enum State {
 /// timeout expired.
 ///
 /// Rules enforced:
-/// - `Init` validation (spec §1.3): a `protocol_version` other than the configured one, a
+/// - `Init` validation (udf §1.3): a `protocol_version` other than the configured one, a
 ///   data format not supported, a missing `udf`, an assembled payload whose `payload_size` or
 ///   `payload_crc32` does not match ⇒ `InitResponse(error = ProtocolError)`, then wait for
 ///   the Cancel, answered automatically with `CancelResponse`.
@@ -248,7 +244,7 @@ impl WorkerCore {
     /// A session in phase [`AwaitingInit`](WorkerPhase::AwaitingInit) that validates `Init`s
     /// against `config` (supported data formats, protocol version, payload size bound).
     pub fn new(config: &EndpointConfig) -> Self {
-        WorkerCore {
+        Self {
             state: State::AwaitingInit,
             supported_formats: config
                 .supported_data_formats
@@ -369,7 +365,7 @@ impl WorkerCore {
     // Events from the engine / transport
     // -----------------------------------------------------------------------------------
 
-    /// Feeds one request received from the engine (spec §2, §2.1).
+    /// Feeds one request received from the engine (udf §2, §2.1).
     pub fn handle_request(&mut self, request: UdfRequest) {
         if self.is_done() {
             self.stats.ignored_after_done += 1;
@@ -392,7 +388,7 @@ impl WorkerCore {
     }
 
     /// The engine ended its request stream (gRPC `onCompleted`). Fine once done; before that
-    /// it is a protocol violation (spec §2.1 last row): the engine half-closes only once
+    /// it is a protocol violation (udf §2.1 last row): the engine half-closes only once
     /// the outcome is known (R9).
     pub fn handle_stream_end(&mut self) {
         if !self.is_done() {
@@ -402,7 +398,7 @@ impl WorkerCore {
 
     /// The connection failed (gRPC `onError`, a failed write). Fine once done and the
     /// terminator was handed over; otherwise the session ends `TransportFailed` and nothing
-    /// more is sent (spec §2 R8).
+    /// more is sent (udf §2 R8).
     pub fn handle_connection_error(&mut self, error: ConnectionError) {
         if self.is_done() && self.outbox.is_empty() {
             return;
@@ -417,7 +413,7 @@ impl WorkerCore {
     }
 
     /// The driver's cancel timeout expired while [`PostError`](WorkerPhase::PostError)
-    /// (waiting for the engine's mandatory Cancel, spec §2 R4): closes the stream as a
+    /// (waiting for the engine's mandatory Cancel, udf §2 R4): closes the stream as a
     /// protocol violation (`CancelResponse(error = ProtocolError)`). Ignored in other phases.
     pub fn handle_cancel_timeout(&mut self, after: Duration) {
         if matches!(self.state, State::PostError { .. }) {
@@ -455,7 +451,7 @@ impl WorkerCore {
         self.state = State::Cancelling;
     }
 
-    fn on_init(&mut self, mut init: Init) {
+    fn on_init(&mut self, mut init: Box<Init>) {
         if !matches!(self.state, State::AwaitingInit) {
             return self.violation(
                 match self.state {
@@ -483,7 +479,7 @@ impl WorkerCore {
             let inline = std::mem::take(&mut udf.payload);
             self.state = State::AwaitingChunks {
                 assembled: BytesMut::from(&inline[..]),
-                init: Box::new(init),
+                init,
                 pending_error: error,
             };
             return;
@@ -494,7 +490,7 @@ impl WorkerCore {
         match error {
             Some(e) => self.reject_automatically(e),
             None => {
-                self.init = Some(init);
+                self.init = Some(*init);
                 self.user_involved = true;
                 self.state = State::InitPending;
             }
@@ -610,7 +606,7 @@ impl WorkerCore {
                 self.state = State::Draining;
             }
             State::PostError { .. } => {
-                // Spec §2.1: ignored; the Cancel is still due.
+                // udf §2.1: ignored; the Cancel is still due.
                 self.finish_received = true;
                 self.stats.ignored_after_error += 1;
             }
@@ -642,7 +638,7 @@ impl WorkerCore {
         self.state = State::PostError { after_init: true };
     }
 
-    /// Protocol-error close (spec §2 R6): report, terminate with `CancelResponse`, done.
+    /// Protocol-error close (udf §2 R6): report, terminate with `CancelResponse`, done.
     fn violation(&mut self, message: String) {
         if self.is_done() {
             return;
@@ -741,7 +737,7 @@ impl WorkerCore {
         }
     }
 
-    /// Queues one `DataResponse` (spec §1.4). Returns `Ok(false)`, sending nothing, after
+    /// Queues one `DataResponse` (udf §1.4). Returns `Ok(false)`, sending nothing, after
     /// the worker's own error, after a Cancel, or once done.
     ///
     /// # Errors
@@ -765,7 +761,7 @@ impl WorkerCore {
 
     /// Reports a user or worker error from the data phase: queues `ErrorResponse(error)`
     /// after the output already queued, drops unread input: `Data`/`Draining → PostError`
-    /// (spec §2 R4). After a Cancel the error goes into the `CancelResponse.error` instead.
+    /// (udf §2 R4). After a Cancel the error goes into the `CancelResponse.error` instead.
     ///
     /// # Errors
     /// [`EndpointMisuse`] before the `InitResponse` (use [`reject_init`](Self::reject_init))
@@ -789,7 +785,7 @@ impl WorkerCore {
         }
     }
 
-    /// Ends the session after `Finish`: queues `response` (spec §2 R5 (a)), or — when a
+    /// Ends the session after `Finish`: queues `response` (udf §2 R5 (a)), or — when a
     /// Cancel arrived after the `Finish` — a `CancelResponse` carrying the response's metrics
     /// and error instead (R5 (c)). `→ Done`.
     ///
@@ -817,7 +813,7 @@ impl WorkerCore {
         }
     }
 
-    /// Answers the engine's Cancel with `response` (spec §2 R4, R7): `Cancelling → Done`.
+    /// Answers the engine's Cancel with `response` (udf §2 R4, R7): `Cancelling → Done`.
     /// When `response.error` is unset, an error the user raised after the Cancel
     /// ([`fail`](Self::fail)/[`reject_init`](Self::reject_init)) is put there.
     ///
@@ -841,7 +837,7 @@ fn is_data(response: &UdfResponse) -> bool {
     response.kind() == Some(ResponseKind::Data)
 }
 
-/// Checks `payload_size` and `payload_crc32` against the assembled payload (spec §1.3).
+/// Checks `payload_size` and `payload_crc32` against the assembled payload (udf §1.3).
 fn verify_payload(udf: &crate::wire::UdfPayload) -> Option<ExecutionError> {
     let len = udf.payload.len();
     if let Some(size) = udf
@@ -853,7 +849,7 @@ fn verify_payload(udf: &crate::wire::UdfPayload) -> Option<ExecutionError> {
         )));
     }
     if let Some(expected) = udf.payload_crc32 {
-        let actual = crc32(&udf.payload);
+        let actual = crc32fast::hash(&udf.payload);
         if actual != expected {
             return Some(ExecutionError::protocol(format!(
                 "payload_crc32 mismatch: declared {expected:#010x}, assembled payload has {actual:#010x}"

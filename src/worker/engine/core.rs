@@ -1,11 +1,4 @@
-//! The engine side of a worker session as a sans-IO state machine (spec §4).
-//!
-//! [`EngineCore`] holds every protocol rule of the engine side once: call ordering, the
-//! inbound message table of spec §4.5, the Cancel choke point of §4.8 and first-wins terminal
-//! settlement. It does no I/O and reads no clock: callers feed it calls and received messages,
-//! take the requests it queues with [`poll_transmit`](EngineCore::poll_transmit), and tell it
-//! when a deadline expired. The async [`Session`](super::Session) is a thin driver over it; the
-//! property tests and fuzzers drive it directly.
+//! The engine side of a worker session as a sans-IO state machine (udf §4).
 
 use std::collections::VecDeque;
 use std::time::Duration;
@@ -19,15 +12,15 @@ use crate::wire::{
 
 use super::termination::{Interrupted, PeerViolation, Termination, TransportFailure, Wait};
 
-/// The runtime state of an engine session (spec §4.1). The typestates `Init`, `Streaming`,
+/// The runtime state of an engine session (udf §4.1). The typestates `Init`, `Streaming`,
 /// `Finishing`, `Cancelling`, `Terminated` are views over these phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Phase {
-    /// Constructed; `Init` not sent (spec `Created`).
+pub enum EnginePhase {
+    /// Constructed; `Init` not sent (udf §4.1 `Created`).
     Created,
-    /// `Init` queued or sent, waiting for `InitResponse` (spec `Initializing`).
+    /// `Init` queued or sent, waiting for `InitResponse` (udf §4.1 `Initializing`).
     Initializing,
-    /// `InitResponse` accepted without error; data may flow (spec `Initialized`/`Streaming`).
+    /// `InitResponse` accepted without error; data may flow (udf §4.1 `Initialized`/`Streaming`).
     Streaming,
     /// `Finish` queued or sent; waiting for trailing output and the terminator.
     Finishing,
@@ -37,7 +30,7 @@ pub enum Phase {
     Terminated,
 }
 
-/// Where the init handshake stands, as [`EngineCore::init_status`] reports it (spec §4.6).
+/// Where the init handshake stands, as [`EngineCore::init_status`] reports it (udf §4.6).
 #[derive(Debug, Clone, PartialEq)]
 pub enum InitStatus {
     /// No `InitResponse` yet and no error.
@@ -51,7 +44,7 @@ pub enum InitStatus {
     Terminated,
 }
 
-/// Counters of events the core observed but ignored or discarded (spec §4.5: late messages
+/// Counters of events the core observed but ignored or discarded (udf §4.5: late messages
 /// never change the outcome, but they are counted and logged).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoreStats {
@@ -78,17 +71,26 @@ pub struct Misuse {
     /// The call that was made.
     pub call: &'static str,
     /// The phase the session was in.
-    pub phase: Phase,
+    pub phase: EnginePhase,
 }
 
-/// The engine side of one worker session, without I/O (spec §4–§5).
+/// The engine side of a worker session as a sans-IO state machine (udf §4).
+///
+/// [`EngineCore`] holds every protocol rule of the engine side once: call ordering, the
+/// inbound message table of udf §4.5, the Cancel choke point of §4.8 and first-wins terminal
+/// settlement. It does no I/O and reads no clock: callers feed it calls and received messages,
+/// take the requests it queues with [`poll_transmit`](EngineCore::poll_transmit), and tell it
+/// when a deadline expired. The async [`Session`](super::Session) is a thin driver over it; the
+/// property tests and fuzzers drive it directly.
+///
+/// The engine side of one worker session, without I/O (udf §4–§5).
 #[derive(Debug)]
 pub struct EngineCore {
-    phase: Phase,
+    phase: EnginePhase,
     terminal: Option<Termination>,
-    /// One-shot cancel intent (spec §4.4 `cancelRequested`): suppresses later Data/Finish.
+    /// One-shot cancel intent (udf §4.4 `cancelRequested`): suppresses later Data/Finish.
     cancel_requested: bool,
-    /// Set when the `Finish` request is handed to the transport (spec `finishSendStarted`).
+    /// Set when the `Finish` request is handed to the transport (udf §4.1 `finishSendStarted`).
     finish_sent: bool,
     /// Whether any request has been handed to the transport (the stream exists).
     stream_opened: bool,
@@ -109,8 +111,8 @@ impl Default for EngineCore {
 impl EngineCore {
     /// A session in phase `Created`.
     pub fn new() -> Self {
-        EngineCore {
-            phase: Phase::Created,
+        Self {
+            phase: EnginePhase::Created,
             terminal: None,
             cancel_requested: false,
             finish_sent: false,
@@ -125,7 +127,7 @@ impl EngineCore {
     }
 
     /// The current phase.
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> EnginePhase {
         self.phase
     }
 
@@ -171,7 +173,7 @@ impl EngineCore {
 
     /// Where the init handshake stands.
     pub fn init_status(&self) -> InitStatus {
-        // An ErrorResponse right behind an accepted InitResponse also fails init (spec §4.6).
+        // An ErrorResponse right behind an accepted InitResponse also fails init (udf §4.6).
         if self.init_failed || (self.init_response.is_some() && self.execution_error.is_some()) {
             InitStatus::Failed
         } else if self.terminal.is_some() {
@@ -184,7 +186,7 @@ impl EngineCore {
     }
 
     /// Queues `Init` followed by `chunks` as `PayloadChunk`s, the final one with `last`
-    /// (spec §1.3, R1). With chunks, `init.is_chunking_payload` is set to `true`.
+    /// (udf §1.3, R1). With chunks, `init.is_chunking_payload` is set to `true`.
     /// `Created → Initializing`.
     ///
     /// # Errors
@@ -194,7 +196,7 @@ impl EngineCore {
         mut init: Init,
         chunks: impl IntoIterator<Item = Bytes>,
     ) -> Result<(), Misuse> {
-        if self.phase != Phase::Created {
+        if self.phase != EnginePhase::Created {
             return Err(Misuse {
                 call: "init",
                 phase: self.phase,
@@ -204,7 +206,7 @@ impl EngineCore {
         if !chunks.is_empty() {
             init.is_chunking_payload = Some(true);
         }
-        self.phase = Phase::Initializing;
+        self.phase = EnginePhase::Initializing;
         self.outbox.push_back(UdfRequest::init(init));
         let n = chunks.len();
         for (i, chunk) in chunks.into_iter().enumerate() {
@@ -215,17 +217,17 @@ impl EngineCore {
     }
 
     /// Queues one `DataRequest`. Returns `Ok(false)` without queueing if a Cancel was already
-    /// requested (nothing is sent after Cancel, spec §4.7).
+    /// requested (nothing is sent after Cancel, udf §4.7).
     ///
     /// # Errors
     /// [`Misuse`] unless the phase is `Streaming` (or `Cancelling`/`Terminated`, which skip).
     pub fn send_data(&mut self, data: Bytes) -> Result<bool, Misuse> {
         match self.phase {
-            Phase::Streaming if !self.cancel_requested => {
+            EnginePhase::Streaming if !self.cancel_requested => {
                 self.outbox.push_back(UdfRequest::data(data));
                 Ok(true)
             }
-            Phase::Streaming | Phase::Cancelling | Phase::Terminated => {
+            EnginePhase::Streaming | EnginePhase::Cancelling | EnginePhase::Terminated => {
                 self.stats.skipped_after_cancel += 1;
                 Ok(false)
             }
@@ -236,19 +238,19 @@ impl EngineCore {
         }
     }
 
-    /// Queues `Finish`: `Streaming → Finishing` (spec §4.4 `beginFinish`). Returns `Ok(false)`
+    /// Queues `Finish`: `Streaming → Finishing` (udf §4.4 `beginFinish`). Returns `Ok(false)`
     /// if a Cancel was already requested or the session is terminal (the Finish is skipped).
     ///
     /// # Errors
     /// [`Misuse`] in `Created`, `Initializing` or `Finishing`.
     pub fn finish(&mut self) -> Result<bool, Misuse> {
         match self.phase {
-            Phase::Streaming if !self.cancel_requested => {
-                self.phase = Phase::Finishing;
+            EnginePhase::Streaming if !self.cancel_requested => {
+                self.phase = EnginePhase::Finishing;
                 self.outbox.push_back(UdfRequest::finish());
                 Ok(true)
             }
-            Phase::Streaming | Phase::Cancelling | Phase::Terminated => {
+            EnginePhase::Streaming | EnginePhase::Cancelling | EnginePhase::Terminated => {
                 self.stats.skipped_after_cancel += 1;
                 Ok(false)
             }
@@ -259,12 +261,12 @@ impl EngineCore {
         }
     }
 
-    /// Requests a Cancel (spec §4.8, the single choke point). Idempotent: returns `true` only
+    /// Requests a Cancel (udf §4.8, the single choke point). Idempotent: returns `true` only
     /// for the call that queued the Cancel.
     ///
     /// - Terminal: nothing happens.
     /// - Nothing handed to the transport yet (`Created`, or `Init` still queued): the queue is
-    ///   dropped, no stream is opened, and the synthetic `Cancelled` settles (spec §5.3).
+    ///   dropped, no stream is opened, and the synthetic `Cancelled` settles (udf §5.3).
     /// - Otherwise unsent Data, Finish and PayloadChunks are dropped, `Cancel{reason}` is
     ///   queued and the phase becomes `Cancelling`.
     pub fn cancel(&mut self, reason: Option<String>) -> bool {
@@ -274,15 +276,15 @@ impl EngineCore {
         self.cancel_requested = true;
         if !self.stream_opened {
             // Nothing has reached the transport (not even a queued Init): the stream is never
-            // opened and the outcome is the synthetic Cancelled (spec §5.2 step 1, §5.3).
+            // opened and the outcome is the synthetic Cancelled (udf §5.2 step 1, §5.3).
             self.settle(Termination::cancelled_before_start());
             return false;
         }
         // The Init went out first, so dropping every unsent request keeps "Cancel never
-        // precedes Init"; nothing but the Cancel follows (spec §4.7, §4.8).
+        // precedes Init"; nothing but the Cancel follows (udf §4.7, §4.8).
         self.outbox.clear();
         self.outbox.push_back(UdfRequest::cancel(reason));
-        self.phase = Phase::Cancelling;
+        self.phase = EnginePhase::Cancelling;
         true
     }
 
@@ -321,7 +323,7 @@ impl EngineCore {
         n
     }
 
-    /// Feeds one message received from the worker (spec §4.5).
+    /// Feeds one message received from the worker (udf §4.5).
     pub fn handle_response(&mut self, response: UdfResponse) {
         if self.terminal.is_some() {
             self.stats.ignored_after_terminal += 1;
@@ -359,8 +361,8 @@ impl EngineCore {
                         self.cancel(Some("init failed".into()));
                     }
                     None => {
-                        if self.phase == Phase::Initializing {
-                            self.phase = Phase::Streaming;
+                        if self.phase == EnginePhase::Initializing {
+                            self.phase = EnginePhase::Streaming;
                         }
                         self.init_response = Some(resp);
                     }
@@ -395,7 +397,7 @@ impl EngineCore {
         }
     }
 
-    /// The worker ended its response stream (spec R10): `TransportFailed` unless terminal.
+    /// The worker ended its response stream (udf §2 R10): `TransportFailed` unless terminal.
     pub fn handle_stream_end(&mut self) {
         if self.terminal.is_none() {
             self.fail(PeerViolation::StreamEndedWithoutTerminator.into());
@@ -408,7 +410,7 @@ impl EngineCore {
     }
 
     /// A deadline expired while waiting for `waiting_for`: settles `TransportFailed(Timeout)`
-    /// (spec §4.6 step 4, §4.7, §5.2 step 3) and, if the stream is open, leaves a best-effort
+    /// (udf §4.6 step 4, §4.7, §5.2 step 3) and, if the stream is open, leaves a best-effort
     /// Cancel queued so the worker learns about it.
     pub fn handle_timeout(&mut self, waiting_for: Wait, after: Duration) {
         if self.terminal.is_some() {
@@ -426,7 +428,7 @@ impl EngineCore {
         self.outbox = pending;
     }
 
-    /// Settles `Interrupted` (spec §4.9) unless already terminal.
+    /// Settles `Interrupted` (udf §4.9) unless already terminal.
     pub fn handle_interrupt(&mut self, context: &'static str, waited: Duration) {
         self.settle(Termination::Interrupted(Interrupted { context, waited }));
     }
@@ -436,7 +438,7 @@ impl EngineCore {
         self.settle(Termination::TransportFailed(failure));
     }
 
-    /// First-wins settlement (spec §4.2 `completeTerminal`): returns `true` only for the call
+    /// First-wins settlement (udf §4.2 `completeTerminal`): returns `true` only for the call
     /// that settled. Clears queued requests.
     pub fn settle(&mut self, termination: Termination) -> bool {
         if self.terminal.is_some() {
@@ -444,7 +446,7 @@ impl EngineCore {
         }
         tracing::debug!(outcome = %termination, "worker session settled");
         self.terminal = Some(termination);
-        self.phase = Phase::Terminated;
+        self.phase = EnginePhase::Terminated;
         self.outbox.clear();
         true
     }

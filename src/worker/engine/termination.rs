@@ -8,43 +8,43 @@ use crate::connection::ConnectionError;
 use crate::wire::{CancelResponse, ExecutionError, FinishResponse, MalformedMessage};
 
 /// How a worker session ended: exactly one per session, the first one settled wins and never
-/// changes afterwards (spec §4.1, §4.2 `completeTerminal`).
+/// changes afterwards (udf §4.1, §4.2 `completeTerminal`).
 ///
 /// `close()` returns it from any state. Whether the worker may be reused is
 /// [`is_salvageable`](Self::is_salvageable): `Finished`, `Cancelled` and `Failed` keep the
-/// worker; `TransportFailed` and `Interrupted` invalidate it (spec §6.5).
+/// worker; `TransportFailed` and `Interrupted` invalidate it (udf §6.5).
 #[derive(Debug, Clone)]
 #[must_use]
 pub enum Termination {
-    /// The worker sent `FinishResponse` after the engine had sent `Finish` (spec §4.4
+    /// The worker sent `FinishResponse` after the engine had sent `Finish` (udf §4.4
     /// `finished`). `response.error` carries a finish-callback error, if any.
     Finished {
         /// The worker's `FinishResponse` (metrics, opaque data, finish-callback error).
         response: FinishResponse,
         /// The first `ExecutionError` the worker reported before the terminator, if any (an
-        /// `ErrorResponse` raced with Finish, spec R5 (c)). It takes precedence over
-        /// `response.error` when the outcome is turned into an error (spec §4.7).
+        /// `ErrorResponse` raced with Finish, udf §2 R5 (c)). It takes precedence over
+        /// `response.error` when the outcome is turned into an error (udf §4.7).
         execution_error: Option<ExecutionError>,
     },
     /// The worker sent `CancelResponse`, or the session was closed before anything was on the
-    /// wire (then `response` is empty and synthetic, spec §5.3).
+    /// wire (then `response` is empty and synthetic, udf §5.3).
     Cancelled {
         /// The worker's `CancelResponse` (partial metrics, cancel-callback error).
         response: CancelResponse,
         /// The first `ExecutionError` the worker reported (`ErrorResponse` or
         /// `InitResponse.error`) that led to the Cancel. tether keeps both this and
-        /// `response.error`, where Spark drops the second (spec §10 gap 12).
+        /// `response.error`, where Spark drops the second (udf §10 gap 12).
         execution_error: Option<ExecutionError>,
     },
-    /// An execution error ended the session with no terminator round trip possible (spec
-    /// §4.1; never produced by the engine session itself, kept for other implementations).
+    /// An execution error ended the session with no terminator round trip possible (udf
+    /// udf §4.1; never produced by the engine session itself, kept for other implementations).
     /// Salvageable.
     Failed(ExecutionError),
-    /// The transport failed, the worker violated the protocol, or a timeout expired (spec
-    /// §4.5, §6.5). The worker is invalidated.
+    /// The transport failed, the worker violated the protocol, or a timeout expired (udf
+    /// udf §4.5, §6.5). The worker is invalidated.
     TransportFailed(TransportFailure),
     /// The session was dropped or interrupted mid-operation and the worker did not
-    /// acknowledge the best-effort Cancel within the interrupt-cancel timeout (spec §4.9).
+    /// acknowledge the best-effort Cancel within the interrupt-cancel timeout (udf §4.9).
     /// The worker is invalidated.
     Interrupted(Interrupted),
 }
@@ -65,10 +65,10 @@ pub enum TerminationKind {
 }
 
 impl Termination {
-    /// The synthetic outcome of a session closed before anything was sent (spec §5.3 first
+    /// The synthetic outcome of a session closed before anything was sent (udf §5.3 first
     /// row): `Cancelled` with an empty `CancelResponse`.
     pub fn cancelled_before_start() -> Self {
-        Termination::Cancelled {
+        Self::Cancelled {
             response: CancelResponse::default(),
             execution_error: None,
         }
@@ -77,20 +77,20 @@ impl Termination {
     /// The variant, without payload.
     pub fn kind(&self) -> TerminationKind {
         match self {
-            Termination::Finished { .. } => TerminationKind::Finished,
-            Termination::Cancelled { .. } => TerminationKind::Cancelled,
-            Termination::Failed(_) => TerminationKind::Failed,
-            Termination::TransportFailed(_) => TerminationKind::TransportFailed,
-            Termination::Interrupted(_) => TerminationKind::Interrupted,
+            Self::Finished { .. } => TerminationKind::Finished,
+            Self::Cancelled { .. } => TerminationKind::Cancelled,
+            Self::Failed(_) => TerminationKind::Failed,
+            Self::TransportFailed(_) => TerminationKind::TransportFailed,
+            Self::Interrupted(_) => TerminationKind::Interrupted,
         }
     }
 
     /// Whether the worker may serve another session: true for `Finished`, `Cancelled` and
-    /// `Failed`, false for `TransportFailed` and `Interrupted` (spec §4.1, §6.5).
+    /// `Failed`, false for `TransportFailed` and `Interrupted` (udf §4.1, §6.5).
     pub fn is_salvageable(&self) -> bool {
         matches!(
             self,
-            Termination::Finished { .. } | Termination::Cancelled { .. } | Termination::Failed(_)
+            Self::Finished { .. } | Self::Cancelled { .. } | Self::Failed(_)
         )
     }
 
@@ -98,23 +98,23 @@ impl Termination {
     /// or the `Failed` error.
     pub fn execution_error(&self) -> Option<&ExecutionError> {
         match self {
-            Termination::Finished {
+            Self::Finished {
                 execution_error, ..
             }
-            | Termination::Cancelled {
+            | Self::Cancelled {
                 execution_error, ..
             } => execution_error.as_ref(),
-            Termination::Failed(e) => Some(e),
+            Self::Failed(e) => Some(e),
             _ => None,
         }
     }
 
     /// The error a finish or cancel callback reported in the terminator
-    /// (`FinishResponse.error` / `CancelResponse.error`, spec §1.5).
+    /// (`FinishResponse.error` / `CancelResponse.error`, udf §1.5).
     pub fn callback_error(&self) -> Option<&ExecutionError> {
         match self {
-            Termination::Finished { response, .. } => response.error.as_ref(),
-            Termination::Cancelled { response, .. } => response.error.as_ref(),
+            Self::Finished { response, .. } => response.error.as_ref(),
+            Self::Cancelled { response, .. } => response.error.as_ref(),
             _ => None,
         }
     }
@@ -122,25 +122,25 @@ impl Termination {
     /// The worker-reported metrics of the terminator (empty for other outcomes).
     pub fn metrics(&self) -> Option<&std::collections::BTreeMap<String, String>> {
         match self {
-            Termination::Finished { response, .. } => Some(&response.metrics),
-            Termination::Cancelled { response, .. } => Some(&response.metrics),
+            Self::Finished { response, .. } => Some(&response.metrics),
+            Self::Cancelled { response, .. } => Some(&response.metrics),
             _ => None,
         }
     }
 
     /// The error this outcome means to whoever consumed the session's output, or `None` for
-    /// a clean `Finished` (spec §4.7 `throwIfTerminalError`, with tether's precedence: the
+    /// a clean `Finished` (udf §4.7 `throwIfTerminalError`, with tether's precedence: the
     /// recorded execution error first, then the callback error).
     pub fn to_error(&self) -> Option<SessionError> {
         match self {
-            Termination::Finished {
+            Self::Finished {
                 response,
                 execution_error,
             } => execution_error
                 .as_ref()
                 .or(response.error.as_ref())
                 .map(|e| SessionError::Execution(e.clone())),
-            Termination::Cancelled {
+            Self::Cancelled {
                 response,
                 execution_error,
             } => Some(
@@ -150,9 +150,9 @@ impl Termination {
                     .map(|e| SessionError::Execution(e.clone()))
                     .unwrap_or(SessionError::Cancelled),
             ),
-            Termination::Failed(e) => Some(SessionError::Execution(e.clone())),
-            Termination::TransportFailed(f) => Some(SessionError::Transport(f.clone())),
-            Termination::Interrupted(i) => Some(SessionError::Interrupted(i.clone())),
+            Self::Failed(e) => Some(SessionError::Execution(e.clone())),
+            Self::TransportFailed(f) => Some(SessionError::Transport(f.clone())),
+            Self::Interrupted(i) => Some(SessionError::Interrupted(i.clone())),
         }
     }
 }
@@ -160,7 +160,7 @@ impl Termination {
 impl fmt::Display for Termination {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Termination::Finished {
+            Self::Finished {
                 execution_error,
                 response,
             } => {
@@ -173,7 +173,7 @@ impl fmt::Display for Termination {
                 }
                 Ok(())
             }
-            Termination::Cancelled {
+            Self::Cancelled {
                 execution_error,
                 response,
             } => {
@@ -186,14 +186,14 @@ impl fmt::Display for Termination {
                 }
                 Ok(())
             }
-            Termination::Failed(e) => write!(f, "Failed ({e})"),
-            Termination::TransportFailed(t) => write!(f, "TransportFailed ({t})"),
-            Termination::Interrupted(i) => write!(f, "Interrupted ({i})"),
+            Self::Failed(e) => write!(f, "Failed ({e})"),
+            Self::TransportFailed(t) => write!(f, "TransportFailed ({t})"),
+            Self::Interrupted(i) => write!(f, "Interrupted ({i})"),
         }
     }
 }
 
-/// Why a session settled `TransportFailed` (spec §4.5, §4.11, §6.5).
+/// Why a session settled `TransportFailed` (udf §4.5, §4.11, §6.5).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum TransportFailure {
@@ -228,14 +228,14 @@ pub enum Wait {
 impl fmt::Display for Wait {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Wait::InitResponse => "InitResponse",
-            Wait::Output => "UDF output",
-            Wait::Terminator => "the stream terminator",
+            Self::InitResponse => "InitResponse",
+            Self::Output => "UDF output",
+            Self::Terminator => "the stream terminator",
         })
     }
 }
 
-/// A worker message that breaks the protocol (spec §4.5). Each one settles
+/// A worker message that breaks the protocol (udf §4.5). Each one settles
 /// `TransportFailed` and invalidates the worker.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
@@ -257,7 +257,7 @@ pub enum PeerViolation {
     StreamEndedWithoutTerminator,
 }
 
-/// Why a session settled `Interrupted` (spec §4.9).
+/// Why a session settled `Interrupted` (udf §4.9).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("interrupted while {context}; the worker did not acknowledge Cancel within {waited:?}")]
 pub struct Interrupted {
@@ -268,7 +268,7 @@ pub struct Interrupted {
 }
 
 /// The error a session operation reports when the session has ended badly: derived from the
-/// [`Termination`] (spec §4.7 `throwIfTerminalError`). The session itself still holds the
+/// [`Termination`] (udf §4.7 `throwIfTerminalError`). The session itself still holds the
 /// full `Termination`; `close()` returns it.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -293,7 +293,7 @@ impl SessionError {
     /// The worker-reported error, if this is one.
     pub fn execution_error(&self) -> Option<&ExecutionError> {
         match self {
-            SessionError::Execution(e) => Some(e),
+            Self::Execution(e) => Some(e),
             _ => None,
         }
     }

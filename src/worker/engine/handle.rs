@@ -1,4 +1,4 @@
-//! [`WorkerHandle`]: the engine's view of one worker process (spec §3, §6.1).
+//! [`WorkerHandle`]: the engine's view of one worker process (udf §3, §6.1).
 
 use std::fmt;
 use std::sync::Mutex;
@@ -6,18 +6,18 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use super::termination::Termination;
 
-/// The engine's view of a worker that serves sessions (spec §3 `WorkerHandle`).
+/// The engine's view of a worker that serves sessions (udf §3 `WorkerHandle`).
 ///
 /// A session calls, exactly once, when it is finalized (by `close()` or by drop cleanup), in
 /// this order: [`session_terminated`](Self::session_terminated), then
 /// [`mark_invalid`](Self::mark_invalid) if the outcome is unsalvageable, then
 /// [`release_session`](Self::release_session). `mark_invalid` strictly before release means a
-/// released worker is never recycled while unsafe (spec §5.1 step 5).
+/// released worker is never recycled while unsafe (udf §5.1 step 5).
 pub trait WorkerHandle: Send + Sync + fmt::Debug {
     /// Stable identity of the worker, used in logs and as a dispatcher key.
     fn id(&self) -> &str;
 
-    /// Marks the worker unsafe to reuse. Idempotent and sticky (spec §6.1).
+    /// Marks the worker unsafe to reuse. Idempotent and sticky (udf §6.1).
     fn mark_invalid(&self);
 
     /// Whether [`mark_invalid`](Self::mark_invalid) was called.
@@ -60,7 +60,7 @@ pub enum HandleError {
 /// in-process building block for dispatchers, pools and tests.
 ///
 /// The count starts at zero; [`acquire_session`](Self::acquire_session) adds one,
-/// `release_session` takes one away and fails on underflow without wrapping (spec §6.1).
+/// `release_session` takes one away and fails on underflow without wrapping (udf §6.1).
 #[derive(Debug, Default)]
 pub struct CountingHandle {
     id: String,
@@ -74,7 +74,7 @@ pub struct CountingHandle {
 impl CountingHandle {
     /// A handle with the given id, no sessions, valid.
     pub fn new(id: impl Into<String>) -> Self {
-        CountingHandle {
+        Self {
             id: id.into(),
             ..Default::default()
         }
@@ -83,7 +83,7 @@ impl CountingHandle {
     /// A handle with a fresh UUID v4 id and one session already acquired: what a session
     /// created outside a dispatcher needs.
     pub fn for_one_session() -> Self {
-        let h = CountingHandle::new(uuid::Uuid::new_v4().to_string());
+        let h = Self::new(uuid::Uuid::new_v4().to_string());
         h.sessions.store(1, Ordering::SeqCst);
         h
     }

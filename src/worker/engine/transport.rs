@@ -1,6 +1,6 @@
 //! How a dispatcher reaches a worker process and opens one connection per session.
 //!
-//! A worker listens on one endpoint (spec §1.1, §6.4: a Unix socket path passed as
+//! A worker listens on one endpoint (udf §1.1, §6.4: a Unix socket path passed as
 //! `--connection`, or a loopback TCP port). [`WorkerTransport`] says how to reach it: first a
 //! per-worker [`Channel`](WorkerTransport::Channel) (nothing for the framed transport, an
 //! HTTP/2 channel shared by all sessions for gRPC), then one
@@ -26,11 +26,11 @@ pub enum WorkerEndpoint {
 
 impl WorkerEndpoint {
     /// The string passed to the worker as `--connection`: the socket path, or the port for
-    /// TCP (spec §1.9 `ProcessCallable`).
+    /// TCP (udf §1.9 `ProcessCallable`).
     pub fn to_argument(&self) -> String {
         match self {
-            WorkerEndpoint::Unix(p) => p.display().to_string(),
-            WorkerEndpoint::Tcp(a) => a.port().to_string(),
+            Self::Unix(p) => p.display().to_string(),
+            Self::Tcp(a) => a.port().to_string(),
         }
     }
 }
@@ -38,8 +38,8 @@ impl WorkerEndpoint {
 impl std::fmt::Display for WorkerEndpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            WorkerEndpoint::Unix(p) => write!(f, "unix:{}", p.display()),
-            WorkerEndpoint::Tcp(a) => write!(f, "tcp:{a}"),
+            Self::Unix(p) => write!(f, "unix:{}", p.display()),
+            Self::Tcp(a) => write!(f, "tcp:{a}"),
         }
     }
 }
@@ -53,7 +53,7 @@ pub trait WorkerTransport: Send + Sync + 'static {
     type Connection: Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static;
 
     /// Tries once to reach the worker at `endpoint`. `Ok` means the worker serves sessions
-    /// now (a socket file alone is not readiness, spec §6.4); dispatchers call it in a loop
+    /// now (a socket file alone is not readiness, udf §6.4); dispatchers call it in a loop
     /// until their readiness deadline.
     fn connect<'a>(
         &'a self,
@@ -67,7 +67,7 @@ pub trait WorkerTransport: Send + Sync + 'static {
         endpoint: &'a WorkerEndpoint,
     ) -> BoxFuture<'a, io::Result<Self::Connection>>;
 
-    /// Whether `channel` is still usable (spec §3 `WorkerConnection.isActive`).
+    /// Whether `channel` is still usable (udf §3 `WorkerConnection.isActive`).
     fn is_active(&self, channel: &Self::Channel) -> bool {
         let _ = channel;
         true

@@ -1,4 +1,11 @@
-//! A manual clock for tests, examples and simulations: time moves only when told to.
+//! The clock shared by both protocols: the [`Timer`] trait that every deadline runs on,
+//! [`TokioTimer`] (feature `tokio`), the [`ManualClock`] for tests and simulations, and the
+//! crate's one [`default_timer`].
+//!
+//! This is the bottom layer of the crate: it imports nothing from [`worker`](crate::worker)
+//! or [`execution`](crate::execution), which both take their time from here. Deadlines are
+//! data (the defaults are Spark's: udf §7, rx §4.5); the sans-IO cores take `now` as an
+//! argument and never read a clock themselves.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -8,7 +15,105 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use crate::worker::Timer;
+/// A source of time for session deadlines. The `tokio` feature provides [`TokioTimer`]
+/// (which honours `tokio::time::pause`, so tests never sleep for real).
+pub trait Timer: Send + Sync + fmt::Debug + 'static {
+    /// The current instant on this timer's clock.
+    fn now(&self) -> Instant;
+    /// A future that completes at `deadline` (at once if it has passed).
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+}
+
+/// [`Timer`] on tokio's clock (`tokio::time`), available with the `tokio` feature.
+///
+/// Outside a tokio runtime (a session driven by another executor) its sleeps never complete,
+/// so timeouts are disabled there; a warning is logged. Supply your own [`Timer`] for other
+/// executors.
+#[cfg(feature = "tokio")]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TokioTimer;
+
+#[cfg(feature = "tokio")]
+impl Timer for TokioTimer {
+    fn now(&self) -> Instant {
+        tokio::time::Instant::now().into_std()
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            tracing::warn!(
+                "TokioTimer used outside a tokio runtime: session timeouts are disabled"
+            );
+            return Box::pin(std::future::pending());
+        }
+        Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
+            deadline,
+        )))
+    }
+}
+
+/// The timer every configuration uses unless told otherwise: [`TokioTimer`] with the
+/// `tokio` feature, else `None` (the deadlines that depend on it are then disabled, as each
+/// configuration's `timer` field documents).
+pub fn default_timer() -> Option<Arc<dyn Timer>> {
+    #[cfg(feature = "tokio")]
+    {
+        Some(Arc::new(TokioTimer))
+    }
+    #[cfg(not(feature = "tokio"))]
+    {
+        None
+    }
+}
+
+/// A restartable deadline over a [`Timer`]: `extend` moves it without re-arming the sleep
+/// (the sleep re-arms lazily when it fires early), so per-message restarts cost nothing.
+pub(crate) struct Deadline {
+    timer: Option<Arc<dyn Timer>>,
+    duration: Duration,
+    at: Option<Instant>,
+    sleep: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
+}
+
+impl Deadline {
+    pub(crate) fn new(timer: Option<Arc<dyn Timer>>, duration: Duration) -> Self {
+        let at = timer.as_ref().map(|t| t.now() + duration);
+        Self {
+            timer,
+            duration,
+            at,
+            sleep: None,
+        }
+    }
+
+    pub(crate) fn duration(&self) -> Duration {
+        self.duration
+    }
+
+    /// Restarts the full duration from now.
+    pub(crate) fn extend(&mut self) {
+        if let Some(t) = &self.timer {
+            self.at = Some(t.now() + self.duration);
+        }
+    }
+
+    /// Polls for expiry; registers the waker when not expired.
+    pub(crate) fn poll_expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
+        let (Some(timer), Some(at)) = (&self.timer, self.at) else {
+            return false;
+        };
+        loop {
+            let sleep = self.sleep.get_or_insert_with(|| timer.sleep_until(at));
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.sleep = None;
+            if timer.now() >= at {
+                return true;
+            }
+        }
+    }
+}
 
 /// A [`Timer`] whose time only moves with [`advance`](Self::advance) /
 /// [`set`](Self::set). Sleeps complete when the clock is moved past their deadline. Clones
@@ -32,7 +137,7 @@ impl ManualClock {
 
     /// A clock reading `start`, frozen until advanced.
     pub fn starting_at(start: Instant) -> Self {
-        ManualClock {
+        Self {
             inner: Arc::new(Mutex::new(ManualInner {
                 now: start,
                 next_sleeper: 0,
@@ -139,7 +244,7 @@ impl Drop for ManualSleep {
 
 impl Timer for ManualClock {
     fn now(&self) -> Instant {
-        ManualClock::now(self)
+        Self::now(self)
     }
 
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> {

@@ -12,51 +12,15 @@ use futures::Stream;
 use futures::future::poll_fn;
 
 use crate::connection::Connection;
-use crate::wire::{Init as InitMessage, InitResponse, UdfRequest, UdfResponse};
+use crate::wire::{Init, InitResponse, UdfRequest, UdfResponse};
 
-use super::config::{Deadline, SessionConfig};
-use super::core::{EngineCore, InitStatus, Phase};
+use super::config::SessionConfig;
+use super::core::{EngineCore, EnginePhase, InitStatus};
 use super::handle::WorkerHandle;
 use super::termination::{SessionError, Termination, Wait};
+use crate::time::Deadline;
 
-/// Typestate markers of an engine-side [`Session`] (spec §4.1).
-pub mod state {
-    mod sealed {
-        pub trait Sealed {}
-    }
-
-    /// A typestate of [`Session`](super::Session). Sealed: the five markers below are all.
-    pub trait State: sealed::Sealed + Send + Sync + 'static {
-        /// The marker's name, for `Debug` output.
-        const NAME: &'static str;
-    }
-
-    macro_rules! marker {
-        ($($(#[$doc:meta])* $name:ident),* $(,)?) => {$(
-            $(#[$doc])*
-            #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-            pub struct $name;
-            impl sealed::Sealed for $name {}
-            impl State for $name { const NAME: &'static str = stringify!($name); }
-        )*};
-    }
-
-    marker! {
-        /// Created; `init` not yet called (spec `Created`).
-        Init,
-        /// `InitResponse` accepted: data flows both ways (spec `Initialized`/`Streaming`).
-        Streaming,
-        /// `Finish` sent: trailing output and the terminator follow (spec `Finishing`).
-        Finishing,
-        /// Cancel sent: the terminator follows (spec `Cancelling`).
-        Cancelling,
-        /// The session has settled its [`Termination`](crate::worker::Termination); only
-        /// inspection and `close` remain (spec `Terminal`).
-        Terminated,
-    }
-}
-
-use state::{Cancelling, Finishing, Init, State, Streaming, Terminated};
+use crate::worker::state::{self, State as _};
 
 /// A future-or-present view of a session's final [`Termination`], available after the
 /// session is finalized by `close()` or by drop cleanup. Cheap to clone.
@@ -131,11 +95,11 @@ enum Activity {
 impl Activity {
     fn context(self) -> &'static str {
         match self {
-            Activity::Idle => "the session was dropped",
-            Activity::AwaitingInit => "waiting for InitResponse",
-            Activity::Sending => "sending UDF input",
-            Activity::Receiving => "reading UDF result",
-            Activity::AwaitingTerminator => "waiting for the stream terminator",
+            Self::Idle => "the session was dropped",
+            Self::AwaitingInit => "waiting for InitResponse",
+            Self::Sending => "sending UDF input",
+            Self::Receiving => "reading UDF result",
+            Self::AwaitingTerminator => "waiting for the stream terminator",
         }
     }
 }
@@ -321,7 +285,7 @@ where
         .await;
     }
 
-    /// `close()` (spec §5.2): cancel if needed, wait for the terminal, half-close, finalize.
+    /// `close()` (udf §5.2): cancel if needed, wait for the terminal, half-close, finalize.
     async fn close(&mut self) -> Termination {
         if !self.core.is_terminal() {
             self.core.cancel(Some("session closed".into()));
@@ -332,7 +296,7 @@ where
     }
 
     /// Bounded cleanup of a dropped, non-terminal session (the Rust form of an interrupt,
-    /// spec §4.9): Cancel, then up to `interrupt_cancel_timeout` for the acknowledgement.
+    /// udf §4.9): Cancel, then up to `interrupt_cancel_timeout` for the acknowledgement.
     #[cfg(feature = "tokio")]
     async fn interrupt(&mut self) -> Termination {
         let context = self.activity.context();
@@ -366,11 +330,11 @@ where
         .await
     }
 
-    /// Runs the release protocol once (spec §5.1 step 5): observe, `mark_invalid` if
+    /// Runs the release protocol once (udf §5.1 step 5): observe, `mark_invalid` if
     /// unsalvageable, `release_session`, publish to watchers.
     fn finalize(&mut self) -> Termination {
         if !self.core.is_terminal() {
-            // Defensive guard (spec §5.1 step 3): never finalize a non-terminal session.
+            // Defensive guard (udf §5.1 step 3): never finalize a non-terminal session.
             self.core
                 .handle_interrupt(self.activity.context(), Duration::ZERO);
         }
@@ -487,7 +451,7 @@ impl<C: Connection<UdfRequest, UdfResponse>> Drop for FinalizeGuard<C> {
     }
 }
 
-/// One UDF execution on a worker, from the engine's side, as a typestate (spec §4–§5).
+/// One UDF execution on a worker, from the engine's side, as a typestate (udf §4–§5).
 ///
 /// ```text
 ///            init() ok                 finish()                 FinishResponse
@@ -508,7 +472,7 @@ impl<C: Connection<UdfRequest, UdfResponse>> Drop for FinalizeGuard<C> {
 ///   `CancelResponse`) is the source of truth: operations on a session the worker already
 ///   ended report the [`SessionError`] derived from its [`Termination`].
 /// - [`close`](Session::close) is the single finalizer, from any state: it returns the
-///   `Termination` (spec §5.3), calls [`WorkerHandle::mark_invalid`] before
+///   `Termination` (udf §5.3), calls [`WorkerHandle::mark_invalid`] before
 ///   [`WorkerHandle::release_session`] when the outcome is unsalvageable, and releases exactly
 ///   once.
 ///
@@ -529,13 +493,13 @@ impl<C: Connection<UdfRequest, UdfResponse>> Drop for FinalizeGuard<C> {
 /// [`WorkerHandle::session_terminated`]. Every `async` method is cancel-safe in this sense:
 /// dropping its future (and with it the session) never loses the release.
 #[must_use = "a session must be driven to its end and closed; dropping it cancels it"]
-pub struct Session<S: State, C> {
+pub struct Session<S: state::State, C> {
     inner: Option<Box<Inner<C>>>,
     cleanup: Cleanup<C>,
     _state: PhantomData<S>,
 }
 
-impl<S: State, C> fmt::Debug for Session<S, C> {
+impl<S: state::State, C> fmt::Debug for Session<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
             Some(i) => write!(f, "Session<{}> {:?}", S::NAME, i),
@@ -544,7 +508,7 @@ impl<S: State, C> fmt::Debug for Session<S, C> {
     }
 }
 
-impl<S: State, C> Drop for Session<S, C> {
+impl<S: state::State, C> Drop for Session<S, C> {
     fn drop(&mut self) {
         if let Some(inner) = self.inner.take() {
             (self.cleanup)(inner);
@@ -560,7 +524,7 @@ pub struct SessionFailed<C> {
     /// execution error when the worker reported one).
     pub error: SessionError,
     /// The ended session; `close()` returns its full `Termination`.
-    pub session: Session<Terminated, C>,
+    pub session: Session<state::Terminated, C>,
 }
 
 impl<C> fmt::Display for SessionFailed<C> {
@@ -575,7 +539,7 @@ impl<C: fmt::Debug> std::error::Error for SessionFailed<C> {
     }
 }
 
-impl<S: State, C> Session<S, C> {
+impl<S: state::State, C> Session<S, C> {
     fn inner(&self) -> &Inner<C> {
         self.inner
             .as_deref()
@@ -588,7 +552,7 @@ impl<S: State, C> Session<S, C> {
             .expect("a live session always holds its state")
     }
 
-    fn into_state<T: State>(mut self) -> Session<T, C> {
+    fn into_state<T: state::State>(mut self) -> Session<T, C> {
         Session {
             inner: self.inner.take(),
             cleanup: self.cleanup,
@@ -608,7 +572,7 @@ impl<S: State, C> Session<S, C> {
 
     /// The runtime phase (the typestate is a static lower bound of it: a worker can end the
     /// session at any time).
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> EnginePhase {
         self.inner().core.phase()
     }
 
@@ -629,15 +593,15 @@ impl<S: State, C> Session<S, C> {
     }
 }
 
-impl<S: State, C> Session<S, C>
+impl<S: state::State, C> Session<S, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
-    /// The single finalizer (spec §5): from any state, sends Cancel if the session is not yet
+    /// The single finalizer (udf §5): from any state, sends Cancel if the session is not yet
     /// terminal (nothing if `init` was never called), waits up to
     /// [`SessionConfig::terminal_timeout`] for the terminator, half-closes the request side,
     /// then finalizes the worker handle (mark invalid if unsalvageable, release once) and
-    /// returns the [`Termination`] (spec §5.3 case table). Never fails.
+    /// returns the [`Termination`] (udf §5.3 case table). Never fails.
     pub async fn close(mut self) -> Termination {
         let mut inner = self
             .inner
@@ -658,7 +622,7 @@ where
     }
 }
 
-impl<C> Session<Init, C>
+impl<C> Session<state::Init, C>
 where
     C: Connection<UdfRequest, UdfResponse> + Send + 'static,
 {
@@ -679,7 +643,7 @@ where
             recv_ended: false,
             finalized: false,
         };
-        Session {
+        Self {
             inner: Some(Box::new(inner)),
             cleanup: cleanup_on_drop::<C>,
             _state: PhantomData,
@@ -687,11 +651,11 @@ where
     }
 }
 
-impl<C> Session<Init, C>
+impl<C> Session<state::Init, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
-    /// Sends `Init` and waits for `InitResponse` (spec §4.6).
+    /// Sends `Init` and waits for `InitResponse` (udf §4.6).
     ///
     /// Returns the streaming session and the worker's `InitResponse`. On failure returns
     /// [`SessionFailed`] with the session already `Terminated`:
@@ -704,20 +668,20 @@ where
     /// - a worker protocol violation or transport failure: `TransportFailed`.
     pub async fn init(
         self,
-        init: InitMessage,
-    ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+        init: Init,
+    ) -> Result<(Session<state::Streaming, C>, InitResponse), SessionFailed<C>> {
         self.init_with_chunks(init, Vec::new()).await
     }
 
     /// Like [`init`](Self::init), but sends the UDF payload as `PayloadChunk`s of at most
     /// `chunk_size` bytes (at least 1) after an `Init` whose inline payload is empty and whose
-    /// `is_chunking_payload` is set; the final chunk carries `last = true` (spec §1.3, R1).
+    /// `is_chunking_payload` is set; the final chunk carries `last = true` (udf §1.3, R1).
     /// `udf.payload_size` is set to the total size if unset. An empty payload is sent inline.
     pub async fn init_chunked(
         self,
-        mut init: InitMessage,
+        mut init: Init,
         chunk_size: usize,
-    ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+    ) -> Result<(Session<state::Streaming, C>, InitResponse), SessionFailed<C>> {
         let chunk_size = chunk_size.max(1);
         let mut chunks = Vec::new();
         if let Some(udf) = init.udf.as_mut() {
@@ -739,9 +703,9 @@ where
 
     async fn init_with_chunks(
         mut self,
-        init: InitMessage,
+        init: Init,
         chunks: Vec<Bytes>,
-    ) -> Result<(Session<Streaming, C>, InitResponse), SessionFailed<C>> {
+    ) -> Result<(Session<state::Streaming, C>, InitResponse), SessionFailed<C>> {
         let inner = self.inner_mut();
         inner
             .core
@@ -786,7 +750,7 @@ where
     }
 }
 
-impl<C> Session<Streaming, C>
+impl<C> Session<state::Streaming, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -798,7 +762,7 @@ where
             .expect("a streaming session has an InitResponse")
     }
 
-    /// Sends one `DataRequest` (one batch in the session's data format, spec §1.4) and waits
+    /// Sends one `DataRequest` (one batch in the session's data format, udf §1.4) and waits
     /// until the connection has taken it, reading worker output into the bounded output
     /// buffer meanwhile.
     ///
@@ -826,13 +790,13 @@ where
         }
     }
 
-    /// Receives the next `DataResponse` payload (spec §1.4); see
+    /// Receives the next `DataResponse` payload (udf §1.4); see
     /// [`Session<Finishing, C>::recv`] for the shared semantics.
     pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
         self.inner_mut().recv().await
     }
 
-    /// Sends `Finish` (all input sent; spec §1.5): `Streaming → Finishing`.
+    /// Sends `Finish` (all input sent; udf §1.5): `Streaming → Finishing`.
     ///
     /// If the worker already reported an error, the Finish is skipped (a Cancel is out) and
     /// the `Finishing` session reports the error at the end of its output.
@@ -840,7 +804,7 @@ where
     /// # Errors
     /// [`SessionFailed`] when the session ended badly before or while sending (transport
     /// failure, unsolicited `CancelResponse`…).
-    pub async fn finish(mut self) -> Result<Session<Finishing, C>, SessionFailed<C>> {
+    pub async fn finish(mut self) -> Result<Session<state::Finishing, C>, SessionFailed<C>> {
         let inner = self.inner_mut();
         inner
             .core
@@ -853,13 +817,13 @@ where
         Ok(self.into_state())
     }
 
-    /// Sends `Cancel { reason }` (spec §1.5, §4.8): `Streaming → Cancelling`. Idempotent with
+    /// Sends `Cancel { reason }` (udf §1.5, §4.8): `Streaming → Cancelling`. Idempotent with
     /// any Cancel already sent.
-    pub async fn cancel(self, reason: Option<String>) -> Session<Cancelling, C> {
+    pub async fn cancel(self, reason: Option<String>) -> Session<state::Cancelling, C> {
         cancel_session(self, reason).await
     }
 
-    /// Runs the session Spark's iterator-to-iterator way (spec §4.7): returns a stream of the
+    /// Runs the session Spark's iterator-to-iterator way (udf §4.7): returns a stream of the
     /// worker's output that pulls the next input batch only when no output is waiting, sends
     /// `Finish` once `input` ends, and ends after the terminator. A worker error or failure is
     /// the stream's last item. [`Process::close`] finalizes the session.
@@ -879,10 +843,10 @@ where
     }
 }
 
-async fn cancel_session<S: State, C>(
+async fn cancel_session<S: state::State, C>(
     mut session: Session<S, C>,
     reason: Option<String>,
-) -> Session<Cancelling, C>
+) -> Session<state::Cancelling, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -893,7 +857,9 @@ where
 }
 
 /// Waits for the terminator, discarding any output not yet received.
-async fn wait_terminated<S: State, C>(mut session: Session<S, C>) -> Session<Terminated, C>
+async fn wait_terminated<S: state::State, C>(
+    mut session: Session<S, C>,
+) -> Session<state::Terminated, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -912,7 +878,7 @@ where
     session.into_state()
 }
 
-impl<C> Session<Finishing, C>
+impl<C> Session<state::Finishing, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -923,28 +889,28 @@ where
     /// - `Ok(None)`: the session finished cleanly (`FinishResponse` without error); stays
     ///   `None` on later calls;
     /// - `Err(e)`: the session ended otherwise; the error is derived from the
-    ///   [`Termination`] (recorded worker error first, then the callback error, spec §4.7).
+    ///   [`Termination`] (recorded worker error first, then the callback error, udf §4.7).
     ///
     /// Waits at most [`SessionConfig::terminal_timeout`] for each worker event (per-poll,
-    /// spec §4.7): expiry settles `TransportFailed(Timeout)`.
+    /// udf §4.7): expiry settles `TransportFailed(Timeout)`.
     pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
         self.inner_mut().recv().await
     }
 
-    /// Sends Cancel after Finish (spec R5 (c)): the worker answers `FinishResponse` if it
+    /// Sends Cancel after Finish (udf §2 R5 (c)): the worker answers `FinishResponse` if it
     /// already produced it, otherwise `CancelResponse`; both are accepted.
-    pub async fn cancel(self, reason: Option<String>) -> Session<Cancelling, C> {
+    pub async fn cancel(self, reason: Option<String>) -> Session<state::Cancelling, C> {
         cancel_session(self, reason).await
     }
 
     /// Waits for the terminator (per-poll terminal timeout), discarding output not yet
     /// received, and returns the ended session.
-    pub async fn wait(self) -> Session<Terminated, C> {
+    pub async fn wait(self) -> Session<state::Terminated, C> {
         wait_terminated(self).await
     }
 }
 
-impl<C> Session<Cancelling, C>
+impl<C> Session<state::Cancelling, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -958,12 +924,12 @@ where
 
     /// Waits for the terminator, discarding output not yet received, and returns the ended
     /// session.
-    pub async fn wait(self) -> Session<Terminated, C> {
+    pub async fn wait(self) -> Session<state::Terminated, C> {
         wait_terminated(self).await
     }
 }
 
-impl<C> Session<Terminated, C> {
+impl<C> Session<state::Terminated, C> {
     /// The settled outcome.
     pub fn outcome(&self) -> &Termination {
         self.inner()
@@ -974,7 +940,7 @@ impl<C> Session<Terminated, C> {
 }
 
 /// The stream returned by [`Session::process`]: the worker's output batches, pulling input on
-/// demand (spec §4.7).
+/// demand (udf §4.7).
 ///
 /// Items are `Ok(batch)` in arrival order; the last item is `Err(e)` if the session ended
 /// with an error (cancelled, worker error, transport failure, timeout); then the stream ends
@@ -982,7 +948,7 @@ impl<C> Session<Terminated, C> {
 /// [`Session`]'s drop rule).
 #[must_use = "streams do nothing unless polled"]
 pub struct Process<C, I> {
-    session: Session<Streaming, C>,
+    session: Session<state::Streaming, C>,
     input: I,
     input_done: bool,
     done: bool,
@@ -1047,7 +1013,8 @@ where
                 this.deadline.extend();
                 continue;
             }
-            let may_send = !inner.core.cancel_requested() && inner.core.phase() == Phase::Streaming;
+            let may_send =
+                !inner.core.cancel_requested() && inner.core.phase() == EnginePhase::Streaming;
             if may_send && !this.input_done && !inner.core.has_transmit() {
                 inner.activity = Activity::Sending;
                 match Pin::new(&mut this.input).poll_next(cx) {
@@ -1082,25 +1049,25 @@ where
 #[derive(Debug)]
 pub enum AnySession<C> {
     /// [`Session<Init, C>`].
-    Init(Session<Init, C>),
+    Init(Session<state::Init, C>),
     /// [`Session<Streaming, C>`].
-    Streaming(Session<Streaming, C>),
+    Streaming(Session<state::Streaming, C>),
     /// [`Session<Finishing, C>`].
-    Finishing(Session<Finishing, C>),
+    Finishing(Session<state::Finishing, C>),
     /// [`Session<Cancelling, C>`].
-    Cancelling(Session<Cancelling, C>),
+    Cancelling(Session<state::Cancelling, C>),
     /// [`Session<Terminated, C>`].
-    Terminated(Session<Terminated, C>),
+    Terminated(Session<state::Terminated, C>),
 }
 
 macro_rules! any_session_conversions {
     ($($state:ident),*) => {$(
-        impl<C> From<Session<$state, C>> for AnySession<C> {
-            fn from(s: Session<$state, C>) -> Self {
+        impl<C> From<Session<state::$state, C>> for AnySession<C> {
+            fn from(s: Session<state::$state, C>) -> Self {
                 AnySession::$state(s)
             }
         }
-        impl<C> TryFrom<AnySession<C>> for Session<$state, C> {
+        impl<C> TryFrom<AnySession<C>> for Session<state::$state, C> {
             type Error = AnySession<C>;
             fn try_from(any: AnySession<C>) -> Result<Self, AnySession<C>> {
                 match any {
@@ -1121,44 +1088,44 @@ where
     /// The typestate's name (`"Init"`, `"Streaming"`, …).
     pub fn state_name(&self) -> &'static str {
         match self {
-            AnySession::Init(_) => Init::NAME,
-            AnySession::Streaming(_) => Streaming::NAME,
-            AnySession::Finishing(_) => Finishing::NAME,
-            AnySession::Cancelling(_) => Cancelling::NAME,
-            AnySession::Terminated(_) => Terminated::NAME,
+            Self::Init(_) => state::Init::NAME,
+            Self::Streaming(_) => state::Streaming::NAME,
+            Self::Finishing(_) => state::Finishing::NAME,
+            Self::Cancelling(_) => state::Cancelling::NAME,
+            Self::Terminated(_) => state::Terminated::NAME,
         }
     }
 
     /// The runtime phase.
-    pub fn phase(&self) -> Phase {
+    pub fn phase(&self) -> EnginePhase {
         match self {
-            AnySession::Init(s) => s.phase(),
-            AnySession::Streaming(s) => s.phase(),
-            AnySession::Finishing(s) => s.phase(),
-            AnySession::Cancelling(s) => s.phase(),
-            AnySession::Terminated(s) => s.phase(),
+            Self::Init(s) => s.phase(),
+            Self::Streaming(s) => s.phase(),
+            Self::Finishing(s) => s.phase(),
+            Self::Cancelling(s) => s.phase(),
+            Self::Terminated(s) => s.phase(),
         }
     }
 
     /// The settled outcome, if any.
     pub fn termination(&self) -> Option<&Termination> {
         match self {
-            AnySession::Init(s) => s.termination(),
-            AnySession::Streaming(s) => s.termination(),
-            AnySession::Finishing(s) => s.termination(),
-            AnySession::Cancelling(s) => s.termination(),
-            AnySession::Terminated(s) => s.termination(),
+            Self::Init(s) => s.termination(),
+            Self::Streaming(s) => s.termination(),
+            Self::Finishing(s) => s.termination(),
+            Self::Cancelling(s) => s.termination(),
+            Self::Terminated(s) => s.termination(),
         }
     }
 
     /// Closes the session from whatever state it is in (see [`Session::close`]).
     pub async fn close(self) -> Termination {
         match self {
-            AnySession::Init(s) => s.close().await,
-            AnySession::Streaming(s) => s.close().await,
-            AnySession::Finishing(s) => s.close().await,
-            AnySession::Cancelling(s) => s.close().await,
-            AnySession::Terminated(s) => s.close().await,
+            Self::Init(s) => s.close().await,
+            Self::Streaming(s) => s.close().await,
+            Self::Finishing(s) => s.close().await,
+            Self::Cancelling(s) => s.close().await,
+            Self::Terminated(s) => s.close().await,
         }
     }
 }

@@ -1,0 +1,22 @@
+//! Typestate markers of an [`Execution`](super::Execution) (rx §2.3).
+//!
+//! As in [`worker::state`](crate::worker::state), the markers are always written with their
+//! module (`state::Init`, `state::Streaming`, …).
+
+typestate_markers! {
+    /// A typestate of [`Execution`](super::Execution). Sealed: the five markers below.
+    trait State;
+
+    /// Submitted and registered; not yet answered (producer not started).
+    Init,
+    /// Responses flowing; reattach and release-until allowed (reattachable only).
+    Streaming,
+    /// The final index is fixed (`ResultComplete` or a terminal error); release-all
+    /// only.
+    Finishing,
+    /// Interrupted, or released while running; waiting for the producer to stop and/or
+    /// the release.
+    Cancelling,
+    /// Removed and stopped: inspection only.
+    Terminated,
+}

@@ -1,0 +1,47 @@
+//! Session timeouts, buffer bounds and the timer they run on (udf §7).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::time::{Timer, default_timer};
+
+/// Timeouts and bounds of an engine-side worker session. Defaults are Spark's (udf §7).
+#[derive(Debug, Clone)]
+pub struct SessionConfig {
+    /// Total wait for `InitResponse` after `Init` (udf §7 `initResponseTimeoutMs`, 30 s).
+    /// Expiry sends Cancel and settles `TransportFailed(Timeout)`.
+    pub init_timeout: Duration,
+    /// Per-poll wait for the next worker event while streaming, and total wait for the
+    /// terminator in `close`/after an init error (udf §7 `terminalTimeoutMs`, 30 s). Expiry
+    /// settles `TransportFailed(Timeout)`.
+    pub terminal_timeout: Duration,
+    /// How long drop cleanup (the Rust form of an interrupt) waits for the Cancel
+    /// acknowledgement before settling `Interrupted` (udf §7 `interruptCancelTimeoutMs`, 2 s).
+    pub interrupt_cancel_timeout: Duration,
+    /// Most received `DataResponse`s buffered before the session stops reading from the
+    /// connection (backpressure to the worker); default 64 batches.
+    pub output_buffer: usize,
+    /// The clock deadlines run on. `None` disables every timeout (the default without the
+    /// `tokio` feature unless one is supplied).
+    pub timer: Option<Arc<dyn Timer>>,
+}
+
+impl SessionConfig {
+    /// Spark's defaults: 30 s init, 30 s terminal, 2 s interrupt-cancel, 64-batch output
+    /// buffer, [`TokioTimer`](crate::time::TokioTimer) when the `tokio` feature is on.
+    pub fn new() -> Self {
+        Self {
+            init_timeout: Duration::from_secs(30),
+            terminal_timeout: Duration::from_secs(30),
+            interrupt_cancel_timeout: Duration::from_secs(2),
+            output_buffer: 64,
+            timer: default_timer(),
+        }
+    }
+}
+
+impl Default for SessionConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
