@@ -770,7 +770,7 @@ fn rx_s23_sessions_isolated_by_session_id() {
 #[test]
 fn rx_s24_closed_session_cannot_be_reused() {
     let f = fx();
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     f.m.release_session(&release_session_in(USER, SID, false));
     assert!(f.m.is_session_closed(&session_key(USER, SID)));
     let e = f.m.execute_plan(&req(&op())).unwrap_err();
@@ -780,7 +780,7 @@ fn rx_s24_closed_session_cannot_be_reused() {
 #[test]
 fn rx_s25_other_session_or_user_works_after_close() {
     let f = fx();
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     f.m.release_session(&release_session_in(USER, SID, false));
     assert!(f.m.execute_plan(&req_in(USER, SID2, &op(), true)).is_ok());
     assert!(f.m.execute_plan(&req_in("bob", SID, &op(), true)).is_ok());
@@ -799,8 +799,8 @@ fn rx_s26_execution_finishes_before_results_are_consumed() {
 #[test]
 fn rx_s28_hijacked_server_side_session_id_is_session_changed() {
     let f = fx();
-    start(&f.m, &req(&op()));
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     let real = f.m.server_side_session_id(&session_key(USER, SID)).unwrap();
     let mut r = req(&op());
     r.client_observed_server_side_session_id = Some(real.clone());
@@ -831,12 +831,12 @@ fn rx_s28_hijacked_server_side_session_id_is_session_changed() {
 #[test]
 fn rx_s29_release_session_allow_reconnect() {
     let f = fx();
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     let before = f.m.server_side_session_id(&session_key(USER, SID)).unwrap();
     f.m.release_session(&release_session_in(USER, SID, true));
     assert!(!f.m.is_session_closed(&session_key(USER, SID)));
     assert_eq!(f.m.execution_count(), 0);
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     let after = f.m.server_side_session_id(&session_key(USER, SID)).unwrap();
     assert_ne!(before, after);
 }
@@ -897,7 +897,7 @@ fn rx_s31_duplicate_operation_ids() {
 #[test]
 fn rx_s32_interrupt_tag_requires_tag() {
     let f = fx();
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     let e =
         f.m.interrupt(&interrupt_in(USER, SID, InterruptType::Tag, None))
             .unwrap_err();
@@ -911,7 +911,7 @@ fn rx_s32_interrupt_tag_requires_tag() {
 #[test]
 fn rx_s33_interrupt_operation_id_requires_id() {
     let f = fx();
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     let e =
         f.m.interrupt(&interrupt_in(
             USER,
@@ -1104,7 +1104,7 @@ fn rx_x_invalid_handles_are_format_errors() {
         f.m.execute_plan(&req_in(USER, "bad-session", &op(), true))
             .unwrap_err();
     assert_eq!(condition(&e), "INVALID_HANDLE.FORMAT");
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     for e in [
         f.m.reattach_execute(&reattach("nope", None)).unwrap_err(),
         f.m.release_execute(&release_all("nope")).unwrap_err(),
@@ -1136,7 +1136,7 @@ fn rx_x_unknown_session_is_not_found_and_not_created() {
 #[test]
 fn rx_x_release_of_unknown_operation_succeeds_unset() {
     let f = fx();
-    start(&f.m, &req(&op()));
+    let _ = start(&f.m, &req(&op()));
     let r = f.m.release_execute(&release_all(&op())).unwrap();
     assert_eq!(r.operation_id, None);
     assert_eq!(r.session_id, SID);
@@ -1144,7 +1144,7 @@ fn rx_x_release_of_unknown_operation_succeeds_unset() {
     none.release = None;
     assert!(f.m.release_execute(&none).unwrap().operation_id.is_none());
     let o = op();
-    start(&f.m, &req(&o));
+    let _ = start(&f.m, &req(&o));
     let mut none = release_all(&o);
     none.release = None;
     assert_eq!(

@@ -449,7 +449,7 @@ fn udf_s015_each_terminal_kind_maps_one_to_one() {
         assert_eq!(t.kind(), kind);
         assert_eq!(t.is_salvageable(), salvageable, "{kind:?}");
         let mut core = tether::worker::engine::EngineCore::new();
-        core.settle(t.clone());
+        let _ = core.settle(t.clone());
         assert_eq!(core.terminal().map(|t| t.kind()), Some(kind));
     }
 }

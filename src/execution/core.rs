@@ -291,6 +291,7 @@ impl ExecutionCore {
 
     /// Starts the producer (runner `NotStarted → Started`). Returns `false` (and changes
     /// nothing) in any other state, e.g. after an interrupt before start.
+    #[must_use]
     pub fn start(&mut self) -> bool {
         if self.runner == RunnerState::NotStarted && self.removed.is_none() {
             self.runner = RunnerState::Started;
@@ -305,6 +306,7 @@ impl ExecutionCore {
     /// consumer, if any, is preempted and gets `INVALID_CURSOR.DISCONNECTED` on its next
     /// poll. Returns the new id and the preempted one. On a removed execution the new
     /// consumer is disconnected at once.
+    #[must_use]
     pub fn attach(&mut self, next_index: u64, now: Instant) -> (ConsumerId, Option<ConsumerId>) {
         self.generation += 1;
         self.attaches += 1;
@@ -343,6 +345,7 @@ impl ExecutionCore {
     /// rotation budget used up → graceful end; otherwise the next response, a wait, or
     /// `POSITION_NOT_AVAILABLE`. A consumer at the end of an orphan's log gets the orphan
     /// error instead of waiting forever (SPARK-50735).
+    #[must_use]
     pub fn poll_consumer(&mut self, id: ConsumerId, now: Instant) -> ConsumerEvent {
         let Some(mut cursor) = self.consumer.filter(|c| c.id == id) else {
             return ConsumerEvent::Error(ConnectError::Disconnected);
@@ -409,6 +412,7 @@ impl ExecutionCore {
 
     /// The consumer `id` went away (stream dropped, transport failed) (rx §2.2 T4). If it
     /// was the attached one the execution becomes detached at `now`. Returns whether it was.
+    #[must_use]
     pub fn detach(&mut self, id: ConsumerId, now: Instant) -> bool {
         if self.is_current(id) {
             self.end_consumer(now);
@@ -439,6 +443,7 @@ impl ExecutionCore {
     /// become writable): `DISCONNECTED` if it was preempted or the execution closed, a
     /// graceful rotation if its time budget ran out (rx §4.3: nothing is sent then), or
     /// `None` to keep waiting. A returned event ends the consumer.
+    #[must_use]
     pub fn poll_interrupt(&mut self, id: ConsumerId, now: Instant) -> Option<ConsumerEvent> {
         let Some(cursor) = self.consumer.filter(|c| c.id == id) else {
             return Some(ConsumerEvent::Error(ConnectError::Disconnected));
@@ -460,6 +465,7 @@ impl ExecutionCore {
     /// Disconnects the attached consumer without attaching another (its next poll gets
     /// `DISCONNECTED`; rx §4.4, Spark's `interruptGrpcResponseSenders`). The execution
     /// becomes detached at `now`. Returns the disconnected consumer.
+    #[must_use]
     pub fn disconnect(&mut self, now: Instant) -> Option<ConsumerId> {
         let id = self.consumer.map(|c| c.id)?;
         self.end_consumer(now);
@@ -566,6 +572,7 @@ impl ExecutionCore {
     /// `Started → StartedInterrupted`, storing `OPERATION_CANCELED` as the terminal error
     /// right away so every consumer gets it after the earlier responses. Returns `true`
     /// only if this call changed the runner state; a no-op once completion started.
+    #[must_use]
     pub fn interrupt(&mut self) -> bool {
         if self.removed.is_some() {
             return false;
@@ -589,6 +596,7 @@ impl ExecutionCore {
     /// runner if it still runs, disconnects the attached consumer (its next poll gets
     /// `DISCONNECTED`), and drops every buffered response. Returns the preempted consumer,
     /// if any. Idempotent: later calls change nothing.
+    #[must_use]
     pub fn close(&mut self, removal: Removal) -> Option<ConsumerId> {
         if self.removed.is_some() {
             return None;
@@ -668,7 +676,7 @@ mod tests {
                 max_bytes: Some(15),
             },
         );
-        c.start();
+        let _ = c.start();
         let (a, _) = c.attach(1, t);
         c.push(batch(10)).unwrap();
         c.push(batch(10)).unwrap();
@@ -691,7 +699,7 @@ mod tests {
     fn completion_then_interrupt_is_noop() {
         let t = Instant::now();
         let mut c = core(true, StreamLimits::default());
-        c.start();
+        let _ = c.start();
         let (a, _) = c.attach(1, t);
         c.push(batch(1)).unwrap();
         c.finish().unwrap();
@@ -709,7 +717,7 @@ mod tests {
     fn interrupt_delivers_after_earlier_responses() {
         let t = Instant::now();
         let mut c = core(true, StreamLimits::default());
-        c.start();
+        let _ = c.start();
         c.push(batch(1)).unwrap();
         assert!(c.interrupt());
         assert!(!c.interrupt());
@@ -729,7 +737,7 @@ mod tests {
     fn orphan_errors_at_end_of_log() {
         let t = Instant::now();
         let mut c = core(true, StreamLimits::default());
-        c.start();
+        let _ = c.start();
         let (a, _) = c.attach(1, t);
         c.push(batch(1)).unwrap();
         c.producer_gone();
@@ -745,7 +753,7 @@ mod tests {
     fn close_disconnects_and_stops_producer() {
         let t = Instant::now();
         let mut c = core(true, StreamLimits::default());
-        c.start();
+        let _ = c.start();
         let (a, _) = c.attach(1, t);
         assert_eq!(c.close(Removal::Released), Some(a));
         assert_eq!(
@@ -771,7 +779,7 @@ mod tests {
                 max_bytes: Some(1),
             },
         );
-        c.start();
+        let _ = c.start();
         let (a, _) = c.attach(1, t);
         c.push(batch(10)).unwrap();
         c.push(batch(10)).unwrap();

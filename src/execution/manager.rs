@@ -382,7 +382,7 @@ impl Registry {
             Removal::Released => self.released += 1,
         }
         let mut st = exec.lock();
-        st.core.close(removal);
+        let _ = st.core.close(removal);
         st.take_all(wakes);
         true
     }
@@ -427,7 +427,7 @@ impl Registry {
                 (),
             );
             let mut st = exec.lock();
-            st.core.close(Removal::Abandoned);
+            let _ = st.core.close(Removal::Abandoned);
             st.take_all(wakes);
         }
         Some((session.server_side, n))
@@ -509,7 +509,7 @@ impl ManagerInner {
         }
         if !st.core.log().is_available(next) {
             let e = st.core.log().not_available(next);
-            st.core.detach(id, now);
+            let _ = st.core.detach(id, now);
             return Err(e);
         }
         drop(st);

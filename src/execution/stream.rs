@@ -157,6 +157,7 @@ impl fmt::Debug for ExecShared {
 /// (a full HTTP/2 window) should use [`forward`](Self::forward), which also watches for
 /// preemption and for the rotation deadline while the sink is not ready (SPARK-44855,
 /// rx §4.3).
+#[must_use = "a dropped ResponseStream detaches its consumer (rx §4): attach only to read"]
 pub struct ResponseStream {
     exec: Arc<ExecShared>,
     id: ConsumerId,
@@ -443,6 +444,7 @@ impl Drop for ResponseStream {
 /// Dropping a producer that neither finished nor failed makes the execution an orphan
 /// (rx §2.2 T15): consumers get an error at the end of the log instead of waiting
 /// forever (SPARK-50735).
+#[must_use = "a dropped Producer makes the execution an orphan (rx §2.2 T15)"]
 pub struct Producer {
     exec: Arc<ExecShared>,
     done: bool,

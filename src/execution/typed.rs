@@ -194,7 +194,7 @@ impl<K: Kind> Execution<state::Init, K> {
         let now = self.exec.now();
         let id = {
             let mut st = self.exec.lock();
-            st.core.start();
+            let _ = st.core.start();
             st.core.attach(1, now).0
         };
         let stream = ResponseStream::new(self.exec.clone(), id);
@@ -208,7 +208,7 @@ impl<K: Kind> Execution<state::Init, K> {
         let mut wakes = Wakes::default();
         {
             let mut st = self.exec.lock();
-            st.core.interrupt();
+            let _ = st.core.interrupt();
             st.take_all(&mut wakes);
         }
         wakes.wake();
@@ -305,6 +305,7 @@ impl Execution<state::Cancelling, Reattachable> {
     /// `ReleaseAll` after an interrupt: removes the execution if still registered.
     /// Returns whether this call removed it. Always succeeds (unlike Spark 4.3.0 after a
     /// rotation).
+    #[must_use]
     pub fn release_all(&self) -> bool {
         release(&self.exec)
     }

@@ -2236,3 +2236,58 @@ mod tests {
         );
     }
 }
+
+/// Sizes of the message enums that move by value on every message of a stream.
+#[cfg(test)]
+mod size_tests {
+    use std::mem::size_of;
+
+    use super::*;
+    use crate::wire::connect;
+
+    /// `(name, size of the enum, size of the variant that travels most)`.
+    fn sizes() -> Vec<(&'static str, usize, usize)> {
+        vec![
+            (
+                "UdfRequest",
+                size_of::<UdfRequest>(),
+                size_of::<DataRequest>(),
+            ),
+            (
+                "RequestMessage",
+                size_of::<RequestMessage>(),
+                size_of::<Bytes>(),
+            ),
+            (
+                "udf_control_request::Control",
+                size_of::<udf_control_request::Control>(),
+                size_of::<Cancel>(),
+            ),
+            (
+                "execute_plan_response::ResponseType",
+                size_of::<connect::execute_plan_response::ResponseType>(),
+                size_of::<connect::execute_plan_response::ArrowBatch>(),
+            ),
+        ]
+    }
+
+    /// No enum that moves per message is far larger than its common variant: `Init` (a few
+    /// hundred bytes, once per session) is boxed in both places that held it inline, so a
+    /// data message costs a move of a few words, not of the largest variant.
+    #[test]
+    fn per_message_enums_stay_close_to_their_common_variant() {
+        for (name, size, common) in sizes() {
+            println!("{name}: {size} bytes (common variant {common} bytes)");
+        }
+        for (name, size, common) in sizes() {
+            assert!(
+                size <= common.max(8) * 2 + 16,
+                "{name} is {size} bytes, its common variant {common}: box the large variant"
+            );
+        }
+        assert!(
+            size_of::<Init>() > 4 * size_of::<Box<Init>>(),
+            "Init is worth boxing"
+        );
+    }
+}

@@ -340,6 +340,7 @@ impl ReattachCore {
 
     /// What to do next. Issuing an RPC moves `Idle → Attached`; the error of a failed stream
     /// is handed out once, then [`Command::Done`] forever.
+    #[must_use]
     pub fn poll_command(&mut self) -> Command {
         match self.phase {
             ClientPhase::Idle => {
@@ -375,6 +376,7 @@ impl ReattachCore {
     /// A response arrived on the attached RPC. Returns it when it is to be delivered to the
     /// caller; `None` when it was ignored (nothing attached) or broke the protocol (the core
     /// is then `Failed`).
+    #[must_use]
     pub fn on_response(&mut self, response: ExecutePlanResponse) -> Option<ExecutePlanResponse> {
         if self.phase != ClientPhase::Attached {
             self.stats.ignored += 1;
@@ -582,6 +584,7 @@ impl ReattachCore {
     /// they were queued; queuing `ReleaseAll` drops any `ReleaseUntil` not yet taken (it
     /// frees all of it), and nothing is queued after it. Send them without blocking delivery (rx
     /// rx §6.3); their failures are not the stream's (the server's abandonment cleans up).
+    #[must_use]
     pub fn poll_release(&mut self) -> Option<ReleaseExecuteRequest> {
         self.releases.pop_front()
     }
@@ -794,7 +797,7 @@ mod tests {
     #[test]
     fn reattach_without_delivery_omits_last_response_id() {
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        core.poll_command();
+        let _ = core.poll_command();
         core.on_stream_end();
         let Command::ReattachExecute(r) = core.poll_command() else {
             panic!("expected reattach")
@@ -811,16 +814,16 @@ mod tests {
         );
         let now = Instant::now();
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        core.poll_command();
+        let _ = core.poll_command();
         core.on_error(nf.clone(), now);
         let Command::ExecutePlan(again) = core.poll_command() else {
             panic!("expected re-execute")
         };
         assert_eq!(again.operation_id.as_deref(), Some(core.operation_id()));
-        core.on_response(resp("r1"));
+        let _ = core.on_response(resp("r1"));
         assert_eq!(drain(&mut core), vec![until("r1")]);
         core.on_stream_end();
-        core.poll_command();
+        let _ = core.poll_command();
         core.on_error(nf, now);
         let Command::Fail(e) = core.poll_command() else {
             panic!("expected failure")
@@ -833,7 +836,7 @@ mod tests {
     fn retryable_error_backs_off_then_reattaches() {
         let now = Instant::now();
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        core.poll_command();
+        let _ = core.poll_command();
         core.on_error(RpcError::unavailable("down"), now);
         assert_eq!(
             core.poll_command(),
@@ -846,7 +849,7 @@ mod tests {
     #[test]
     fn session_id_change_is_fatal() {
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        core.poll_command();
+        let _ = core.poll_command();
         let mut a = resp("r1");
         a.server_side_session_id = "s1".into();
         assert!(core.on_response(a).is_some());
@@ -863,8 +866,8 @@ mod tests {
     fn non_reattachable_never_releases_or_reattaches() {
         let mut core = ReattachCore::non_reattachable(request(), &config()).unwrap();
         assert!(!core.request().is_reattachable());
-        core.poll_command();
-        core.on_response(ExecutePlanResponse::arrow_batch(1, &b"x"[..]));
+        let _ = core.poll_command();
+        let _ = core.on_response(ExecutePlanResponse::arrow_batch(1, &b"x"[..]));
         core.on_stream_end();
         assert_eq!(core.poll_command(), Command::Done);
         assert!(core.poll_release().is_none());
@@ -879,11 +882,11 @@ mod tests {
         };
         let mut core = ReattachCore::reattachable(request(), &cfg).unwrap();
         let mut other = ReattachCore::reattachable(request(), &cfg).unwrap();
-        core.poll_command();
-        other.poll_command();
-        core.on_response(resp("r1"));
+        let _ = core.poll_command();
+        let _ = other.poll_command();
+        let _ = core.on_response(resp("r1"));
         let r1 = core.last_response_id().unwrap().clone();
-        core.on_response(resp("r2"));
+        let _ = core.on_response(resp("r2"));
         let r2 = core.last_response_id().unwrap().clone();
         assert!(drain(&mut core).is_empty());
         core.release_until(&r2).unwrap();

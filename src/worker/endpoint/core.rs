@@ -304,6 +304,7 @@ impl WorkerCore {
     }
 
     /// Takes the assembled `Init` (see [`init`](Self::init)).
+    #[must_use]
     pub fn take_init(&mut self) -> Option<Init> {
         self.init.take()
     }
@@ -334,6 +335,7 @@ impl WorkerCore {
     }
 
     /// The next received input batch, in arrival order.
+    #[must_use]
     pub fn pop_input(&mut self) -> Option<Bytes> {
         self.input.pop_front()
     }
@@ -352,6 +354,7 @@ impl WorkerCore {
     }
 
     /// The next response to hand to the transport, if any.
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<UdfResponse> {
         self.outbox.pop_front()
     }

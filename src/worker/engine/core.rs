@@ -269,6 +269,7 @@ impl EngineCore {
     ///   dropped, no stream is opened, and the synthetic `Cancelled` settles (udf §5.3).
     /// - Otherwise unsent Data, Finish and PayloadChunks are dropped, `Cancel{reason}` is
     ///   queued and the phase becomes `Cancelling`.
+    #[must_use]
     pub fn cancel(&mut self, reason: Option<String>) -> bool {
         if self.terminal.is_some() || self.cancel_requested {
             return false;
@@ -277,7 +278,7 @@ impl EngineCore {
         if !self.stream_opened {
             // Nothing has reached the transport (not even a queued Init): the stream is never
             // opened and the outcome is the synthetic Cancelled (udf §5.2 step 1, §5.3).
-            self.settle(Termination::cancelled_before_start());
+            let _ = self.settle(Termination::cancelled_before_start());
             return false;
         }
         // The Init went out first, so dropping every unsent request keeps "Cancel never
@@ -290,6 +291,7 @@ impl EngineCore {
 
     /// The next request to hand to the transport, if any. Taking `Finish` sets the
     /// finish-sent flag, after which a `FinishResponse` is legitimate.
+    #[must_use]
     pub fn poll_transmit(&mut self) -> Option<UdfRequest> {
         let req = self.outbox.pop_front()?;
         self.stream_opened = true;
@@ -307,6 +309,7 @@ impl EngineCore {
     }
 
     /// The next received `DataResponse` payload, in arrival order.
+    #[must_use]
     pub fn pop_output(&mut self) -> Option<Bytes> {
         self.output.pop_front()
     }
@@ -358,7 +361,7 @@ impl EngineCore {
                     Some(error) => {
                         self.record_error(error);
                         self.init_failed = true;
-                        self.cancel(Some("init failed".into()));
+                        let _ = self.cancel(Some("init failed".into()));
                     }
                     None => {
                         if self.phase == EnginePhase::Initializing {
@@ -374,12 +377,12 @@ impl EngineCore {
                 if self.init_response.is_none() {
                     self.init_failed = true;
                 }
-                self.cancel(Some("aborting after ErrorResponse".into()));
+                let _ = self.cancel(Some("aborting after ErrorResponse".into()));
             }
             ResponseMessage::Finish(resp) => {
                 if self.finish_sent {
                     let execution_error = self.execution_error.clone();
-                    self.settle(Termination::Finished {
+                    let _ = self.settle(Termination::Finished {
                         response: resp,
                         execution_error,
                     });
@@ -389,7 +392,7 @@ impl EngineCore {
             }
             ResponseMessage::Cancel(resp) => {
                 let execution_error = self.execution_error.clone();
-                self.settle(Termination::Cancelled {
+                let _ = self.settle(Termination::Cancelled {
                     response: resp,
                     execution_error,
                 });
@@ -421,7 +424,7 @@ impl EngineCore {
             // Nothing on the wire: no stream is opened just to cancel it.
             return self.fail(failure);
         }
-        self.cancel(Some(format!("timed out waiting for {waiting_for}")));
+        let _ = self.cancel(Some(format!("timed out waiting for {waiting_for}")));
         // Keep the queued Cancel: the driver flushes it best-effort after the terminal.
         let pending = std::mem::take(&mut self.outbox);
         self.fail(failure);
@@ -430,16 +433,17 @@ impl EngineCore {
 
     /// Settles `Interrupted` (udf §4.9) unless already terminal.
     pub fn handle_interrupt(&mut self, context: &'static str, waited: Duration) {
-        self.settle(Termination::Interrupted(Interrupted { context, waited }));
+        let _ = self.settle(Termination::Interrupted(Interrupted { context, waited }));
     }
 
     /// Settles `TransportFailed(failure)` unless already terminal.
     pub fn fail(&mut self, failure: TransportFailure) {
-        self.settle(Termination::TransportFailed(failure));
+        let _ = self.settle(Termination::TransportFailed(failure));
     }
 
     /// First-wins settlement (udf §4.2 `completeTerminal`): returns `true` only for the call
     /// that settled. Clears queued requests.
+    #[must_use]
     pub fn settle(&mut self, termination: Termination) -> bool {
         if self.terminal.is_some() {
             return false;

@@ -288,7 +288,7 @@ where
     /// `close()` (udf §5.2): cancel if needed, wait for the terminal, half-close, finalize.
     async fn close(&mut self) -> Termination {
         if !self.core.is_terminal() {
-            self.core.cancel(Some("session closed".into()));
+            let _ = self.core.cancel(Some("session closed".into()));
             self.await_terminal(self.config.terminal_timeout).await;
         }
         self.shutdown_request_side().await;
@@ -302,7 +302,8 @@ where
         let context = self.activity.context();
         let waited = self.config.interrupt_cancel_timeout;
         if !self.core.is_terminal() {
-            self.core
+            let _ = self
+                .core
                 .cancel(Some(format!("interrupted while {context}")));
             let ack = tokio::time::timeout(waited, self.drive_terminal_untimed()).await;
             if ack.is_err() {
@@ -851,7 +852,7 @@ where
     C: Connection<UdfRequest, UdfResponse>,
 {
     let inner = session.inner_mut();
-    inner.core.cancel(reason);
+    let _ = inner.core.cancel(reason);
     inner.flush(Activity::AwaitingTerminator).await;
     session.into_state()
 }
