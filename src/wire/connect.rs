@@ -28,6 +28,18 @@
 
 use bytes::Bytes;
 
+mod config;
+mod query;
+
+pub use self::config::{
+    AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, KeyValue,
+    analyze_plan_request, analyze_plan_response, config_request,
+};
+pub use self::query::{
+    Aggregate, DataType, Expression, Limit, Range, Relation, RelationCommon, aggregate, data_type,
+    expression, relation,
+};
+
 // ---------------------------------------------------------------------------------------------
 // Shared messages
 // ---------------------------------------------------------------------------------------------
