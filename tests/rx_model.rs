@@ -484,7 +484,7 @@ impl Model {
         Ok(())
     }
 
-    /// Lookup without creation (ReattachExecute, ReleaseExecute, Interrupt).
+    /// Lookup without creation (ReattachExecute, ReleaseExecute).
     fn session_lookup(&mut self, s: usize) -> Result<(), E> {
         if !self.sessions[s].live {
             return Err(if self.closed.contains(s) {
@@ -786,13 +786,14 @@ impl Model {
             }
             Action::Interrupt(op) => {
                 let s = OP_SESSION[op];
+                // Interrupt gets or creates its session, as Spark's does (connect §3).
                 let r = self
-                    .session_lookup(s)
+                    .session_create(s)
                     .map(|()| if self.interrupt(op) { vec![op] } else { vec![] });
                 self.expect = Expect::Interrupt(r);
             }
             Action::InterruptAll(s) => {
-                let r = self.session_lookup(s).map(|()| {
+                let r = self.session_create(s).map(|()| {
                     (0..OPS.len())
                         .filter(|&op| OP_SESSION[op] == s)
                         .filter(|&op| self.interrupt(op))

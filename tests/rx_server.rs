@@ -1126,11 +1126,26 @@ fn rx_x_unknown_session_is_not_found_and_not_created() {
         condition(&f.m.release_execute(&release_all(&o)).unwrap_err()),
         "INVALID_HANDLE.SESSION_NOT_FOUND"
     );
-    assert_eq!(
-        condition(&f.m.interrupt(&interrupt_op(&o)).unwrap_err()),
-        "INVALID_HANDLE.SESSION_NOT_FOUND"
-    );
     assert_eq!(f.m.stats().sessions, 0);
+}
+
+/// Spark's Interrupt gets or creates its session (connect §3): PySpark's `interruptAll()` on
+/// a fresh session succeeds with nothing interrupted, and the session then exists with one
+/// server-side id that later RPCs see too.
+#[test]
+fn rx_x_interrupt_gets_or_creates_its_session() {
+    let f = fx();
+    let r = f.m.interrupt(&interrupt_op(&op())).unwrap();
+    assert!(r.interrupted_ids.is_empty());
+    assert_eq!(f.m.stats().sessions, 1);
+    assert!(!r.server_side_session_id.is_empty());
+    let again =
+        f.m.get_or_create_session(USER, SID, Some(&r.server_side_session_id));
+    assert_eq!(again.unwrap(), r.server_side_session_id);
+    let changed =
+        f.m.get_or_create_session(USER, SID, Some("other"))
+            .unwrap_err();
+    assert_eq!(condition(&changed), "INVALID_HANDLE.SESSION_CHANGED");
 }
 
 #[test]

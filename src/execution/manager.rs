@@ -905,14 +905,38 @@ impl ExecutionManager {
         r
     }
 
+    /// Gets or creates the session of `(user_id, session_id)` and returns its one
+    /// `server_side_session_id`, refreshing its idle timer: what every non-execution RPC of
+    /// a Spark Connect service (`Config`, `AnalyzePlan`, …) does before it answers, so that
+    /// every response carries the same server-side id from the first call on (connect §3;
+    /// Spark's `SparkConnectSessionManager.getOrCreateIsolatedSession`).
+    ///
+    /// # Errors
+    /// `INVALID_HANDLE.FORMAT` if `session_id` is not a UUID, `SESSION_CLOSED` for a
+    /// released session (rx §5.6), `SESSION_CHANGED` if `observed` is set and differs from
+    /// the session's server-side id (rx §5.5).
+    pub fn get_or_create_session(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        observed: Option<&str>,
+    ) -> Result<String, ConnectError> {
+        let now = self.now();
+        let mut reg = self.inner.lock();
+        let session = reg.get_or_create_session(&self.inner.config, user_id, session_id, now)?;
+        check_observed(session, observed, session_id)?;
+        Ok(session.server_side.to_string())
+    }
+
     /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
     /// session. Each interrupted execution delivers `OPERATION_CANCELED` after its earlier
     /// responses and stays registered until ReleaseAll or abandonment. The response lists
     /// the operation ids whose runner changed state (sorted); an interrupt after completion
-    /// started is a no-op.
+    /// started is a no-op. Like Spark's, it gets or creates its session (connect §3): an
+    /// interrupt in a new session succeeds with empty `interrupted_ids`.
     ///
     /// # Errors
-    /// `SESSION_NOT_FOUND` / `SESSION_CLOSED` / `SESSION_CHANGED`,
+    /// `SESSION_CLOSED` / `SESSION_CHANGED`,
     /// `INTERRUPT_TYPE_TAG_REQUIRES_TAG`, `INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID`,
     /// `INVALID_HANDLE.FORMAT`, `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`.
     pub fn interrupt(&self, request: &InterruptRequest) -> Result<InterruptResponse, ConnectError> {
@@ -923,11 +947,14 @@ impl ExecutionManager {
             let reg = &mut *guard;
             (|| {
                 let raw_sid = request.session_id.as_str();
-                let session = reg.lookup_session(
-                    request.user_id(),
-                    raw_sid,
+                // Spark's Interrupt gets or creates its session (connect §3): an interrupt in
+                // a session that does not exist yet succeeds and interrupts nothing.
+                let session =
+                    reg.get_or_create_session(&self.inner.config, request.user_id(), raw_sid, now)?;
+                check_observed(
+                    session,
                     request.client_observed_server_side_session_id.as_deref(),
-                    now,
+                    raw_sid,
                 )?;
                 let targets: Vec<Arc<ExecShared>> =
                     match InterruptType::try_from(request.interrupt_type) {
