@@ -158,7 +158,7 @@ macro_rules! typestate_markers {
 pub mod connection;
 pub mod execution;
 pub mod reference;
-#[cfg(feature = "grpc")]
+#[cfg(any(feature = "grpc", feature = "spark-connect"))]
 pub mod spark;
 pub mod time;
 pub mod wire;

@@ -1,4 +1,5 @@
-//! gRPC adapters for Spark's own services (feature `grpc`, tonic).
+//! gRPC adapters for Spark's own services (tonic): the UDF worker service (feature `grpc`)
+//! and Spark Connect (feature `spark-connect`).
 //!
 //! - [`udf_grpc`]: the official `org.apache.spark.udf.worker.UdfWorker` service (udf §1.1,
 //!   udf §1.7, §6.4) on both sides. The engine side opens one HTTP/2 channel per worker over its
@@ -8,8 +9,14 @@
 //!   stream to [`endpoint::serve`](crate::worker::endpoint::serve) or any other handler
 //!   ([`WorkerService`](udf_grpc::WorkerService), [`WorkerServer`](udf_grpc::WorkerServer)).
 //!
-//! The service glue is written by hand against tonic's codegen API (no `protoc`, no build
+//! - [`connect`]: Spark Connect's `SparkConnectService` over the execution layer
+//!   (rx §1, connect §1–§4).
+//!
+//! The UDF service glue is written by hand against tonic's codegen API (no `protoc`, no build
 //! script): the message types are tether's own prost types in [`crate::wire`], which carry
 //! the official field numbers.
 
+#[cfg(feature = "spark-connect")]
+pub mod connect;
+#[cfg(feature = "grpc")]
 pub mod udf_grpc;

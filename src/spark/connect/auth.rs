@@ -1,0 +1,113 @@
+//! Spark's pre-shared bearer token (connect §4; Spark's
+//! `PreSharedKeyAuthenticationInterceptor`, `spark.connect.authenticate.token`).
+
+use std::sync::Arc;
+
+use subtle::ConstantTimeEq;
+
+/// The message of a request without an `authorization` header (connect §4).
+pub(crate) const NO_TOKEN: &str = "No authentication token provided";
+/// The message of a request whose token does not match (connect §4).
+pub(crate) const INVALID_TOKEN: &str = "Invalid authentication token";
+
+/// Checks every request's `authorization: Bearer <token>` against the configured token, as
+/// a tonic interceptor. Without a configured token every request passes.
+#[derive(Clone)]
+pub(crate) struct TokenCheck {
+    expected: Option<Arc<[u8]>>,
+}
+
+impl TokenCheck {
+    pub(crate) fn new(token: Option<&str>) -> Self {
+        Self {
+            expected: token.map(|t| Arc::from(format!("Bearer {t}").into_bytes())),
+        }
+    }
+}
+
+impl tonic::service::Interceptor for TokenCheck {
+    fn call(&mut self, request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        let Some(expected) = &self.expected else {
+            return Ok(request);
+        };
+        let Some(got) = request.metadata().get("authorization") else {
+            return Err(tonic::Status::unauthenticated(NO_TOKEN));
+        };
+        // Constant time in the token's content (Spark compares with plain equality).
+        if bool::from(got.as_bytes().ct_eq(expected)) {
+            Ok(request)
+        } else {
+            Err(tonic::Status::unauthenticated(INVALID_TOKEN))
+        }
+    }
+}
+
+/// Adds `authorization: Bearer <token>` to every request of a client (connect §4).
+#[derive(Clone)]
+pub(crate) struct TokenSend {
+    header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+}
+
+impl TokenSend {
+    /// # Errors
+    /// The token contains characters that cannot travel in an HTTP header.
+    pub(crate) fn new(
+        token: Option<&str>,
+    ) -> Result<Self, tonic::metadata::errors::InvalidMetadataValue> {
+        let header = token.map(|t| format!("Bearer {t}").parse()).transpose()?;
+        Ok(Self { header })
+    }
+}
+
+impl tonic::service::Interceptor for TokenSend {
+    fn call(
+        &mut self,
+        mut request: tonic::Request<()>,
+    ) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(h) = &self.header {
+            request.metadata_mut().insert("authorization", h.clone());
+        }
+        Ok(request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tonic::service::Interceptor;
+
+    use super::*;
+
+    fn with(header: Option<&str>) -> tonic::Request<()> {
+        let mut r = tonic::Request::new(());
+        if let Some(h) = header {
+            r.metadata_mut().insert("authorization", h.parse().unwrap());
+        }
+        r
+    }
+
+    #[test]
+    fn tokens_are_checked_with_sparks_messages() {
+        let mut check = TokenCheck::new(Some("s3cret"));
+        assert!(check.call(with(Some("Bearer s3cret"))).is_ok());
+        let missing = check.call(with(None)).unwrap_err();
+        assert_eq!(missing.code(), tonic::Code::Unauthenticated);
+        assert_eq!(missing.message(), NO_TOKEN);
+        for wrong in ["Bearer s3cre", "Bearer s3cretx", "s3cret", "Bearer "] {
+            let e = check.call(with(Some(wrong))).unwrap_err();
+            assert_eq!(
+                (e.code(), e.message()),
+                (tonic::Code::Unauthenticated, INVALID_TOKEN)
+            );
+        }
+        assert!(TokenCheck::new(None).call(with(None)).is_ok());
+    }
+
+    #[test]
+    fn the_client_sends_the_bearer_header() {
+        let mut send = TokenSend::new(Some("s3cret")).unwrap();
+        let r = send.call(tonic::Request::new(())).unwrap();
+        let mut check = TokenCheck::new(Some("s3cret"));
+        assert!(check.call(r).is_ok());
+        assert!(TokenSend::new(Some("bad\nvalue")).is_err());
+    }
+}

@@ -1,0 +1,193 @@
+//! A tonic client of Spark Connect: the [`ExecutionRpc`] that
+//! [`ReattachingStream`](crate::execution::client::ReattachingStream) runs over, usable
+//! against any Spark Connect server, real Spark included (rx §1.1, §6; connect §4).
+
+use futures::future::BoxFuture;
+use futures::stream::{BoxStream, StreamExt};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::{Channel, Endpoint};
+
+use super::MAX_MESSAGE_SIZE;
+use super::auth::TokenSend;
+use super::generated::spark_connect_service_client::SparkConnectServiceClient;
+use super::status::to_rpc_error;
+use crate::execution::client::{ExecutionRpc, RpcError};
+use crate::wire::connect::{
+    AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
+    ExecutePlanResponse, InterruptRequest, InterruptResponse, ReattachExecuteRequest,
+    ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
+};
+
+/// Why a [`ConnectClient`] could not be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectClientError {
+    /// The address is not a valid URI (expected `http://host:port`).
+    #[error("invalid Spark Connect address {address:?}")]
+    Address {
+        /// The address as given.
+        address: String,
+        /// What the URI parser said.
+        #[source]
+        source: tonic::transport::Error,
+    },
+    /// The token cannot travel in an HTTP header (connect §4).
+    #[error("the authentication token contains characters not allowed in a header")]
+    Token(#[source] tonic::metadata::errors::InvalidMetadataValue),
+    /// The server could not be reached.
+    #[error("could not connect to the Spark Connect server")]
+    Connect(#[source] tonic::transport::Error),
+}
+
+/// A Spark Connect client over one HTTP/2 channel (plaintext), sending
+/// `authorization: Bearer <token>` on every RPC when a token is set (connect §4). Cheap to
+/// clone: clones share the channel.
+///
+/// It implements [`ExecutionRpc`], so a
+/// [`ReattachingStream`](crate::execution::client::ReattachingStream) runs over it with
+/// Spark's retry policy; the other RPCs are plain methods. Status errors become
+/// [`RpcError`]s carrying the Spark condition of the rich status (rx §1.8).
+#[derive(Clone, Debug)]
+pub struct ConnectClient {
+    inner: SparkConnectServiceClient<InterceptedService<Channel, TokenSend>>,
+}
+
+impl ConnectClient {
+    /// Connects to `address` (e.g. `http://127.0.0.1:15002`).
+    ///
+    /// # Errors
+    /// An invalid address or token, or a server that cannot be reached.
+    pub async fn connect(address: &str, token: Option<&str>) -> Result<Self, ConnectClientError> {
+        let endpoint = Endpoint::from_shared(address.to_owned()).map_err(|source| {
+            ConnectClientError::Address {
+                address: address.to_owned(),
+                source,
+            }
+        })?;
+        let channel = endpoint
+            .connect()
+            .await
+            .map_err(ConnectClientError::Connect)?;
+        Self::with_channel(channel, token)
+    }
+
+    /// A client over an existing channel.
+    ///
+    /// # Errors
+    /// A token that cannot travel in a header.
+    pub fn with_channel(channel: Channel, token: Option<&str>) -> Result<Self, ConnectClientError> {
+        let send = TokenSend::new(token).map_err(ConnectClientError::Token)?;
+        let inner = SparkConnectServiceClient::with_interceptor(channel, send)
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE);
+        Ok(Self { inner })
+    }
+
+    /// `Config` (connect §1.1).
+    ///
+    /// # Errors
+    /// The RPC failed.
+    pub async fn config(&self, request: ConfigRequest) -> Result<ConfigResponse, RpcError> {
+        let mut c = self.inner.clone();
+        c.config(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| to_rpc_error(&s))
+    }
+
+    /// `AnalyzePlan` (connect §1.12).
+    ///
+    /// # Errors
+    /// The RPC failed.
+    pub async fn analyze_plan(
+        &self,
+        request: AnalyzePlanRequest,
+    ) -> Result<AnalyzePlanResponse, RpcError> {
+        let mut c = self.inner.clone();
+        c.analyze_plan(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| to_rpc_error(&s))
+    }
+
+    /// `Interrupt` (rx §1.7).
+    ///
+    /// # Errors
+    /// The RPC failed.
+    pub async fn interrupt(
+        &self,
+        request: InterruptRequest,
+    ) -> Result<InterruptResponse, RpcError> {
+        let mut c = self.inner.clone();
+        c.interrupt(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| to_rpc_error(&s))
+    }
+
+    /// `ReleaseSession` (rx §1.7).
+    ///
+    /// # Errors
+    /// The RPC failed.
+    pub async fn release_session(
+        &self,
+        request: ReleaseSessionRequest,
+    ) -> Result<ReleaseSessionResponse, RpcError> {
+        let mut c = self.inner.clone();
+        c.release_session(request)
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|s| to_rpc_error(&s))
+    }
+}
+
+type RpcStream = BoxStream<'static, Result<ExecutePlanResponse, RpcError>>;
+
+fn rpc_stream(stream: tonic::Streaming<ExecutePlanResponse>) -> RpcStream {
+    stream
+        .map(|item| item.map_err(|s| to_rpc_error(&s)))
+        .boxed()
+}
+
+impl ExecutionRpc for ConnectClient {
+    type Stream = RpcStream;
+
+    fn execute_plan(
+        &self,
+        request: ExecutePlanRequest,
+    ) -> BoxFuture<'static, Result<RpcStream, RpcError>> {
+        let mut c = self.inner.clone();
+        Box::pin(async move {
+            c.execute_plan(request)
+                .await
+                .map(|r| rpc_stream(r.into_inner()))
+                .map_err(|s| to_rpc_error(&s))
+        })
+    }
+
+    fn reattach_execute(
+        &self,
+        request: ReattachExecuteRequest,
+    ) -> BoxFuture<'static, Result<RpcStream, RpcError>> {
+        let mut c = self.inner.clone();
+        Box::pin(async move {
+            c.reattach_execute(request)
+                .await
+                .map(|r| rpc_stream(r.into_inner()))
+                .map_err(|s| to_rpc_error(&s))
+        })
+    }
+
+    fn release_execute(
+        &self,
+        request: ReleaseExecuteRequest,
+    ) -> BoxFuture<'static, Result<ReleaseExecuteResponse, RpcError>> {
+        let mut c = self.inner.clone();
+        Box::pin(async move {
+            c.release_execute(request)
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| to_rpc_error(&s))
+        })
+    }
+}

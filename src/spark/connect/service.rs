@@ -1,0 +1,559 @@
+//! The Spark Connect service over an [`ExecutionManager`]: ExecutePlan, ReattachExecute,
+//! ReleaseExecute, Interrupt and ReleaseSession in full, Config and AnalyzePlan through the
+//! user's [`QueryEngine`] (rx §1, §4, §5; connect §3).
+
+use std::collections::{BTreeMap, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use futures::stream::{BoxStream, Stream, StreamExt};
+use tonic::service::interceptor::InterceptedService;
+use uuid::Uuid;
+
+use super::generated::spark_connect_service_server::{
+    SparkConnectService, SparkConnectServiceServer,
+};
+use super::status::to_status;
+use crate::execution::{ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey};
+use crate::wire::connect::{
+    AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
+    ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest,
+    ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
+    UserContext, analyze_plan_request, analyze_plan_response, config_request,
+};
+
+/// The responses of one ExecutePlan, in order: the schema and Arrow batches, metrics, and
+/// finally `Ok` end or an `Err` (a Spark error, delivered to the client after every earlier
+/// response, rx §2.2 T8). The service adds `ResultComplete` for reattachable executions
+/// and stamps every id (rx §3.2); a source does not set them.
+pub type ResponseSource = BoxStream<'static, Result<ExecutePlanResponse, ConnectError>>;
+
+/// Who runs a request: the session it belongs to (connect §3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SessionContext {
+    /// `UserContext.user_id` of the request.
+    pub user_id: String,
+    /// The client's `session_id`, as sent.
+    pub session_id: String,
+    /// The session's one server-side id, on every response (connect §3).
+    pub server_side_session_id: String,
+}
+
+/// The query engine a Spark Connect server plugs into [`ConnectService`]: it turns one
+/// ExecutePlan into a stream of responses, and may answer AnalyzePlan and Config itself.
+///
+/// `execute` is called once per new execution, on the RPC's task; the returned stream is
+/// driven on a task of its own, with backpressure from the execution's bounded response
+/// log (rx §3), and is dropped as soon as the execution is interrupted or released
+/// (rx §2.2 T9, T12), which is how a long query learns to stop.
+pub trait QueryEngine: Send + Sync + 'static {
+    /// Starts running `request` (its `plan` is opaque bytes: decode the root with
+    /// [`Relation::decode`](crate::wire::connect::Relation)).
+    ///
+    /// # Errors
+    /// A plan the engine cannot run; the execution fails with it (the client sees it after
+    /// nothing else).
+    fn execute(
+        &self,
+        session: &SessionContext,
+        request: &ExecutePlanRequest,
+    ) -> Result<ResponseSource, ConnectError>;
+
+    /// Answers the `schema` and `spark_version` analyses (connect §1.12–§1.16). The default
+    /// answers `spark_version` with [`SPARK_VERSION`] and refuses everything else.
+    ///
+    /// # Errors
+    /// The analysis is not supported, or the plan is invalid.
+    fn analyze(
+        &self,
+        session: &SessionContext,
+        request: &AnalyzePlanRequest,
+    ) -> Result<analyze_plan_response::Result, ConnectError> {
+        let _ = session;
+        match &request.analyze {
+            Some(analyze_plan_request::Analyze::SparkVersion(_)) => Ok(
+                analyze_plan_response::Result::SparkVersion(analyze_plan_response::SparkVersion {
+                    version: SPARK_VERSION.to_owned(),
+                }),
+            ),
+            _ => Err(ConnectError::Failed {
+                message: "[UNSUPPORTED_FEATURE] This server does not support this analysis."
+                    .to_owned(),
+                code: crate::execution::Code::Internal,
+            }),
+        }
+    }
+
+    /// The value a session's configuration starts with for `key`, if any (the entries a
+    /// client reads before it has set them, e.g. `spark.sql.session.timeZone`). The default
+    /// is [`default_conf`].
+    fn default_conf(&self, key: &str) -> Option<String> {
+        default_conf(key)
+    }
+}
+
+/// The Spark version tether's Spark Connect service reports: the protocol it speaks is
+/// Spark 4.3.0's (connect §1.16).
+pub const SPARK_VERSION: &str = "4.3.0";
+
+/// Spark's default for the configuration keys a Spark Connect client reads before setting
+/// them: `spark.sql.session.timeZone` (`Etc/UTC`, as measured on Spark 4.3.0, connect §3),
+/// and the Arrow settings of `SQLConf`.
+pub fn default_conf(key: &str) -> Option<String> {
+    Some(
+        match key {
+            "spark.sql.session.timeZone" => "Etc/UTC",
+            "spark.sql.execution.arrow.maxRecordsPerBatch" => "10000",
+            "spark.sql.execution.arrow.pyspark.enabled" => "true",
+            "spark.sql.execution.pandas.convertToArrowArraySafely" => "false",
+            "spark.sql.ansi.enabled" => "true",
+            _ => return None,
+        }
+        .to_owned(),
+    )
+}
+
+/// Settings of a [`ConnectService`].
+#[derive(Debug, Clone, Default)]
+pub struct ConnectConfig {
+    /// The pre-shared token every RPC must carry as `authorization: Bearer <token>`
+    /// (connect §4; Spark's `spark.connect.authenticate.token`). `None`: no authentication.
+    pub token: Option<String>,
+}
+
+/// Most session configurations kept before entries of sessions that no longer exist are
+/// dropped.
+const CONF_SWEEP_AT: usize = 4096;
+
+/// One session's configuration, with the key that tells whether the session still exists.
+type SessionConf = (SessionKey, BTreeMap<String, String>);
+
+struct Inner<E> {
+    manager: ExecutionManager,
+    engine: E,
+    /// Per-session configuration, by server-side session id (so a session re-created after
+    /// ReleaseSession starts fresh).
+    confs: Mutex<HashMap<String, SessionConf>>,
+}
+
+/// Spark Connect's `SparkConnectService` over an [`ExecutionManager`] and a [`QueryEngine`].
+/// Mount [`into_service`](Self::into_service) on a `tonic::transport::Server`.
+///
+/// Every RPC runs in a session (get or create, connect §3), and every response carries the
+/// session's `server_side_session_id`. Errors go out as Spark sends them: INTERNAL with
+/// `[CONDITION] text SQLSTATE: state` and a rich-status `ErrorInfo` (connect §2).
+pub struct ConnectService<E> {
+    inner: Arc<Inner<E>>,
+}
+
+impl<E> Clone for ConnectService<E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+fn user_of(context: Option<&UserContext>) -> &str {
+    context.map_or("", |c| c.user_id.as_str())
+}
+
+fn session_key(user_id: &str, session_id: &str) -> Option<SessionKey> {
+    Some(SessionKey {
+        user_id: Arc::from(user_id),
+        session_id: Uuid::parse_str(session_id).ok()?,
+    })
+}
+
+impl<E: QueryEngine> ConnectService<E> {
+    /// A service over `manager` running queries on `engine`.
+    pub fn new(manager: ExecutionManager, engine: E) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                manager,
+                engine,
+                confs: Mutex::new(HashMap::new()),
+            }),
+        }
+    }
+
+    /// The manager the service registers executions in.
+    pub fn manager(&self) -> &ExecutionManager {
+        &self.inner.manager
+    }
+
+    /// The gRPC service to add to a `tonic::transport::Server`: this service behind the
+    /// token check of `config`, with message limits raised to 128 MiB (Spark's
+    /// `spark.connect.grpc.maxInboundMessageSize`), answering `UNIMPLEMENTED` with the method's
+    /// name for the methods of Spark's service it does not serve.
+    ///
+    /// Serve it with `TCP_NODELAY` on (tonic's `TcpIncoming::with_nodelay(Some(true))`, or
+    /// `Server::builder().tcp_nodelay(true)`): a reattaching client makes a round trip per
+    /// rotated stream, and Nagle's algorithm delays each by up to 40 ms.
+    pub fn into_service(self, config: &ConnectConfig) -> ConnectGrpcService<E> {
+        let server = SparkConnectServiceServer::new(self)
+            .max_decoding_message_size(super::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(super::MAX_MESSAGE_SIZE);
+        ConnectGrpcService {
+            inner: InterceptedService::new(
+                server,
+                super::auth::TokenCheck::new(config.token.as_deref()),
+            ),
+        }
+    }
+
+    fn session(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        observed: Option<&str>,
+    ) -> Result<SessionContext, tonic::Status> {
+        let server_side = self
+            .inner
+            .manager
+            .get_or_create_session(user_id, session_id, observed)
+            .map_err(|e| to_status(&e))?;
+        Ok(SessionContext {
+            user_id: user_id.to_owned(),
+            session_id: session_id.to_owned(),
+            server_side_session_id: server_side,
+        })
+    }
+
+    /// Drives `source` into `producer` on a task of its own, stopping when the execution is
+    /// interrupted or released (rx §2.2 T7–T9).
+    fn run(producer: Producer, source: Result<ResponseSource, ConnectError>) {
+        let mut producer = producer;
+        let mut source = match source {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = producer.fail(e);
+                return;
+            }
+        };
+        tokio::spawn(async move {
+            loop {
+                let next = tokio::select! {
+                    next = source.next() => next,
+                    () = producer.cancelled() => return,
+                };
+                match next {
+                    // `push` waits while the unsent bound is reached and fails once the
+                    // execution is interrupted or released (it wakes the waiting producer).
+                    Some(Ok(response)) => {
+                        if producer.push(response).await.is_err() {
+                            return;
+                        }
+                    }
+                    Some(Err(e)) => {
+                        let _ = producer.fail(e);
+                        return;
+                    }
+                    None => {
+                        let _ = producer.finish();
+                        return;
+                    }
+                }
+            }
+        });
+    }
+
+    fn conf_answer(
+        &self,
+        session: &SessionContext,
+        operation: Option<config_request::operation::OpType>,
+    ) -> Result<(Vec<KeyValue>, Vec<String>), ConnectError> {
+        use config_request::operation::OpType;
+        let key = session_key(&session.user_id, &session.session_id);
+        let mut confs = self
+            .inner
+            .confs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if confs.len() >= CONF_SWEEP_AT {
+            let manager = &self.inner.manager;
+            confs.retain(|server_side, (k, _)| {
+                manager.server_side_session_id(k).as_deref() == Some(server_side.as_str())
+            });
+        }
+        let Some(key) = key else {
+            return Err(ConnectError::InvalidHandleFormat {
+                handle: session.session_id.clone(),
+            });
+        };
+        let conf = &mut confs
+            .entry(session.server_side_session_id.clone())
+            .or_insert_with(|| (key, BTreeMap::new()))
+            .1;
+        let engine = &self.inner.engine;
+        let read = |conf: &BTreeMap<String, String>, key: &str| {
+            conf.get(key).cloned().or_else(|| engine.default_conf(key))
+        };
+        let mut pairs = Vec::new();
+        match operation {
+            Some(OpType::Set(set)) => {
+                for kv in set.pairs {
+                    match kv.value {
+                        Some(v) => conf.insert(kv.key, v),
+                        None => conf.remove(&kv.key),
+                    };
+                }
+            }
+            Some(OpType::Get(get)) => {
+                for key in get.keys {
+                    let Some(value) = read(conf, &key) else {
+                        return Err(ConnectError::Failed {
+                            message: format!(
+                                "[SQL_CONF_NOT_FOUND] The SQL config \"{key}\" cannot be found. \
+                                 Please verify that the config exists. SQLSTATE: 42K0I"
+                            ),
+                            code: crate::execution::Code::Internal,
+                        });
+                    };
+                    pairs.push(KeyValue::new(key, value));
+                }
+            }
+            Some(OpType::GetWithDefault(g)) => {
+                for kv in g.pairs {
+                    let value = conf.get(&kv.key).cloned().or(kv.value);
+                    pairs.push(KeyValue { key: kv.key, value });
+                }
+            }
+            Some(OpType::GetOption(g)) => {
+                for key in g.keys {
+                    let value = read(conf, &key);
+                    pairs.push(KeyValue { key, value });
+                }
+            }
+            Some(OpType::GetAll(g)) => {
+                let prefix = g.prefix.unwrap_or_default();
+                pairs.extend(
+                    conf.iter()
+                        .filter(|(k, _)| k.starts_with(&prefix))
+                        .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+                );
+            }
+            Some(OpType::Unset(u)) => {
+                for key in u.keys {
+                    conf.remove(&key);
+                }
+            }
+            Some(OpType::IsModifiable(m)) => {
+                pairs.extend(m.keys.into_iter().map(|k| KeyValue::new(k, "true")));
+            }
+            None => {}
+        }
+        Ok((pairs, Vec::new()))
+    }
+}
+
+type StatusStream = Pin<Box<dyn Stream<Item = Result<ExecutePlanResponse, tonic::Status>> + Send>>;
+
+/// The responses of one RPC as gRPC items: the first error ends the stream with its status
+/// (connect §2).
+fn as_grpc(stream: ResponseStream) -> StatusStream {
+    Box::pin(stream.map(|item| item.map_err(|e| to_status(&e))))
+}
+
+#[tonic::async_trait]
+impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
+    type ExecutePlanStream = StatusStream;
+    type ReattachExecuteStream = StatusStream;
+
+    async fn execute_plan(
+        &self,
+        request: tonic::Request<ExecutePlanRequest>,
+    ) -> Result<tonic::Response<Self::ExecutePlanStream>, tonic::Status> {
+        let request = request.into_inner();
+        let submitted = self
+            .inner
+            .manager
+            .execute_plan(&request)
+            .map_err(|e| to_status(&e))?;
+        let (producer, stream) = submitted.start();
+        if let Some(producer) = producer {
+            let session = SessionContext {
+                user_id: request.user_id().to_owned(),
+                session_id: request.session_id.clone(),
+                server_side_session_id: self
+                    .session(request.user_id(), &request.session_id, None)?
+                    .server_side_session_id,
+            };
+            Self::run(producer, self.inner.engine.execute(&session, &request));
+        }
+        Ok(tonic::Response::new(as_grpc(stream)))
+    }
+
+    async fn reattach_execute(
+        &self,
+        request: tonic::Request<ReattachExecuteRequest>,
+    ) -> Result<tonic::Response<Self::ReattachExecuteStream>, tonic::Status> {
+        let stream = self
+            .inner
+            .manager
+            .reattach_execute(request.get_ref())
+            .map_err(|e| to_status(&e))?;
+        Ok(tonic::Response::new(as_grpc(stream)))
+    }
+
+    async fn release_execute(
+        &self,
+        request: tonic::Request<ReleaseExecuteRequest>,
+    ) -> Result<tonic::Response<ReleaseExecuteResponse>, tonic::Status> {
+        self.inner
+            .manager
+            .release_execute(request.get_ref())
+            .map(tonic::Response::new)
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn interrupt(
+        &self,
+        request: tonic::Request<InterruptRequest>,
+    ) -> Result<tonic::Response<InterruptResponse>, tonic::Status> {
+        self.inner
+            .manager
+            .interrupt(request.get_ref())
+            .map(tonic::Response::new)
+            .map_err(|e| to_status(&e))
+    }
+
+    async fn release_session(
+        &self,
+        request: tonic::Request<ReleaseSessionRequest>,
+    ) -> Result<tonic::Response<ReleaseSessionResponse>, tonic::Status> {
+        let response = self.inner.manager.release_session(request.get_ref());
+        if !response.server_side_session_id.is_empty() {
+            self.inner
+                .confs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&response.server_side_session_id);
+        }
+        Ok(tonic::Response::new(response))
+    }
+
+    async fn config(
+        &self,
+        request: tonic::Request<ConfigRequest>,
+    ) -> Result<tonic::Response<ConfigResponse>, tonic::Status> {
+        let request = request.into_inner();
+        let session = self.session(
+            user_of(request.user_context.as_ref()),
+            &request.session_id,
+            request.client_observed_server_side_session_id.as_deref(),
+        )?;
+        let (pairs, warnings) = self
+            .conf_answer(&session, request.operation.and_then(|o| o.op_type))
+            .map_err(|e| to_status(&e))?;
+        Ok(tonic::Response::new(ConfigResponse {
+            session_id: session.session_id,
+            pairs,
+            warnings,
+            server_side_session_id: session.server_side_session_id,
+        }))
+    }
+
+    async fn analyze_plan(
+        &self,
+        request: tonic::Request<AnalyzePlanRequest>,
+    ) -> Result<tonic::Response<AnalyzePlanResponse>, tonic::Status> {
+        let request = request.into_inner();
+        let session = self.session(
+            user_of(request.user_context.as_ref()),
+            &request.session_id,
+            request.client_observed_server_side_session_id.as_deref(),
+        )?;
+        let result = self
+            .inner
+            .engine
+            .analyze(&session, &request)
+            .map_err(|e| to_status(&e))?;
+        Ok(tonic::Response::new(AnalyzePlanResponse {
+            session_id: session.session_id,
+            result: Some(result),
+            server_side_session_id: session.server_side_session_id,
+        }))
+    }
+}
+
+/// The methods of Spark's `SparkConnectService` this service answers.
+const SERVED: &[&str] = &[
+    "ExecutePlan",
+    "ReattachExecute",
+    "ReleaseExecute",
+    "Interrupt",
+    "ReleaseSession",
+    "Config",
+    "AnalyzePlan",
+];
+
+/// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`]): a
+/// `tower::Service` named `spark.connect.SparkConnectService`, for
+/// `tonic::transport::Server::add_service`. A method it does not serve (`AddArtifacts`,
+/// `ArtifactStatus`, `FetchErrorDetails`, …) gets `UNIMPLEMENTED` naming the method, as a
+/// gRPC server without the method answers.
+pub struct ConnectGrpcService<E> {
+    inner:
+        InterceptedService<SparkConnectServiceServer<ConnectService<E>>, super::auth::TokenCheck>,
+}
+
+impl<E> Clone for ConnectGrpcService<E> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<E> std::fmt::Debug for ConnectGrpcService<E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ConnectGrpcService")
+    }
+}
+
+impl<E> tonic::server::NamedService for ConnectGrpcService<E> {
+    const NAME: &'static str = super::SERVICE_NAME;
+}
+
+type HttpResponse = tonic::codegen::http::Response<tonic::body::Body>;
+
+impl<E: QueryEngine> tower::Service<tonic::codegen::http::Request<tonic::body::Body>>
+    for ConnectGrpcService<E>
+{
+    type Response = HttpResponse;
+    type Error = std::convert::Infallible;
+    type Future = futures::future::BoxFuture<'static, Result<HttpResponse, Self::Error>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        tower::Service::<tonic::codegen::http::Request<tonic::body::Body>>::poll_ready(
+            &mut self.inner,
+            cx,
+        )
+    }
+
+    fn call(&mut self, request: tonic::codegen::http::Request<tonic::body::Body>) -> Self::Future {
+        let method = request
+            .uri()
+            .path()
+            .rsplit('/')
+            .next()
+            .unwrap_or_default()
+            .to_owned();
+        if !SERVED.contains(&method.as_str()) {
+            let status = tonic::Status::unimplemented(format!(
+                "Method {method} of {} is not implemented by this server",
+                super::SERVICE_NAME
+            ));
+            return Box::pin(async move { Ok(status.into_http()) });
+        }
+        let call = tower::Service::call(&mut self.inner, request);
+        Box::pin(async move {
+            let response = call.await?;
+            Ok(response.map(tonic::body::Body::new))
+        })
+    }
+}

@@ -1,0 +1,176 @@
+//! Spark Connect errors on the wire: a [`ConnectError`] becomes the gRPC status real Spark
+//! sends (connect §2), and a received status becomes the client's [`RpcError`] (rx §1.8).
+
+use std::collections::HashMap;
+
+use tonic_types::{ErrorDetails, StatusExt};
+
+use crate::execution::client::RpcError;
+use crate::execution::{Code, ConnectError};
+
+/// `ErrorInfo.domain` of every Spark error (connect §2).
+pub(crate) const DOMAIN: &str = "org.apache.spark";
+
+/// `ErrorInfo.reason` and `classes` of the errors of this layer: Spark raises them as
+/// `SparkSQLException` (connect §2).
+const REASON: &str = "org.apache.spark.SparkSQLException";
+const CLASSES: &str = r#"["org.apache.spark.SparkSQLException","java.sql.SQLException","java.lang.Exception","java.lang.Throwable","java.lang.Object"]"#;
+
+fn code(code: Code) -> tonic::Code {
+    tonic::Code::from_i32(code as i32)
+}
+
+fn code_back(code: tonic::Code) -> Code {
+    use tonic::Code as T;
+    match code {
+        T::Ok => Code::Ok,
+        T::Cancelled => Code::Cancelled,
+        T::Unknown => Code::Unknown,
+        T::InvalidArgument => Code::InvalidArgument,
+        T::DeadlineExceeded => Code::DeadlineExceeded,
+        T::NotFound => Code::NotFound,
+        T::AlreadyExists => Code::AlreadyExists,
+        T::PermissionDenied => Code::PermissionDenied,
+        T::ResourceExhausted => Code::ResourceExhausted,
+        T::FailedPrecondition => Code::FailedPrecondition,
+        T::Aborted => Code::Aborted,
+        T::OutOfRange => Code::OutOfRange,
+        T::Unimplemented => Code::Unimplemented,
+        T::Internal => Code::Internal,
+        T::Unavailable => Code::Unavailable,
+        T::DataLoss => Code::DataLoss,
+        T::Unauthenticated => Code::Unauthenticated,
+    }
+}
+
+/// The status message real Spark sends: `[CONDITION] text SQLSTATE: state` (connect §2).
+pub(crate) fn status_message(error: &ConnectError) -> String {
+    let text = error.to_string();
+    match error.sql_state() {
+        Some(state) => format!("{text} SQLSTATE: {state}"),
+        None => text,
+    }
+}
+
+/// The `messageParameters` of `ErrorInfo`, as Spark names them (connect §2).
+fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
+    use ConnectError as E;
+    match error {
+        E::InvalidHandleFormat { handle }
+        | E::OperationAbandoned { handle }
+        | E::OperationAlreadyExists { handle }
+        | E::OperationNotFound { handle }
+        | E::SessionChanged { handle }
+        | E::SessionClosed { handle }
+        | E::SessionNotFound { handle } => vec![("handle", handle.clone())],
+        E::PositionNotFound { response_id } => vec![("responseId", response_id.clone())],
+        E::PositionNotAvailable { response_id, index } => {
+            vec![
+                ("responseId", response_id.clone()),
+                ("index", index.to_string()),
+            ]
+        }
+        _ => vec![],
+    }
+}
+
+/// The gRPC status of `error`: its code (INTERNAL for Spark's conditions), Spark's message,
+/// and a rich-status trailer (`google.rpc.Status` carrying one `ErrorInfo` with `reason`,
+/// `domain`, `errorClass`, `sqlState`, `messageParameters` and `classes`), as Spark 4.3.0
+/// sends it (connect §2). No `errorId`: this server does not serve `FetchErrorDetails`,
+/// which the Python client would call when it sees one.
+pub(crate) fn to_status(error: &ConnectError) -> tonic::Status {
+    let message = status_message(error);
+    let Some(condition) = error.condition() else {
+        return tonic::Status::new(code(error.code()), message);
+    };
+    let parameters: serde_json::Map<String, serde_json::Value> = message_parameters(error)
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), serde_json::Value::String(v)))
+        .collect();
+    let mut metadata = HashMap::new();
+    metadata.insert("errorClass".to_owned(), condition.to_owned());
+    if let Some(state) = error.sql_state() {
+        metadata.insert("sqlState".to_owned(), state.to_owned());
+    }
+    metadata.insert(
+        "messageParameters".to_owned(),
+        serde_json::Value::Object(parameters).to_string(),
+    );
+    metadata.insert("classes".to_owned(), CLASSES.to_owned());
+    let details = ErrorDetails::with_error_info(REASON, DOMAIN, metadata);
+    tonic::Status::with_error_details(code(error.code()), message, details)
+}
+
+/// The client's view of a failed RPC (rx §1.8): the status code and message, the Spark
+/// condition from `ErrorInfo.metadata["errorClass"]` when the trailer carries one, and the
+/// `RetryInfo.retry_delay` the server asked for.
+pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
+    let mut error = RpcError::new(code_back(status.code()), status.message());
+    if let Ok(details) = status.check_error_details() {
+        if let Some(class) = details
+            .error_info()
+            .and_then(|info| info.metadata.get("errorClass"))
+        {
+            error = error.with_condition(class.clone());
+        }
+        if let Some(delay) = details.retry_info().and_then(|r| r.retry_delay) {
+            error = error.with_retry_delay(delay);
+        }
+    }
+    error
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spark_conditions_travel_as_internal_with_error_info() {
+        let e = ConnectError::OperationNotFound {
+            handle: "00112233-4455-6677-8899-aabbccddeeff".into(),
+        };
+        let status = to_status(&e);
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert!(
+            status
+                .message()
+                .starts_with("[INVALID_HANDLE.OPERATION_NOT_FOUND] ")
+        );
+        assert!(
+            status.message().ends_with(" SQLSTATE: HY000"),
+            "{}",
+            status.message()
+        );
+        let details = status.check_error_details().unwrap();
+        let info = details.error_info().expect("ErrorInfo");
+        assert_eq!(info.reason, REASON);
+        assert_eq!(info.domain, DOMAIN);
+        assert_eq!(
+            info.metadata["errorClass"],
+            "INVALID_HANDLE.OPERATION_NOT_FOUND"
+        );
+        assert_eq!(info.metadata["sqlState"], "HY000");
+        let params: serde_json::Value =
+            serde_json::from_str(&info.metadata["messageParameters"]).unwrap();
+        assert_eq!(params["handle"], "00112233-4455-6677-8899-aabbccddeeff");
+        assert!(!info.metadata.contains_key("errorId"));
+    }
+
+    #[test]
+    fn a_status_becomes_the_same_condition_for_the_client() {
+        let e = ConnectError::PositionNotAvailable {
+            response_id: "r".into(),
+            index: 7,
+        };
+        let rpc = to_rpc_error(&to_status(&e));
+        assert_eq!(rpc.code(), Code::Internal);
+        assert_eq!(
+            rpc.condition(),
+            Some("INVALID_CURSOR.POSITION_NOT_AVAILABLE")
+        );
+        let plain = to_rpc_error(&tonic::Status::unavailable("connection reset"));
+        assert_eq!(plain.code(), Code::Unavailable);
+        assert_eq!(plain.condition(), None);
+    }
+}
