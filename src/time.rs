@@ -15,16 +15,20 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-/// A source of time for session deadlines. The `tokio` feature provides [`TokioTimer`]
-/// (which honours `tokio::time::pause`, so tests never sleep for real).
+/// A source of time for every deadline of both protocols: the worker-session timeouts of
+/// udf §7, the execution timers of rx §4.5 and the client backoff of rx §6.1 (Spark's
+/// `Clock`). The `tokio` feature provides [`TokioTimer`] (which honours
+/// `tokio::time::pause`, so tests never sleep for real).
 pub trait Timer: Send + Sync + fmt::Debug + 'static {
-    /// The current instant on this timer's clock.
+    /// The current instant on this timer's clock (Spark's `Clock.getTimeMillis`).
     fn now(&self) -> Instant;
-    /// A future that completes at `deadline` (at once if it has passed).
+    /// A future that completes at `deadline` (at once if it has passed; Spark's
+    /// `Clock.waitTillTime`, without blocking a thread).
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>>;
 }
 
-/// [`Timer`] on tokio's clock (`tokio::time`), available with the `tokio` feature.
+/// [`Timer`] on tokio's clock (`tokio::time`), available with the `tokio` feature: the
+/// real-time clock of the udf §7 and rx §4.5 deadlines (Spark's `SystemClock`).
 ///
 /// Outside a tokio runtime (a session driven by another executor) its sleeps never complete,
 /// so timeouts are disabled there; a warning is logged. Supply your own [`Timer`] for other
@@ -52,7 +56,8 @@ impl Timer for TokioTimer {
     }
 }
 
-/// The timer every configuration uses unless told otherwise: [`TokioTimer`] with the
+/// The timer every configuration with a `timer` field uses unless told otherwise (the
+/// session timeouts of udf §7, the client backoff of rx §6.1): [`TokioTimer`] with the
 /// `tokio` feature, else `None` (the deadlines that depend on it are then disabled, as each
 /// configuration's `timer` field documents).
 pub fn default_timer() -> Option<Arc<dyn Timer>> {
@@ -116,8 +121,9 @@ impl Deadline {
 }
 
 /// A [`Timer`] whose time only moves with [`advance`](Self::advance) /
-/// [`set`](Self::set). Sleeps complete when the clock is moved past their deadline. Clones
-/// share the same time.
+/// [`set`](Self::set), like Spark's `ManualClock`: tests drive the udf §7 and rx §4.5
+/// deadlines without sleeping. Sleeps complete when the clock is moved past their
+/// deadline. Clones share the same time.
 #[derive(Clone)]
 pub struct ManualClock {
     inner: Arc<Mutex<ManualInner>>,
@@ -130,12 +136,13 @@ struct ManualInner {
 }
 
 impl ManualClock {
-    /// A clock reading the current instant, frozen until advanced.
+    /// A clock reading the current instant, frozen until advanced (Spark's `ManualClock`
+    /// starts at 0 instead; an [`Instant`] has no zero).
     pub fn new() -> Self {
         Self::starting_at(Instant::now())
     }
 
-    /// A clock reading `start`, frozen until advanced.
+    /// A clock reading `start`, frozen until advanced (Spark's `ManualClock(time)`).
     pub fn starting_at(start: Instant) -> Self {
         Self {
             inner: Arc::new(Mutex::new(ManualInner {
@@ -150,18 +157,21 @@ impl ManualClock {
         self.inner.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// The current reading.
+    /// The current reading (Spark's `ManualClock.getTimeMillis`, as an [`Instant`]).
     pub fn now(&self) -> Instant {
         self.lock().now
     }
 
-    /// Moves the clock forward by `by` and wakes every sleep that is now due.
+    /// Moves the clock forward by `by` and wakes every sleep that is now due: expires the
+    /// udf §7 session timeouts and the rx §4.5 execution deadlines that fall within it
+    /// (Spark's `ManualClock.advance`).
     pub fn advance(&self, by: Duration) {
         let to = self.now() + by;
         self.set(to);
     }
 
-    /// Moves the clock to `to` (never backwards) and wakes every sleep that is now due.
+    /// Moves the clock to `to` (never backwards) and wakes every sleep that is now due
+    /// (Spark's `ManualClock.setTime`, which may move back; this one does not).
     pub fn set(&self, to: Instant) {
         let due: Vec<Waker> = {
             let mut st = self.lock();
@@ -182,7 +192,8 @@ impl ManualClock {
         due.into_iter().for_each(Waker::wake);
     }
 
-    /// Number of sleeps currently waiting (for tests).
+    /// Number of sleeps currently waiting, for tests: e.g. that a session armed its udf §7
+    /// deadline before the test advances past it.
     pub fn pending_sleeps(&self) -> usize {
         self.lock().sleepers.len()
     }

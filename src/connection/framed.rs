@@ -2,8 +2,9 @@
 //! [`Connection`]. Available with the `tokio` feature.
 //!
 //! Each message travels as one frame of [`FrameCodec`]: a 4-byte
-//! big-endian length, then the protobuf body. It is tether's lightweight alternative to gRPC:
-//! one socket connection per session, no HTTP/2.
+//! big-endian length, then the protobuf body. It is tether's lightweight alternative to gRPC
+//! (Spark's transport: one HTTP/2 channel per worker over its Unix socket, one `Execute` call
+//! per session, udf §1.1, §6.4): one socket connection per session, no HTTP/2.
 //!
 //! Robustness against a hostile or broken peer:
 //! - a length prefix above [`FramedConfig::max_frame_len`] is a typed error at once, and the
@@ -28,16 +29,21 @@ use tokio_util::codec::{Decoder, Encoder, Framed};
 use super::{Connection, ConnectionError};
 use crate::wire::{DEFAULT_MAX_FRAME_LEN, FrameCodec, FrameError};
 
-/// Settings of a framed connection.
+/// Settings of a framed connection: tether's own transport, where Spark configures a gRPC
+/// channel (udf §6.4).
 #[derive(Debug, Clone)]
 pub struct FramedConfig {
-    /// Largest accepted frame body in bytes (default 128 MiB, as Spark's gRPC limit).
+    /// Largest accepted frame body in bytes (default 128 MiB, Spark's gRPC max inbound message
+    /// size, udf §6.4, §7).
     pub max_frame_len: usize,
-    /// Initial read buffer capacity in bytes (default 64 KiB).
+    /// Initial read buffer capacity in bytes (default 64 KiB). tether's own: gRPC sizes its
+    /// buffers itself (udf §6.4).
     pub read_buffer: usize,
-    /// Bytes buffered for writing before `poll_ready` waits for the socket (default 64 KiB).
+    /// Bytes buffered for writing before `poll_ready` waits for the socket (default 64 KiB):
+    /// the backpressure HTTP/2 flow control gives a gRPC stream (udf §1.4).
     pub write_buffer: usize,
-    /// Longest time a started frame may take to arrive completely (default 30 s).
+    /// Longest time a started frame may take to arrive completely (default 30 s, as the
+    /// session timeouts of udf §7). tether's own guard against a peer trickling bytes.
     pub frame_timeout: Duration,
 }
 
@@ -53,7 +59,8 @@ impl Default for FramedConfig {
 }
 
 /// Errors of a framed connection. Converted into [`ConnectionError::Transport`] when seen
-/// through the [`Connection`] trait (the original stays reachable as the source).
+/// through the [`Connection`] trait (the original stays reachable as the source), so an
+/// engine session settles `TransportFailed` on any of them (udf §4.5).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FramedError {
@@ -74,7 +81,8 @@ impl From<FramedError> for ConnectionError {
     }
 }
 
-/// The tokio-util codec: messages of type `Out` encoded, `In` decoded.
+/// The tokio-util codec: messages of type `Out` encoded, `In` decoded, one per
+/// [`FrameCodec`] frame (tether's framing of the udf §1.2 envelopes, where Spark uses gRPC's).
 #[derive(Debug)]
 pub struct MessageCodec<Out, In> {
     codec: FrameCodec,
@@ -82,7 +90,8 @@ pub struct MessageCodec<Out, In> {
 }
 
 impl<Out, In> MessageCodec<Out, In> {
-    /// A codec with the given maximum frame body length in bytes.
+    /// A codec with the given maximum frame body length in bytes (Spark's gRPC limit is
+    /// 128 MiB, udf §6.4).
     pub fn new(max_frame_len: usize) -> Self {
         Self {
             codec: FrameCodec::new(max_frame_len),
@@ -113,7 +122,8 @@ impl<Out: prost::Message, In> Encoder<Out> for MessageCodec<Out, In> {
 }
 
 /// A [`Connection`] over a byte stream `T`, sending `Out` and receiving `In` as
-/// length-delimited frames.
+/// length-delimited frames: one `Execute` stream (udf §1.1) per socket connection;
+/// [`poll_close`](Connection::poll_close) shuts the write half (the half-close of udf §2 R9).
 pub struct FramedConnection<T, Out, In> {
     inner: Framed<T, MessageCodec<Out, In>>,
     frame_timeout: Duration,
@@ -135,7 +145,7 @@ impl<T, Out, In> FramedConnection<T, Out, In>
 where
     T: AsyncRead + AsyncWrite,
 {
-    /// Wraps an established byte stream.
+    /// Wraps an established byte stream: one session's connection (udf §1.1).
     pub fn new(io: T, config: &FramedConfig) -> Self {
         let mut inner = Framed::with_capacity(
             io,
@@ -152,7 +162,7 @@ where
         }
     }
 
-    /// The underlying byte stream.
+    /// The underlying byte stream (a socket of udf §1.9's `WorkerConnectionSpec` kinds).
     pub fn get_ref(&self) -> &T {
         self.inner.get_ref()
     }
@@ -223,7 +233,8 @@ where
 
 use std::future::Future as _;
 
-/// Connects to a Unix-domain socket at `path` (engine side: one connection per session).
+/// Connects to a Unix-domain socket at `path` (engine side: one connection per session to the
+/// worker's `--connection` path, udf §1.9 `UnixDomainSocket`, §6.4).
 ///
 /// # Errors
 /// The socket error (no listener, permission…).
@@ -235,7 +246,7 @@ pub async fn connect_unix<Out, In>(
     Ok(FramedConnection::new(io, config))
 }
 
-/// Connects over TCP (loopback) to `addr`.
+/// Connects over TCP (loopback) to `addr` (engine side; udf §1.9 `LocalTcpConnection`).
 ///
 /// # Errors
 /// The socket error.
@@ -249,7 +260,8 @@ pub async fn connect_tcp<Out, In>(
 }
 
 /// The worker side's listener: accepts one framed connection per session, on a Unix socket
-/// path or a TCP address.
+/// path or a TCP address — the endpoint named by the worker's `--connection` argument
+/// (udf §1.9 `WorkerConnectionSpec`).
 #[derive(Debug)]
 pub enum FramedListener {
     /// Listening on a Unix-domain socket.
@@ -259,7 +271,8 @@ pub enum FramedListener {
 }
 
 impl FramedListener {
-    /// Binds a Unix-domain socket at `path` (the worker's `--connection` argument).
+    /// Binds a Unix-domain socket at `path` (the worker's `--connection` argument; udf §1.9
+    /// `UnixDomainSocket`: the worker creates the socket file, udf §6.4).
     ///
     /// # Errors
     /// The bind error (e.g. the path exists, or is longer than the platform limit).
@@ -267,7 +280,8 @@ impl FramedListener {
         Ok(Self::Unix(UnixListener::bind(path)?))
     }
 
-    /// Binds TCP on `addr` (use a loopback address).
+    /// Binds TCP on `addr` (use a loopback address: udf §1.9 `LocalTcpConnection` has the
+    /// worker bind 127.0.0.1 and ::1, one listener each).
     ///
     /// # Errors
     /// The bind error.
@@ -275,7 +289,8 @@ impl FramedListener {
         Ok(Self::Tcp(TcpListener::bind(addr).await?))
     }
 
-    /// The bound TCP address, for a TCP listener.
+    /// The bound TCP address, for a TCP listener (its port is the `--connection` value,
+    /// udf §1.9).
     pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
         match self {
             Self::Tcp(l) => l.local_addr().ok(),
@@ -283,7 +298,7 @@ impl FramedListener {
         }
     }
 
-    /// Accepts the next session's connection.
+    /// Accepts the next session's connection: one per `Execute` stream (udf §1.1).
     ///
     /// # Errors
     /// The accept error.
@@ -305,7 +320,8 @@ impl FramedListener {
 }
 
 /// A framed connection over a Unix or TCP socket (what [`FramedListener::accept`] returns, and
-/// the engine side of [`FramedTransport`](crate::worker::engine::FramedTransport)).
+/// the engine side of [`FramedTransport`](crate::worker::engine::FramedTransport)): the two
+/// transports of udf §1.9 `WorkerConnectionSpec`.
 #[derive(Debug)]
 pub enum SocketConnection<Out, In> {
     /// Over a Unix-domain socket.

@@ -12,7 +12,9 @@ use futures::channel::mpsc;
 
 use super::{Connection, ConnectionError};
 
-/// One end of an in-memory connection: sends `Out`, receives `In`.
+/// One end of an in-memory connection: sends `Out`, receives `In`. An in-process stand-in
+/// for the `Execute` stream (udf §1.1), with a bounded buffer where gRPC has HTTP/2 flow
+/// control (udf §1.4).
 #[derive(Debug)]
 pub struct MemoryConnection<Out, In> {
     tx: mpsc::Sender<Out>,
@@ -23,7 +25,9 @@ pub struct MemoryConnection<Out, In> {
 
 /// Creates a connected pair; each direction buffers at most `capacity` messages (at least 1).
 ///
-/// The first end sends `A` and receives `B`; the second the reverse. For a worker session:
+/// The first end sends `A` and receives `B`; the second the reverse. It plays the part of the
+/// in-process gRPC server of Spark's `GrpcWorkerSessionConcurrencySuite` (udf §8.2). For a
+/// worker session:
 /// `let (engine, worker) = pair::<UdfRequest, UdfResponse>(16);`.
 pub fn pair<A, B>(capacity: usize) -> (MemoryConnection<A, B>, MemoryConnection<B, A>) {
     // futures' bounded channel admits `buffer + senders` messages; one sender per direction.
@@ -48,7 +52,8 @@ pub fn pair<A, B>(capacity: usize) -> (MemoryConnection<A, B>, MemoryConnection<
 
 impl<Out, In> MemoryConnection<Out, In> {
     /// Abruptly drops both directions, as a crashed peer would: the other end sees its inbound
-    /// stream end and its sends fail with [`ConnectionError::Closed`].
+    /// stream end and its sends fail with [`ConnectionError::Closed`] — a stream ended without
+    /// a terminator (udf §2 R10), as after the SIGKILL of udf §8.4 scenario 83.
     pub fn abort(&mut self) {
         self.tx.close_channel();
         self.rx.close();

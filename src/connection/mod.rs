@@ -27,7 +27,9 @@ use futures::{Sink, Stream};
 
 pub use memory::{MemoryConnection, pair};
 
-/// A failure of the transport underneath a session: the channel is unusable afterwards.
+/// A failure of the transport underneath a session: the channel is unusable afterwards. The
+/// engine side settles `TransportFailed` (udf §4.5, the stream's `onError`); the worker side
+/// ends the session without sending anything more (udf §2 R8).
 ///
 /// Cloneable so it can be carried inside a [`Termination`](crate::worker::engine::Termination),
 /// which every `close()` call returns by value.
@@ -42,7 +44,7 @@ pub enum ConnectionError {
 }
 
 impl ConnectionError {
-    /// Wraps any transport error.
+    /// Wraps any transport error: the cause a `TransportFailed` carries (udf §4.1).
     pub fn transport<E>(error: E) -> Self
     where
         E: Into<Box<dyn StdError + Send + Sync + 'static>>,
@@ -85,7 +87,8 @@ impl From<std::io::Error> for ConnectionError {
 }
 
 /// One session's bidirectional channel of typed messages: `Out` is what this side sends, `In`
-/// what it receives.
+/// what it receives. It stands for one `Execute` stream (udf §1.1: one stream is one
+/// `WorkerSession`), whatever carries it.
 ///
 /// The methods follow [`Sink`] and [`Stream`] (readiness, buffered send, flush, close,
 /// receive) but take `&mut self`, so implementations must be [`Unpin`]-friendly. Sessions
@@ -95,19 +98,23 @@ impl From<std::io::Error> for ConnectionError {
 /// Errors are terminal: after any method returned an error the session stops using the
 /// connection.
 pub trait Connection<Out, In> {
-    /// Polls until one more message can be buffered for sending (backpressure).
+    /// Polls until one more message can be buffered for sending (backpressure: what HTTP/2
+    /// flow control gives a gRPC stream, udf §1.4).
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>>;
 
-    /// Buffers one message; only valid after `poll_ready` returned `Ready(Ok(()))`.
+    /// Buffers one message (one udf §1.2 envelope); only valid after `poll_ready` returned
+    /// `Ready(Ok(()))`.
     fn start_send(&mut self, msg: Out) -> Result<(), ConnectionError>;
 
-    /// Polls until every buffered message has been handed to the transport.
+    /// Polls until every buffered message has been handed to the transport (on the engine
+    /// side a failed write settles `TransportFailed`, udf §4.7).
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>>;
 
-    /// Flushes and closes the sending half (a half-close: receiving may go on).
+    /// Flushes and closes the sending half (a half-close: receiving may go on; udf §2 R9).
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>>;
 
-    /// Polls for the next inbound message; `Ready(None)` means the peer ended its side.
+    /// Polls for the next inbound message; `Ready(None)` means the peer ended its side
+    /// (without a terminator, a failure: udf §2 R10).
     fn poll_recv(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<In, ConnectionError>>>;
 
     /// Whether the transport is still usable (udf §3 `WorkerConnection.isActive`). The
@@ -145,7 +152,7 @@ where
 
 /// A separate sink and stream joined into one [`Sink`] + [`Stream`], and so into a
 /// [`Connection`] through the blanket impl (for example a gRPC request sender with the
-/// response stream).
+/// response stream: the two halves of the udf §1.1 `Execute` call).
 #[pin_project::pin_project]
 #[derive(Debug)]
 pub struct Pair<Si, St> {
@@ -156,12 +163,12 @@ pub struct Pair<Si, St> {
 }
 
 impl<Si, St> Pair<Si, St> {
-    /// Joins `sink` (outbound) and `stream` (inbound).
+    /// Joins `sink` (outbound) and `stream` (inbound) into one `Execute` stream (udf §1.1).
     pub fn new(sink: Si, stream: St) -> Self {
         Self { sink, stream }
     }
 
-    /// Splits the pair back into its halves.
+    /// Splits the pair back into its halves (the request and response sides of udf §1.1).
     pub fn into_inner(self) -> (Si, St) {
         (self.sink, self.stream)
     }

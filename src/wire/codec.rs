@@ -1,9 +1,11 @@
-//! A sans-IO length-delimited frame codec for carrying protocol messages over byte streams
+//! A sans-IO length-delimited frame codec for carrying protocol messages over byte streams:
+//! tether's own framing, where Spark carries the udf §1.1 `Execute` stream over gRPC.
 
 use bytes::{Buf, BufMut, BytesMut};
 
 /// Default upper bound on a frame body: 128 MiB (134 217 728 bytes), excluding the 4-byte
-/// length prefix.
+/// length prefix — Spark's gRPC max inbound message size for worker channels
+/// (`DEFAULT_MAX_INBOUND_MESSAGE_SIZE`, udf §6.4, §7).
 pub const DEFAULT_MAX_FRAME_LEN: usize = 128 * 1024 * 1024;
 
 /// Size of the big-endian `u32` length prefix, in bytes.
@@ -12,7 +14,8 @@ const HEADER_LEN: usize = 4;
 /// Largest buffer reservation made at once while waiting for a frame body, in bytes (64 KiB).
 const MAX_RESERVE: usize = 64 * 1024;
 
-/// Why a frame could not be encoded or decoded.
+/// Why a frame could not be encoded or decoded. On a session's connection any of these is a
+/// transport failure (on the engine side, `TransportFailed`: udf §4.5).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FrameError {
@@ -42,7 +45,8 @@ pub enum FrameError {
 }
 
 /// A sans-IO length-delimited frame codec for carrying protocol messages over byte streams
-/// (sockets, pipes) where gRPC's own framing is not available.
+/// (sockets, pipes) where gRPC's own framing is not available: tether's framing of the
+/// udf §1.1 `Execute` stream, whose transport in Spark is gRPC over a Unix socket (udf §6.4).
 ///
 /// Each frame is a 4-byte big-endian unsigned length `N` followed by exactly `N` bytes holding
 /// one encoded protobuf message (for the `Execute` stream: a
@@ -53,12 +57,12 @@ pub enum FrameError {
 /// Robustness: a length prefix above the configured maximum is rejected as soon as the four
 /// prefix bytes are buffered, and while waiting for a body the codec asks for at most 64 KiB
 /// of extra buffer capacity beyond the bytes already received, so a hostile length prefix
-/// cannot make it allocate memory the peer has not actually sent. A frame whose body fails to decode is consumed before the error is
-/// returned, so decoding can continue with the next frame.
+/// cannot make it allocate memory the peer has not actually sent. A frame whose body fails to
+/// decode is consumed before the error is returned, so decoding can continue with the next
+/// frame.
 ///
-/// Encodes messages into, and decodes them out of, length-prefixed frames (see the module
-/// docs for the format). Holds only the maximum body length, so it is cheap to clone; it
-/// keeps no per-stream state between calls.
+/// Holds only the maximum body length, so it is cheap to clone; it keeps no per-stream state
+/// between calls.
 #[derive(Debug, Clone)]
 pub struct FrameCodec {
     max_frame_len: usize,
@@ -72,8 +76,9 @@ impl Default for FrameCodec {
 }
 
 impl FrameCodec {
-    /// A codec accepting frame bodies of at most `max_frame_len` bytes. Values above
-    /// `u32::MAX` are clamped to it, the largest length the prefix can express.
+    /// A codec accepting frame bodies of at most `max_frame_len` bytes (Spark's gRPC limit,
+    /// the default, is 128 MiB: udf §6.4). Values above `u32::MAX` are clamped to it, the
+    /// largest length the prefix can express.
     pub fn new(max_frame_len: usize) -> Self {
         let prefix_limit = usize::try_from(u32::MAX).unwrap_or(usize::MAX);
         Self {
@@ -81,14 +86,15 @@ impl FrameCodec {
         }
     }
 
-    /// The largest accepted frame body, in bytes (excluding the 4-byte prefix).
+    /// The largest accepted frame body, in bytes (excluding the 4-byte prefix; udf §6.4's
+    /// 128 MiB by default).
     pub fn max_frame_len(&self) -> usize {
         self.max_frame_len
     }
 
-    /// Appends one frame holding `msg` to `dst`. Fails with [`FrameError::Oversize`], leaving
-    /// `dst` unchanged, if the encoded message is longer than
-    /// [`max_frame_len`](Self::max_frame_len).
+    /// Appends one frame holding `msg` (one udf §1.2 envelope) to `dst`. Fails with
+    /// [`FrameError::Oversize`], leaving `dst` unchanged, if the encoded message is longer
+    /// than [`max_frame_len`](Self::max_frame_len).
     pub fn encode<M: prost::Message>(&self, msg: &M, dst: &mut BytesMut) -> Result<(), FrameError> {
         let len = msg.encoded_len();
         let oversize = FrameError::Oversize {
@@ -109,13 +115,14 @@ impl FrameCodec {
         msg.encode(dst).map_err(|_| oversize)
     }
 
-    /// Takes the next complete frame off the front of `src` and decodes it.
+    /// Takes the next complete frame off the front of `src` and decodes it (one udf §1.2
+    /// envelope).
     ///
     /// Returns `Ok(None)` when `src` does not yet hold a whole frame (nothing is consumed; at
-    /// most 64 KiB of extra capacity is reserved in `src`, however long the claimed body). The length prefix is checked
-    /// against the maximum as soon as it is buffered, so an oversize frame errors at once
-    /// without waiting for (or allocating) its body. On [`FrameError::Decode`] the bad frame
-    /// has been consumed.
+    /// most 64 KiB of extra capacity is reserved in `src`, however long the claimed body). The
+    /// length prefix is checked against the maximum as soon as it is buffered, so an oversize
+    /// frame errors at once without waiting for (or allocating) its body. On
+    /// [`FrameError::Decode`] the bad frame has been consumed.
     pub fn decode<M: prost::Message + Default>(
         &mut self,
         src: &mut BytesMut,
@@ -134,8 +141,9 @@ impl FrameCodec {
     }
 
     /// Like [`decode`](Self::decode), for when the input has ended: a complete frame yields
-    /// `Some`, an empty buffer yields `None` (clean end of stream), and leftover bytes that
-    /// do not form a whole frame yield [`FrameError::Truncated`] (the buffer is left as is).
+    /// `Some`, an empty buffer yields `None` (clean end of stream: the peer's half-close,
+    /// udf §2 R9), and leftover bytes that do not form a whole frame yield
+    /// [`FrameError::Truncated`] (the buffer is left as is).
     pub fn decode_eof<M: prost::Message + Default>(
         &mut self,
         src: &mut BytesMut,

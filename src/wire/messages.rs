@@ -35,7 +35,8 @@ pub enum UdfWorkerDataFormat {
 }
 
 impl UdfWorkerDataFormat {
-    /// The enum value's name as spelled in the protobuf schema, e.g. `"ARROW"`.
+    /// The enum value's name as spelled in the protobuf schema, e.g. `"ARROW"` (the
+    /// `UDFWorkerDataFormat` names of udf §1.8).
     pub fn as_str_name(&self) -> &'static str {
         match self {
             Self::Unspecified => "UDF_WORKER_DATA_FORMAT_UNSPECIFIED",
@@ -43,8 +44,8 @@ impl UdfWorkerDataFormat {
         }
     }
 
-    /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name); `None` for
-    /// anything else.
+    /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name) (the proto
+    /// enum names of udf §1.8); `None` for anything else.
     pub fn from_str_name(value: &str) -> Option<Self> {
         match value {
             "UDF_WORKER_DATA_FORMAT_UNSPECIFIED" => Some(Self::Unspecified),
@@ -68,7 +69,7 @@ pub enum UdfProtoCommunicationPattern {
 
 impl UdfProtoCommunicationPattern {
     /// The enum value's name as spelled in the protobuf schema, e.g.
-    /// `"BIDIRECTIONAL_STREAMING"`.
+    /// `"BIDIRECTIONAL_STREAMING"` (the `UDFProtoCommunicationPattern` names of udf §1.8).
     pub fn as_str_name(&self) -> &'static str {
         match self {
             Self::Unspecified => "UDF_PROTO_COMMUNICATION_PATTERN_UNSPECIFIED",
@@ -76,8 +77,8 @@ impl UdfProtoCommunicationPattern {
         }
     }
 
-    /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name); `None` for
-    /// anything else.
+    /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name) (the proto
+    /// enum names of udf §1.8); `None` for anything else.
     pub fn from_str_name(value: &str) -> Option<Self> {
         match value {
             "UDF_PROTO_COMMUNICATION_PATTERN_UNSPECIFIED" => Some(Self::Unspecified),
@@ -101,7 +102,7 @@ pub struct UdfRequest {
     pub request: Option<udf_request::Request>,
 }
 
-/// Oneof types nested in [`UdfRequest`].
+/// Oneof types nested in [`UdfRequest`] (udf §1.2).
 pub mod udf_request {
     /// The branches of [`UdfRequest::request`](super::UdfRequest::request) (udf §1.2).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
@@ -125,7 +126,7 @@ pub struct UdfResponse {
     pub response: Option<udf_response::Response>,
 }
 
-/// Oneof types nested in [`UdfResponse`].
+/// Oneof types nested in [`UdfResponse`] (udf §1.2).
 pub mod udf_response {
     /// The branches of [`UdfResponse::response`](super::UdfResponse::response) (udf §1.2).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
@@ -144,12 +145,12 @@ pub mod udf_response {
 /// `Init → PayloadChunk* → … → Finish [→ Cancel] | Cancel` (udf §2).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfControlRequest {
-    /// The control message. `None` only for a malformed message.
+    /// The control message (udf §1.2). `None` only for a malformed message.
     #[prost(oneof = "udf_control_request::Control", tags = "1, 2, 3, 4")]
     pub control: Option<udf_control_request::Control>,
 }
 
-/// Oneof types nested in [`UdfControlRequest`].
+/// Oneof types nested in [`UdfControlRequest`] (udf §1.2).
 pub mod udf_control_request {
     /// The branches of [`UdfControlRequest::control`](super::UdfControlRequest::control)
     /// (udf §1.2).
@@ -176,12 +177,12 @@ pub mod udf_control_request {
 /// `InitResponse → … → [ErrorResponse] → (FinishResponse | CancelResponse)` (udf §2).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct UdfControlResponse {
-    /// The control response. `None` only for a malformed message.
+    /// The control response (udf §1.2). `None` only for a malformed message.
     #[prost(oneof = "udf_control_response::Control", tags = "1, 2, 3, 4")]
     pub control: Option<udf_control_response::Control>,
 }
 
-/// Oneof types nested in [`UdfControlResponse`].
+/// Oneof types nested in [`UdfControlResponse`] (udf §1.2).
 pub mod udf_control_response {
     /// The branches of [`UdfControlResponse::control`](super::UdfControlResponse::control)
     /// (udf §1.2).
@@ -395,12 +396,12 @@ pub struct ErrorResponse {
 /// violation the worker detected (udf §1.5). Exactly one kind must be set.
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ExecutionError {
-    /// Which party failed, with its details. `None` only for a malformed message.
+    /// Which party failed, with its details (udf §1.5). `None` only for a malformed message.
     #[prost(oneof = "execution_error::Kind", tags = "1, 2, 3")]
     pub kind: Option<execution_error::Kind>,
 }
 
-/// Oneof types nested in [`ExecutionError`].
+/// Oneof types nested in [`ExecutionError`] (udf §1.5).
 pub mod execution_error {
     /// The branches of [`ExecutionError::kind`](super::ExecutionError::kind) (udf §1.5).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
@@ -459,12 +460,12 @@ pub struct ProtocolError {
 /// (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerRequest {
-    /// The requested operation. `None` only for a malformed request.
+    /// The requested operation (udf §1.7). `None` only for a malformed request.
     #[prost(oneof = "worker_request::Manage", tags = "1, 2")]
     pub manage: Option<worker_request::Manage>,
 }
 
-/// Oneof types nested in [`WorkerRequest`].
+/// Oneof types nested in [`WorkerRequest`] (udf §1.7).
 pub mod worker_request {
     /// The branches of [`WorkerRequest::manage`](super::WorkerRequest::manage) (udf §1.7).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
@@ -482,12 +483,12 @@ pub mod worker_request {
 /// (udf §1.7).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct WorkerResponse {
-    /// The answered operation. `None` only for a malformed response.
+    /// The answered operation (udf §1.7). `None` only for a malformed response.
     #[prost(oneof = "worker_response::Manage", tags = "1, 2")]
     pub manage: Option<worker_response::Manage>,
 }
 
-/// Oneof types nested in [`WorkerResponse`].
+/// Oneof types nested in [`WorkerResponse`] (udf §1.7).
 pub mod worker_response {
     /// The branches of [`WorkerResponse::manage`](super::WorkerResponse::manage) (udf §1.7).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
@@ -623,7 +624,7 @@ pub enum ResponseKind {
 }
 
 impl RequestMessage {
-    /// The discriminant of this message.
+    /// The discriminant of this message (which udf §1.2 branch it travels in).
     pub fn kind(&self) -> RequestKind {
         match self {
             Self::Init(_) => RequestKind::Init,
@@ -636,7 +637,7 @@ impl RequestMessage {
 }
 
 impl ResponseMessage {
-    /// The discriminant of this message.
+    /// The discriminant of this message (which udf §1.2 branch it travels in).
     pub fn kind(&self) -> ResponseKind {
         match self {
             Self::Init(_) => ResponseKind::Init,
@@ -690,7 +691,8 @@ impl UdfRequest {
         Self::control(udf_control_request::Control::Cancel(Cancel { reason }))
     }
 
-    /// Resolves both oneof levels into a [`RequestMessage`]; errors if either is unset.
+    /// Resolves both oneof levels into a [`RequestMessage`]; errors if either is unset (a
+    /// malformed envelope, udf §1.2, which a worker answers with a `ProtocolError`, udf §2.1).
     pub fn into_message(self) -> Result<RequestMessage, MalformedMessage> {
         use udf_control_request::Control;
         match self.request {
@@ -708,7 +710,7 @@ impl UdfRequest {
         }
     }
 
-    /// Which message this envelope carries; `None` if either oneof level is unset.
+    /// Which message this envelope carries; `None` if either oneof level is unset (udf §1.2).
     pub fn kind(&self) -> Option<RequestKind> {
         use udf_control_request::Control;
         match self.request.as_ref()? {
@@ -775,7 +777,8 @@ impl UdfResponse {
         }))
     }
 
-    /// Resolves both oneof levels into a [`ResponseMessage`]; errors if either is unset.
+    /// Resolves both oneof levels into a [`ResponseMessage`]; errors if either is unset (a
+    /// malformed envelope, udf §1.2, on which the engine settles `TransportFailed`, udf §4.5).
     pub fn into_message(self) -> Result<ResponseMessage, MalformedMessage> {
         use udf_control_response::Control;
         match self.response {
@@ -795,7 +798,7 @@ impl UdfResponse {
         }
     }
 
-    /// Which message this envelope carries; `None` if either oneof level is unset.
+    /// Which message this envelope carries; `None` if either oneof level is unset (udf §1.2).
     pub fn kind(&self) -> Option<ResponseKind> {
         use udf_control_response::Control;
         match self.response.as_ref()? {
@@ -852,7 +855,8 @@ impl Init {
 }
 
 impl ExecutionError {
-    /// A [`UserError`] with `message` and an optional language error class; no traceback.
+    /// A [`UserError`] with `message` and an optional language error class; no traceback
+    /// (udf §1.5).
     pub fn user(message: impl Into<String>, error_class: Option<String>) -> Self {
         Self {
             kind: Some(execution_error::Kind::User(UserError {
@@ -863,7 +867,7 @@ impl ExecutionError {
         }
     }
 
-    /// A [`WorkerError`] with `message`; no traceback.
+    /// A [`WorkerError`] with `message`; no traceback (udf §1.5).
     pub fn worker(message: impl Into<String>) -> Self {
         Self {
             kind: Some(execution_error::Kind::Worker(WorkerError {
@@ -873,7 +877,8 @@ impl ExecutionError {
         }
     }
 
-    /// A [`ProtocolError`] with `message`.
+    /// A [`ProtocolError`] with `message`: what a worker reports for an out-of-order or
+    /// malformed engine message (udf §1.5, §2 R6).
     pub fn protocol(message: impl Into<String>) -> Self {
         Self {
             kind: Some(execution_error::Kind::Protocol(ProtocolError {
@@ -882,7 +887,8 @@ impl ExecutionError {
         }
     }
 
-    /// The human-readable message of whichever kind is set; `""` when none is.
+    /// The human-readable message of whichever kind is set (field 1 of each, udf §1.5); `""`
+    /// when none is.
     pub fn message(&self) -> &str {
         match &self.kind {
             Some(execution_error::Kind::User(e)) => &e.message,
@@ -892,7 +898,8 @@ impl ExecutionError {
         }
     }
 
-    /// The language error class; only user errors carry one.
+    /// The language error class; only user errors carry one (`UserError.error_class`,
+    /// udf §1.5).
     pub fn error_class(&self) -> Option<&str> {
         match &self.kind {
             Some(execution_error::Kind::User(e)) => e.error_class.as_deref(),
@@ -900,7 +907,8 @@ impl ExecutionError {
         }
     }
 
-    /// The stack trace of a user or worker error, if the worker sent one.
+    /// The stack trace of a user or worker error, if the worker sent one (`traceback`,
+    /// udf §1.5).
     pub fn traceback(&self) -> Option<&str> {
         match &self.kind {
             Some(execution_error::Kind::User(e)) => e.traceback.as_deref(),

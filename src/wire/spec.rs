@@ -21,7 +21,7 @@ pub struct UdfWorkerSpecification {
     pub worker: Option<udf_worker_specification::Worker>,
 }
 
-/// Oneof types nested in [`UdfWorkerSpecification`].
+/// Oneof types nested in [`UdfWorkerSpecification`] (udf §1.9).
 pub mod udf_worker_specification {
     /// The branches of [`UdfWorkerSpecification::worker`](super::UdfWorkerSpecification::worker)
     /// (udf §1.9).
@@ -113,7 +113,7 @@ pub struct WorkerConnectionSpec {
     pub transport: Option<worker_connection_spec::Transport>,
 }
 
-/// Oneof types nested in [`WorkerConnectionSpec`].
+/// Oneof types nested in [`WorkerConnectionSpec`] (udf §1.9).
 pub mod worker_connection_spec {
     /// The branches of
     /// [`WorkerConnectionSpec::transport`](super::WorkerConnectionSpec::transport)

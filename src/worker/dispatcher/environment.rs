@@ -20,7 +20,8 @@ use super::sync::Monitor;
 pub enum EnvironmentState {
     /// No session has been requested yet.
     Pending,
-    /// Verification/installation is running.
+    /// Verification/installation is running (tether's own state: Spark runs it under the
+    /// dispatcher's lock, still `Pending`).
     Running,
     /// The environment is ready (verified, installed, or nothing to do).
     Ready,

@@ -14,7 +14,7 @@
 //!        │                              fail fast if the process exits)            │
 //!        │                       acquire, publish (or stop it if closed meanwhile) │
 //!        ▼                                                                         ▼
-//!   transport.open_session ──► Session<Init, T::Connection> holding the worker handle
+//!   transport.open_session ──► Session<state::Init, T::Connection> holding the worker handle
 //!
 //!   session ends ─► handle.release_session(): last release ─► idle pool (opt-in, healthy,
 //!                   `supports_reuse`) or stop: SIGTERM → grace → SIGKILL → reap → rm socket
@@ -85,9 +85,11 @@ use validate::EndpointKind;
 /// idled healthy worker first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolConfig {
-    /// Most idle workers kept per dispatcher (default 4). Zero disables reuse.
+    /// Most idle workers kept per dispatcher (default 4). Zero disables reuse. tether's own
+    /// bound (udf §6.6 leaves pool capacity open).
     pub max_idle: usize,
-    /// How long a worker may stay idle before it is stopped (default 60 s).
+    /// How long a worker may stay idle before it is stopped (default 60 s; the idle-timeout
+    /// reaping of udf §6.6, a tether default).
     pub idle_timeout: Duration,
 }
 
@@ -107,38 +109,41 @@ pub struct DispatcherConfig {
     /// 2 s interrupt-cancel).
     pub session: SessionConfig,
     /// Readiness deadline when the spec sets no `initialization_timeout_ms` (or ≤ 0):
-    /// 10 s (`DEFAULT_INIT_TIMEOUT_MS`).
+    /// 10 s (udf §7 `DEFAULT_INIT_TIMEOUT_MS`).
     pub default_init_timeout: Duration,
     /// SIGTERM→SIGKILL grace when the spec sets no `graceful_termination_timeout_ms`
-    /// (or ≤ 0): 5 s (`DEFAULT_GRACEFUL_TIMEOUT_MS`).
+    /// (or ≤ 0): 5 s (udf §7 `DEFAULT_GRACEFUL_TIMEOUT_MS`).
     pub default_graceful_timeout: Duration,
     /// Cap on spec-provided timeouts; larger values are clamped with a warning: 30 s
-    /// (`ENGINE_MAX_TIMEOUT_MS`).
+    /// (udf §7 `ENGINE_MAX_TIMEOUT_MS`; udf §8 scenarios 107–108).
     pub max_spec_timeout: Duration,
     /// Limit for each environment callable (verification, installation, cleanup); not
-    /// clamped: 120 s (`DEFAULT_CALLABLE_TIMEOUT_MS`).
+    /// clamped: 120 s (udf §6.3, §7 `DEFAULT_CALLABLE_TIMEOUT_MS`).
     pub callable_timeout: Duration,
-    /// Longest pause between readiness probes (`transport.connect`): 50 ms
-    /// (`READY_POLL_INTERVAL_MS`). Probing starts 1 ms apart and doubles up to this bound, so
+    /// Longest pause between readiness probes (`transport.connect`): 50 ms, tether's bound
+    /// for Spark's `READY_POLL_INTERVAL_MS` (udf §6.4, §7; 100 ms was observed for the older
+    /// `SOCKET_POLL_INTERVAL_MS`). Probing starts 1 ms apart and doubles up to this bound, so
     /// a worker that listens a few milliseconds after spawn is found at once.
     pub ready_poll_interval: Duration,
     /// Wait for the kernel to reap a worker after SIGKILL before warning: 5 s
-    /// (`SIGKILL_REAP_TIMEOUT_MS`).
+    /// (udf §6.1, §7 `SIGKILL_REAP_TIMEOUT_MS`).
     pub kill_reap_timeout: Duration,
-    /// The reuse pool; `None` (default) stops every worker after its session, as Spark does.
+    /// The reuse pool; `None` (default) stops every worker after its session, as Spark does
+    /// (its pool of size zero, udf §6.2 `onLastSessionReleased`).
     pub pool: Option<PoolConfig>,
     /// Where to create the private socket directory. `None` (default): the shortest
     /// writable of `$TMPDIR`, `$TEMP`, `$TMP`, `/tmp` (udf §6.4).
     pub socket_base_dir: Option<PathBuf>,
     /// Accept specs whose connection is local TCP (the engine picks a free loopback port and
-    /// passes it as `--connection`). Off by default: like Spark's gRPC dispatcher, a Unix
-    /// domain socket is required; turn it on only for transports that can reach TCP
-    /// endpoints (e.g. [`FramedTransport`](crate::worker::engine::FramedTransport)).
+    /// passes it as `--connection`, udf §1.9). Off by default: like Spark's gRPC dispatcher,
+    /// a Unix domain socket is required (udf §6.4, §8 scenario 93); turn it on only for
+    /// transports that can reach TCP endpoints (e.g.
+    /// [`FramedTransport`](crate::worker::engine::FramedTransport)).
     pub allow_tcp: bool,
     /// Start workers and callables in their own process group and signal the whole group
     /// (default `true`), so a worker's children (a shell wrapper's child, a launcher's
-    /// worker) are stopped with it. A consequence: a Ctrl-C in the engine's terminal does not
-    /// reach them; stopping the dispatcher (close or drop) does.
+    /// worker: udf §8 scenarios 88–89) are stopped with it. A consequence: a Ctrl-C in the
+    /// engine's terminal does not reach them; stopping the dispatcher (close or drop) does.
     pub process_group: bool,
 }
 
@@ -165,35 +170,39 @@ impl Default for DispatcherConfig {
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct SecurityScope(pub String);
 
-/// A snapshot of one tracked worker (busy or idle; not one being stopped).
+/// A snapshot of one tracked worker (busy or idle; not one being stopped): the state of
+/// Spark's `DirectWorkerProcess` (udf §6.1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerInfo {
-    /// The worker's id (UUID v4, passed as `--id`; also [`WorkerHandle::id`]).
+    /// The worker's id (UUID v4, passed as `--id`; also [`WorkerHandle::id`]; udf §6.1).
     pub id: String,
     /// Its process id.
     pub pid: u32,
-    /// Where it listens (passed as `--connection`).
+    /// Where it listens (passed as `--connection`, udf §1.9).
     pub endpoint: WorkerEndpoint,
-    /// Its merged stdout/stderr log (deleted when it stops).
+    /// Its merged stdout/stderr log (deleted when it stops; udf §6.1 artifacts).
     pub log_path: PathBuf,
-    /// Sessions currently using it.
+    /// Sessions currently using it (udf §6.1 `activeSessions`, the ref-count).
     pub active_sessions: usize,
-    /// Whether it waits in the reuse pool.
+    /// Whether it waits in the reuse pool (udf §6.6).
     pub idle: bool,
-    /// Whether a session marked it invalid (it will be stopped, never reused).
+    /// Whether a session marked it invalid (it will be stopped, never reused; udf §6.1
+    /// `isInvalid`, §6.5).
     pub invalid: bool,
     /// Sessions finalized on it so far.
     pub sessions_served: u64,
 }
 
-/// Counters of a [`Dispatcher`] since it was created.
+/// Counters of a [`Dispatcher`] since it was created: workers spawned (udf §6.2), reused
+/// (udf §6.6) and stopped (udf §6.1).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DispatcherStats {
-    /// Worker processes started (including ones that then failed to become ready).
+    /// Worker processes started (udf §6.2 step 4), including ones that then failed to become
+    /// ready.
     pub spawned: u64,
-    /// Sessions served by a pooled worker instead of a new process.
+    /// Sessions served by a pooled worker instead of a new process (udf §6.6).
     pub reused: u64,
-    /// Worker processes stopped and reaped.
+    /// Worker processes stopped and reaped (udf §6.1 `close`).
     pub stopped: u64,
 }
 
@@ -228,7 +237,8 @@ impl<T: WorkerTransport> std::fmt::Debug for Dispatcher<T> {
 impl<T: WorkerTransport> Dispatcher<T> {
     /// Validates `spec` ([`validate_spec`]), resolves its timeouts (unset or ≤ 0 → the
     /// config's defaults; above [`DispatcherConfig::max_spec_timeout`] → clamped) and creates
-    /// the private socket directory (mode `0700`). Spawns nothing and runs no callable.
+    /// the private socket directory (mode `0700`): the construction of udf §6.2, with
+    /// `initialize` of udf §6.4. Spawns nothing and runs no callable.
     ///
     /// # Errors
     /// [`DispatchError::InvalidSpec`]; [`DispatchError::SocketDirectory`] when no candidate
@@ -246,7 +256,8 @@ impl<T: WorkerTransport> Dispatcher<T> {
         })
     }
 
-    /// [`create_session_in`](Self::create_session_in) without a security scope.
+    /// [`create_session_in`](Self::create_session_in) without a security scope (the only
+    /// scope Spark accepts, udf §3, §6.2 step 1).
     ///
     /// # Errors
     /// As [`create_session_in`](Self::create_session_in).
@@ -490,9 +501,10 @@ impl<T: WorkerTransport> Dispatcher<T> {
     }
 
     /// Waits until every worker stop started so far has finished: processes reaped, socket
-    /// files removed. Stops begin when a worker's last session is released (without reuse),
-    /// when an idle worker times out, and on close; they run in the background because
-    /// [`WorkerHandle::release_session`] must not block.
+    /// files removed (udf §6.1 `close`). Stops begin when a worker's last session is released
+    /// (without reuse), when an idle worker times out, and on close; they run in the
+    /// background because [`WorkerHandle::release_session`] must not block (Spark's runs the
+    /// stop on the releasing thread, udf §6.1).
     pub async fn settle(&self) {
         self.shared
             .state
@@ -500,28 +512,30 @@ impl<T: WorkerTransport> Dispatcher<T> {
             .await;
     }
 
-    /// Whether [`close`](Self::close) has begun (sessions are refused).
+    /// Whether [`close`](Self::close) has begun (sessions are refused, udf §6.2 step 2).
     pub fn is_closed(&self) -> bool {
         self.shared.state.lock().phase != PoolPhase::Open
     }
 
-    /// The specification this dispatcher runs.
+    /// The specification this dispatcher runs (Spark's `WorkerDispatcher.workerSpec`,
+    /// udf §3).
     pub fn spec(&self) -> &UdfWorkerSpecification {
         &self.shared.spec
     }
 
-    /// The transport.
+    /// The transport that reaches the workers (the part Spark's `DirectGrpcDispatcher` adds
+    /// to the transport-agnostic dispatcher, udf §6.2, §6.4).
     pub fn transport(&self) -> &T {
         &self.shared.transport
     }
 
-    /// The configuration.
+    /// The configuration (its defaults are Spark's, udf §7).
     pub fn config(&self) -> &DispatcherConfig {
         &self.shared.config
     }
 
     /// The private directory (mode `0700`) holding worker sockets and output logs; removed
-    /// on close.
+    /// on close (udf §6.4 endpoint directory).
     pub fn socket_dir(&self) -> &Path {
         &self.shared.dir
     }
@@ -539,7 +553,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
     }
 
     /// Whether released workers may be reused: a [`DispatcherConfig::pool`] with
-    /// `max_idle > 0` and a spec declaring `supports_reuse`.
+    /// `max_idle > 0` and a spec declaring `supports_reuse` (udf §1.9, §6.6).
     pub fn reuses_workers(&self) -> bool {
         self.shared.pool_enabled()
     }
@@ -549,7 +563,8 @@ impl<T: WorkerTransport> Dispatcher<T> {
         self.shared.env.state()
     }
 
-    /// Snapshots of the tracked workers (busy and idle), ordered by process id.
+    /// Snapshots of the tracked workers (busy and idle), ordered by process id (the
+    /// tracking map of udf §6.2).
     pub fn workers(&self) -> Vec<WorkerInfo> {
         let workers: Vec<_> = self.shared.state.lock().workers.values().cloned().collect();
         let mut infos: Vec<_> = workers.iter().map(|w| w.info()).collect();
@@ -557,13 +572,14 @@ impl<T: WorkerTransport> Dispatcher<T> {
         infos
     }
 
-    /// The tracked worker with this id (e.g. `session.worker().id()`), if it is not stopping.
+    /// The tracked worker with this id (e.g. `session.worker().id()`), if it is not stopping
+    /// (the id is the map key, udf §3 `WorkerHandle.id`).
     pub fn worker(&self, id: &str) -> Option<WorkerInfo> {
         let worker = self.shared.state.lock().workers.get(id).cloned();
         worker.map(|w| w.info())
     }
 
-    /// Counters since creation.
+    /// Counters since creation: spawns (udf §6.2 step 4), pool reuses (udf §6.6), stops.
     pub fn stats(&self) -> DispatcherStats {
         self.shared.state.lock().stats
     }

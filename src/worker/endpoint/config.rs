@@ -7,12 +7,14 @@ use crate::time::Timer;
 use crate::wire::UdfWorkerDataFormat;
 
 /// Configuration of a worker-side session ([`WorkerCore`](super::WorkerCore) and
-/// [`Endpoint`](super::Endpoint)).
+/// [`Endpoint`](super::Endpoint)): the `Init` checks of udf §1.3 and the bounds and the one
+/// wait of the worker's side of udf §2.
 ///
-/// The [`Default`] accepts protocol version 1 with [`UdfWorkerDataFormat::Arrow`] data,
-/// payloads up to 1 GiB, buffers 64 input batches and waits at most 30 s for the engine's
-/// `Cancel` after the worker reported an error (on [`TokioTimer`](crate::time::TokioTimer)
-/// with the `tokio` feature; without a timer it waits indefinitely).
+/// The [`Default`] accepts protocol version 1 (the reference worker's, udf §7) with
+/// [`UdfWorkerDataFormat::Arrow`] data, payloads up to 1 GiB, buffers 64 input batches and
+/// waits at most 30 s for the engine's `Cancel` after the worker reported an error (on
+/// [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature; without a timer it waits
+/// indefinitely).
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
     /// The data formats this worker declared in its `WorkerCapabilities`
@@ -20,30 +22,34 @@ pub struct EndpointConfig {
     /// is `UNSPECIFIED` or is an unknown numeric value is rejected with a `ProtocolError` in
     /// the `InitResponse` (udf §1.3). Listing `Unspecified` here does not make it acceptable.
     pub supported_data_formats: Vec<UdfWorkerDataFormat>,
-    /// The protocol revision this worker speaks (1). An `Init` whose `protocol_version` is set
-    /// to anything else is rejected with a `ProtocolError` in the `InitResponse`; an unset
-    /// version means the initial revision and is accepted (udf §1.3).
+    /// The protocol revision this worker speaks (1, as the reference worker, udf §7). An
+    /// `Init` whose `protocol_version` is set to anything else is rejected with a
+    /// `ProtocolError` in the `InitResponse`; an unset version means the initial revision and
+    /// is accepted (udf §1.3).
     pub protocol_version: u32,
-    /// Upper bound, in bytes, of an assembled UDF payload (inline plus chunks). A chunked
-    /// payload growing beyond it is a protocol violation: the worker does not buffer
-    /// unbounded input. Default 1 GiB.
+    /// Upper bound, in bytes, of an assembled UDF payload (inline plus chunks, udf §1.3). A
+    /// chunked payload growing beyond it is a protocol violation: the worker does not buffer
+    /// unbounded input. Default 1 GiB, tether's own bound (the protocol sets none).
     pub max_payload_size: u64,
     /// Most received `DataRequest`s buffered before the endpoint stops reading from the
-    /// connection (backpressure to the engine). Default 64 batches; at least 1 is used.
+    /// connection (backpressure to the engine, the part HTTP/2 flow control plays in Spark,
+    /// udf §1.4). Default 64 batches; at least 1 is used.
     pub input_buffer: usize,
     /// How long to wait for the engine's `Cancel` after the worker sent its own
     /// `ErrorResponse` or `InitResponse.error` (the engine MUST send one, udf §2 R4). On
     /// expiry the worker closes the stream with `CancelResponse(error = ProtocolError)`.
     /// `None` waits indefinitely. Default 30 s, Spark's terminal timeout (udf §7).
     pub cancel_timeout: Option<Duration>,
-    /// The clock [`cancel_timeout`](Self::cancel_timeout) runs on; `None` disables it.
+    /// The clock [`cancel_timeout`](Self::cancel_timeout) (udf §2 R4) runs on; `None`
+    /// disables it.
     /// Default: [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature (which
     /// needs a tokio runtime when the timeout is armed), else `None`.
     pub timer: Option<Arc<dyn Timer>>,
 }
 
 impl EndpointConfig {
-    /// The defaults listed on [`EndpointConfig`].
+    /// The defaults listed on [`EndpointConfig`]: the reference worker's protocol version
+    /// and ARROW format (udf §2.1, §1.9), a 30 s Cancel wait (udf §7 `terminalTimeoutMs`).
     pub fn new() -> Self {
         Self {
             supported_data_formats: vec![UdfWorkerDataFormat::Arrow],
@@ -57,7 +63,8 @@ impl EndpointConfig {
 
     /// Whether `data_format` (the raw `Init.data_format` value) is one this worker accepts:
     /// a known, specified format listed in
-    /// [`supported_data_formats`](Self::supported_data_formats).
+    /// [`supported_data_formats`](Self::supported_data_formats) (the rule of udf §1.3,
+    /// field 2).
     pub fn accepts_data_format(&self, data_format: i32) -> bool {
         match UdfWorkerDataFormat::try_from(data_format) {
             Ok(UdfWorkerDataFormat::Unspecified) | Err(_) => false,

@@ -24,8 +24,9 @@ use super::typed::{Endpoint, InputEnd};
 /// the callback returns. Errors become the protocol's error messages: see each method.
 pub trait Udf {
     /// Called once with the assembled, verified `Init` (its `udf.payload` is the whole
-    /// payload, chunks joined). `Ok(data)` answers `InitResponse { data }`; `Err(e)` answers
-    /// `InitResponse { error: e }`, after which only [`cancel`](Self::cancel) is called.
+    /// payload, chunks joined; udf §1.3). `Ok(data)` answers `InitResponse { data }`; `Err(e)`
+    /// answers `InitResponse { error: e }`, after which only [`cancel`](Self::cancel) is
+    /// called (udf §2 R4).
     fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError>;
 
     /// Called for each input batch, in order. `Err(e)` sends whatever was pushed to `out`,
@@ -40,8 +41,8 @@ pub trait Udf {
 
     /// Called when the engine's `Cancel` arrived after the user code was involved (after
     /// `init` was called): clean up and return the `CancelResponse` (partial metrics, a
-    /// cleanup error). Not called for a Cancel before the Init was complete (answered
-    /// automatically). The default returns an empty response.
+    /// cleanup error; udf §1.5, §2 R7). Not called for a Cancel before the Init was complete
+    /// (answered automatically). The default returns an empty response.
     fn cancel(&mut self) -> CancelResponse {
         CancelResponse::default()
     }
@@ -163,7 +164,8 @@ pub enum ManageError {
 }
 
 impl ManageError {
-    /// The gRPC status code name for this error (`"INVALID_ARGUMENT"`).
+    /// The gRPC status code name for this error (`"INVALID_ARGUMENT"`, what the reference
+    /// worker answers to an empty `WorkerRequest`, udf §1.7).
     pub fn grpc_code(&self) -> &'static str {
         match self {
             Self::EmptyRequest => "INVALID_ARGUMENT",
@@ -173,7 +175,7 @@ impl ManageError {
 
 /// What a worker knows to answer the `Manage` RPC with (udf §1.7).
 pub trait WorkerControl {
-    /// Worker-global metrics for a `HeartbeatResponse` (free-form). Default: none.
+    /// Worker-global metrics for a `HeartbeatResponse` (free-form, udf §1.7). Default: none.
     fn heartbeat_metrics(&self) -> BTreeMap<String, String> {
         BTreeMap::new()
     }
@@ -181,7 +183,7 @@ pub trait WorkerControl {
     /// Starts a graceful shutdown as `request` asks (with `cancel_sessions`, in-flight
     /// streams are to be cancelled by sending `ErrorResponse(WorkerError)` then
     /// `CancelResponse`) and returns whether every `Execute` stream had settled before
-    /// replying (`ShutdownResponse.sessions_settled`).
+    /// replying (`ShutdownResponse.sessions_settled`, udf §1.7).
     fn shutdown(&self, request: &ShutdownRequest) -> bool;
 }
 

@@ -19,16 +19,19 @@ pub struct SessionConfig {
     /// acknowledgement before settling `Interrupted` (udf §7 `interruptCancelTimeoutMs`, 2 s).
     pub interrupt_cancel_timeout: Duration,
     /// Most received `DataResponse`s buffered before the session stops reading from the
-    /// connection (backpressure to the worker); default 64 batches.
+    /// connection (backpressure to the worker); default 64 batches, at least 1 is used.
+    /// tether's bound: Spark's output queue is unbounded (udf §10 gap 2, SPARK-55278).
     pub output_buffer: usize,
-    /// The clock deadlines run on. `None` disables every timeout (the default without the
-    /// `tokio` feature unless one is supplied).
+    /// The clock the three udf §7 deadlines above run on. `None` disables every timeout (the
+    /// default without the `tokio` feature unless one is supplied).
     pub timer: Option<Arc<dyn Timer>>,
 }
 
 impl SessionConfig {
-    /// Spark's defaults: 30 s init, 30 s terminal, 2 s interrupt-cancel, 64-batch output
-    /// buffer, [`TokioTimer`](crate::time::TokioTimer) when the `tokio` feature is on.
+    /// Spark's defaults (udf §7 `initResponseTimeoutMs`, `terminalTimeoutMs`,
+    /// `interruptCancelTimeoutMs`): 30 s init, 30 s terminal, 2 s interrupt-cancel; plus
+    /// tether's 64-batch output buffer and [`TokioTimer`](crate::time::TokioTimer) when the
+    /// `tokio` feature is on.
     pub fn new() -> Self {
         Self {
             init_timeout: Duration::from_secs(30),

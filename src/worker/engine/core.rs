@@ -12,8 +12,9 @@ use crate::wire::{
 
 use super::termination::{Interrupted, PeerViolation, Termination, TransportFailure, Wait};
 
-/// The runtime state of an engine session (udf §4.1). The typestates `Init`, `Streaming`,
-/// `Finishing`, `Cancelling`, `Terminated` are views over these phases.
+/// The runtime state of an engine session (udf §4.1). The typestates `state::Init`,
+/// `state::Streaming`, `state::Finishing`, `state::Cancelling` and `state::Terminated` are
+/// views over these phases.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum EnginePhase {
     /// Constructed; `Init` not sent (udf §4.1 `Created`).
@@ -22,11 +23,12 @@ pub enum EnginePhase {
     Initializing,
     /// `InitResponse` accepted without error; data may flow (udf §4.1 `Initialized`/`Streaming`).
     Streaming,
-    /// `Finish` queued or sent; waiting for trailing output and the terminator.
+    /// `Finish` queued or sent; waiting for trailing output and the terminator (udf §4.1
+    /// `Finishing`).
     Finishing,
-    /// A Cancel was queued or sent; waiting for the terminator.
+    /// A Cancel was queued or sent; waiting for the terminator (udf §4.1 `Cancelling`).
     Cancelling,
-    /// A [`Termination`] has been settled; nothing more is sent.
+    /// A [`Termination`] has been settled; nothing more is sent (udf §4.1 `Terminal`).
     Terminated,
 }
 
@@ -48,23 +50,25 @@ pub enum InitStatus {
 /// never change the outcome, but they are counted and logged).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct CoreStats {
-    /// `DataRequest`s handed to the transport.
+    /// `DataRequest`s handed to the transport (udf §1.4).
     pub data_sent: u64,
-    /// `DataResponse`s accepted into the output queue.
+    /// `DataResponse`s accepted into the output queue (udf §1.4).
     pub data_received: u64,
-    /// Any message received after the terminal was settled (ignored).
+    /// Any message received after the terminal was settled (ignored, udf §4.5 last row).
     pub ignored_after_terminal: u64,
-    /// `InitResponse`s after the first one (ignored).
+    /// `InitResponse`s after the first one (ignored, udf §10 gap 13).
     pub duplicate_init_responses: u64,
-    /// `ErrorResponse`s after the first recorded execution error (logged, not kept).
+    /// `ErrorResponse`s after the first recorded execution error (logged, not kept; udf §10
+    /// gap 12).
     pub additional_errors: u64,
-    /// Data or Finish calls skipped because a Cancel had already been requested.
+    /// Data or Finish calls skipped because a Cancel had already been requested (nothing
+    /// after Cancel, udf §4.7).
     pub skipped_after_cancel: u64,
 }
 
-/// Error for a call made in a phase that does not allow it. The typed
-/// [`Session`](super::Session) API makes these impossible; the erased and sans-IO forms report
-/// them.
+/// Error for a call made in a phase that does not allow it: Spark's `IllegalStateException`
+/// of udf §4.3 and §4.10. The typed [`Session`](super::Session) API makes these impossible;
+/// the erased and sans-IO forms report them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{call} is not allowed in phase {phase:?}")]
 pub struct Misuse {
@@ -82,15 +86,13 @@ pub struct Misuse {
 /// take the requests it queues with [`poll_transmit`](EngineCore::poll_transmit), and tell it
 /// when a deadline expired. The async [`Session`](super::Session) is a thin driver over it; the
 /// property tests and fuzzers drive it directly.
-///
-/// The engine side of one worker session, without I/O (udf §4–§5).
 #[derive(Debug)]
 pub struct EngineCore {
     phase: EnginePhase,
     terminal: Option<Termination>,
     /// One-shot cancel intent (udf §4.4 `cancelRequested`): suppresses later Data/Finish.
     cancel_requested: bool,
-    /// Set when the `Finish` request is handed to the transport (udf §4.1 `finishSendStarted`).
+    /// Set when the `Finish` request is handed to the transport (udf §4.4 `finishSendStarted`).
     finish_sent: bool,
     /// Whether any request has been handed to the transport (the stream exists).
     stream_opened: bool,
@@ -109,7 +111,7 @@ impl Default for EngineCore {
 }
 
 impl EngineCore {
-    /// A session in phase `Created`.
+    /// A session in phase `Created` (udf §4.1).
     pub fn new() -> Self {
         Self {
             phase: EnginePhase::Created,
@@ -126,52 +128,58 @@ impl EngineCore {
         }
     }
 
-    /// The current phase.
+    /// The current phase (udf §4.1; Spark's `currentState`, udf §4.2).
     pub fn phase(&self) -> EnginePhase {
         self.phase
     }
 
-    /// The settled terminal, if any (first wins, never changes).
+    /// The settled terminal, if any (first wins, never changes; Spark's
+    /// `settledTermination`, udf §4.2).
     pub fn terminal(&self) -> Option<&Termination> {
         self.terminal.as_ref()
     }
 
-    /// Whether a terminal has been settled.
+    /// Whether a terminal has been settled (udf §4.1 `Terminal`).
     pub fn is_terminal(&self) -> bool {
         self.terminal.is_some()
     }
 
-    /// Whether a Cancel has been requested (queued or sent).
+    /// Whether a Cancel has been requested (queued or sent): the one-shot cancel intent of
+    /// udf §4.4 `cancelRequested`.
     pub fn cancel_requested(&self) -> bool {
         self.cancel_requested
     }
 
-    /// Whether the `Finish` request has been handed to the transport.
+    /// Whether the `Finish` request has been handed to the transport (udf §4.4
+    /// `finishSendStarted`: from then on a `FinishResponse` is legitimate).
     pub fn finish_sent(&self) -> bool {
         self.finish_sent
     }
 
-    /// Whether any request has been handed to the transport.
+    /// Whether any request has been handed to the transport: the stream exists, so a close
+    /// must Cancel rather than settle the synthetic `Cancelled` (udf §5.2 step 1).
     pub fn stream_opened(&self) -> bool {
         self.stream_opened
     }
 
-    /// The first execution error the worker reported, if any.
+    /// The first execution error the worker reported, if any (udf §4.4 `executionError`:
+    /// from `ErrorResponse` or `InitResponse.error`, first wins).
     pub fn execution_error(&self) -> Option<&ExecutionError> {
         self.execution_error.as_ref()
     }
 
-    /// The accepted `InitResponse`, if any.
+    /// The accepted `InitResponse`, if any (udf §4.5: one without error; later ones are
+    /// ignored).
     pub fn init_response(&self) -> Option<&InitResponse> {
         self.init_response.as_ref()
     }
 
-    /// Ignored/discarded event counters.
+    /// Ignored/discarded event counters (udf §4.5 late messages; udf §10 gaps 12–13).
     pub fn stats(&self) -> CoreStats {
         self.stats
     }
 
-    /// Where the init handshake stands.
+    /// Where the init handshake stands (the decision of udf §4.6 step 5).
     pub fn init_status(&self) -> InitStatus {
         // An ErrorResponse right behind an accepted InitResponse also fails init (udf §4.6).
         if self.init_failed || (self.init_response.is_some() && self.execution_error.is_some()) {
@@ -289,8 +297,9 @@ impl EngineCore {
         true
     }
 
-    /// The next request to hand to the transport, if any. Taking `Finish` sets the
-    /// finish-sent flag, after which a `FinishResponse` is legitimate.
+    /// The next request to hand to the transport, if any, in the order the udf §2 rules
+    /// allow. Taking `Finish` sets the finish-sent flag, after which a `FinishResponse` is
+    /// legitimate (udf §4.4 `finishSendStarted`).
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<UdfRequest> {
         let req = self.outbox.pop_front()?;
@@ -303,23 +312,26 @@ impl EngineCore {
         Some(req)
     }
 
-    /// Whether requests are waiting for [`poll_transmit`](Self::poll_transmit).
+    /// Whether requests are waiting for [`poll_transmit`](Self::poll_transmit) (the request
+    /// writes of udf §4.7).
     pub fn has_transmit(&self) -> bool {
         !self.outbox.is_empty()
     }
 
-    /// The next received `DataResponse` payload, in arrival order.
+    /// The next received `DataResponse` payload, in arrival order (udf §4.7 output queue).
     #[must_use]
     pub fn pop_output(&mut self) -> Option<Bytes> {
         self.output.pop_front()
     }
 
-    /// How many received `DataResponse`s wait in the output queue.
+    /// How many received `DataResponse`s wait in the output queue (the depth Spark does not
+    /// expose yet, udf §10 item 3).
     pub fn output_len(&self) -> usize {
         self.output.len()
     }
 
-    /// Drops every queued output batch and returns how many there were.
+    /// Drops every queued output batch and returns how many there were (output no consumer
+    /// will read: a close or drain waiting for the terminator, udf §5.2 step 2).
     pub fn discard_output(&mut self) -> usize {
         let n = self.output.len();
         self.output.clear();
@@ -407,7 +419,8 @@ impl EngineCore {
         }
     }
 
-    /// The connection failed (read or write): `TransportFailed` unless terminal.
+    /// The connection failed (read or write): `TransportFailed` unless terminal (udf §4.5
+    /// stream `onError`; a failed write, udf §4.7).
     pub fn handle_connection_error(&mut self, error: ConnectionError) {
         self.fail(TransportFailure::Connection(error));
     }
@@ -436,7 +449,8 @@ impl EngineCore {
         let _ = self.settle(Termination::Interrupted(Interrupted { context, waited }));
     }
 
-    /// Settles `TransportFailed(failure)` unless already terminal.
+    /// Settles `TransportFailed(failure)` unless already terminal (udf §4.4
+    /// `transportFailed`).
     pub fn fail(&mut self, failure: TransportFailure) {
         let _ = self.settle(Termination::TransportFailed(failure));
     }

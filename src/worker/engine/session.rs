@@ -23,7 +23,9 @@ use crate::time::Deadline;
 use crate::worker::state::{self, State as _};
 
 /// A future-or-present view of a session's final [`Termination`], available after the
-/// session is finalized by `close()` or by drop cleanup. Cheap to clone.
+/// session is finalized by `close()` or by drop cleanup. Cheap to clone. It plays the part
+/// of the completion listeners of Spark's earlier `WorkerSession` (udf §4.0 v2): resolved
+/// exactly once, and at once for a watcher that arrives late.
 #[derive(Clone, Default)]
 pub struct TerminationWatch {
     shared: Arc<Mutex<WatchState>>,
@@ -52,13 +54,14 @@ impl TerminationWatch {
         wakers.into_iter().for_each(Waker::wake);
     }
 
-    /// The final outcome, if the session has been finalized.
+    /// The final outcome, if the session has been finalized (the value `close()` returned,
+    /// udf §5.3).
     pub fn get(&self) -> Option<Termination> {
         self.lock().outcome.clone()
     }
 
     /// Waits until the session is finalized (by `close()` or drop cleanup) and returns the
-    /// outcome. Never resolves for a session leaked with `mem::forget`.
+    /// outcome (udf §5.3). Never resolves for a session leaked with `mem::forget`.
     pub async fn wait(self) -> Termination {
         poll_fn(|cx| {
             let mut st = self.lock();
@@ -466,9 +469,9 @@ impl<C: Connection<UdfRequest, UdfResponse>> Drop for FinalizeGuard<C> {
 ///   `UdfResponse` in.
 /// - Methods exist only where the protocol allows them: no data before `init`, no `init`
 ///   twice, no `finish` before `init`, nothing but inspection and `close` on `Terminated`.
-///   Transitions consume `self`; a failed transition hands back a `Session<Terminated, C>`
-///   inside [`SessionFailed`], so the outcome is never lost and the worker handle is always
-///   released.
+///   Transitions consume `self`; a failed transition hands back a
+///   `Session<state::Terminated, C>` inside [`SessionFailed`], so the outcome is never lost
+///   and the worker handle is always released.
 /// - The runtime phase (a worker may end the session at any time, e.g. with an unsolicited
 ///   `CancelResponse`) is the source of truth: operations on a session the worker already
 ///   ended report the [`SessionError`] derived from its [`Termination`].
@@ -517,14 +520,16 @@ impl<S: state::State, C> Drop for Session<S, C> {
     }
 }
 
-/// A transition that ended the session: the error, and the session in `Terminated` so it can
-/// still be inspected and closed (its outcome is never lost).
+/// A transition that ended the session: the error, and the session in `state::Terminated`
+/// so it can still be inspected and closed (its outcome is never lost). Where Spark's `init`
+/// or result iterator throws a `GrpcWorkerSessionException` (udf §4.6, §4.7), tether
+/// returns this.
 #[derive(Debug)]
 pub struct SessionFailed<C> {
     /// What went wrong, derived from the session's [`Termination`] (the first recorded
-    /// execution error when the worker reported one).
+    /// execution error when the worker reported one; udf §4.6 step 5).
     pub error: SessionError,
-    /// The ended session; `close()` returns its full `Termination`.
+    /// The ended session; `close()` returns its full `Termination` (udf §5.3).
     pub session: Session<state::Terminated, C>,
 }
 
@@ -561,34 +566,36 @@ impl<S: state::State, C> Session<S, C> {
         }
     }
 
-    /// This session's id (UUID v4), for logs.
+    /// This session's id (UUID v4), for logs (Spark's `sessionId`, udf §4.0 v2).
     pub fn id(&self) -> uuid::Uuid {
         self.inner().id
     }
 
-    /// The worker handle this session runs on.
+    /// The worker handle this session runs on (udf §3 `WorkerHandle`).
     pub fn worker(&self) -> &Arc<dyn WorkerHandle> {
         &self.inner().handle
     }
 
-    /// The runtime phase (the typestate is a static lower bound of it: a worker can end the
-    /// session at any time).
+    /// The runtime phase (udf §4.1; the typestate is a static lower bound of it: a worker
+    /// can end the session at any time, udf §4.5).
     pub fn phase(&self) -> EnginePhase {
         self.inner().core.phase()
     }
 
-    /// The settled outcome, if the session has ended (it may end before `close`).
+    /// The settled outcome, if the session has ended (it may end before `close`; Spark's
+    /// `settledTermination`, udf §4.2, without the exception while non-terminal).
     pub fn termination(&self) -> Option<&Termination> {
         self.inner().core.terminal()
     }
 
-    /// Counters of ignored or discarded events (late messages, duplicate `InitResponse`s…).
+    /// Counters of ignored or discarded events (late messages, duplicate `InitResponse`s…;
+    /// udf §4.5, udf §10 gaps 12–13).
     pub fn stats(&self) -> super::core::CoreStats {
         self.inner().core.stats()
     }
 
     /// A handle on the final outcome, resolved when the session is finalized by `close()` or
-    /// by drop cleanup.
+    /// by drop cleanup (udf §5.1: once per session).
     pub fn watch(&self) -> TerminationWatch {
         self.inner().watch.clone()
     }
@@ -628,8 +635,9 @@ where
     C: Connection<UdfRequest, UdfResponse> + Send + 'static,
 {
     /// A new session on `connection` for the worker behind `handle` (the handle's session
-    /// count must already include this session: it is released once when the session ends).
-    /// Nothing is sent until [`init`](Self::init).
+    /// count must already include this session: it is released once when the session ends;
+    /// udf §6.2 steps 5–6, `acquireSession` then `newSession`). Nothing is sent until
+    /// [`init`](Self::init) (udf §4.3 `doInit` opens the conversation).
     pub fn new(connection: C, handle: Arc<dyn WorkerHandle>, config: SessionConfig) -> Self {
         let inner = Inner {
             id: uuid::Uuid::new_v4(),
@@ -755,7 +763,8 @@ impl<C> Session<state::Streaming, C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
-    /// The `InitResponse` the worker accepted the session with.
+    /// The `InitResponse` the worker accepted the session with (what Spark's `init` returns,
+    /// udf §4.3).
     pub fn init_response(&self) -> &InitResponse {
         self.inner()
             .core
@@ -792,7 +801,7 @@ where
     }
 
     /// Receives the next `DataResponse` payload (udf §1.4); see
-    /// [`Session<Finishing, C>::recv`] for the shared semantics.
+    /// [`Session<state::Finishing, C>::recv`](Session::recv) for the shared semantics.
     pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
         self.inner_mut().recv().await
     }
@@ -904,8 +913,8 @@ where
         cancel_session(self, reason).await
     }
 
-    /// Waits for the terminator (per-poll terminal timeout), discarding output not yet
-    /// received, and returns the ended session.
+    /// Waits for the terminator (per-poll terminal timeout, udf §4.7 step 4), discarding
+    /// output not yet received, and returns the ended session.
     pub async fn wait(self) -> Session<state::Terminated, C> {
         wait_terminated(self).await
     }
@@ -916,22 +925,22 @@ where
     C: Connection<UdfRequest, UdfResponse>,
 {
     /// Receives output the worker sent before it saw the Cancel; see
-    /// [`Session<Finishing, C>::recv`]. Ends with `Err(SessionError::Cancelled)` (or the
-    /// worker's error) once the `CancelResponse` arrives, or `Ok(None)` if the worker had
-    /// already finished.
+    /// [`Session<state::Finishing, C>::recv`](Session::recv). Ends with
+    /// `Err(SessionError::Cancelled)` (or the worker's error) once the `CancelResponse`
+    /// arrives, or `Ok(None)` if the worker had already finished (udf §2 R5 (c)).
     pub async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
         self.inner_mut().recv().await
     }
 
-    /// Waits for the terminator, discarding output not yet received, and returns the ended
-    /// session.
+    /// Waits for the terminator (per-poll terminal timeout), discarding output not yet
+    /// received, and returns the ended session (udf §4.11 `Cancelling` rows).
     pub async fn wait(self) -> Session<state::Terminated, C> {
         wait_terminated(self).await
     }
 }
 
 impl<C> Session<state::Terminated, C> {
-    /// The settled outcome.
+    /// The settled outcome (Spark's `settledTermination`, udf §4.2).
     pub fn outcome(&self) -> &Termination {
         self.inner()
             .core
@@ -970,13 +979,13 @@ impl<C, I> Process<C, I>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
-    /// The session's outcome if it has ended.
+    /// The session's outcome if it has ended (udf §4.2 `settledTermination`).
     pub fn termination(&self) -> Option<&Termination> {
         self.session.termination()
     }
 
     /// Finalizes the session (see [`Session::close`]); cancels it if the output was not
-    /// drained.
+    /// drained (udf §5.3: an iterator abandoned mid-stream gives `Cancelled`).
     pub async fn close(self) -> Termination {
         self.session.close().await
     }
@@ -1046,18 +1055,19 @@ where
 }
 
 /// A worker session in any state: the erased runtime form for keeping sessions in maps
-/// (like rustls' `ConnectionState`). Convert back with `TryFrom`.
+/// (like rustls' `ConnectionState`), one value per udf §4.1 state as Spark's single
+/// `SessionState` reference. Convert back with `TryFrom`.
 #[derive(Debug)]
 pub enum AnySession<C> {
-    /// [`Session<Init, C>`].
+    /// [`Session<state::Init, C>`](Session).
     Init(Session<state::Init, C>),
-    /// [`Session<Streaming, C>`].
+    /// [`Session<state::Streaming, C>`](Session).
     Streaming(Session<state::Streaming, C>),
-    /// [`Session<Finishing, C>`].
+    /// [`Session<state::Finishing, C>`](Session).
     Finishing(Session<state::Finishing, C>),
-    /// [`Session<Cancelling, C>`].
+    /// [`Session<state::Cancelling, C>`](Session).
     Cancelling(Session<state::Cancelling, C>),
-    /// [`Session<Terminated, C>`].
+    /// [`Session<state::Terminated, C>`](Session).
     Terminated(Session<state::Terminated, C>),
 }
 
@@ -1086,7 +1096,7 @@ impl<C> AnySession<C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
-    /// The typestate's name (`"Init"`, `"Streaming"`, …).
+    /// The typestate's name (`"Init"`, `"Streaming"`, …; the markers of udf §4.1).
     pub fn state_name(&self) -> &'static str {
         match self {
             Self::Init(_) => state::Init::NAME,
@@ -1097,7 +1107,7 @@ where
         }
     }
 
-    /// The runtime phase.
+    /// The runtime phase (udf §4.1).
     pub fn phase(&self) -> EnginePhase {
         match self {
             Self::Init(s) => s.phase(),
@@ -1108,7 +1118,7 @@ where
         }
     }
 
-    /// The settled outcome, if any.
+    /// The settled outcome, if any (udf §4.2 `settledTermination`).
     pub fn termination(&self) -> Option<&Termination> {
         match self {
             Self::Init(s) => s.termination(),
@@ -1119,7 +1129,8 @@ where
         }
     }
 
-    /// Closes the session from whatever state it is in (see [`Session::close`]).
+    /// Closes the session from whatever state it is in (see [`Session::close`]; udf §4.3:
+    /// `close` is allowed in any state).
     pub async fn close(self) -> Termination {
         match self {
             Self::Init(s) => s.close().await,

@@ -15,12 +15,13 @@ use futures::future::BoxFuture;
 use crate::connection::Connection;
 use crate::wire::{UdfRequest, UdfResponse};
 
-/// Where a worker listens (the value behind its `--connection` argument).
+/// Where a worker listens (the value behind its `--connection` argument): one of the
+/// transports of udf §1.9 `WorkerConnectionSpec`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum WorkerEndpoint {
-    /// A Unix-domain socket path.
+    /// A Unix-domain socket path (udf §1.9 `UnixDomainSocket`, §6.4).
     Unix(PathBuf),
-    /// A TCP address (loopback).
+    /// A TCP address (loopback; udf §1.9 `LocalTcpConnection`).
     Tcp(SocketAddr),
 }
 
@@ -45,22 +46,26 @@ impl std::fmt::Display for WorkerEndpoint {
 }
 
 /// A way to reach workers: readiness, a shared per-worker channel, and one connection per
-/// session.
+/// session: the transport hooks of Spark's `DirectWorkerDispatcher` (`connectWorker`,
+/// `newSession`, implemented by `DirectGrpcDispatcher`; udf §6.2, §6.4), so the framed
+/// transport and gRPC share one dispatcher.
 pub trait WorkerTransport: Send + Sync + 'static {
-    /// State shared by all sessions of one worker (e.g. a gRPC channel; `()` for framed).
+    /// State shared by all sessions of one worker (e.g. a gRPC channel; `()` for framed):
+    /// Spark's `WorkerConnection` (udf §3).
     type Channel: Send + Sync + 'static;
-    /// One session's connection to the worker.
+    /// One session's connection to the worker: its `Execute` stream (udf §1.1).
     type Connection: Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static;
 
-    /// Tries once to reach the worker at `endpoint`. `Ok` means the worker serves sessions
-    /// now (a socket file alone is not readiness, udf §6.4); dispatchers call it in a loop
-    /// until their readiness deadline.
+    /// Tries once to reach the worker at `endpoint` (Spark's `connectWorker`, udf §6.2
+    /// step 4). `Ok` means the worker serves sessions now (a socket file alone is not
+    /// readiness, udf §6.4); dispatchers call it in a loop until their readiness deadline.
     fn connect<'a>(
         &'a self,
         endpoint: &'a WorkerEndpoint,
     ) -> BoxFuture<'a, io::Result<Self::Channel>>;
 
-    /// Opens the connection of a new session on `channel`.
+    /// Opens the connection of a new session on `channel` (Spark's `newSession`, udf §6.4;
+    /// each session opens its own `Execute` stream on the shared channel, udf §1.1).
     fn open_session<'a>(
         &'a self,
         channel: &'a Self::Channel,
@@ -76,11 +81,13 @@ pub trait WorkerTransport: Send + Sync + 'static {
 
 /// The framed transport ([`crate::connection::framed`]): a fresh socket connection per
 /// session; readiness is a successful connect (the probe connection is closed at once, which
-/// a tether worker treats as a session that never started).
+/// a tether worker treats as a session that never started). tether's own, in place of
+/// Spark's gRPC channel over the worker's socket (udf §6.4).
 #[cfg(feature = "tokio")]
 #[derive(Debug, Clone, Default)]
 pub struct FramedTransport {
-    /// Frame settings of every connection.
+    /// Frame settings of every connection (default: 128 MiB frames, Spark's gRPC message
+    /// limit, udf §6.4).
     pub config: crate::connection::framed::FramedConfig,
 }
 
@@ -118,7 +125,8 @@ impl WorkerTransport for FramedTransport {
     }
 }
 
-/// The engine side of a framed session connection: Unix or TCP.
+/// The engine side of a framed session connection: Unix or TCP (udf §1.9
+/// `WorkerConnectionSpec`), carrying one `Execute` stream (udf §1.1).
 #[cfg(feature = "tokio")]
 pub type FramedSessionConnection =
     crate::connection::framed::SocketConnection<UdfRequest, UdfResponse>;
