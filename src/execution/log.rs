@@ -275,8 +275,8 @@ impl ResponseLog {
         (self.last_produced() + 1 - self.unsent_start()) as usize
     }
 
-    /// Highest [`retained_bytes`](Self::retained_bytes) seen after any operation (Spark's
-    /// observer logs the same peak as `maxCachedUntilConsumed` in `removeAll`, rx §3.4).
+    /// Highest [`retained_bytes`](Self::retained_bytes) seen after any operation: the retry
+    /// buffer's high-water mark against [`LogConfig::retry_budget`] (rx §3.4).
     pub fn peak_retained_bytes(&self) -> u64 {
         self.peak_retained
     }

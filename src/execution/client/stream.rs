@@ -629,8 +629,10 @@ impl<R: ExecutionRpc + ?Sized> fmt::Debug for ReattachingStream<R> {
 /// its one RPC ends (rx §2.2 T14). Retryable errors (per the [`RetryPolicy`]) before the
 /// first response re-send the same `ExecutePlan` after the backoff, as Spark's Scala client
 /// does; after a response any error is final, since the stream cannot resume (rx §6.3).
-/// Against a 4.3 server a re-send whose first attempt did reach it is refused with
-/// `OPERATION_ALREADY_EXISTS` / `OPERATION_ABANDONED`, which is final too.
+/// Against a 4.3 server a re-send whose first attempt did reach it is refused, finally
+/// too: the same plan under a live operation id is a reattach, which a non-reattachable
+/// execution answers with `INVALID_CURSOR.NOT_REATTACHABLE`; once it ended, the id gets
+/// `OPERATION_ABANDONED` (rx §5.2; before 4.0.1, `OPERATION_ALREADY_EXISTS`).
 ///
 /// [`RetryPolicy`]: super::RetryPolicy
 #[must_use = "streams do nothing unless polled"]
