@@ -27,7 +27,7 @@ pub enum RunnerState {
 }
 
 impl RunnerState {
-    /// Whether the producer may still append responses.
+    /// Whether the producer may still append responses: runner `started` (rx §2.1).
     pub fn is_running(self) -> bool {
         matches!(self, Self::Started)
     }
@@ -38,11 +38,13 @@ impl RunnerState {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StreamLimits {
     /// End a stream gracefully (no `ResultComplete`) this long after it attached (Spark's
-    /// `senderMaxStreamDuration`, default 2 min). `None` = unlimited.
+    /// `spark.connect.execute.reattachable.senderMaxStreamDuration`, default 2 min, rx §4.5).
+    /// `None` = unlimited (Spark's 0).
     pub max_duration: Option<Duration>,
     /// End a stream gracefully once more than this many bytes were sent on it; the response
-    /// that crosses the limit is still sent (Spark's `senderMaxStreamSize`, default 1 GiB).
-    /// `None` = unlimited.
+    /// that crosses the limit is still sent (Spark's
+    /// `spark.connect.execute.reattachable.senderMaxStreamSize`, default 1 GiB, rx §4.2,
+    /// §4.5). `None` = unlimited (Spark's 0).
     pub max_bytes: Option<u64>,
 }
 
@@ -89,7 +91,7 @@ pub enum ExecutionPhase {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ConsumerId(pub u64);
 
-/// How a consumer's stream ended without error.
+/// How a consumer's stream ended without error: the sender's `onCompleted` (rx §4.2).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum StreamEnd {
     /// Every response up to the final index was delivered (for a reattachable execution the
@@ -100,11 +102,12 @@ pub enum StreamEnd {
     Rotated,
 }
 
-/// What [`ExecutionCore::poll_consumer`] tells a consumer to do next (rx §4.2 main loop).
 #[allow(
     clippy::large_enum_variant,
     reason = "the response is the hot path; boxing it would allocate once per response"
 )]
+/// What [`ExecutionCore::poll_consumer`] tells a consumer to do next (rx §4.2 main loop,
+/// Spark's `ExecuteGrpcResponseSender.execute`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum ConsumerEvent {
     /// Send this response.
@@ -121,7 +124,8 @@ pub enum ConsumerEvent {
     Error(ConnectError),
 }
 
-/// Why a producer call was refused.
+/// Why a producer call was refused: the runner state (rx §2.1) or the log (rx §3.2) no
+/// longer takes responses, or tether's unsent bound is reached.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ProduceError {
     /// The unsent bound is reached; the response is handed back. Wait for the consumer.
@@ -133,10 +137,11 @@ pub enum ProduceError {
     /// The execution was released or abandoned (rx §2.2 T12): stop producing.
     #[error("the execution was released or abandoned")]
     Closed,
-    /// The producer already finished or failed the execution.
+    /// The producer already finished or failed the execution (rx §3.2: nothing may follow
+    /// the final index).
     #[error("the execution already finished")]
     Finished,
-    /// The execution was not started.
+    /// The execution was not started (runner `notStarted`, rx §2.1).
     #[error("the execution was not started")]
     NotStarted,
 }
@@ -149,7 +154,8 @@ struct Cursor {
     bytes_sent: u64,
 }
 
-/// One execution's rules as a sans-IO state machine (reattach rx §2, §4).
+/// One execution's rules as a sans-IO state machine: Spark's `ExecuteHolder` with its
+/// runner, response observer and senders (reattach rx §2, §4).
 ///
 /// [`ExecutionCore`] holds the [`ResponseLog`], the runner state of rx §2.1, the single attached
 /// consumer ("sender", rx §4) with its rotation budget, and the attachment bookkeeping the
@@ -160,8 +166,6 @@ struct Cursor {
 ///
 /// [`ResponseStream`]: super::ResponseStream
 /// [`Producer`]: super::Producer
-///
-/// The sans-IO state machine of one execution (rx §2–§4).
 #[derive(Debug)]
 pub struct ExecutionCore {
     log: ResponseLog,
@@ -181,7 +185,8 @@ pub struct ExecutionCore {
 impl ExecutionCore {
     /// A registered execution whose producer has not started (runner `NotStarted`). It
     /// counts as attached (the initial ExecutePlan RPC's grace period, rx §2.2 T1) until
-    /// its first consumer detaches.
+    /// its first consumer detaches. A non-reattachable execution gets a retry budget of 0
+    /// whatever `log` says (rx §3.1).
     pub fn new(reattachable: bool, log: LogConfig, limits: StreamLimits, stamp: Stamp) -> Self {
         let log = if reattachable {
             log
@@ -207,7 +212,7 @@ impl ExecutionCore {
         }
     }
 
-    /// The response log.
+    /// The response log (rx §3; Spark's `ExecuteHolder.responseObserver`).
     pub fn log(&self) -> &ResponseLog {
         &self.log
     }
@@ -222,7 +227,7 @@ impl ExecutionCore {
         self.runner
     }
 
-    /// How the execution left the registry, if it did.
+    /// How the execution left the registry, if it did (rx §2.1 dimension 1).
     pub fn removal(&self) -> Option<Removal> {
         self.removed
     }
@@ -232,22 +237,23 @@ impl ExecutionCore {
         self.orphaned
     }
 
-    /// How many consumers attached so far (the initial stream included).
+    /// How many consumers attached so far: the initial stream (rx §2.2 T1) and every
+    /// reattach (T5).
     pub fn attach_count(&self) -> u64 {
         self.attaches
     }
 
-    /// Whether a consumer is attached now.
+    /// Whether a consumer is attached now (rx §2.1 dimension 2).
     pub fn is_attached(&self) -> bool {
         self.consumer.is_some()
     }
 
-    /// Whether a consumer was handed the `ResultComplete` response.
+    /// Whether a consumer was handed the `ResultComplete` response (rx §1.3).
     pub fn delivered_result_complete(&self) -> bool {
         self.delivered_result_complete
     }
 
-    /// The coarse [`ExecutionPhase`] of the execution.
+    /// The coarse [`ExecutionPhase`] of the execution (rx §2.3).
     pub fn phase(&self) -> ExecutionPhase {
         match (self.removed.is_some(), self.runner) {
             (true, RunnerState::Started | RunnerState::StartedInterrupted)
@@ -289,8 +295,9 @@ impl ExecutionCore {
         }
     }
 
-    /// Starts the producer (runner `NotStarted → Started`). Returns `false` (and changes
-    /// nothing) in any other state, e.g. after an interrupt before start.
+    /// Starts the producer (runner `NotStarted → Started`, rx §2.1; Spark's
+    /// `ExecuteHolder.start`). Returns `false` (and changes nothing) in any other state,
+    /// e.g. after an interrupt before start.
     #[must_use]
     pub fn start(&mut self) -> bool {
         if self.runner == RunnerState::NotStarted && self.removed.is_none() {
@@ -330,12 +337,13 @@ impl ExecutionCore {
         (id, preempted)
     }
 
-    /// The index the consumer `id` will ask for next, if it is the attached one.
+    /// The index the consumer `id` will ask for next, if it is the attached one (the
+    /// sender's `nextIndex`, rx §4.2).
     pub fn next_index(&self, id: ConsumerId) -> Option<u64> {
         self.consumer.filter(|c| c.id == id).map(|c| c.next)
     }
 
-    /// Whether `id` is the attached consumer.
+    /// Whether `id` is the attached consumer (one at a time, rx §4.4).
     pub fn is_current(&self, id: ConsumerId) -> bool {
         self.consumer.is_some_and(|c| c.id == id)
     }
@@ -455,7 +463,8 @@ impl ExecutionCore {
         None
     }
 
-    /// The attached consumer's rotation deadline, if it has one.
+    /// The attached consumer's rotation deadline, if it has one: attach time plus
+    /// [`StreamLimits::max_duration`], reattachable executions only (rx §4.2).
     pub fn deadline(&self, id: ConsumerId) -> Option<Instant> {
         self.consumer
             .filter(|c| c.id == id)
@@ -472,8 +481,8 @@ impl ExecutionCore {
         Some(id)
     }
 
-    /// Whether appending a response of `size` bytes would have to wait (rx §3; tether's
-    /// unsent bound).
+    /// Whether appending a response of `size` bytes would have to wait (tether's unsent
+    /// bound, see [`ResponseLog::would_block`]; Spark's producer never waits, rx §3.2).
     pub fn would_block(&self, size: u64) -> bool {
         self.log.would_block(size)
     }
@@ -563,7 +572,8 @@ impl ExecutionCore {
         }
     }
 
-    /// Whether the producer is still expected to produce or acknowledge an interrupt.
+    /// Whether the producer is still expected to produce or acknowledge an interrupt
+    /// (Spark: the runner thread is alive, rx §2.2 T9, T15).
     pub fn producer_alive(&self) -> bool {
         self.producer_alive
     }

@@ -16,21 +16,26 @@ const UNKNOWN_ID: &str = "<UNKNOWN>";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct LogConfig {
     /// Retry budget in bytes: how much of the already-consumed responses is kept for
-    /// backtracking (Spark's `observerRetryBufferSize`, default 10 MiB; 0 for
-    /// non-reattachable executions). See [`ResponseLog::consume`] for the exact policy.
+    /// backtracking (Spark's `spark.connect.execute.reattachable.observerRetryBufferSize`,
+    /// default 10 MiB, rx §3.1, §4.5; 0 for non-reattachable executions). See
+    /// [`ResponseLog::consume`] for the exact policy (rx §3.4).
     pub retry_budget: u64,
     /// Most bytes of produced-but-unsent responses before the producer must wait (default
     /// 64 MiB). A single response larger than this is admitted once nothing else is unsent,
-    /// so a producer never deadlocks.
+    /// so a producer never deadlocks. tether's own bound: Spark's `ExecuteResponseObserver`
+    /// appends without limit (rx §3.2) and only the sender's flow control holds responses
+    /// back (rx §4.3).
     pub max_unsent_bytes: u64,
     /// Most produced-but-unsent responses before the producer must wait (default 100 000;
-    /// values below 1 act as 1).
+    /// values below 1 act as 1). tether's own bound, as
+    /// [`max_unsent_bytes`](Self::max_unsent_bytes) (Spark has none, rx §3.2).
     pub max_unsent_responses: usize,
 }
 
 impl LogConfig {
-    /// The defaults for a reattachable execution: 10 MiB retry budget, 64 MiB / 100 000
-    /// unsent responses.
+    /// The defaults for a reattachable execution: 10 MiB retry budget (Spark's
+    /// `observerRetryBufferSize` default, rx §4.5), 64 MiB / 100 000 unsent responses
+    /// (tether's bound).
     pub const REATTACHABLE: Self = Self {
         retry_budget: 10 * 1024 * 1024,
         max_unsent_bytes: 64 * 1024 * 1024,
@@ -38,7 +43,8 @@ impl LogConfig {
     };
 
     /// The defaults for a non-reattachable execution: budget 0 ("ack on send": a response
-    /// is released when the next one is consumed), 64 MiB / 100 000 unsent responses.
+    /// is released when the next one is consumed; Spark's `retryBufferSize` is 0 when not
+    /// reattachable, rx §3.1, §3.4), 64 MiB / 100 000 unsent responses.
     pub const NON_REATTACHABLE: Self = Self {
         retry_budget: 0,
         ..Self::REATTACHABLE
@@ -74,7 +80,9 @@ impl Default for Stamp {
     }
 }
 
-/// Why [`ResponseLog::push`] refused a response. The response is handed back.
+/// Why [`ResponseLog::push`] refused a response (Spark's `ExecuteResponseObserver.tryOnNext`
+/// returns false after the end, rx §3.2; the unsent bound is tether's). The response is
+/// handed back.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum PushError {
     /// The unsent bound is reached; retry after the consumer made progress (backpressure).
@@ -92,11 +100,12 @@ pub enum PushError {
 #[error("the response log is already finished")]
 pub struct AlreadyFinished;
 
-/// What a consumer gets for the index it asks for ([`ResponseLog::consume`], rx §3.3).
 #[allow(
     clippy::large_enum_variant,
     reason = "the response is the hot path; boxing it would allocate once per response"
 )]
+/// What a consumer gets for the index it asks for ([`ResponseLog::consume`], rx §3.3;
+/// Spark's `ExecuteResponseObserver.consumeResponse`).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Consumed {
     /// The response at that index, and its encoded size in bytes.
@@ -116,7 +125,8 @@ struct Entry {
     cumulative: u64,
 }
 
-/// The per-execution response log and retry buffer (reattach rx §3).
+/// The per-execution response log and retry buffer: Spark's `ExecuteResponseObserver`
+/// (reattach rx §3).
 ///
 /// [`ResponseLog`] is pure data: no locks, no clock, no I/O. The execution core
 /// ([`ExecutionCore`](super::ExecutionCore)) drives it; property tests drive it directly.
@@ -134,9 +144,6 @@ struct Entry {
 ///   is an offset into a ring buffer, an id is one hash lookup. Nothing scans.
 /// - Automatic release (rx §3.4) uses running byte totals, so it costs O(1) amortised per
 ///   released response instead of Spark's walk over the whole budget.
-///
-/// The response log of one execution: responses by index, the retry buffer and the unsent
-/// bound (rx §3).
 #[derive(Debug)]
 pub struct ResponseLog {
     config: LogConfig,
@@ -157,7 +164,8 @@ pub struct ResponseLog {
 }
 
 impl ResponseLog {
-    /// An empty log stamping `stamp` on every response.
+    /// An empty log stamping `stamp` on every response: nothing produced, the first
+    /// response gets index 1 (rx §3.1).
     pub fn new(config: LogConfig, stamp: Stamp) -> Self {
         Self {
             config,
@@ -175,43 +183,48 @@ impl ResponseLog {
         }
     }
 
-    /// The log's bounds.
+    /// The log's bounds (retry budget, rx §3.1; unsent bound, tether's).
     pub fn config(&self) -> &LogConfig {
         &self.config
     }
 
-    /// The ids stamped on each response.
+    /// The ids stamped on each response (rx §3.2).
     pub fn stamp(&self) -> &Stamp {
         &self.stamp
     }
 
-    /// Index of the last produced response (0 before the first).
+    /// Index of the last produced response, 0 before the first (Spark's
+    /// `lastProducedIndex`, rx §3.1).
     pub fn last_produced(&self) -> u64 {
         self.ids.len() as u64
     }
 
-    /// Highest index handed to any consumer (0 before the first).
+    /// Highest index handed to any consumer, 0 before the first (Spark's
+    /// `highestConsumedIndex`, rx §3.1). It may be ahead of what the client read (rx §3.5).
     pub fn highest_consumed(&self) -> u64 {
         self.highest_consumed
     }
 
     /// The lowest index still held; `last_produced() + 1` when nothing is held. Every index
-    /// below it was released.
+    /// below it was released (releases always remove a prefix, rx §3.4).
     pub fn first_retained(&self) -> u64 {
         self.first
     }
 
-    /// The final index once the log is finished (completed or failed), else `None`.
+    /// The final index once the log is finished (completed or failed), else `None`
+    /// (Spark's `finalProducedIndex`, rx §3.1).
     pub fn final_index(&self) -> Option<u64> {
         self.final_index
     }
 
-    /// Whether the log is finished: nothing more will be appended.
+    /// Whether the log is finished: nothing more will be appended (Spark's
+    /// `ExecuteResponseObserver.completed`, rx §3.2).
     pub fn is_finished(&self) -> bool {
         self.final_index.is_some()
     }
 
-    /// The stored terminal error, if the execution failed or was interrupted.
+    /// The stored terminal error, if the execution failed or was interrupted (Spark's
+    /// `ExecuteResponseObserver.getError`, stored by `onError`, rx §3.2).
     pub fn terminal_error(&self) -> Option<&ConnectError> {
         self.error.as_ref()
     }
@@ -228,8 +241,9 @@ impl ResponseLog {
         }
     }
 
-    /// Bytes of the held responses that were already handed to a consumer (the retry
-    /// buffer).
+    /// Bytes of the held responses that were already handed to a consumer: the retry
+    /// buffer that [`LogConfig::retry_budget`] bounds (rx §3.4; Spark's observer counts it
+    /// as `cachedSizeUntilHighestConsumed`).
     pub fn retained_bytes(&self) -> u64 {
         let end = self.highest_consumed.min(self.last_produced());
         if end < self.first {
@@ -238,12 +252,14 @@ impl ResponseLog {
         self.cumulative_through(end) - self.cumulative_before_first
     }
 
-    /// Number of held responses already handed to a consumer.
+    /// Number of held responses already handed to a consumer (the retry buffer, rx §3.4).
     pub fn retained_len(&self) -> usize {
         (self.unsent_start() - self.first) as usize
     }
 
-    /// Bytes of the produced responses not yet handed to any consumer.
+    /// Bytes of the produced responses not yet handed to any consumer: what
+    /// [`LogConfig::max_unsent_bytes`] bounds (tether's bound; Spark's are unbounded,
+    /// rx §3.2).
     pub fn unsent_bytes(&self) -> u64 {
         let start = self.unsent_start();
         let last = self.last_produced();
@@ -253,23 +269,27 @@ impl ResponseLog {
         self.cumulative_through(last) - self.cumulative_through(start - 1)
     }
 
-    /// Number of produced responses not yet handed to any consumer.
+    /// Number of produced responses not yet handed to any consumer: what
+    /// [`LogConfig::max_unsent_responses`] bounds (tether's bound, rx §3.2).
     pub fn unsent_len(&self) -> usize {
         (self.last_produced() + 1 - self.unsent_start()) as usize
     }
 
-    /// Highest [`retained_bytes`](Self::retained_bytes) seen after any operation.
+    /// Highest [`retained_bytes`](Self::retained_bytes) seen after any operation: the retry
+    /// buffer's high-water mark against [`LogConfig::retry_budget`] (rx §3.4).
     pub fn peak_retained_bytes(&self) -> u64 {
         self.peak_retained
     }
 
-    /// Highest [`unsent_bytes`](Self::unsent_bytes) seen after any operation.
+    /// Highest [`unsent_bytes`](Self::unsent_bytes) seen after any operation: how close the
+    /// producer came to tether's unsent bound (which Spark's observer lacks, rx §3.2).
     pub fn peak_unsent_bytes(&self) -> u64 {
         self.peak_unsent
     }
 
     /// Every response id produced so far and its index, in order (for tests and tooling;
-    /// O(n)).
+    /// O(n)). Ids are kept for the execution's lifetime (Spark's `responseIndexToId`,
+    /// rx §3.1).
     pub fn produced_ids(&self) -> impl Iterator<Item = (u64, Uuid)> + '_ {
         self.ids
             .iter()
@@ -277,21 +297,23 @@ impl ResponseLog {
             .map(|(i, id)| (i as u64 + 1, *id))
     }
 
-    /// The index of a produced response id; `None` if this log never produced it.
-    /// Accepts any UUID spelling (tether normalises ids, rx §1.9).
+    /// The index of a produced response id; `None` if this log never produced it (Spark's
+    /// `getResponseIndexById`, rx §3.1). Accepts any UUID spelling (tether normalises ids;
+    /// Spark looks them up verbatim, rx §1.9).
     pub fn index_of(&self, response_id: &str) -> Option<u64> {
         let id = Uuid::try_parse(response_id).ok()?;
         self.index_of.get(&id).copied()
     }
 
-    /// The id of a produced index (released or not).
+    /// The id of a produced index, released or not (Spark's `responseIndexToId`, rx §3.1).
     pub fn id_at(&self, index: u64) -> Option<Uuid> {
         let i = usize::try_from(index.checked_sub(1)?).ok()?;
         self.ids.get(i).copied()
     }
 
-    /// Whether a response of `size` bytes would have to wait for the consumer (rx §3;
-    /// tether's unsent bound). Always `false` when nothing is unsent.
+    /// Whether a response of `size` bytes would have to wait for the consumer: tether's
+    /// unsent bound ([`LogConfig::max_unsent_bytes`], [`LogConfig::max_unsent_responses`];
+    /// Spark's producer never waits, rx §3.2). Always `false` when nothing is unsent.
     pub fn would_block(&self, size: u64) -> bool {
         let unsent = self.unsent_len();
         unsent > 0
@@ -300,7 +322,7 @@ impl ResponseLog {
     }
 
     /// The size `response` will have once stamped (what [`would_block`](Self::would_block)
-    /// and the budgets count).
+    /// and the budgets count; Spark's `serializedByteSize`, rx §3.1).
     pub fn stamped_len(&self, response: &ExecutePlanResponse) -> u64 {
         let mut r = response.clone();
         self.stamp_into(&mut r, Uuid::nil());
@@ -330,9 +352,10 @@ impl ResponseLog {
     /// Returns that index.
     ///
     /// # Errors
-    /// [`PushError::Finished`] after [`finish`](Self::finish)/[`fail`](Self::fail);
-    /// [`PushError::WouldBlock`] when the unsent bound is reached. Either way the response
-    /// is handed back unchanged.
+    /// [`PushError::Finished`] after [`finish`](Self::finish)/[`fail`](Self::fail), with the
+    /// response unchanged (Spark: `tryOnNext` returns false); [`PushError::WouldBlock`] when
+    /// the unsent bound is reached, with the response already carrying the session and
+    /// operation ids but an empty `response_id` (pushing it again stamps it anew).
     pub fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, PushError> {
         if self.is_finished() {
             return Err(PushError::Finished(Box::new(response)));
@@ -497,12 +520,14 @@ impl ResponseLog {
     }
 
     /// Whether `index` can still be consumed (not released), i.e. whether
-    /// [`consume`](Self::consume) would not fail with `POSITION_NOT_AVAILABLE`.
+    /// [`consume`](Self::consume) would not fail with `POSITION_NOT_AVAILABLE` (rx §3.5:
+    /// a reattach needs only the next index to be held).
     pub fn is_available(&self, index: u64) -> bool {
         index >= self.first || index > self.last_produced()
     }
 
-    /// Drops every held response (execution closed, rx §2.2 T12). Ids stay known.
+    /// Drops every held response (execution closed, rx §2.2 T12; Spark's
+    /// `ExecuteResponseObserver.removeAll`). Ids stay known.
     pub fn clear(&mut self) {
         while !self.entries.is_empty() {
             self.pop_front();

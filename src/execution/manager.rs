@@ -21,8 +21,8 @@ use crate::wire::connect::{
     interrupt_request, release_execute_request,
 };
 
-/// Identifies a session: `(user_id, session_id)` (rx §5.5). Another user's identical
-/// `session_id` is another session.
+/// Identifies a session: `(user_id, session_id)` (rx §5.6: sessions are isolated by that
+/// pair). Another user's identical `session_id` is another session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct SessionKey {
     /// The user id from `UserContext.user_id`, compared exactly.
@@ -31,19 +31,21 @@ pub struct SessionKey {
     pub session_id: Uuid,
 }
 
-/// Identifies an execution: `(user_id, session_id, operation_id)` (rx §5.1).
+/// Identifies an execution: `(user_id, session_id, operation_id)` (Spark's `ExecuteKey`,
+/// rx §5.1).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ExecuteKey {
-    /// The user id.
+    /// The user id (`UserContext.user_id`, rx §1.2).
     pub user_id: Arc<str>,
-    /// The session id.
+    /// The session id (a UUID, rx §1.9).
     pub session_id: Uuid,
-    /// The operation id (canonical lower case on the wire).
+    /// The operation id (canonical lower case on the wire, rx §1.9).
     pub operation_id: Uuid,
 }
 
 impl ExecuteKey {
-    /// The key of the session the execution belongs to.
+    /// The key of the session the execution belongs to (rx §5.1: the session tracks its
+    /// operation ids).
     pub fn session(&self) -> SessionKey {
         SessionKey {
             user_id: self.user_id.clone(),
@@ -56,36 +58,44 @@ impl ExecuteKey {
 /// bounds.
 #[derive(Debug, Clone)]
 pub struct ManagerConfig {
-    /// Per-execution log bounds for reattachable executions (retry budget 10 MiB, unsent
-    /// 64 MiB / 100 000). Non-reattachable executions use the same unsent bounds with a
-    /// retry budget of 0.
+    /// Per-execution log bounds for reattachable executions (retry budget 10 MiB,
+    /// `observerRetryBufferSize`, rx §3.1; unsent 64 MiB / 100 000, tether's).
+    /// Non-reattachable executions use the same unsent bounds with a retry budget of 0.
     pub log: LogConfig,
-    /// Stream rotation budgets (2 min, 1 GiB).
+    /// Stream rotation budgets (2 min, 1 GiB: `senderMaxStreamDuration`,
+    /// `senderMaxStreamSize`, rx §4.5).
     pub stream: StreamLimits,
     /// `spark.connect.execute.reattachable.enabled` (true): when false every execution is
     /// non-reattachable even if requested (rx §1.2).
     pub reattachable_enabled: bool,
-    /// Detached executions are abandoned after this long (`detachedTimeout`, 5 min).
+    /// Detached executions are abandoned after this long
+    /// (`spark.connect.execute.manager.detachedTimeout`, 5 min, rx §5.3).
     pub detached_timeout: Duration,
-    /// Period of [`ExecutionManager::run_maintenance`] (`maintenanceInterval`, 30 s).
+    /// Period of [`ExecutionManager::run_maintenance`]
+    /// (`spark.connect.execute.manager.maintenanceInterval`, 30 s, rx §5.3). The same pass
+    /// expires sessions (Spark's separate `spark.connect.session.manager.maintenanceInterval`
+    /// is also 30 s, rx §4.5).
     pub maintenance_interval: Duration,
-    /// Capacity of the abandoned-operation tombstones, LRU (`abandonedTombstonesSize`,
-    /// 10 000).
+    /// Capacity of the abandoned-operation tombstones, LRU
+    /// (`spark.connect.execute.manager.abandonedTombstonesSize`, 10 000, rx §5.4).
     pub abandoned_tombstones: usize,
     /// Idle expiry of sessions; every RPC naming the session refreshes it
-    /// (`defaultSessionTimeout`, 60 min). `None` = never.
+    /// (`spark.connect.session.manager.defaultSessionTimeout`, 60 min, rx §5.6). `None` =
+    /// never (Spark's −1).
     pub session_timeout: Option<Duration>,
-    /// Capacity of the closed-session tombstones, LRU (`closedSessionsTombstonesSize`,
-    /// 1 000).
+    /// Capacity of the closed-session tombstones, LRU
+    /// (`spark.connect.session.manager.closedSessionsTombstonesSize`, 1 000, rx §5.6).
     pub closed_session_tombstones: usize,
-    /// Most live executions per session (tether; default 1 000). Beyond it ExecutePlan gets
-    /// `EXECUTION_LIMIT_EXCEEDED` (status `RESOURCE_EXHAUSTED`).
+    /// Most live executions per session (tether's own bound, not in Spark; default 1 000).
+    /// Beyond it ExecutePlan gets `EXECUTION_LIMIT_EXCEEDED` (status `RESOURCE_EXHAUSTED`).
     pub max_executions_per_session: usize,
     /// How long a session remembers the ids of its released, completed or abandoned
     /// operations, so that re-submitting one gets `OPERATION_ABANDONED` as in Spark 4.3.0
-    /// (`inactiveOperations.cacheExpiration`, 30 min).
+    /// (`spark.connect.session.inactiveOperations.cacheExpiration`, 30 min, rx §5.2,
+    /// SPARK-53492).
     pub inactive_operation_expiry: Duration,
-    /// Most remembered inactive operation ids per session, LRU (tether; 10 000).
+    /// Most remembered inactive operation ids per session, LRU (tether's bound on the
+    /// cache of rx §5.2; 10 000).
     pub inactive_operations_per_session: usize,
 }
 
@@ -107,7 +117,8 @@ impl Default for ManagerConfig {
     }
 }
 
-/// What [`ExecutionManager::execute_plan`] produced.
+/// What [`ExecutionManager::execute_plan`] produced: a new execution, or a reattach for a
+/// duplicate operation id with the same plan (rx §5.2).
 #[derive(Debug)]
 pub enum Submitted {
     /// A new reattachable execution, registered with its producer not started: call
@@ -122,8 +133,9 @@ pub enum Submitted {
 }
 
 impl Submitted {
-    /// Starts a new execution, or passes the reattached stream through: the producer to
-    /// run the plan with (`None` for a reattach) and the response stream of this RPC.
+    /// Starts a new execution (rx §2.2 T1), or passes the reattached stream through: the
+    /// producer to run the plan with (`None` for a reattach) and the response stream of
+    /// this RPC.
     pub fn start(self) -> (Option<super::Producer>, ResponseStream) {
         match self {
             Self::Reattachable(e) => {
@@ -138,7 +150,8 @@ impl Submitted {
         }
     }
 
-    /// The canonical operation id.
+    /// The canonical operation id: the request's `operation_id` in the re-serialised
+    /// lower-case form, or the one the server generated when it had none (rx §1.9).
     pub fn operation_id(&self) -> &str {
         match self {
             Self::Reattachable(e) => e.operation_id(),
@@ -148,7 +161,8 @@ impl Submitted {
     }
 }
 
-/// What one maintenance pass did ([`ExecutionManager::maintain`]).
+/// What one maintenance pass did ([`ExecutionManager::maintain`]: Spark's
+/// `SparkConnectExecutionManager.periodicMaintenance`, rx §5.3, plus session expiry, rx §5.6).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct MaintenanceReport {
     /// Executions abandoned because they were detached for `detached_timeout`.
@@ -159,7 +173,8 @@ pub struct MaintenanceReport {
     pub abandoned_with_sessions: usize,
 }
 
-/// Counters of an [`ExecutionManager`].
+/// Counters of an [`ExecutionManager`]: the sizes of the registry (rx §5.1) and of the
+/// tombstone caches (rx §5.4, §5.6), and lifetime totals.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct ManagerStats {
     /// Live (registered) executions.
@@ -204,7 +219,10 @@ pub(crate) struct ManagerInner {
     registry: Mutex<Registry>,
 }
 
-/// The execution registry and the sessions (reattach rx §5): [`ExecutionManager`].
+/// The server side of reattachable executions: Spark's `SparkConnectExecutionManager` and
+/// session store (reattach rx §5) — sessions keyed by `(user_id, session_id)`, executions
+/// keyed by `(user_id, session_id, operation_id)`, tombstones, interrupts and abandonment.
+/// Cheap to clone (shared).
 ///
 /// One lock guards the registry (sessions, their executions, tombstones); each execution has
 /// its own lock (see [`ResponseStream`]). The registry lock is always taken before an
@@ -215,10 +233,6 @@ pub(crate) struct ManagerInner {
 /// `operation_id` → execution), so registering and removing is one map operation each and
 /// cannot leave an execution unreachable: registration is all-or-nothing (rx §5.1
 /// caution).
-///
-/// The server side of reattachable executions (rx §5): sessions keyed by
-/// `(user_id, session_id)`, executions keyed by `(user_id, session_id, operation_id)`,
-/// tombstones, interrupts and abandonment. Cheap to clone (shared).
 ///
 /// The RPC methods ([`execute_plan`](Self::execute_plan),
 /// [`reattach_execute`](Self::reattach_execute), [`release_execute`](Self::release_execute),
@@ -537,13 +551,15 @@ impl ManagerInner {
 }
 
 impl ExecutionManager {
-    /// A manager on tokio's clock ([`TokioTimer`](crate::time::TokioTimer)).
+    /// A manager on tokio's clock ([`TokioTimer`](crate::time::TokioTimer)): monotonic, as
+    /// Spark 4.0+ measures its timeouts (rx §5.3).
     #[cfg(feature = "tokio")]
     pub fn new(config: ManagerConfig) -> Self {
         Self::with_clock(config, Arc::new(crate::time::TokioTimer))
     }
 
-    /// A manager on the given clock (e.g. a [`ManualClock`](crate::time::ManualClock)).
+    /// A manager on the given clock (e.g. a [`ManualClock`](crate::time::ManualClock)),
+    /// which every timeout of rx §5.3 and §5.6 is measured on.
     pub fn with_clock(config: ManagerConfig, clock: Arc<dyn Timer>) -> Self {
         Self {
             inner: Arc::new(ManagerInner {
@@ -563,12 +579,12 @@ impl ExecutionManager {
         }
     }
 
-    /// The configuration.
+    /// The configuration (defaults: rx §4.5).
     pub fn config(&self) -> &ManagerConfig {
         &self.inner.config
     }
 
-    /// The clock.
+    /// The clock the detached and idle timeouts are measured on (rx §5.3, §5.6).
     pub fn clock(&self) -> &Arc<dyn Timer> {
         self.inner.clock()
     }
@@ -577,7 +593,7 @@ impl ExecutionManager {
         self.inner.clock.now()
     }
 
-    /// Counters and sizes.
+    /// Counters and sizes ([`ManagerStats`]: registry, rx §5.1; tombstones, rx §5.4, §5.6).
     pub fn stats(&self) -> ManagerStats {
         let reg = self.inner.lock();
         ManagerStats {
@@ -591,36 +607,40 @@ impl ExecutionManager {
         }
     }
 
-    /// Number of live (registered) executions.
+    /// Number of live (registered) executions (rx §2.1 dimension 1).
     pub fn execution_count(&self) -> usize {
         self.inner.lock().live
     }
 
-    /// Whether the abandoned-operation tombstones hold `key` (does not refresh it).
+    /// Whether the abandoned-operation tombstones hold `key` (does not refresh it; Spark's
+    /// `getAbandonedTombstone`, rx §5.4).
     pub fn is_abandoned(&self, key: &ExecuteKey) -> bool {
         self.inner.lock().abandoned.peek(key).is_some()
     }
 
-    /// Whether the closed-session tombstones hold `key` (does not refresh it).
+    /// Whether the closed-session tombstones hold `key` (does not refresh it; rx §5.6).
     pub fn is_session_closed(&self, key: &SessionKey) -> bool {
         self.inner.lock().closed_sessions.peek(key).is_some()
     }
 
-    /// The `server_side_session_id` of a live session.
+    /// The `server_side_session_id` of a live session: server-generated, carried by every
+    /// response of the session (rx §1.3, connect §3).
     pub fn server_side_session_id(&self, key: &SessionKey) -> Option<String> {
         let mut reg = self.inner.lock();
         reg.session_mut(&key.user_id, key.session_id)
             .map(|s| s.server_side.to_string())
     }
 
-    /// When a live session was last accessed by an RPC.
+    /// When a live session was last accessed by an RPC (every RPC that resolves the
+    /// session counts, rx §5.6).
     pub fn session_last_access(&self, key: &SessionKey) -> Option<Instant> {
         let mut reg = self.inner.lock();
         reg.session_mut(&key.user_id, key.session_id)
             .map(|s| s.last_access)
     }
 
-    /// The keys of every live execution (O(n); for tests and tooling).
+    /// The keys of every live execution (O(n); for tests and tooling; the registry of
+    /// rx §5.1, as Spark's `listActiveExecutions` lists it).
     pub fn execution_keys(&self) -> Vec<ExecuteKey> {
         let reg = self.inner.lock();
         let mut keys = Vec::with_capacity(reg.live);
@@ -638,12 +658,14 @@ impl ExecutionManager {
         keys
     }
 
-    /// The keys in the abandoned-operation tombstones (O(n)).
+    /// The keys in the abandoned-operation tombstones (O(n); Spark's
+    /// `listAbandonedExecutions`, rx §5.4).
     pub fn abandoned_keys(&self) -> Vec<ExecuteKey> {
         self.inner.lock().abandoned.keys().cloned().collect()
     }
 
-    /// A handle on a live execution, in the typestate matching its current phase.
+    /// A handle on a live execution, in the typestate matching its current phase (rx §2.3;
+    /// Spark's `getExecuteHolder`).
     pub fn lookup(&self, key: &ExecuteKey) -> Option<super::typed::Lookup> {
         let exec = {
             let mut reg = self.inner.lock();
@@ -655,7 +677,7 @@ impl ExecutionManager {
         Some(super::typed::Lookup::from_shared(exec))
     }
 
-    /// The coarse phase of a live execution.
+    /// The coarse phase of a live execution (rx §2.3).
     pub fn phase(&self, key: &ExecuteKey) -> Option<ExecutionPhase> {
         let exec = {
             let mut reg = self.inner.lock();
@@ -1115,7 +1137,7 @@ impl ExecutionManager {
 
     /// Runs [`maintain`](Self::maintain) every `maintenance_interval` on the manager's
     /// clock, forever (spawn it; drop the future to stop). The first pass runs one interval
-    /// after the call, as Spark's scheduler does.
+    /// after the call, as Spark's scheduler does (initial delay one period, rx §5.3).
     pub async fn run_maintenance(self) {
         loop {
             let at = self.now() + self.inner.config.maintenance_interval;

@@ -33,9 +33,9 @@
 //!   [`release_execute`](ExecutionManager::release_execute),
 //!   [`interrupt`](ExecutionManager::interrupt),
 //!   [`release_session`](ExecutionManager::release_session)) and the maintenance pass.
-//! - Typestates: [`Execution<S, K>`](Execution) with `Init`, `Streaming`, `Finishing`,
-//!   `Cancelling`, `Terminated`; a [`NonReattachable`] execution has no reattach or release
-//!   API at all.
+//! - Typestates: [`Execution<S, K>`](Execution) with `state::Init`, `state::Streaming`,
+//!   `state::Finishing`, `state::Cancelling`, `state::Terminated` (rx §2.3); a
+//!   [`NonReattachable`] execution has no reattach or release API at all.
 //!
 //! Errors are [`ConnectError`]s whose `Display` starts with Spark's condition
 //! (`[INVALID_CURSOR.DISCONNECTED] …`) and whose [`code`](ConnectError::code) is the gRPC

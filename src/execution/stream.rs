@@ -141,10 +141,11 @@ impl fmt::Debug for ExecShared {
 // ---------------------------------------------------------------------------------------------
 
 /// One attached consumer: the response stream of an `ExecutePlan` or `ReattachExecute` RPC
-/// (rx §4). Yields responses in index order; ends (`None`) on completion or graceful
-/// rotation; yields one error and then ends on preemption (`INVALID_CURSOR.DISCONNECTED`),
-/// a released position (`POSITION_NOT_AVAILABLE`), the execution's terminal error
-/// (`OPERATION_CANCELED`, a producer failure) or an orphan.
+/// (Spark's `ExecuteGrpcResponseSender`, rx §4). Yields responses in index order; ends
+/// (`None`) on completion or graceful rotation; yields one error and then ends on
+/// preemption (`INVALID_CURSOR.DISCONNECTED`), a released position
+/// (`POSITION_NOT_AVAILABLE`), the execution's terminal error (`OPERATION_CANCELED`, a
+/// producer failure) or an orphan.
 ///
 /// For a reattachable execution a stream that ends without a `ResultComplete` response
 /// means "reattach" (rx §1.3); [`end`](Self::end) tells which kind of end it was.
@@ -176,10 +177,12 @@ impl fmt::Debug for ResponseStream {
     }
 }
 
-/// Why [`ResponseStream::forward`] stopped with an error.
+/// Why [`ResponseStream::forward`] stopped with an error: the stream's own error (which
+/// Spark's sender delivers with `onError`, rx §4.2) or the transport's (the sender exits,
+/// rx §2.2 T4).
 #[derive(Debug, thiserror::Error)]
 pub enum ForwardError<E> {
-    /// The stream failed with a protocol error (send it as the RPC's status).
+    /// The stream failed with a protocol error (send it as the RPC's status, rx §1.8).
     #[error(transparent)]
     Connect(ConnectError),
     /// The sink failed (the transport is gone); the consumer was detached.
@@ -198,23 +201,25 @@ impl ResponseStream {
         }
     }
 
-    /// The canonical operation id of the execution.
+    /// The canonical (lower-case) operation id of the execution (rx §1.9), as on every
+    /// response (rx §1.3).
     pub fn operation_id(&self) -> &str {
         &self.exec.operation_id
     }
 
-    /// Which consumer this stream is (attach order within its execution).
+    /// Which consumer this stream is (attach order within its execution; a later attach
+    /// preempts it, rx §4.4).
     pub fn consumer_id(&self) -> ConsumerId {
         self.id
     }
 
-    /// Whether the execution is reattachable.
+    /// Whether the execution is reattachable (rx §1.2).
     pub fn is_reattachable(&self) -> bool {
         self.exec.reattachable
     }
 
-    /// How the stream ended, once it has: `Some(Ok(end))` for a graceful end, `Some(Err)`
-    /// for an error end, `None` while it is live.
+    /// How the stream ended, once it has: `Some(Ok(end))` for a graceful end (complete or
+    /// rotated, rx §4.2), `Some(Err)` for an error end, `None` while it is live.
     pub fn end(&self) -> Option<Result<StreamEnd, ConnectError>> {
         match &self.terminal {
             Some(ConsumerEvent::End(e)) => Some(Ok(*e)),
@@ -263,8 +268,8 @@ impl ResponseStream {
     }
 
     /// One synchronous step at the clock's current time (sans-IO style, for tests and
-    /// custom drivers): the next response, `Pending`, or the end. After the end it keeps
-    /// returning the same terminal event.
+    /// custom drivers): one turn of the sender loop of rx §4.2 — the next response,
+    /// `Pending`, or the end. After the end it keeps returning the same terminal event.
     pub fn try_next(&mut self) -> ConsumerEvent {
         self.step(None)
     }
@@ -464,7 +469,7 @@ impl Producer {
         Self { exec, done: false }
     }
 
-    /// The canonical operation id of the execution.
+    /// The canonical (lower-case) operation id of the execution (rx §1.9).
     pub fn operation_id(&self) -> &str {
         &self.exec.operation_id
     }
@@ -474,17 +479,19 @@ impl Producer {
         &self.exec.tags
     }
 
-    /// The plan the execution was submitted with.
+    /// The plan the execution was submitted with (`ExecutePlanRequest.plan`, rx §1.2).
     pub fn plan(&self) -> Option<&Plan> {
         self.exec.plan.as_ref()
     }
 
-    /// Whether a response of `size` encoded bytes would have to wait now.
+    /// Whether a response of `size` encoded bytes would have to wait now (tether's unsent
+    /// bound; Spark's producer never waits, rx §3.2).
     pub fn would_block(&self, size: u64) -> bool {
         self.exec.lock().core.would_block(size)
     }
 
-    /// Appends a response without waiting. Returns its index (from 1).
+    /// Appends a response without waiting (rx §2.2 T6). Returns its index (from 1,
+    /// rx §3.1).
     ///
     /// # Errors
     /// [`ProduceError::WouldBlock`] (with the response) at the unsent bound; `Cancelled` /
@@ -503,7 +510,8 @@ impl Producer {
         r
     }
 
-    /// Appends a response, waiting while the unsent bound is reached (backpressure).
+    /// Appends a response (rx §2.2 T6), waiting while the unsent bound is reached
+    /// (tether's backpressure; Spark's producer never waits, rx §3.2).
     /// Cancel-safe in the sense that dropping the future drops the response unsent.
     ///
     /// # Errors
@@ -536,7 +544,8 @@ impl Producer {
         .await
     }
 
-    /// Whether the execution was interrupted, released or abandoned: stop producing.
+    /// Whether the execution was interrupted, released or abandoned: stop producing
+    /// (rx §2.2 T9, T12).
     pub fn is_cancelled(&self) -> bool {
         let st = self.exec.lock();
         st.core.removal().is_some()
@@ -546,7 +555,8 @@ impl Producer {
             )
     }
 
-    /// Resolves once the execution is interrupted, released or abandoned.
+    /// Resolves once the execution is interrupted, released or abandoned (rx §2.2 T9,
+    /// T12).
     pub async fn cancelled(&self) {
         poll_fn(|cx| {
             let mut st = self.exec.lock();

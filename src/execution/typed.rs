@@ -13,11 +13,13 @@ use super::manager::ExecuteKey;
 use super::stream::{ExecShared, Producer, ResponseStream, Wakes};
 
 mod sealed_kind {
+    /// Seals [`Kind`](super::Kind) to the two kinds of execution rx §1.2 defines
+    /// (`reattach_options.reattachable` set or not).
     pub trait Sealed {}
 }
 
-/// Whether an [`Execution`] is reattachable. Sealed: [`Reattachable`] or
-/// [`NonReattachable`].
+/// Whether an [`Execution`] is reattachable (rx §1.2; Spark's `ExecuteHolder.reattachable`).
+/// Sealed: [`Reattachable`] or [`NonReattachable`].
 pub trait Kind: sealed_kind::Sealed + Send + Sync + 'static {
     /// `true` for [`Reattachable`].
     const REATTACHABLE: bool;
@@ -27,7 +29,9 @@ pub trait Kind: sealed_kind::Sealed + Send + Sync + 'static {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Reattachable;
 
-/// Marker: the execution is not reattachable: one stream, no reattach, no release API.
+/// Marker: the execution is not reattachable (no reattach option, or the server disabled
+/// reattach, rx §1.2): one stream, no reattach, no release API; it is removed when its
+/// stream ends (rx §2.2 T14).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct NonReattachable;
 
@@ -42,29 +46,32 @@ impl Kind for NonReattachable {
 
 use super::state::{self, State as _};
 
-/// How an execution's producer ended.
+/// How an execution's producer ended (the runner, rx §2.1 dimension 3).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RunOutcome {
-    /// It finished successfully (`ResultComplete` for a reattachable execution).
+    /// It finished successfully (`ResultComplete` for a reattachable execution, rx §2.2 T7).
     Completed,
-    /// It failed with this terminal error.
+    /// It failed with this terminal error (rx §2.2 T8).
     Failed(ConnectError),
-    /// It was interrupted, or released/abandoned before finishing (`OPERATION_CANCELED`).
+    /// It was interrupted, or released/abandoned before finishing (`OPERATION_CANCELED`,
+    /// rx §2.2 T9, T12).
     Cancelled,
     /// Its producer vanished without finishing (rx §2.2 T15).
     Orphaned,
 }
 
-/// The final outcome of a [`Terminated`](state::Terminated) execution.
+/// The final outcome of a [`state::Terminated`] execution: how its runner ended and how it
+/// left the registry (rx §2.1 dimensions 3 and 1).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecutionOutcome {
-    /// How the producer ended.
+    /// How the producer ended (rx §2.1 dimension 3).
     pub run: RunOutcome,
-    /// How the execution left the registry.
+    /// How the execution left the registry: released or abandoned (rx §2.1 dimension 1).
     pub removal: Removal,
 }
 
-/// Typed handles on registered executions: [`Execution<S, K>`](Execution) (rx §2.3).
+/// A typed handle on one registered execution (Spark's `ExecuteHolder`), in the lifecycle
+/// states of rx §2.3.
 ///
 /// `S` is the state the holder has driven the execution to, `K` whether it is reattachable:
 ///
@@ -83,8 +90,7 @@ pub struct ExecutionOutcome {
 ///
 /// - A [`NonReattachable`] execution has no `reattach`, `release_until` or `release_all`
 ///   at all; it is released when its single stream ends (rx §2.2 T14).
-/// - Transitions consume the handle; [`Terminated`](state::Terminated) offers only
-///   inspection.
+/// - Transitions consume the handle; [`state::Terminated`] offers only inspection.
 /// - The typestate records what *this handle* did. Other parties act on the same execution
 ///   concurrently through RPCs (a client's ReleaseAll, an Interrupt, abandonment), so
 ///   [`phase`](Execution::phase) reports the live state and
@@ -94,8 +100,6 @@ pub struct ExecutionOutcome {
 ///   [`ExecutionManager::execute_plan`](super::ExecutionManager::execute_plan) without
 ///   starting it removes the execution (rx §2.2 T2: the client must not reattach).
 ///   Dropping any other handle changes nothing: the execution lives in the manager.
-///
-/// A typed handle on one registered execution.
 #[must_use = "an execution handle records its protocol state; drop it explicitly if unused"]
 pub struct Execution<S: state::State, K: Kind> {
     exec: Arc<ExecShared>,
@@ -139,22 +143,25 @@ impl<S: state::State, K: Kind> Execution<S, K> {
         Execution::from_arc(self.exec.clone())
     }
 
-    /// The canonical (lower-case) operation id.
+    /// The canonical (lower-case) operation id (rx §1.9), as stamped on every response
+    /// (rx §1.3).
     pub fn operation_id(&self) -> &str {
         &self.exec.operation_id
     }
 
-    /// The execution's key.
+    /// The execution's key `(user_id, session_id, operation_id)` (Spark's `ExecuteKey`,
+    /// rx §5.1).
     pub fn key(&self) -> &ExecuteKey {
         &self.exec.key
     }
 
-    /// The execution's tags.
+    /// The execution's tags, from `ExecutePlanRequest.tags` (rx §1.2), matched by
+    /// `Interrupt(TAG)` (rx §5.7).
     pub fn tags(&self) -> &[String] {
         &self.exec.tags
     }
 
-    /// The live phase (which may have moved on since this handle's typestate, see
+    /// The live phase (rx §2.3), which may have moved on since this handle's typestate (see
     /// [`Execution`]).
     pub fn phase(&self) -> ExecutionPhase {
         self.exec.lock().core.phase()
@@ -165,12 +172,13 @@ impl<S: state::State, K: Kind> Execution<S, K> {
         self.exec.lock().core.log().retained_bytes()
     }
 
-    /// Bytes produced but not yet handed to a consumer.
+    /// Bytes produced but not yet handed to a consumer (tether's unsent bound limits them;
+    /// Spark's observer does not, rx §3.2).
     pub fn unsent_bytes(&self) -> u64 {
         self.exec.lock().core.log().unsent_bytes()
     }
 
-    /// Re-reads the live phase into the matching typestate.
+    /// Re-reads the live phase (rx §2.3) into the matching typestate.
     pub fn into_any(self) -> AnyExecution<K> {
         let phase = self.phase();
         AnyExecution::from_phase(self.into_state::<state::Init>(), phase)
@@ -202,8 +210,9 @@ impl<K: Kind> Execution<state::Init, K> {
         (self.into_state(), producer, stream)
     }
 
-    /// Abandons the submission before starting it (interrupt before start): the execution
-    /// is removed without a tombstone.
+    /// Abandons the submission before starting it: runner `notStarted → interrupted`
+    /// (rx §2.1), and the execution is removed without a tombstone, like a failed start
+    /// (rx §2.2 T2).
     pub fn interrupt(self) -> Execution<state::Terminated, K> {
         let mut wakes = Wakes::default();
         {
@@ -222,10 +231,11 @@ impl<K: Kind> Execution<state::Init, K> {
 impl<K: Kind> Execution<state::Streaming, K> {
     /// Interrupts the execution (rx §2.2 T9): its consumers get `OPERATION_CANCELED`
     /// after the earlier responses and the producer is told to stop. If completion had
-    /// already started the interrupt is a no-op and the `Finishing` handle comes back.
+    /// already started the interrupt is a no-op and the [`state::Finishing`] handle comes
+    /// back.
     ///
     /// # Errors
-    /// `Err(Execution<Finishing, K>)` when the execution had already completed.
+    /// `Err(Execution<state::Finishing, K>)` when the execution had already completed.
     #[allow(clippy::result_large_err)]
     pub fn interrupt(
         self,
@@ -302,7 +312,8 @@ impl Execution<state::Finishing, Reattachable> {
 }
 
 impl Execution<state::Cancelling, Reattachable> {
-    /// `ReleaseAll` after an interrupt: removes the execution if still registered.
+    /// `ReleaseAll` after an interrupt (rx §5.7: clients send it once they got
+    /// `OPERATION_CANCELED`): removes the execution if still registered (rx §2.2 T10).
     /// Returns whether this call removed it. Always succeeds (unlike Spark 4.3.0 after a
     /// rotation).
     #[must_use]
@@ -314,8 +325,8 @@ impl Execution<state::Cancelling, Reattachable> {
 macro_rules! settle {
     ($state:ty) => {
         impl<K: Kind> Execution<$state, K> {
-            /// The `Terminated` handle if the execution is removed and its producer stopped;
-            /// otherwise this handle back.
+            /// The [`state::Terminated`] handle if the execution is removed and its producer
+            /// stopped (rx §2.3 released or abandoned); otherwise this handle back.
             ///
             /// # Errors
             /// `Err(self)` while the execution is still registered or its producer runs.
@@ -329,7 +340,8 @@ macro_rules! settle {
             }
 
             /// Waits until the execution is removed (released, abandoned, or — for a
-            /// non-reattachable one — its stream ended) and its producer stopped.
+            /// non-reattachable one — its stream ended, rx §2.2 T10–T14) and its producer
+            /// stopped.
             pub async fn terminated(self) -> Execution<state::Terminated, K> {
                 poll_fn(|cx| {
                     let mut st = self.exec.lock();
@@ -351,7 +363,7 @@ settle!(state::Finishing);
 settle!(state::Cancelling);
 
 impl<K: Kind> Execution<state::Terminated, K> {
-    /// The final outcome.
+    /// The final outcome: the runner's end and the removal (rx §2.1 dimensions 3 and 1).
     pub fn outcome(&self) -> ExecutionOutcome {
         let st = self.exec.lock();
         let core = &st.core;
@@ -372,8 +384,8 @@ impl<K: Kind> Execution<state::Terminated, K> {
     }
 }
 
-/// The erased form of [`Execution`]: one variant per typestate, for servers that keep
-/// handles in maps. Convert back with `TryFrom`.
+/// The erased form of [`Execution`]: one variant per typestate (the lifecycle states of
+/// rx §2.3), for servers that keep handles in maps. Convert back with `TryFrom`.
 #[derive(Debug)]
 pub enum AnyExecution<K: Kind> {
     /// See [`state::Init`].
@@ -399,7 +411,8 @@ impl<K: Kind> AnyExecution<K> {
         }
     }
 
-    /// The typestate's name.
+    /// The typestate's name: `"Init"`, `"Streaming"`, `"Finishing"`, `"Cancelling"` or
+    /// `"Terminated"` (rx §2.3).
     pub fn state_name(&self) -> &'static str {
         match self {
             Self::Init(_) => state::Init::NAME,
@@ -410,7 +423,7 @@ impl<K: Kind> AnyExecution<K> {
         }
     }
 
-    /// The canonical operation id.
+    /// The canonical (lower-case) operation id (rx §1.9).
     pub fn operation_id(&self) -> &str {
         match self {
             Self::Init(e) => e.operation_id(),
@@ -445,8 +458,8 @@ macro_rules! any_conv {
 
 any_conv!(Init, Streaming, Finishing, Cancelling, Terminated);
 
-/// A handle found by [`ExecutionManager::lookup`](super::ExecutionManager::lookup), by
-/// kind.
+/// A handle found by [`ExecutionManager::lookup`](super::ExecutionManager::lookup) (Spark's
+/// `getExecuteHolder`, rx §5.1), by kind (rx §1.2).
 #[derive(Debug)]
 pub enum Lookup {
     /// A reattachable execution.

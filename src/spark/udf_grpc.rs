@@ -78,10 +78,11 @@ pub use server::{GrpcWorkerConnection, ShutdownHandle, WorkerServer, WorkerServi
 /// The fully qualified service name, `org.apache.spark.udf.worker.UdfWorker` (udf §1.1).
 pub const SERVICE_NAME: &str = "org.apache.spark.udf.worker.UdfWorker";
 
-/// The HTTP/2 path of the bidirectional `Execute` RPC.
+/// The HTTP/2 path of the bidirectional `Execute` RPC (udf §1.1; gRPC's
+/// `/<service>/<method>`).
 pub const EXECUTE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Execute";
 
-/// The HTTP/2 path of the unary `Manage` RPC.
+/// The HTTP/2 path of the unary `Manage` RPC (udf §1.1, §1.7).
 pub const MANAGE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Manage";
 
 /// The `:authority` every request carries: `localhost` (udf §6.4; a Unix socket path is
@@ -89,55 +90,65 @@ pub const MANAGE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Manage";
 pub const AUTHORITY: &str = "localhost";
 
 /// Settings of the gRPC transport, shared by the engine channel and the worker server. The
-/// [`Default`] is what Spark's engine uses where Spark defines a value (128 MiB messages,
-/// 5 s shutdown grace) and tether's isolation-preserving windows elsewhere.
+/// [`Default`] is what Spark's engine (`GrpcWorkerChannel`, udf §6.4) uses where Spark
+/// defines a value (128 MiB messages, 5 s shutdown grace) and tether's isolation-preserving
+/// windows elsewhere.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrpcConfig {
     /// Largest encoded message, in bytes, either side sends or accepts (both the encoding
     /// and the decoding limit; udf §6.4 "max inbound message 128 MiB"). tonic's own default
-    /// is 4 MiB, too small for Spark (udf §8 scenario 87 sends 5 MiB). A larger message fails the
-    /// stream with a gRPC status (`RESOURCE_EXHAUSTED` / `OUT_OF_RANGE`), which the session
-    /// reports as a transport failure. Default 128 MiB.
+    /// is 4 MiB, too small for Spark (udf §8.4 scenario 87 sends 5 MiB). A larger message
+    /// fails the stream with a gRPC status (`RESOURCE_EXHAUSTED` / `OUT_OF_RANGE`), which the
+    /// session reports as a transport failure. Default 128 MiB.
     pub max_message_size: usize,
     /// HTTP/2 initial stream window (`SETTINGS_INITIAL_WINDOW_SIZE`), in bytes: the most
-    /// unread data one stream may hold at the receiver. Default 1 MiB. See the module docs.
+    /// unread data one stream may hold at the receiver. Default 1 MiB (tether's; Spark
+    /// relies on HTTP/2 flow control alone, udf §1.4). See the module docs.
     pub stream_window: u32,
     /// HTTP/2 connection window, in bytes: the most unread data all streams of one
     /// connection may hold together. Keep it several times
-    /// [`stream_window`](Self::stream_window) so a stalled session cannot starve the others.
-    /// Default 64 MiB (64 × the stream window). See the module docs.
+    /// [`stream_window`](Self::stream_window) so a stalled session cannot starve the others
+    /// (all sessions of a worker share one connection, udf §1.1). Default 64 MiB (64 × the
+    /// stream window). See the module docs.
     pub connection_window: u32,
     /// HTTP/2 `SETTINGS_MAX_FRAME_SIZE` this side accepts, in bytes (16 KiB ..= 16 MiB − 1);
-    /// `None` keeps the protocol default of 16 KiB.
+    /// `None` keeps the protocol default of 16 KiB (udf §6.4 lists no frame-size setting
+    /// for Spark's channel).
     pub max_frame_size: Option<u32>,
     /// Engine side: requests one session may queue before `poll_ready` waits for the
-    /// HTTP/2 stream to take them (at least 1). Default 2 messages.
+    /// HTTP/2 stream to take them (at least 1). Default 2 messages (tether's bound; Spark
+    /// has no application-level flow control yet, udf §10 item 2).
     pub request_buffer: usize,
     /// Worker side: responses one session may queue before `poll_ready` waits for the
-    /// HTTP/2 stream to take them (at least 1). Default 2 messages.
+    /// HTTP/2 stream to take them (at least 1). Default 2 messages (back-pressure is HTTP/2
+    /// flow control only, udf §1.4).
     pub response_buffer: usize,
     /// Worker side: most concurrent streams per connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
     /// `None` means no limit, so `Manage` stays serviceable however many `Execute` streams
     /// are open (udf §1.1). Default `None`.
     pub max_concurrent_streams: Option<u32>,
     /// Engine side: bound of one readiness attempt in [`GrpcChannel::connect`] (socket
-    /// connect plus the readiness heartbeat). Default 2 s.
+    /// connect plus the readiness heartbeat). Default 2 s (tether's; the dispatcher retries
+    /// attempts until its readiness deadline, `initialization_timeout_ms`, udf §6.4, §7).
     pub connect_timeout: Duration,
     /// Engine side: whether [`GrpcChannel::connect`] proves readiness with a `Manage`
-    /// heartbeat round trip (a socket that accepts but never speaks gRPC is not ready; udf
+    /// heartbeat round trip (a socket that accepts but never speaks gRPC is not ready;
     /// udf §6.4 "a socket file alone is not readiness"). A worker that answers
     /// `UNIMPLEMENTED` for `Manage` still counts as ready. Default `true`.
     pub readiness_heartbeat: bool,
     /// Engine side: bound of one `Manage` call made through [`GrpcChannel::heartbeat`] or
-    /// [`GrpcChannel::shutdown`]. Default 10 s.
+    /// [`GrpcChannel::shutdown`]. Default 10 s (tether's; udf §1.7 asks only for "a small
+    /// bound").
     pub manage_timeout: Duration,
     /// Worker side: how long a graceful [`WorkerServer::shutdown`] waits for open streams to
-    /// end before closing their connections. Default 5 s (udf §6.4 `close()` waits).
+    /// end before closing their connections. Default 5 s: what Spark's engine waits in a
+    /// channel `close()` (udf §6.4) and between SIGTERM and SIGKILL
+    /// (`DEFAULT_GRACEFUL_TIMEOUT_MS`, udf §7).
     pub shutdown_grace: Duration,
 }
 
 impl GrpcConfig {
-    /// The defaults listed on each field.
+    /// The defaults listed on each field (Spark's values where udf §6.4 and §7 define one).
     pub fn new() -> Self {
         const MIB: u32 = 1024 * 1024;
         Self {

@@ -57,10 +57,10 @@ pub struct Any {
 }
 
 /// `UserContext`: who issues a request (rx §1.2). `user_id` and the request's `session_id`
-/// together name one server-side session (rx §5.5).
+/// together name one server-side session (rx §5.6).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct UserContext {
-    /// Field 1: the user id; part of every session and execution key (rx §5.5).
+    /// Field 1: the user id; part of every session and execution key (rx §5.1, §5.6).
     #[prost(string, tag = "1")]
     pub user_id: String,
     /// Field 2: the user name; informational.
@@ -72,7 +72,7 @@ pub struct UserContext {
 }
 
 impl UserContext {
-    /// A context with only `user_id` set.
+    /// A context with only `user_id` set (rx §1.2: `user_name` and `extensions` empty).
     pub fn new(user_id: impl Into<String>) -> Self {
         Self {
             user_id: user_id.into(),
@@ -111,14 +111,14 @@ pub mod plan {
 }
 
 impl Plan {
-    /// A query plan whose `root` is the given encoded `Relation`.
+    /// A query plan whose `root` (field 1, rx §1.2) is the given encoded `Relation`.
     pub fn root(relation: impl Into<Bytes>) -> Self {
         Self {
             op_type: Some(plan::OpType::Root(relation.into())),
         }
     }
 
-    /// A command plan whose `command` is the given encoded `Command`.
+    /// A command plan whose `command` (field 2, rx §1.2) is the given encoded `Command`.
     pub fn command(command: impl Into<Bytes>) -> Self {
         Self {
             op_type: Some(plan::OpType::Command(command.into())),
@@ -145,7 +145,7 @@ pub struct ExecutePlanRequest {
     /// Field 1: the client's session id, a UUID (rx §1.2, §5.5).
     #[prost(string, tag = "1")]
     pub session_id: String,
-    /// Field 2: the user; `user_id` is part of the session key (rx §5.5).
+    /// Field 2: the user; `user_id` is part of the session key (rx §5.6).
     #[prost(message, optional, tag = "2")]
     pub user_context: Option<UserContext>,
     /// Field 3: the plan to run (see [`Plan`] for what is opaque).
@@ -197,7 +197,7 @@ pub mod execute_plan_request {
     }
 
     impl RequestOption {
-        /// The option `reattach_options { reattachable }`.
+        /// The option `reattach_options { reattachable }` (field 1, rx §1.2; connect §1.17).
         pub fn reattach(reattachable: bool) -> Self {
             Self {
                 request_option: Some(request_option::RequestOption::ReattachOptions(
@@ -224,7 +224,9 @@ impl ExecutePlanRequest {
         })
     }
 
-    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent.
+    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
+    /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
+    /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
         self.user_context
             .as_ref()
@@ -241,13 +243,13 @@ pub struct ExecutePlanResponse {
     #[prost(string, tag = "1")]
     pub session_id: String,
     /// Field 15: the server-generated id of the underlying session; constant for the
-    /// session's life (rx §1.3, §5.5).
+    /// session's life, on every response of every RPC (rx §1.3, connect §3).
     #[prost(string, tag = "15")]
     pub server_side_session_id: String,
     /// Field 12: the operation id, set on every response (rx §1.3).
     #[prost(string, tag = "12")]
     pub operation_id: String,
-    /// Field 13: a fresh random UUID per response, set by the server (rx §1.3, §3.1).
+    /// Field 13: a fresh random UUID per response, set by the server (rx §1.3, §3.2).
     #[prost(string, tag = "13")]
     pub response_id: String,
     /// The `response_type` oneof (the modelled subset; see the module docs).
@@ -338,7 +340,7 @@ pub mod execute_plan_response {
 
 impl ExecutePlanResponse {
     /// A response carrying one Arrow batch; the ids are left empty (the response log fills
-    /// them in, rx §3.1).
+    /// them in, rx §3.2).
     pub fn arrow_batch(row_count: i64, data: impl Into<Bytes>) -> Self {
         Self {
             response_type: Some(execute_plan_response::ResponseType::ArrowBatch(
@@ -400,7 +402,9 @@ pub struct ReattachExecuteRequest {
 }
 
 impl ReattachExecuteRequest {
-    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent.
+    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
+    /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
+    /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
         self.user_context
             .as_ref()
@@ -442,7 +446,7 @@ pub mod release_execute_request {
     pub struct ReleaseAll {}
 
     /// `ReleaseUntil`: free buffered responses up to and including `response_id`
-    /// (rx §1.5, §3.3).
+    /// (rx §1.5, §3.4).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ReleaseUntil {
         /// Field 1: the last response id to free.
@@ -463,7 +467,9 @@ pub mod release_execute_request {
 }
 
 impl ReleaseExecuteRequest {
-    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent.
+    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
+    /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
+    /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
         self.user_context
             .as_ref()
@@ -507,7 +513,7 @@ pub enum InterruptType {
 }
 
 impl InterruptType {
-    /// The enum value's name as spelled in the protobuf schema.
+    /// The enum value's name as spelled in the protobuf schema (rx §1.7).
     pub fn as_str_name(&self) -> &'static str {
         match self {
             Self::Unspecified => "INTERRUPT_TYPE_UNSPECIFIED",
@@ -517,7 +523,7 @@ impl InterruptType {
         }
     }
 
-    /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name).
+    /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name) (rx §1.7).
     pub fn from_str_name(value: &str) -> Option<Self> {
         match value {
             "INTERRUPT_TYPE_UNSPECIFIED" => Some(Self::Unspecified),
@@ -530,7 +536,7 @@ impl InterruptType {
 }
 
 /// `InterruptRequest`: interrupt all, tagged, or one execution of a session (rx §1.7,
-/// rx §4.4).
+/// rx §5.7).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct InterruptRequest {
     /// Field 1: the session.
@@ -569,7 +575,9 @@ pub mod interrupt_request {
 }
 
 impl InterruptRequest {
-    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent.
+    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
+    /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
+    /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
         self.user_context
             .as_ref()
@@ -584,7 +592,7 @@ pub struct InterruptResponse {
     /// Field 1: the session id.
     #[prost(string, tag = "1")]
     pub session_id: String,
-    /// Field 2: the operation ids that were interrupted (rx §4.4).
+    /// Field 2: the operation ids whose runner this call interrupted (rx §5.7).
     #[prost(string, repeated, tag = "2")]
     pub interrupted_ids: Vec<String>,
     /// Field 3: the server-side session id.

@@ -23,19 +23,20 @@ pub enum ReleaseMode {
 }
 
 /// Settings of a [`ReattachingStream`](super::ReattachingStream) or
-/// [`ExecuteStream`](super::ExecuteStream). [`ClientConfig::default`] is Spark's behaviour
-/// plus tether's bounds, each marked below.
+/// [`ExecuteStream`](super::ExecuteStream). [`ClientConfig::default`] is the behaviour of
+/// Spark's clients (rx §6.1–§6.3) plus tether's bounds, each marked below.
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
     /// Retry policies, tried in order; the first whose `can_retry` accepts an error decides
     /// (rx §6.1). Default: one [`RetryPolicy::default`] (Spark's `DefaultPolicy`).
     pub retry_policies: Vec<RetryPolicy>,
-    /// When `ReleaseUntil` is sent. Default [`ReleaseMode::AfterDelivery`].
+    /// When `ReleaseUntil` is sent. Default [`ReleaseMode::AfterDelivery`], as Spark's
+    /// iterator (rx §6.3 `next()` step 5).
     pub release_mode: ReleaseMode,
     /// Most release RPCs in flight per stream (tether's bound; Spark queues them without
-    /// limit). Beyond it, `ReleaseUntil`s are coalesced into the newest one, which releases
-    /// everything the skipped ones would have; `ReleaseAll` is never held back. Default 4;
-    /// 0 is treated as 1.
+    /// limit, rx §6.3 `release_until`). Beyond it, `ReleaseUntil`s are coalesced into the
+    /// newest one, which releases everything the skipped ones would have; `ReleaseAll` is
+    /// never held back. Default 4; 0 is treated as 1.
     pub max_releases_in_flight: usize,
     /// Client-side deadline of each `ExecutePlan` / `ReattachExecute` RPC, counted from the
     /// call. It is acted on when the RPC has nothing ready (a stream that keeps delivering
@@ -47,7 +48,8 @@ pub struct ClientConfig {
     pub stream_deadline: Option<Duration>,
     /// Most immediate retries (re-executes after `OPERATION_NOT_FOUND`/`SESSION_NOT_FOUND`
     /// with nothing delivered, reattaches after [`stream_deadline`](Self::stream_deadline))
-    /// in one retry scope (tether's bound; Spark only bounds them by time). Default 100.
+    /// in one retry scope (tether's bound; Spark only bounds its `RetryException` by time,
+    /// rx §6.1). Default 100.
     pub max_immediate_retries: u32,
     /// Cumulative time bound on immediate retries in one retry scope, counted from the first
     /// of them; past it the underlying error is returned (Spark master-2026, SPARK-58162).
@@ -56,11 +58,12 @@ pub struct ClientConfig {
     /// Most consecutive graceful rotations that deliver nothing before the stream fails with
     /// [`Violation::EndlessRotation`](super::Violation::EndlessRotation). Empty rotations are
     /// normal (a long query produces nothing for minutes while the server rotates every
-    /// 2 min), so the default is `None`: unbounded, as in Spark.
+    /// 2 min), so the default is `None`: unbounded, as in Spark (rx §6.3 step 2b).
     pub max_empty_rotations: Option<u32>,
-    /// Seed of the retry jitter; `None` (default) seeds from the OS.
+    /// Seed of the retry jitter (the policies' `jitter`, rx §6.1); `None` (default) seeds
+    /// from the OS.
     pub jitter_seed: Option<u64>,
-    /// The clock for backoff waits and the stream deadline. Default: tokio's clock
+    /// The clock for backoff waits (rx §6.1) and the stream deadline. Default: tokio's clock
     /// ([`TokioTimer`](crate::time::TokioTimer), which honours `tokio::time::pause`) with
     /// the `tokio` feature, else `None`. With `None`, backoff waits are skipped (retries
     /// happen at once, still bounded by the policy) and `stream_deadline` is ignored. Outside

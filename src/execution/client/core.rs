@@ -36,17 +36,19 @@ pub struct ResponseId {
 }
 
 impl ResponseId {
-    /// The server's `response_id` string (a UUID for Spark servers; never empty).
+    /// The server's `response_id` string (a random UUID for Spark servers, rx §1.3; never
+    /// empty).
     pub fn as_str(&self) -> &str {
         &self.id
     }
 
-    /// The operation that delivered it.
+    /// The operation that delivered it (canonical lower-case UUID, rx §1.9).
     pub fn operation_id(&self) -> &str {
         &self.operation_id
     }
 
-    /// Its 1-based position among the responses this client delivered for the operation.
+    /// Its 1-based position among the responses this client delivered for the operation
+    /// (the latest is what rx §6.2 calls `lastReturnedResponseId`).
     pub fn index(&self) -> u64 {
         self.index
     }
@@ -64,7 +66,8 @@ impl fmt::Display for ResponseId {
     }
 }
 
-/// Where a [`ReattachCore`] stands.
+/// Where a [`ReattachCore`] stands (the iterator state of rx §6.2: an RPC open or unset,
+/// `resultComplete`, plus the retry backoff of rx §6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ClientPhase {
     /// No RPC open; [`poll_command`](ReattachCore::poll_command) gives the next
@@ -83,7 +86,8 @@ pub enum ClientPhase {
     Closed,
 }
 
-/// What the driver must do next (from [`ReattachCore::poll_command`]).
+/// What the driver must do next (from [`ReattachCore::poll_command`]): the RPCs and waits
+/// of rx §6.3.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
     /// Call `ExecutePlan` with this request (the initial one, or a re-execute with the same
@@ -102,7 +106,8 @@ pub enum Command {
     Done,
 }
 
-/// Counters of what a client stream did (all since construction).
+/// Counters of what a client stream did (all since construction): the calls and outcomes
+/// of rx §6.3.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ClientStats {
     /// `ExecutePlan` calls (the initial one plus re-executes).
@@ -133,7 +138,8 @@ enum Open {
     Reattach,
 }
 
-/// The client's reattach algorithm as a sans-IO state machine (rx §6).
+/// The client's reattach algorithm as a sans-IO state machine: Spark's
+/// `ExecutePlanResponseReattachableIterator` (Scala and Python), rx §6.
 ///
 /// [`ReattachCore`] holds every client rule once: the operation id and reattach option on the
 /// initial request, the graceful reattach loop, the retry scope around each wait for a
@@ -162,8 +168,6 @@ enum Open {
 ///               └─────────┘                            ▼ queue ReleaseAll
 ///                                                    Failed ─ error yielded once ─► done
 /// ```
-///
-/// The client side of one execution, without I/O (rx §6).
 ///
 /// Construct it with [`ReattachCore::reattachable`] (Spark's reattachable iterator) or
 /// [`ReattachCore::non_reattachable`] (plain `ExecutePlan`: retried only before the first
@@ -277,50 +281,54 @@ impl ReattachCore {
         })
     }
 
-    /// Whether this is the reattachable form.
+    /// Whether this is the reattachable form (rx §6.2), not the plain `ExecutePlan` path
+    /// (rx §6.3, "for contrast").
     pub fn is_reattachable(&self) -> bool {
         self.reattachable
     }
 
-    /// The operation id sent on every request (canonical lower-case UUID).
+    /// The operation id sent on every request (canonical lower-case UUID: the request's,
+    /// else a fresh UUID v4, rx §6.2).
     pub fn operation_id(&self) -> &str {
         &self.operation_id
     }
 
-    /// The `ExecutePlan` request as sent (with operation id and reattach option).
+    /// The `ExecutePlan` request as sent, with operation id and reattach option (rx §6.2
+    /// `initialRequest`).
     pub fn request(&self) -> &ExecutePlanRequest {
         &self.initial
     }
 
-    /// The current phase.
+    /// The current phase (rx §6.2 iterator state).
     pub fn phase(&self) -> ClientPhase {
         self.phase
     }
 
-    /// Counters.
+    /// Counters of the calls of rx §6.3 ([`ClientStats`]).
     pub fn stats(&self) -> ClientStats {
         self.stats
     }
 
     /// The id of the last delivered response (reattachable form only): what the next
-    /// `ReattachExecute` names as `last_response_id`.
+    /// `ReattachExecute` names as `last_response_id` (rx §6.2 `lastReturnedResponseId`).
     pub fn last_response_id(&self) -> Option<&ResponseId> {
         self.last.as_ref()
     }
 
     /// The `server_side_session_id` every response must carry (the first one seen, or the
-    /// one the request said it observed).
+    /// one the request said it observed; rx §6.2 `serverSideSessionId`).
     pub fn server_side_session_id(&self) -> Option<&str> {
         self.expected_server_session.as_deref()
     }
 
-    /// Whether `ReleaseAll` has been queued (it is queued at most once).
+    /// Whether `ReleaseAll` has been queued (at most once: Spark's `release_all` sets
+    /// `resultComplete`, rx §6.3).
     pub fn release_all_queued(&self) -> bool {
         self.release_all_queued
     }
 
     /// Whether the stream has ended (complete, failed or closed) — nothing more will be
-    /// delivered.
+    /// delivered (rx §6.3 `has_next()` is false).
     pub fn is_finished(&self) -> bool {
         matches!(
             self.phase,
@@ -329,7 +337,7 @@ impl ReattachCore {
     }
 
     /// Whether nothing more will come out of [`poll_command`](Self::poll_command) but
-    /// [`Command::Done`] (finished, and any error already handed out).
+    /// [`Command::Done`] (finished, and any error already handed out; rx §6.3).
     pub fn is_terminated(&self) -> bool {
         match self.phase {
             ClientPhase::Complete | ClientPhase::Closed => true,
@@ -338,7 +346,8 @@ impl ReattachCore {
         }
     }
 
-    /// What to do next. Issuing an RPC moves `Idle → Attached`; the error of a failed stream
+    /// What to do next (rx §6.3 `call_iter`: `ExecutePlan` first, `ReattachExecute` once the
+    /// RPC is unset). Issuing an RPC moves `Idle → Attached`; the error of a failed stream
     /// is handed out once, then [`Command::Done`] forever.
     #[must_use]
     pub fn poll_command(&mut self) -> Command {
@@ -373,9 +382,10 @@ impl ReattachCore {
         }
     }
 
-    /// A response arrived on the attached RPC. Returns it when it is to be delivered to the
-    /// caller; `None` when it was ignored (nothing attached) or broke the protocol (the core
-    /// is then `Failed`).
+    /// A response arrived on the attached RPC (rx §6.3 `next()` steps 3–5: session-id
+    /// check, `lastReturnedResponseId`, `ReleaseUntil` or `ReleaseAll`). Returns it when it
+    /// is to be delivered to the caller; `None` when it was ignored (nothing attached) or
+    /// broke the protocol (the core is then `Failed`).
     #[must_use]
     pub fn on_response(&mut self, response: ExecutePlanResponse) -> Option<ExecutePlanResponse> {
         if self.phase != ClientPhase::Attached {
@@ -558,7 +568,8 @@ impl ReattachCore {
         }
     }
 
-    /// The backoff wait of a [`Command::Sleep`] is over: the next command opens an RPC.
+    /// The backoff wait of a [`Command::Sleep`] is over (rx §6.1): the next command opens
+    /// an RPC.
     pub fn on_wait_elapsed(&mut self) {
         if self.phase == ClientPhase::Backoff {
             self.phase = ClientPhase::Idle;
@@ -567,8 +578,9 @@ impl ReattachCore {
     }
 
     /// The caller is done with the stream before its end (drop, `close`): queue the one
-    /// `ReleaseAll` if it was not queued yet (reattachable form) and stop. No-op once
-    /// finished; a pending error is discarded.
+    /// `ReleaseAll` if it was not queued yet (reattachable form; Spark's `close()` ⇒
+    /// `release_all()`, rx §6.3) and stop. No-op once finished; a pending error is
+    /// discarded.
     pub fn close(&mut self) {
         if matches!(self.phase, ClientPhase::Complete | ClientPhase::Closed) {
             return;
@@ -582,14 +594,14 @@ impl ReattachCore {
 
     /// The next `ReleaseExecute` request to send, if any. Requests come out in the order
     /// they were queued; queuing `ReleaseAll` drops any `ReleaseUntil` not yet taken (it
-    /// frees all of it), and nothing is queued after it. Send them without blocking delivery (rx
-    /// rx §6.3); their failures are not the stream's (the server's abandonment cleans up).
+    /// frees all of it), and nothing is queued after it. Send them without blocking delivery
+    /// (rx §6.3); their failures are not the stream's (the server's abandonment cleans up).
     #[must_use]
     pub fn poll_release(&mut self) -> Option<ReleaseExecuteRequest> {
         self.releases.pop_front()
     }
 
-    /// Queues `ReleaseUntil(id)` for a response the caller is done with (manual mode, rx
+    /// Queues `ReleaseUntil(id)` for a response the caller is done with (manual mode,
     /// rx §6.3). Ids at or before one already released, or any id after `ReleaseAll`, are
     /// skipped.
     ///

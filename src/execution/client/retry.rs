@@ -13,7 +13,8 @@ use std::time::Duration;
 use super::error::{RpcError, condition};
 use crate::execution::Code;
 
-/// One retry policy (Spark's `RetryPolicy`, rx §6.1). [`RetryPolicy::default`] is Spark's
+/// One retry policy (Spark's `RetryPolicy`, in Scala's `org.apache.spark.sql.connect.client`
+/// and PySpark's `retries.py`; rx §6.1). [`RetryPolicy::default`] is Spark's
 /// `DefaultPolicy`, identical in the Scala and Python clients.
 ///
 /// The wait before retry *n* (1-based) is `initial_backoff × backoff_multiplier^(n-1)`,
@@ -21,28 +22,33 @@ use crate::execution::Code;
 /// `recognize_server_retry_delay` is set, the wait is at least that delay (itself capped at
 /// `max_server_retry_delay`, and allowed to exceed `max_backoff`); finally, a wait of at least
 /// `min_jitter_threshold` gets a uniform random `[0, jitter]` added. Waits are truncated to
-/// whole milliseconds, as Spark does.
+/// whole milliseconds, as Spark does (`RetryPolicyState.next_attempt`).
 #[derive(Debug, Clone)]
 pub struct RetryPolicy {
     /// Retries allowed in one scope (not counting the first attempt); `None` is unbounded.
-    /// Default 15.
+    /// Default 15 (`max_retries`, rx §6.1).
     pub max_retries: Option<u32>,
-    /// The first wait. Default 50 ms.
+    /// The first wait. Default 50 ms (`initial_backoff`, rx §6.1).
     pub initial_backoff: Duration,
     /// The largest backoff wait; `None` keeps the wait at `initial_backoff` forever (Spark's
     /// Python quirk, rx §6.1). Default 60 s.
     pub max_backoff: Option<Duration>,
-    /// Factor between consecutive waits. Default 4.0.
+    /// Factor between consecutive waits. Default 4.0 (`backoff_multiplier`, rx §6.1).
     pub backoff_multiplier: f64,
-    /// Upper bound of the uniform random jitter added to long waits. Default 500 ms.
+    /// Upper bound of the uniform random jitter added to long waits. Default 500 ms
+    /// (`jitter`, rx §6.1).
     pub jitter: Duration,
-    /// Jitter is only added to waits of at least this long. Default 2 s.
+    /// Jitter is only added to waits of at least this long. Default 2 s
+    /// (`min_jitter_threshold`, rx §6.1).
     pub min_jitter_threshold: Duration,
-    /// Whether a server `RetryInfo.retry_delay` raises the wait (4.1+). Default `true`.
+    /// Whether a server `RetryInfo.retry_delay` raises the wait (4.1+). Default `true`
+    /// (`recognize_server_retry_delay`, rx §6.1).
     pub recognize_server_retry_delay: bool,
-    /// Cap on a server-supplied retry delay; `None` is uncapped. Default 10 min.
+    /// Cap on a server-supplied retry delay; `None` is uncapped. Default 10 min
+    /// (`max_server_retry_delay`, rx §6.1).
     pub max_server_retry_delay: Option<Duration>,
-    /// Which errors this policy retries. Default [`RetryPolicy::default_can_retry`].
+    /// Which errors this policy retries. Default [`RetryPolicy::default_can_retry`]
+    /// (`DefaultPolicy.can_retry`, rx §6.1).
     pub can_retry: fn(&RpcError) -> bool,
 }
 
@@ -63,9 +69,10 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// Spark's `DefaultPolicy` (same as [`Default`]): 15 retries, 50 ms × 4 capped at 60 s,
-    /// up to 500 ms jitter on waits ≥ 2 s; base waits 50, 200, 800, 3 200, 12 800, 51 200,
-    /// then 60 000 ms ×9 — about 608 s, so at least 10 minutes of outage are survived.
+    /// Spark's `DefaultPolicy` (same as [`Default`]; rx §6.1): 15 retries, 50 ms × 4 capped
+    /// at 60 s, up to 500 ms jitter on waits ≥ 2 s; base waits 50, 200, 800, 3 200, 12 800,
+    /// 51 200, then 60 000 ms ×9 — about 608 s, so at least 10 minutes of outage are
+    /// survived.
     pub fn spark_default() -> Self {
         Self::default()
     }
@@ -82,7 +89,8 @@ impl RetryPolicy {
     }
 
     /// The base waits (before server delays and jitter) this policy would use, in order: one
-    /// per allowed retry, or an endless iterator when `max_retries` is `None`.
+    /// per allowed retry, or an endless iterator when `max_retries` is `None` (rx §6.1,
+    /// "Base wait sequence").
     pub fn base_waits(&self) -> impl Iterator<Item = Duration> + '_ {
         let mut state = PolicyState::new(self);
         std::iter::from_fn(move || state.next_wait(self, None, 0.0))
@@ -141,7 +149,8 @@ fn millis(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// What a [`Retrying`] scope decides about an error.
+/// What a [`Retrying`] scope decides about an error (Spark's `Retrying._wait`: sleep and
+/// retry, pass a non-retryable error through, or give up, rx §6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RetryDecision {
     /// Retry after waiting this long.
@@ -164,7 +173,8 @@ pub struct Retrying {
 }
 
 impl Retrying {
-    /// A fresh scope over `policies` (tried in order; an empty list retries nothing).
+    /// A fresh scope over `policies` (tried in order; an empty list retries nothing), as
+    /// Spark's `Retrying(policies)` (rx §6.1).
     pub fn new(policies: Arc<[RetryPolicy]>) -> Self {
         let states = policies.iter().map(PolicyState::new).collect();
         Self {
@@ -174,13 +184,14 @@ impl Retrying {
         }
     }
 
-    /// Restarts every policy's counter and backoff (a new scope).
+    /// Restarts every policy's counter and backoff (a new scope, rx §6.3: one per wait for a
+    /// response).
     pub fn reset(&mut self) {
         self.states = self.policies.iter().map(PolicyState::new).collect();
         self.retries = 0;
     }
 
-    /// Retries granted in this scope so far.
+    /// Retries granted in this scope so far (across its policies, rx §6.1).
     pub fn retries(&self) -> u32 {
         self.retries
     }

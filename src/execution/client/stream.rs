@@ -23,8 +23,9 @@ use super::rpc::ExecutionRpc;
 
 type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
 
-/// Counters of the release RPCs a stream sent (shared with its background release tasks, so
-/// they keep counting after the stream is dropped).
+/// Counters of the release RPCs a stream sent (the fire-and-forget `ReleaseExecute`s of
+/// rx §6.3; shared with its background release tasks, so they keep counting after the
+/// stream is dropped).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
 pub struct ReleaseStats {
     /// `ReleaseUntil` RPC calls made, retries included.
@@ -516,7 +517,8 @@ pub struct ReattachingStream<R: ExecutionRpc + ?Sized> {
 }
 
 impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
-    /// A reattaching stream of `request`'s results over `rpc`.
+    /// A reattaching stream of `request`'s results over `rpc`, with the operation id and
+    /// reattach option set as Spark's iterator sets them (rx §6.2).
     ///
     /// # Errors
     /// [`ClientError::InvalidOperationId`] when `request.operation_id` is set to something
@@ -532,17 +534,18 @@ impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
         })
     }
 
-    /// The operation id on every request (canonical lower-case UUID).
+    /// The operation id on every request (canonical lower-case UUID, rx §6.2).
     pub fn operation_id(&self) -> &str {
         self.driver.core.operation_id()
     }
 
-    /// The `ExecutePlan` request as sent.
+    /// The `ExecutePlan` request as sent (rx §6.2 `initialRequest`).
     pub fn request(&self) -> &ExecutePlanRequest {
         self.driver.core.request()
     }
 
-    /// The id of the last delivered response, for [`release_until`](Self::release_until).
+    /// The id of the last delivered response, for [`release_until`](Self::release_until)
+    /// (rx §6.2 `lastReturnedResponseId`).
     pub fn last_response_id(&self) -> Option<ResponseId> {
         self.driver.core.last_response_id().cloned()
     }
@@ -552,18 +555,19 @@ impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
         self.driver.core.server_side_session_id()
     }
 
-    /// What the stream did so far.
+    /// What the stream did so far (the calls of rx §6.3).
     pub fn stats(&self) -> ClientStats {
         self.driver.core.stats()
     }
 
-    /// What the release RPCs did so far (including ones still running in the background).
+    /// What the release RPCs did so far (including ones still running in the background;
+    /// rx §6.3: failures are only logged).
     pub fn release_stats(&self) -> ReleaseStats {
         self.driver.releases.lane.stats()
     }
 
     /// Whether the stream has ended (its last item was `ResultComplete` or an error, or it
-    /// was closed).
+    /// was closed; rx §6.3 `has_next()` is false).
     pub fn is_finished(&self) -> bool {
         self.driver.core.is_finished()
     }
@@ -584,10 +588,10 @@ impl<R: ExecutionRpc + ?Sized> ReattachingStream<R> {
         Ok(())
     }
 
-    /// Ends the stream: sends the one `ReleaseAll` unless it was already sent, and waits
-    /// until every release RPC of this stream (retries included) has finished. Returns the
-    /// final release counters. Cancel-safe: dropping the future mid-way leaves the releases
-    /// to the drop path.
+    /// Ends the stream (Spark's `close()` ⇒ `release_all()`, rx §6.3): sends the one
+    /// `ReleaseAll` unless it was already sent, and waits until every release RPC of this
+    /// stream (retries included) has finished. Returns the final release counters.
+    /// Cancel-safe: dropping the future mid-way leaves the releases to the drop path.
     pub async fn close(mut self) -> ReleaseStats {
         self.driver.close().await
     }
@@ -625,8 +629,10 @@ impl<R: ExecutionRpc + ?Sized> fmt::Debug for ReattachingStream<R> {
 /// its one RPC ends (rx §2.2 T14). Retryable errors (per the [`RetryPolicy`]) before the
 /// first response re-send the same `ExecutePlan` after the backoff, as Spark's Scala client
 /// does; after a response any error is final, since the stream cannot resume (rx §6.3).
-/// Against a 4.3 server a re-send whose first attempt did reach it is refused with
-/// `OPERATION_ALREADY_EXISTS` / `OPERATION_ABANDONED`, which is final too.
+/// Against a 4.3 server a re-send whose first attempt did reach it is refused, finally
+/// too: the same plan under a live operation id is a reattach, which a non-reattachable
+/// execution answers with `INVALID_CURSOR.NOT_REATTACHABLE`; once it ended, the id gets
+/// `OPERATION_ABANDONED` (rx §5.2; before 4.0.1, `OPERATION_ALREADY_EXISTS`).
 ///
 /// [`RetryPolicy`]: super::RetryPolicy
 #[must_use = "streams do nothing unless polled"]
@@ -636,7 +642,7 @@ pub struct ExecuteStream<R: ExecutionRpc + ?Sized> {
 
 impl<R: ExecutionRpc + ?Sized> ExecuteStream<R> {
     /// A stream of `request`'s results over `rpc`; any reattach option is removed from the
-    /// request.
+    /// request (the non-reattachable path of rx §6.3).
     ///
     /// # Errors
     /// [`ClientError::InvalidOperationId`] when `request.operation_id` is set to something
@@ -652,22 +658,23 @@ impl<R: ExecutionRpc + ?Sized> ExecuteStream<R> {
         })
     }
 
-    /// The operation id on the request (canonical lower-case UUID).
+    /// The operation id on the request (canonical lower-case UUID, rx §1.9: kept if set,
+    /// else a fresh UUID v4, as Spark's clients do since SPARK-58547).
     pub fn operation_id(&self) -> &str {
         self.driver.core.operation_id()
     }
 
-    /// The `ExecutePlan` request as sent.
+    /// The `ExecutePlan` request as sent (rx §1.2).
     pub fn request(&self) -> &ExecutePlanRequest {
         self.driver.core.request()
     }
 
-    /// What the stream did so far.
+    /// What the stream did so far (`ExecutePlan` calls and retries, rx §6.3).
     pub fn stats(&self) -> ClientStats {
         self.driver.core.stats()
     }
 
-    /// Whether the stream has ended.
+    /// Whether the stream has ended (its plain end is the result's end, rx §1.3).
     pub fn is_finished(&self) -> bool {
         self.driver.core.is_finished()
     }

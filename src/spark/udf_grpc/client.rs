@@ -117,8 +117,9 @@ impl GrpcChannel {
             })
     }
 
-    /// A channel that connects on first use (no readiness check). Must be called inside a
-    /// tokio runtime.
+    /// A channel that connects on first use, without the readiness check of udf §6.4 (a
+    /// missing worker then surfaces as a transport failure of the first session). Must be
+    /// called inside a tokio runtime.
     pub fn connect_lazy(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> Self {
         let channel =
             tonic_endpoint(config).connect_with_connector_lazy(connector(endpoint.clone()));
@@ -153,12 +154,12 @@ impl GrpcChannel {
         }
     }
 
-    /// Where the worker listens.
+    /// Where the worker listens (the `--connection` address, udf §1.9).
     pub fn endpoint(&self) -> &WorkerEndpoint {
         &self.inner.endpoint
     }
 
-    /// The settings this channel was built with.
+    /// The settings this channel was built with ([`GrpcConfig`], udf §6.4).
     pub fn config(&self) -> &GrpcConfig {
         &self.inner.config
     }
@@ -171,7 +172,8 @@ impl GrpcChannel {
 
     /// Closes the channel: no new session or `Manage` call can use it. Idempotent. Sessions
     /// already open keep their streams until they end; the HTTP/2 connection closes when the
-    /// last one is gone.
+    /// last one is gone. This is the first step of Spark's `GrpcWorkerChannel.close()`
+    /// (gRPC `shutdown`, udf §6.4), without its forced `shutdownNow`.
     pub fn close(&self) {
         self.lock().take();
     }
@@ -362,7 +364,8 @@ enum Responses {
     Ended,
 }
 
-/// The engine side of one session's `Execute` stream: a
+/// The engine side of one session's `Execute` stream (udf §1.1: one stream per
+/// session; the request observer and response stream of Spark's `GrpcWorkerSession`): a
 /// [`Connection<UdfRequest, UdfResponse>`](Connection) for
 /// [`Session::new`](crate::worker::engine::Session::new). Obtained from
 /// [`GrpcChannel::open_session`].
@@ -374,7 +377,7 @@ enum Responses {
 ///   trailers, a reset stream, a broken connection) is a transport failure
 ///   ([`ConnectionError::Transport`] holding the [`Status`]); a clean end of the response
 ///   stream (OK trailers) is `Ready(None)`, the stream end.
-/// - `poll_close` half-closes the request side cleanly (`END_STREAM`). Dropping the
+/// - `poll_close` half-closes the request side cleanly (`END_STREAM`, udf §2 R9). Dropping the
 ///   connection without closing it cancels the stream (`RST_STREAM(CANCEL)`), so the worker
 ///   stops sending to it. A tonic worker sees that reset as a plain end of the request
 ///   stream, which is why only an explicit `Finish` message finishes a session and a
@@ -432,8 +435,9 @@ impl GrpcEngineConnection {
 
     /// Cancels the stream at once (`RST_STREAM(CANCEL)`) unless the request side was already
     /// closed cleanly; nothing more can be sent. Dropping an unclosed connection does the
-    /// same. It is no substitute for the protocol's `Cancel` message: a tonic worker sees
-    /// the reset as a plain end of the request stream.
+    /// same. Spark's engine aborts the request side this way after a failure terminator
+    /// (udf §2 R9, §5.2 step 4). It is no substitute for the protocol's `Cancel` message: a
+    /// tonic worker sees the reset as a plain end of the request stream.
     pub fn abort(&mut self) {
         if let Some(cancel) = self.cancel.take() {
             cancel.cancel();
@@ -551,12 +555,13 @@ impl Drop for GrpcEngineConnection {
 /// `Execute` stream per session on it.
 #[derive(Debug, Clone, Default)]
 pub struct GrpcTransport {
-    /// Settings of every channel this transport opens.
+    /// Settings of every channel this transport opens (udf §6.4).
     pub config: GrpcConfig,
 }
 
 impl GrpcTransport {
-    /// A transport with the given settings.
+    /// A transport with the given settings ([`GrpcConfig::default`] holds the values of
+    /// Spark's `DirectGrpcDispatcher` channels, udf §6.4).
     pub fn new(config: GrpcConfig) -> Self {
         Self { config }
     }

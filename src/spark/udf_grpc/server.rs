@@ -89,10 +89,11 @@ impl NamedService for WorkerService {
 }
 
 impl WorkerService {
-    /// A service that hands every `Execute` stream to `on_execute`, which must not block:
-    /// typically it spawns [`endpoint::serve`](crate::worker::endpoint::serve) on the
-    /// connection. The stream's response side starts at once; what the callback does with
-    /// the connection decides the rest.
+    /// A service that hands every `Execute` stream (one session, udf §1.1) to `on_execute`,
+    /// which must not block: typically it spawns
+    /// [`endpoint::serve`](crate::worker::endpoint::serve) on the connection. The stream's
+    /// response side starts at once; what the callback does with the connection decides the
+    /// rest.
     pub fn new<F>(on_execute: F) -> Self
     where
         F: Fn(GrpcWorkerConnection) + Send + Sync + 'static,
@@ -106,7 +107,8 @@ impl WorkerService {
     }
 
     /// A service that runs `make_udf()` under [`serve`] with `endpoint_config` on a new
-    /// tokio task for every `Execute` stream.
+    /// tokio task for every `Execute` stream (per-stream state lives with the stream,
+    /// udf §1.1).
     pub fn for_udf<U, F>(make_udf: F, endpoint_config: EndpointConfig) -> Self
     where
         F: Fn() -> U + Send + Sync + 'static,
@@ -122,8 +124,8 @@ impl WorkerService {
         })
     }
 
-    /// Answers `Manage` with [`handle_manage`] over `control` (heartbeat metrics, shutdown)
-    /// instead of the built-in control.
+    /// Answers `Manage` with [`handle_manage`] over `control` (heartbeat metrics, shutdown;
+    /// udf §1.7) instead of the built-in control.
     pub fn with_control<W>(self, control: W) -> Self
     where
         W: WorkerControl + Send + Sync + 'static,
@@ -144,24 +146,26 @@ impl WorkerService {
         self
     }
 
-    /// Uses `config` (message size limit, response buffer; the server reads its HTTP/2
-    /// settings from it too).
+    /// Uses `config` (message size limit, udf §6.4; response buffer; the server reads its
+    /// HTTP/2 settings from it too).
     pub fn with_config(mut self, config: GrpcConfig) -> Self {
         self.config = Arc::new(config);
         self
     }
 
-    /// The settings in use.
+    /// The settings in use ([`GrpcConfig`]; Spark's values per udf §6.4).
     pub fn config(&self) -> &GrpcConfig {
         &self.config
     }
 
-    /// `Execute` streams currently open (connections not yet dropped).
+    /// `Execute` streams currently open (connections not yet dropped): the sessions of
+    /// udf §1.1, one per stream.
     pub fn active_sessions(&self) -> usize {
         self.state.active.load(Ordering::SeqCst)
     }
 
-    /// A handle that starts the graceful shutdown of the server running this service.
+    /// A handle that starts the graceful shutdown of the server running this service (what
+    /// a `Manage` `ShutdownRequest` does, udf §1.7).
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle {
             state: self.state.clone(),
@@ -443,7 +447,8 @@ impl Connection<UdfResponse, UdfRequest> for GrpcWorkerConnection {
 }
 
 /// Starts the graceful shutdown of a [`WorkerServer`] (or of the server running a
-/// [`WorkerService`]). Cheap to clone.
+/// [`WorkerService`]): in-flight streams finish normally, then the worker can exit, as
+/// udf §1.7 asks of a `ShutdownRequest` without `cancel_sessions`. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ShutdownHandle {
     state: Arc<ServerState>,
@@ -451,17 +456,18 @@ pub struct ShutdownHandle {
 
 impl ShutdownHandle {
     /// Requests the graceful shutdown: stop accepting connections, let open streams finish
-    /// (up to [`GrpcConfig::shutdown_grace`]). Idempotent.
+    /// (up to [`GrpcConfig::shutdown_grace`]; udf §1.7). Idempotent.
     pub fn shutdown(&self) {
         self.state.shutdown.send_replace(true);
     }
 
-    /// Whether a shutdown was requested (by a handle or by a `Manage` shutdown).
+    /// Whether a shutdown was requested (by a handle or by a `Manage` shutdown, udf §1.7).
     pub fn is_shutdown_requested(&self) -> bool {
         *self.state.shutdown.borrow()
     }
 
-    /// Waits until a shutdown is requested.
+    /// Waits until a shutdown is requested (by a handle or by a `Manage` shutdown,
+    /// udf §1.7).
     pub async fn requested(&self) {
         let mut rx = self.state.shutdown.subscribe();
         // The sender lives in `state`, which `self` keeps alive: `wait_for` cannot fail.
@@ -474,9 +480,10 @@ enum Listener {
     Tcp(TcpListener),
 }
 
-/// Serves a [`WorkerService`] on a Unix socket (the worker's `--connection` path) or a
-/// loopback TCP port: plaintext HTTP/2 only, with the windows, frame size and stream limit
-/// of the service's [`GrpcConfig`].
+/// Serves a [`WorkerService`] on a Unix socket (the worker's `--connection` path, udf §1.9)
+/// or a loopback TCP port: plaintext HTTP/2 only (udf §6.4), with the windows, frame size
+/// and stream limit of the service's [`GrpcConfig`]. The worker-side counterpart of Spark's
+/// test worker `EchoGrpcWorkerMain` (udf §9).
 ///
 /// - [`shutdown`](Self::shutdown) (or a [`ShutdownHandle`], or the built-in `Manage`
 ///   shutdown) is graceful: the listener closes and the socket file is removed at once,
@@ -512,7 +519,8 @@ impl WorkerServer {
     }
 
     /// Binds TCP on `addr` (use a loopback address; port 0 picks a free one) and serves
-    /// `service` on a new tokio task.
+    /// `service` on a new tokio task. For Spark's `LocalTcpConnection` the engine passes a
+    /// port and the worker binds 127.0.0.1 and ::1 (udf §1.9): one server per address.
     ///
     /// # Errors
     /// The bind error.
@@ -543,22 +551,22 @@ impl WorkerServer {
         }
     }
 
-    /// The socket path, for a Unix server.
+    /// The socket path, for a Unix server (the `--connection` path, udf §1.9).
     pub fn socket_path(&self) -> Option<&Path> {
         self.path.as_deref()
     }
 
-    /// The bound address, for a TCP server.
+    /// The bound address, for a TCP server (udf §1.9 `LocalTcpConnection`).
     pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
         self.tcp_addr
     }
 
-    /// `Execute` streams currently open.
+    /// `Execute` streams currently open (one per session, udf §1.1).
     pub fn active_sessions(&self) -> usize {
         self.state.active.load(Ordering::SeqCst)
     }
 
-    /// A handle that starts the graceful shutdown.
+    /// A handle that starts the graceful shutdown (udf §1.7).
     pub fn shutdown_handle(&self) -> ShutdownHandle {
         ShutdownHandle {
             state: self.state.clone(),
@@ -566,19 +574,22 @@ impl WorkerServer {
     }
 
     /// Shuts down gracefully (see [`WorkerServer`]) and waits until done: at most
-    /// [`GrpcConfig::shutdown_grace`] after open streams were told to finish.
+    /// [`GrpcConfig::shutdown_grace`] after open streams were told to finish (Spark's engine
+    /// allows 5 s between SIGTERM and SIGKILL by default, udf §6.1, §7).
     pub async fn shutdown(mut self) {
         self.state.shutdown.send_replace(true);
         self.join().await;
     }
 
     /// Waits until the server has stopped after a shutdown was requested (by a
-    /// [`ShutdownHandle`] or a `Manage` shutdown): what a worker's `main` awaits.
+    /// [`ShutdownHandle`] or a `Manage` shutdown): what a worker's `main` awaits ("worker
+    /// should exit once all streams ended", udf §1.7).
     pub async fn wait(mut self) {
         self.join().await;
     }
 
-    /// Closes every connection at once, like a killed worker process (same as dropping).
+    /// Closes every connection at once, like a killed worker process (same as dropping):
+    /// the engine's sessions settle `TransportFailed` (udf §4.1).
     pub fn abort(self) {
         drop(self);
     }
