@@ -877,7 +877,7 @@ fn rx_s31_duplicate_operation_ids() {
         e,
         ConnectError::OperationAlreadyExists { handle: o.clone() }
     );
-    assert!(e.to_string().contains(&o));
+    assert!(e.message().contains(&o));
     // active, same plan: reattach from the start, preempting the first stream
     let Submitted::Reattached(mut again) = f.m.execute_plan(&req(&o)).unwrap() else {
         panic!("expected a reattach")
@@ -1192,12 +1192,12 @@ fn rx_x_at_end_redelivers_terminal_error() {
     p.fail(ConnectError::failed("[DIVIDE_BY_ZERO] boom"))
         .unwrap();
     let r1 = next(&mut s);
-    assert_eq!(expect_err(&mut s).to_string(), "[DIVIDE_BY_ZERO] boom");
+    assert_eq!(expect_err(&mut s).message(), "[DIVIDE_BY_ZERO] boom");
     for _ in 0..2 {
         let mut again =
             f.m.reattach_execute(&reattach(&o, Some(&r1.response_id)))
                 .unwrap();
-        assert_eq!(expect_err(&mut again).to_string(), "[DIVIDE_BY_ZERO] boom");
+        assert_eq!(expect_err(&mut again).message(), "[DIVIDE_BY_ZERO] boom");
     }
     assert!(
         f.m.release_execute(&release_all(&o))

@@ -145,14 +145,14 @@ impl fmt::Display for RpcError {
 
 impl std::error::Error for RpcError {}
 
-/// What a client receives for a server-side [`ConnectError`]: its status code, its `Display`
-/// as the message and its condition as the rich-status condition — what a gRPC adapter would
-/// carry over the wire (rx §1.8). In-memory transports use this directly.
+/// What a client receives for a server-side [`ConnectError`]: its status code, its
+/// [`message`](ConnectError::message) and its condition as the rich-status condition — what a
+/// gRPC adapter would carry over the wire (rx §1.8). In-memory transports use this directly.
 impl From<&ConnectError> for RpcError {
     fn from(error: &ConnectError) -> Self {
         Self {
             code: error.code(),
-            message: error.to_string(),
+            message: error.message(),
             condition: error.condition().map(str::to_owned),
             retry_delay: None,
         }
