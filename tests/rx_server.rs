@@ -9,9 +9,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use tether::execution::{
-    ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, ExecutionPhase, LogConfig,
-    ManagerConfig, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd, StreamLimits,
-    Submitted,
+    ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, ExecutionPhase, ForwardError,
+    LogConfig, ManagerConfig, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd,
+    StreamLimits, Submitted,
 };
 use tether::time::ManualClock;
 use tether::wire::connect::{
@@ -1366,7 +1366,7 @@ async fn rx_x_preemption_is_prompt_while_transport_blocked() {
     // a sink that never becomes ready (a full transport window)
     let forward = tokio::spawn(async move {
         let mut sink = NeverReady;
-        s.forward(&mut sink).await.map_err(|e| e.to_string())
+        s.forward(&mut sink).await
     });
     tokio::task::yield_now().await;
     let _s2 = f.m.reattach_execute(&reattach(&o, None)).unwrap();
@@ -1374,7 +1374,10 @@ async fn rx_x_preemption_is_prompt_while_transport_blocked() {
         .await
         .expect("preempted consumer must end promptly")
         .unwrap();
-    assert!(out.unwrap_err().contains("INVALID_CURSOR.DISCONNECTED"));
+    assert!(matches!(
+        out,
+        Err(ForwardError::Connect(ConnectError::Disconnected))
+    ));
 }
 
 struct NeverReady;

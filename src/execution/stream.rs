@@ -181,9 +181,10 @@ pub enum ForwardError<E> {
     /// The stream failed with a protocol error (send it as the RPC's status).
     #[error(transparent)]
     Connect(ConnectError),
-    /// The sink failed (the transport is gone); the consumer was detached.
-    #[error("the response sink failed: {0}")]
-    Sink(E),
+    /// The sink failed (the transport is gone); the consumer was detached. The sink's error
+    /// is the source.
+    #[error("the response sink failed")]
+    Sink(#[source] E),
 }
 
 impl ResponseStream {

@@ -11,6 +11,7 @@ use crate::wire::{
     Cancel, CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
     ResponseKind, UdfRequest, UdfResponse,
 };
+use crate::worker::Chain;
 
 use super::config::EndpointConfig;
 use super::violation::{EngineViolation, InitRejection};
@@ -120,7 +121,7 @@ impl fmt::Display for EndpointOutcome {
                 Ok(())
             }
             Self::ProtocolViolation(v) => write!(f, "ProtocolViolation ({})", v.wire_message()),
-            Self::TransportFailed(e) => write!(f, "TransportFailed ({e})"),
+            Self::TransportFailed(e) => write!(f, "TransportFailed ({})", Chain(e)),
         }
     }
 }
