@@ -37,12 +37,19 @@ pub enum Termination {
         /// `response.error`, where Spark drops the second (udf §10 gap 12).
         execution_error: Option<ExecutionError>,
     },
-    /// An execution error ended the session with no terminator round trip possible (udf
-    /// udf §4.1; never produced by the engine session itself, kept for other implementations).
-    /// Salvageable.
+    /// Reserved: an execution error ended the session without a protocol terminator.
+    /// Salvageable (the worker reported the error in-band).
+    ///
+    /// tether's engine session never produces it today: a worker's `InitResponse.error` or
+    /// `ErrorResponse` is always followed by the Cancel/`CancelResponse` round trip and ends
+    /// [`Cancelled`](Self::Cancelled) with the error in `execution_error`. It mirrors Spark's
+    /// `Termination.Failed` in `org.apache.spark.udf.worker.core` (udf §4.1), which Spark's
+    /// newest gRPC session does not produce either (an earlier revision settled it for init
+    /// errors, udf §4.0); it exists so that the outcome set is Spark's, and for session
+    /// implementations over transports without a terminator round trip.
     Failed(ExecutionError),
     /// The transport failed, the worker violated the protocol, or a timeout expired (udf
-    /// udf §4.5, §6.5). The worker is invalidated.
+    /// §4.5, §6.5). The worker is invalidated.
     TransportFailed(TransportFailure),
     /// The session was dropped or interrupted mid-operation and the worker did not
     /// acknowledge the best-effort Cancel within the interrupt-cancel timeout (udf §4.9).
@@ -57,7 +64,7 @@ pub enum TerminationKind {
     Finished,
     /// [`Termination::Cancelled`].
     Cancelled,
-    /// [`Termination::Failed`].
+    /// [`Termination::Failed`] (reserved; never produced by the engine session today).
     Failed,
     /// [`Termination::TransportFailed`].
     TransportFailed,
