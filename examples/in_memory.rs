@@ -98,6 +98,18 @@ fn start() -> (
     )
 }
 
+/// An error and its causes on one line (each error states itself; the cause is its
+/// `source()`).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text += &format!(": {e}");
+        source = e.source();
+    }
+    text
+}
+
 fn init(payload: &'static str) -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
@@ -170,7 +182,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(item) = stream.next().await {
         match item {
             Ok(batch) => outputs.push(batch),
-            Err(e) => println!("   (the consumer saw: {e})"),
+            Err(e) => println!("   (the consumer saw: {})", chain(&e)),
         }
     }
     let t = stream.close().await;

@@ -106,6 +106,15 @@
 //!   [`execution::client::ClientPhase`].
 //! - Every item has exactly one public path; the modules above are the only namespaces.
 //!
+//! ## Errors
+//!
+//! - An error's `Display` states that error and never repeats its cause; the cause is
+//!   reached through [`std::error::Error::source`] (walk the chain to print it all).
+//! - Texts that travel on the wire come from their own functions, stable and pinned by
+//!   tests, not from `Display`: [`worker::endpoint::EngineViolation::wire_message`] and
+//!   [`worker::endpoint::InitRejection::wire_message`] (the worker's `ProtocolError`
+//!   messages) and [`execution::ConnectError::message`] (the Spark Connect status message).
+//!
 //! ## Protocol reference
 //!
 //! The rules are written down in the [`reference`](mod@reference) chapters, shipped with the crate:

@@ -1734,7 +1734,7 @@ mod grpc {
         UdfWorkerDataFormat, execution_error,
     };
 
-    use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
+    use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, EngineViolation, Udf, serve};
     use tether::worker::engine::WorkerEndpoint;
     use tether::worker::engine::{
         CountingHandle, Session, SessionConfig, SessionError, TerminationKind, WorkerHandle,
@@ -2576,7 +2576,7 @@ mod grpc {
         assert!(
             matches!(
                 served["half_close"].outcome,
-                EndpointOutcome::ProtocolViolation(_)
+                EndpointOutcome::ProtocolViolation(EngineViolation::RequestStreamEnded)
             ),
             "{}",
             served["half_close"].outcome

@@ -560,7 +560,13 @@ async fn rx_s30_orphan_error_ends_instead_of_looping() {
     let (got, err) = run(&fake).await;
     assert_eq!(got, ids(&["r1"]));
     let err = err.expect("orphan");
-    assert!(err.to_string().contains("orphaned"), "{err}");
+    let orphaned = ConnectError::Orphaned {
+        handle: "op".into(),
+    };
+    assert!(
+        matches!(&err, ClientError::Rpc(e) if e.message() == orphaned.message()),
+        "{err}"
+    );
     assert_eq!(
         fake.events(),
         vec![Ev::Execute, until("r1"), reattach(Some("r1")), Ev::All]
@@ -1282,6 +1288,10 @@ async fn rx_s75_not_found_after_consume_does_not_restart() {
     let (got, err) = run(&fake).await;
     assert_eq!(got, ids(&["r1"]));
     let err = err.unwrap();
+    assert!(
+        matches!(&err, ClientError::ResponseAlreadyReceived { error, delivered: 1 } if *error == op_not_found()),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("duplicate"), "{err}");
     assert_eq!(fake.count(|e| *e == Ev::Execute), 1);
     assert_eq!(

@@ -6,13 +6,30 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tether::connection::framed::{FramedConfig, FramedListener, connect_unix};
+use tether::connection::ConnectionError;
+use tether::connection::framed::{FramedConfig, FramedError, FramedListener, connect_unix};
 use tether::wire::{
-    ExecutionError, FinishResponse, Init, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
+    ExecutionError, FinishResponse, FrameError, Init, UdfPayload, UdfRequest, UdfResponse,
+    UdfWorkerDataFormat,
 };
 use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
-use tether::worker::engine::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
+use tether::worker::engine::{
+    CountingHandle, Session, SessionConfig, SessionError, Termination, TransportFailure,
+    WorkerHandle,
+};
 use tokio::io::AsyncWriteExt;
+
+/// The framed transport's error behind a session error (the connection error's source).
+fn framed_error(error: &SessionError) -> &FramedError {
+    match error {
+        SessionError::Transport(TransportFailure::Connection(ConnectionError::Transport(
+            cause,
+        ))) => cause
+            .downcast_ref::<FramedError>()
+            .unwrap_or_else(|| panic!("not a FramedError: {cause}")),
+        other => panic!("expected a transport error, got {other:?}"),
+    }
+}
 
 /// Echoes every batch; reports the init payload's length in `InitResponse.data`.
 struct Echo;
@@ -138,10 +155,10 @@ async fn an_oversize_length_prefix_fails_the_session_without_allocating() {
         UdfPayload::new("x", Bytes::new()),
     );
     let failed = session.init(init).await.expect_err("oversize frame");
+    let error = framed_error(&failed.error);
     assert!(
-        failed.error.to_string().contains("exceeds the maximum"),
-        "{}",
-        failed.error
+        matches!(error, FramedError::Frame(FrameError::Oversize { .. })),
+        "{error:?}"
     );
     let t = failed.session.close().await;
     assert!(matches!(t, Termination::TransportFailed(_)), "{t}");
@@ -176,10 +193,10 @@ async fn a_frame_that_never_completes_times_out() {
         UdfPayload::new("x", Bytes::new()),
     );
     let failed = session.init(init).await.expect_err("trickling frame");
+    let error = framed_error(&failed.error);
     assert!(
-        failed.error.to_string().contains("not completed within"),
-        "{}",
-        failed.error
+        matches!(error, FramedError::FrameTimeout(after) if *after == Duration::from_secs(2)),
+        "{error:?}"
     );
     let t = failed.session.close().await;
     assert!(matches!(t, Termination::TransportFailed(_)), "{t}");

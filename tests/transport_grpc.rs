@@ -23,7 +23,7 @@ use tether::wire::{
     WorkerRequest, WorkerResponse, execution_error, worker_response,
 };
 use tether::worker::endpoint::{
-    EndpointConfig, EndpointOutcome, OutcomeKind, Udf, WorkerControl, serve,
+    EndpointConfig, EndpointOutcome, EngineViolation, OutcomeKind, Udf, WorkerControl, serve,
 };
 use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, SessionError, Termination, TerminationKind,
@@ -847,14 +847,14 @@ async fn request_stream_half_close_without_finish_is_a_violation_not_a_finish() 
         kinds.push(message.kind());
     }
     assert_eq!(kinds, [ResponseKind::Error, ResponseKind::Cancel]);
-    assert!(matches!(
-        protocol_error.and_then(|e| e.kind),
-        Some(execution_error::Kind::Protocol(_))
-    ));
     assert_eq!(
-        worker.outcome().await.kind(),
-        OutcomeKind::ProtocolViolation
+        protocol_error,
+        Some(EngineViolation::RequestStreamEnded.to_execution_error())
     );
+    assert!(matches!(
+        worker.outcome().await,
+        EndpointOutcome::ProtocolViolation(EngineViolation::RequestStreamEnded)
+    ));
     assert_eq!(
         worker.calls().finishes,
         0,
@@ -874,8 +874,9 @@ async fn a_reset_request_stream_reaches_the_worker_as_an_end_and_is_never_a_fini
     let outcome = worker.outcome().await;
     assert!(
         matches!(
-            outcome.kind(),
-            OutcomeKind::ProtocolViolation | OutcomeKind::TransportFailed
+            outcome,
+            EndpointOutcome::ProtocolViolation(EngineViolation::RequestStreamEnded)
+                | EndpointOutcome::TransportFailed(_)
         ),
         "an aborted stream ends the worker session without Finish: {outcome}"
     );

@@ -1680,9 +1680,10 @@ fn check_session(
             fin
         );
     }
-    let fin_error = fin.to_error().map(|e| e.to_string());
+    // Compared in full (Debug): Display states an error without its cause.
+    let fin_error = fin.to_error().map(|e| format!("{e:?}"));
     for e in &obs.end_errors {
-        prop_assert_eq!(Some(e.to_string()), fin_error.clone(), "read error");
+        prop_assert_eq!(Some(format!("{e:?}")), fin_error.clone(), "read error");
     }
 
     // Replay.
@@ -1798,13 +1799,13 @@ fn check_session(
     if let Some(e) = &obs.init_error {
         match &m.first_error {
             Some(first) => prop_assert_eq!(e.execution_error(), Some(first), "init error"),
-            None => prop_assert_eq!(Some(e.to_string()), fin_error.clone(), "init error"),
+            None => prop_assert_eq!(Some(format!("{e:?}")), fin_error.clone(), "init error"),
         }
     }
     for e in &obs.send_errors {
         let ok = match &m.first_error {
             Some(first) => e.execution_error() == Some(first),
-            None => Some(e.to_string()) == fin_error || matches!(e, SessionError::Cancelled),
+            None => Some(format!("{e:?}")) == fin_error || matches!(e, SessionError::Cancelled),
         };
         prop_assert!(ok, "send error {} (outcome {})", e, fin);
     }

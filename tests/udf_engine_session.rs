@@ -9,8 +9,8 @@ use futures::StreamExt;
 use futures::future::poll_fn;
 use tether::connection::{Connection, ConnectionError, MemoryConnection, pair};
 use tether::wire::{
-    CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestKind,
-    RequestMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
+    CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, MalformedMessage,
+    RequestKind, RequestMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
 };
 use tether::worker::engine::{
     CountingHandle, HandleError, PeerViolation, Session, SessionConfig, SessionError, Termination,
@@ -579,11 +579,10 @@ async fn udf_s020_error_right_behind_init_response_fails_init_and_cancels() {
     })
     .await;
     let failed = res.expect_err("init fails");
-    assert!(
-        failed.error.to_string().contains("generator failed"),
-        "{}",
-        failed.error
-    );
+    match &failed.error {
+        SessionError::Execution(e) => assert_eq!(e.message(), "generator failed"),
+        other => panic!("expected the worker's error, got {other:?}"),
+    }
     assert_eq!(
         failed.session.close().await.kind(),
         TerminationKind::Cancelled
@@ -696,7 +695,15 @@ async fn udf_s024_worker_half_close_before_init_response_fails_init_fast() {
 #[tokio::test(start_paused = true)]
 async fn udf_s025_empty_response_before_init_response_fails_init_fast() {
     let (err, t, h) = init_fails_fast_with(UdfResponse::default()).await;
-    assert!(err.to_string().contains("oneof"), "{err}");
+    assert!(
+        matches!(
+            err,
+            SessionError::Transport(TransportFailure::Protocol(PeerViolation::Malformed(
+                MalformedMessage::EmptyResponse
+            )))
+        ),
+        "{err:?}"
+    );
     assert_eq!(t.kind(), TerminationKind::TransportFailed);
     assert_released_once(&h, true);
 }
@@ -838,7 +845,10 @@ async fn udf_s031_error_response_on_first_data_surfaces_with_its_class() {
     });
     let mut out = s.process(batches(&["x"]));
     let err = out.next().await.unwrap().expect_err("worker error");
-    assert!(err.to_string().contains("boom in UDF"), "{err}");
+    assert_eq!(
+        err.execution_error().map(|e| e.message()),
+        Some("boom in UDF")
+    );
     assert_eq!(
         err.execution_error().and_then(|e| e.error_class()),
         Some("UdfError")
@@ -952,7 +962,15 @@ async fn udf_s034_worker_ignoring_cancel_times_out_invalidated() {
 #[tokio::test(start_paused = true)]
 async fn udf_s035_data_instead_of_init_response_fails_init() {
     let (err, t, h) = init_fails_fast_with(UdfResponse::data(Bytes::from_static(b"d"))).await;
-    assert!(err.to_string().contains("InitResponse"), "{err}");
+    assert!(
+        matches!(
+            err,
+            SessionError::Transport(TransportFailure::Protocol(
+                PeerViolation::DataBeforeInitResponse
+            ))
+        ),
+        "{err:?}"
+    );
     assert_eq!(t.kind(), TerminationKind::TransportFailed);
     assert_released_once(&h, true);
 }
@@ -1028,11 +1046,12 @@ async fn udf_s042_failed_first_send_fails_init_with_the_cause() {
     let h = Arc::new(CountingHandle::for_one_session());
     let s = Session::new(FailingSend(engine), h.clone(), config());
     let failed = s.init(init_msg()).await.expect_err("send fails");
-    assert!(
-        failed.error.to_string().contains("send boom"),
-        "{}",
-        failed.error
-    );
+    match &failed.error {
+        SessionError::Transport(TransportFailure::Connection(ConnectionError::Transport(
+            cause,
+        ))) => assert_eq!(cause.to_string(), "send boom"),
+        other => panic!("expected the transport's error, got {other:?}"),
+    }
     let t = failed.session.close().await;
     assert_eq!(t.kind(), TerminationKind::TransportFailed);
     assert_released_once(&h, true);
@@ -1074,7 +1093,10 @@ async fn udf_s044_finish_callback_error_surfaces_at_the_end_and_in_finished() {
         .await
         .unwrap()
         .expect_err("finish callback error");
-    assert!(err.to_string().contains("FinishCallbackError"));
+    assert_eq!(
+        err.execution_error().map(|e| e.message()),
+        Some("FinishCallbackError")
+    );
     let t = out.close().await;
     assert_eq!(t.kind(), TerminationKind::Finished);
     assert_eq!(
@@ -1133,7 +1155,16 @@ async fn udf_s046_missing_terminator_times_out_per_poll() {
     assert_eq!(out.next().await.unwrap().unwrap(), Bytes::from_static(b"a"));
     let start = tokio::time::Instant::now();
     let err = out.next().await.unwrap().expect_err("timed out");
-    assert!(err.to_string().contains("timed out"), "{err}");
+    assert!(
+        matches!(
+            err,
+            SessionError::Transport(TransportFailure::Timeout {
+                waiting_for: Wait::Output,
+                after,
+            }) if after == Duration::from_secs(1)
+        ),
+        "{err:?}"
+    );
     assert!(elapsed_since(start) < Duration::from_secs(3));
     assert_eq!(out.close().await.kind(), TerminationKind::TransportFailed);
     assert_released_once(&h, true);

@@ -21,8 +21,8 @@ use tether::wire::{
     ShutdownRequest, UdfRequest, UdfResponse, WorkerRequest, worker_request, worker_response,
 };
 use tether::worker::endpoint::{
-    Endpoint, EndpointConfig, EndpointError, EndpointOutcome, InputEnd, ManageError, OutcomeKind,
-    handle_manage,
+    Endpoint, EndpointConfig, EndpointError, EndpointOutcome, EngineViolation, InitRejection,
+    InputEnd, ManageError, OutcomeKind, handle_manage,
 };
 
 use ResponseKind as K;
@@ -32,6 +32,14 @@ fn assert_echo_finish(msg: &ResponseMessage) {
     let f = finish_response(msg);
     assert_eq!(f.metrics, status_ok());
     assert!(f.error.is_none(), "{f:?}");
+}
+
+/// Asserts the worker's outcome is the protocol violation `expected`.
+fn assert_violation(outcome: EndpointOutcome, expected: EngineViolation) {
+    match outcome {
+        EndpointOutcome::ProtocolViolation(v) => assert_eq!(v, expected),
+        other => panic!("expected the protocol violation {expected:?}, got {other}"),
+    }
 }
 
 async fn outcome(task: tokio::task::JoinHandle<EndpointOutcome>) -> EndpointOutcome {
@@ -318,9 +326,12 @@ async fn udf_s060_second_init_is_a_protocol_error_then_cancel_response() {
         [K::Error, K::Cancel],
         "closed without waiting for a Cancel"
     );
-    assert_protocol_error(error_response(&rest[0]), "second Init");
+    let violation = EngineViolation::SecondInit {
+        awaiting_chunks: false,
+    };
+    assert_protocol_error(error_response(&rest[0]), &violation.wire_message());
     assert!(cancel_response(&rest[1]).error.is_none());
-    assert_eq!(outcome(task).await.kind(), OutcomeKind::ProtocolViolation);
+    assert_violation(outcome(task).await, violation);
 }
 
 /// The init-failure round trip: `[InitResponse(error)]`, silence until the Cancel, then
@@ -380,7 +391,11 @@ async fn udf_s063_unsupported_protocol_version_is_rejected_at_init() {
     i.protocol_version = Some(1 + 999);
     engine.send(UdfRequest::init(i)).await;
     let error = expect_init_failure_round_trip(&mut engine).await;
-    assert_protocol_error(&error, "unsupported protocol_version 1000");
+    let rejection = InitRejection::UnsupportedProtocolVersion {
+        requested: 1000,
+        supported: 1,
+    };
+    assert_protocol_error(&error, &rejection.wire_message());
     assert_eq!(outcome(task).await.kind(), OutcomeKind::Cancelled);
     let calls = probe.lock().unwrap();
     assert!(
@@ -432,8 +447,9 @@ async fn udf_s066_payload_chunk_after_a_non_chunked_init_is_a_protocol_error() {
         .await;
     let rest = engine.recv_to_end().await;
     assert_eq!(kinds(&rest), [K::Error, K::Cancel]);
-    assert_protocol_error(error_response(&rest[0]), "PayloadChunk");
-    assert_eq!(outcome(task).await.kind(), OutcomeKind::ProtocolViolation);
+    let violation = EngineViolation::ChunkAfterInitResponse;
+    assert_protocol_error(error_response(&rest[0]), &violation.wire_message());
+    assert_violation(outcome(task).await, violation);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -485,8 +501,9 @@ async fn udf_x_data_before_init_is_a_protocol_error_in_the_init_response() {
     engine.send(UdfRequest::data(b("too early"))).await;
     let all = engine.recv_to_end().await;
     assert_eq!(kinds(&all), [K::Init, K::Cancel]);
-    assert_protocol_error(init_error(&all[0]), "DataRequest before InitResponse");
-    assert_eq!(outcome(task).await.kind(), OutcomeKind::ProtocolViolation);
+    let violation = EngineViolation::DataBeforeInitResponse;
+    assert_protocol_error(init_error(&all[0]), &violation.wire_message());
+    assert_violation(outcome(task).await, violation);
 }
 
 #[tokio::test(start_paused = true)]
@@ -499,9 +516,13 @@ async fn udf_x_crc_mismatch_and_unsupported_format_are_rejected_in_the_init_resp
     requests[0] = UdfRequest::init(*i);
     let (mut engine, task, _) = spawn_echo();
     engine.send_all(requests).await;
+    let rejection = InitRejection::PayloadCrcMismatch {
+        declared: 0x1234_5678,
+        assembled: crc32fast::hash(b"abcdef"),
+    };
     assert_protocol_error(
         &expect_init_failure_round_trip(&mut engine).await,
-        "payload_crc32 mismatch",
+        &rejection.wire_message(),
     );
     assert_eq!(outcome(task).await.kind(), OutcomeKind::Cancelled);
 
@@ -509,9 +530,13 @@ async fn udf_x_crc_mismatch_and_unsupported_format_are_rejected_in_the_init_resp
     let mut i = init("udf");
     i.data_format = 0;
     engine.send(UdfRequest::init(i)).await;
+    let rejection = InitRejection::UnsupportedDataFormat {
+        requested: 0,
+        supported: vec![tether::wire::UdfWorkerDataFormat::Arrow],
+    };
     assert_protocol_error(
         &expect_init_failure_round_trip(&mut engine).await,
-        "unsupported data_format",
+        &rejection.wire_message(),
     );
     assert_eq!(outcome(task).await.kind(), OutcomeKind::Cancelled);
 }
@@ -527,11 +552,14 @@ async fn udf_x_engine_that_never_cancels_after_an_error_is_closed_after_the_canc
     // 30 s (the default cancel timeout) without a Cancel: the worker closes the stream.
     let rest = engine.recv_to_end().await;
     assert_eq!(kinds(&rest), [K::Cancel]);
+    let violation = EngineViolation::NoCancelAfterError {
+        after: Duration::from_secs(30),
+    };
     assert_protocol_error(
         cancel_response(&rest[0]).error.as_ref().unwrap(),
-        "no Cancel within 30s",
+        &violation.wire_message(),
     );
-    assert_eq!(outcome(task).await.kind(), OutcomeKind::ProtocolViolation);
+    assert_violation(outcome(task).await, violation);
 }
 
 #[tokio::test(start_paused = true)]
@@ -542,8 +570,9 @@ async fn udf_x_request_stream_ending_early_is_a_protocol_error() {
     engine.close_requests().await;
     let rest = engine.recv_to_end().await;
     assert_eq!(kinds(&rest), [K::Error, K::Cancel]);
-    assert_protocol_error(error_response(&rest[0]), "request stream ended");
-    assert_eq!(outcome(task).await.kind(), OutcomeKind::ProtocolViolation);
+    let violation = EngineViolation::RequestStreamEnded;
+    assert_protocol_error(error_response(&rest[0]), &violation.wire_message());
+    assert_violation(outcome(task).await, violation);
 }
 
 #[tokio::test(start_paused = true)]
@@ -557,8 +586,9 @@ async fn udf_x_transport_failure_ends_the_worker_session_silently() {
     // the worker cannot report any more) — either way nothing was delivered and it ended.
     assert!(
         matches!(
-            outcome.kind(),
-            OutcomeKind::TransportFailed | OutcomeKind::ProtocolViolation
+            outcome,
+            EndpointOutcome::TransportFailed(_)
+                | EndpointOutcome::ProtocolViolation(EngineViolation::RequestStreamEnded)
         ),
         "{outcome}"
     );

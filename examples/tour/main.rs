@@ -78,7 +78,7 @@ fn main() -> ExitCode {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
-            eprintln!("tour failed: {e}");
+            eprintln!("tour failed: {}", scenarios::chain(&*e));
             ExitCode::FAILURE
         }
     }

@@ -216,6 +216,18 @@ pub fn process_exists(pid: u32) -> bool {
     i32::try_from(pid).is_ok_and(|pid| kill(Pid::from_raw(pid), None).is_ok())
 }
 
+/// An error and its causes on one line (each error states itself; the cause is its
+/// `source()`).
+pub fn chain(error: &dyn Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text += &format!(": {e}");
+        source = e.source();
+    }
+    text
+}
+
 /// `text` cut to one readable line (transport errors can be long).
 fn clip(text: &str) -> String {
     const MAX: usize = 110;
@@ -636,7 +648,7 @@ where
             }
         }
         if let Some(e) = seen {
-            println!("    the engine saw: {}", clip(&e.to_string()));
+            println!("    the engine saw: {}", clip(&chain(&e)));
         }
         let t = session.close().await;
         let elapsed = started.elapsed();

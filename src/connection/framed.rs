@@ -64,8 +64,8 @@ impl Default for FramedConfig {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum FramedError {
-    /// Socket I/O failed.
-    #[error("I/O error: {0}")]
+    /// Socket I/O failed (the `io::Error` is the source).
+    #[error("I/O error")]
     Io(#[from] io::Error),
     /// A frame was oversize, truncated by the peer closing, or undecodable.
     #[error(transparent)]

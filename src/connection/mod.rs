@@ -66,7 +66,8 @@ impl fmt::Display for ConnectionError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Closed => f.write_str("connection closed"),
-            Self::Transport(e) => write!(f, "transport error: {e}"),
+            // The transport's error is the source, not repeated here.
+            Self::Transport(_) => f.write_str("transport error"),
         }
     }
 }

@@ -7,21 +7,22 @@ use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use crate::wire::connect::ExecutePlanResponse;
 
 /// The runner (producer) state machine of rx §2.1 (Spark 4.0+, SPARK-49688).
+///
+/// Spark's `ExecuteThreadRunner` has one more state, `completing` (producing the final
+/// outcome, no longer interruptible; rx §2.2 T7). tether completes atomically under the
+/// execution's lock, `Started` → `Completed` in one step, so nothing could ever observe it
+/// and it has no variant here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RunnerState {
     /// Registered, producer not started. Next: `Started`, or `Interrupted`.
     NotStarted,
     /// Interrupted before it started — terminal; `OPERATION_CANCELED` is stored.
     Interrupted,
-    /// Producing responses. Next: `StartedInterrupted`, or `Completing` → `Completed`.
+    /// Producing responses. Next: `StartedInterrupted`, or `Completed`.
     Started,
     /// Interrupted while running: `OPERATION_CANCELED` is stored, the producer is told to
     /// stop. Next: `Completed` once the producer has stopped.
     StartedInterrupted,
-    /// Producing the final outcome; cannot be interrupted any more. tether completes
-    /// atomically under the execution's lock, so this state is never observed from outside
-    /// a call (it exists to document the rule of rx §2.2 T7).
-    Completing,
     /// Terminal: the producer finished, failed, stopped after an interrupt, or vanished.
     Completed,
 }
@@ -267,7 +268,7 @@ impl ExecutionCore {
             (false, RunnerState::Interrupted | RunnerState::StartedInterrupted) => {
                 ExecutionPhase::Cancelling
             }
-            (false, RunnerState::Completing | RunnerState::Completed) => {
+            (false, RunnerState::Completed) => {
                 if matches!(
                     self.log.terminal_error(),
                     Some(ConnectError::OperationCanceled)
@@ -497,7 +498,7 @@ impl ExecutionCore {
             RunnerState::Interrupted | RunnerState::StartedInterrupted => {
                 Err(ProduceError::Cancelled)
             }
-            RunnerState::Completing | RunnerState::Completed => Err(ProduceError::Finished),
+            RunnerState::Completed => Err(ProduceError::Finished),
         }
     }
 
@@ -516,8 +517,9 @@ impl ExecutionCore {
 
     /// The producer finished successfully (rx §2.2 T7): a reattachable execution gets its
     /// `ResultComplete` appended atomically with fixing the final index; a non-reattachable
-    /// one just fixes it. Runner `Started → Completing → Completed` in one step, so an
-    /// interrupt can never land after it.
+    /// one just fixes it. Runner `Started → Completed` in one step (Spark's `completing`
+    /// state, rx §2.2 T7, lasts no longer than this call), so an interrupt can never land
+    /// after it.
     ///
     /// # Errors
     /// `Cancelled`/`Closed` if an interrupt or release won the race (the stored
@@ -526,7 +528,6 @@ impl ExecutionCore {
         let r = self.check_producer();
         self.producer_stopped();
         r?;
-        self.runner = RunnerState::Completing;
         // Cannot fail: the log is only finished through the runner, which was `Started`.
         let _ = self.log.finish(self.reattachable);
         self.runner = RunnerState::Completed;

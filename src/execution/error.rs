@@ -1,7 +1,7 @@
 //! Spark Connect error conditions of the execution layer (reattach rx §1.8).
 //!
-//! [`ConnectError`]'s `Display` is the status message a Spark server would send: it starts
-//! with the bracketed error condition (`[INVALID_CURSOR.DISCONNECTED] …`), because Spark
+//! [`ConnectError::message`] (also its `Display`) is the status message a Spark server would
+//! send: it starts with the bracketed error condition (`[INVALID_CURSOR.DISCONNECTED] …`), because Spark
 //! clients classify errors by searching the message for the condition name (rx §1.8).
 //! The wording after the bracket is tether's own. [`ConnectError::code`] gives the gRPC
 //! status code category a transport adapter should use; Spark sends every recoverable server
@@ -80,18 +80,16 @@ impl fmt::Display for Code {
 }
 
 /// Every error the server side of the execution layer reports to a client (rx §1.8, §3.5,
-/// rx §4.4, §5). `Display` starts with the Spark error condition in brackets where Spark has one.
+/// rx §4.4, §5). The status message, [`message`](Self::message) (and `Display`), starts with
+/// the Spark error condition in brackets where Spark has one. The errors carry data only,
+/// no source.
 ///
 /// `handle` parameters are the identifier the request named (an operation or session id),
 /// as Spark's `handle` message parameter.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, thiserror::Error)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ConnectError {
     /// `INVALID_HANDLE.FORMAT`: a session or operation id is not a UUID (rx §1.9).
-    #[error(
-        "[INVALID_HANDLE.FORMAT] The handle {handle} is invalid: it must be a UUID string like \
-         '00112233-4455-6677-8899-aabbccddeeff'."
-    )]
     InvalidHandleFormat {
         /// The offending identifier, as sent.
         handle: String,
@@ -100,58 +98,36 @@ pub enum ConnectError {
     /// with its closed session) and is remembered in the tombstones; or, as in Spark 4.3.0,
     /// an ExecutePlan re-submits the id of a released or completed execution (rx §5.2,
     /// rx §5.4).
-    #[error(
-        "[INVALID_HANDLE.OPERATION_ABANDONED] The handle {handle} is invalid: the operation \
-         was abandoned or already ran and cannot be started again."
-    )]
     OperationAbandoned {
         /// The operation id.
         handle: String,
     },
     /// `INVALID_HANDLE.OPERATION_ALREADY_EXISTS`: an ExecutePlan names a live operation with
     /// a different plan (rx §5.2).
-    #[error(
-        "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle {handle} is invalid: an \
-         operation with this id already exists."
-    )]
     OperationAlreadyExists {
         /// The operation id.
         handle: String,
     },
     /// `INVALID_HANDLE.OPERATION_NOT_FOUND`: no live operation with this id in the session,
     /// and no tombstone (released, or never existed) (rx §5.5).
-    #[error(
-        "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle {handle} is invalid: the operation \
-         was not found."
-    )]
     OperationNotFound {
         /// The operation id.
         handle: String,
     },
     /// `INVALID_HANDLE.SESSION_CHANGED`: `client_observed_server_side_session_id` differs
     /// from the session's `server_side_session_id` (rx §1.2, §5.5).
-    #[error(
-        "[INVALID_HANDLE.SESSION_CHANGED] The handle {handle} is invalid: the server-side \
-         session changed (the server restarted or the session was recreated); reconnect."
-    )]
     SessionChanged {
         /// The session id.
         handle: String,
     },
     /// `INVALID_HANDLE.SESSION_CLOSED`: the session was released or expired and is in the
     /// closed-session tombstones (rx §5.6).
-    #[error(
-        "[INVALID_HANDLE.SESSION_CLOSED] The handle {handle} is invalid: the session was closed."
-    )]
     SessionClosed {
         /// The session id.
         handle: String,
     },
     /// `INVALID_HANDLE.SESSION_NOT_FOUND`: no such `(user_id, session_id)` session
     /// (rx §5.5).
-    #[error(
-        "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle {handle} is invalid: the session was not found."
-    )]
     SessionNotFound {
         /// The session id.
         handle: String,
@@ -159,20 +135,12 @@ pub enum ConnectError {
     /// `INVALID_CURSOR.DISCONNECTED`: the server ended this stream because another consumer
     /// attached, or the execution was released, abandoned or its session closed (rx §4.4).
     /// Clients retry it by reattaching (rx §6.1).
-    #[error("[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.")]
     Disconnected,
     /// `INVALID_CURSOR.NOT_REATTACHABLE`: reattach or release on an execution that is not
     /// reattachable, or whose runner has not started (rx §5.5, SPARK-49492).
-    #[error(
-        "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: the operation is not reattachable."
-    )]
     NotReattachable,
     /// `INVALID_CURSOR.POSITION_NOT_AVAILABLE`: the response at `index` was already released
     /// from the retry buffer (rx §3.3, §3.5).
-    #[error(
-        "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response \
-         {response_id} at index {index} is no longer available."
-    )]
     PositionNotAvailable {
         /// The id of the missing response, or `<UNKNOWN>` (Spark's spelling) if not known.
         response_id: String,
@@ -181,42 +149,25 @@ pub enum ConnectError {
     },
     /// `INVALID_CURSOR.POSITION_NOT_FOUND`: the response id was never produced by this
     /// execution (unknown, empty, another operation's) (rx §3.4, §3.5).
-    #[error(
-        "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response {response_id} \
-         was not found."
-    )]
     PositionNotFound {
         /// The response id as sent.
         response_id: String,
     },
     /// `OPERATION_CANCELED`: the execution was interrupted (rx §2.2 T9, §5.7). Delivered
     /// after every earlier response.
-    #[error("[OPERATION_CANCELED] The operation was canceled.")]
     OperationCanceled,
     /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG` (rx §5.7).
-    #[error(
-        "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type TAG \
-         needs an operation_tag."
-    )]
     InterruptTagRequiresTag,
     /// `INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID` (rx §5.7).
-    #[error(
-        "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt of \
-         type OPERATION_ID needs an operation_id."
-    )]
     InterruptOperationIdRequiresId,
     /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`: unspecified or unknown interrupt type
     /// (rx §5.7).
-    #[error(
-        "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type {interrupt_type} is not supported."
-    )]
     UnsupportedInterruptType {
         /// The raw `interrupt_type` value.
         interrupt_type: i32,
     },
     /// An ExecutePlan tag is empty or contains `,` (rx §1.2). Spark raises a plain
     /// `IllegalArgumentException` (no condition).
-    #[error("Spark Connect tag {tag:?} is invalid: {reason}.")]
     InvalidTag {
         /// The tag as sent.
         tag: String,
@@ -225,12 +176,10 @@ pub enum ConnectError {
     },
     /// A ReleaseExecute with neither `release_all` nor `release_until` (rx §1.5). Spark
     /// raises a plain exception (no condition).
-    #[error("Unknown ReleaseExecute type: neither release_all nor release_until is set.")]
     UnknownReleaseType,
     /// The execution's producer stopped without completing or failing: the execution is an
     /// orphan and was removed (rx §2.2 T15, SPARK-50735). Spark raises a plain
     /// `IllegalStateException` (no condition).
-    #[error("Operation {handle} was orphaned: its producer stopped without completing.")]
     Orphaned {
         /// The operation id.
         handle: String,
@@ -238,10 +187,6 @@ pub enum ConnectError {
     /// tether-specific `EXECUTION_LIMIT_EXCEEDED`: the session already has `limit` live
     /// executions (default 1 000). Status code `RESOURCE_EXHAUSTED`; not retried by Spark
     /// clients. Release finished executions (ReleaseExecute(ReleaseAll)) first.
-    #[error(
-        "[EXECUTION_LIMIT_EXCEEDED] Session {session} already has {limit} live executions; \
-         release some before starting more."
-    )]
     ExecutionLimitExceeded {
         /// The session id.
         session: String,
@@ -252,7 +197,6 @@ pub enum ConnectError {
     /// stream that reaches the end of the log (rx §2.2 T8, §4.2). `message` is used
     /// verbatim as the status message (it should start with a Spark condition in brackets if
     /// it has one).
-    #[error("{message}")]
     Failed {
         /// The status message.
         message: String,
@@ -262,6 +206,87 @@ pub enum ConnectError {
 }
 
 impl ConnectError {
+    /// The status message sent to clients (the gRPC status message a Spark server would
+    /// send, rx §1.8): the bracketed condition first where Spark has one, then tether's own
+    /// wording. Stable, pinned by tests: Spark clients classify errors by searching it.
+    /// `Display` writes the same text.
+    pub fn message(&self) -> String {
+        match self {
+            Self::InvalidHandleFormat { handle } => format!(
+                "[INVALID_HANDLE.FORMAT] The handle {handle} is invalid: it must be a UUID \
+                 string like '00112233-4455-6677-8899-aabbccddeeff'."
+            ),
+            Self::OperationAbandoned { handle } => format!(
+                "[INVALID_HANDLE.OPERATION_ABANDONED] The handle {handle} is invalid: the \
+                 operation was abandoned or already ran and cannot be started again."
+            ),
+            Self::OperationAlreadyExists { handle } => format!(
+                "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle {handle} is invalid: an \
+                 operation with this id already exists."
+            ),
+            Self::OperationNotFound { handle } => format!(
+                "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle {handle} is invalid: the \
+                 operation was not found."
+            ),
+            Self::SessionChanged { handle } => format!(
+                "[INVALID_HANDLE.SESSION_CHANGED] The handle {handle} is invalid: the \
+                 server-side session changed (the server restarted or the session was \
+                 recreated); reconnect."
+            ),
+            Self::SessionClosed { handle } => format!(
+                "[INVALID_HANDLE.SESSION_CLOSED] The handle {handle} is invalid: the session \
+                 was closed."
+            ),
+            Self::SessionNotFound { handle } => format!(
+                "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle {handle} is invalid: the \
+                 session was not found."
+            ),
+            Self::Disconnected => {
+                "[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.".into()
+            }
+            Self::NotReattachable => "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: \
+                 the operation is not reattachable."
+                .into(),
+            Self::PositionNotAvailable { response_id, index } => format!(
+                "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response \
+                 {response_id} at index {index} is no longer available."
+            ),
+            Self::PositionNotFound { response_id } => format!(
+                "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response \
+                 {response_id} was not found."
+            ),
+            Self::OperationCanceled => "[OPERATION_CANCELED] The operation was canceled.".into(),
+            Self::InterruptTagRequiresTag => {
+                "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type \
+                 TAG needs an operation_tag."
+                    .into()
+            }
+            Self::InterruptOperationIdRequiresId => {
+                "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt \
+                 of type OPERATION_ID needs an operation_id."
+                    .into()
+            }
+            Self::UnsupportedInterruptType { interrupt_type } => format!(
+                "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type {interrupt_type} is not \
+                 supported."
+            ),
+            Self::InvalidTag { tag, reason } => {
+                format!("Spark Connect tag {tag:?} is invalid: {reason}.")
+            }
+            Self::UnknownReleaseType => {
+                "Unknown ReleaseExecute type: neither release_all nor release_until is set.".into()
+            }
+            Self::Orphaned { handle } => {
+                format!("Operation {handle} was orphaned: its producer stopped without completing.")
+            }
+            Self::ExecutionLimitExceeded { session, limit } => format!(
+                "[EXECUTION_LIMIT_EXCEEDED] Session {session} already has {limit} live \
+                 executions; release some before starting more."
+            ),
+            Self::Failed { message, .. } => message.clone(),
+        }
+    }
+
     /// The Spark error condition (`"INVALID_CURSOR.DISCONNECTED"`, …), or `None` for the
     /// errors Spark raises as plain exceptions ([`InvalidTag`](Self::InvalidTag),
     /// [`UnknownReleaseType`](Self::UnknownReleaseType), [`Orphaned`](Self::Orphaned),
@@ -343,6 +368,15 @@ impl ConnectError {
     }
 }
 
+/// [`ConnectError::message`]: the status message.
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message())
+    }
+}
+
+impl std::error::Error for ConnectError {}
+
 /// Every condition name [`ConnectError::condition`] can return, longest first (the order
 /// [`ConnectError::condition_in`] searches in).
 pub const CONDITIONS: &[&str] = &[
@@ -404,6 +438,128 @@ mod tests {
         }
         assert_eq!(ConnectError::UnknownReleaseType.condition(), None);
         assert_eq!(ConnectError::failed("boom").to_string(), "boom");
+    }
+
+    /// The status messages clients receive (Spark clients search them for the condition):
+    /// every variant's text, pinned.
+    #[test]
+    fn status_messages_are_pinned() {
+        let h = || "op-1".to_string();
+        let cases = [
+            (
+                ConnectError::InvalidHandleFormat { handle: h() },
+                "[INVALID_HANDLE.FORMAT] The handle op-1 is invalid: it must be a UUID string \
+                 like '00112233-4455-6677-8899-aabbccddeeff'.",
+            ),
+            (
+                ConnectError::OperationAbandoned { handle: h() },
+                "[INVALID_HANDLE.OPERATION_ABANDONED] The handle op-1 is invalid: the operation \
+                 was abandoned or already ran and cannot be started again.",
+            ),
+            (
+                ConnectError::OperationAlreadyExists { handle: h() },
+                "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle op-1 is invalid: an \
+                 operation with this id already exists.",
+            ),
+            (
+                ConnectError::OperationNotFound { handle: h() },
+                "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle op-1 is invalid: the operation \
+                 was not found.",
+            ),
+            (
+                ConnectError::SessionChanged { handle: h() },
+                "[INVALID_HANDLE.SESSION_CHANGED] The handle op-1 is invalid: the server-side \
+                 session changed (the server restarted or the session was recreated); \
+                 reconnect.",
+            ),
+            (
+                ConnectError::SessionClosed { handle: h() },
+                "[INVALID_HANDLE.SESSION_CLOSED] The handle op-1 is invalid: the session was \
+                 closed.",
+            ),
+            (
+                ConnectError::SessionNotFound { handle: h() },
+                "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle op-1 is invalid: the session was \
+                 not found.",
+            ),
+            (
+                ConnectError::Disconnected,
+                "[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.",
+            ),
+            (
+                ConnectError::NotReattachable,
+                "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: the operation is not \
+                 reattachable.",
+            ),
+            (
+                ConnectError::PositionNotAvailable {
+                    response_id: "r-7".into(),
+                    index: 3,
+                },
+                "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response r-7 \
+                 at index 3 is no longer available.",
+            ),
+            (
+                ConnectError::PositionNotFound {
+                    response_id: "r-7".into(),
+                },
+                "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response r-7 was \
+                 not found.",
+            ),
+            (
+                ConnectError::OperationCanceled,
+                "[OPERATION_CANCELED] The operation was canceled.",
+            ),
+            (
+                ConnectError::InterruptTagRequiresTag,
+                "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type \
+                 TAG needs an operation_tag.",
+            ),
+            (
+                ConnectError::InterruptOperationIdRequiresId,
+                "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt \
+                 of type OPERATION_ID needs an operation_id.",
+            ),
+            (
+                ConnectError::UnsupportedInterruptType { interrupt_type: 9 },
+                "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type 9 is not supported.",
+            ),
+            (
+                ConnectError::InvalidTag {
+                    tag: "a,b".into(),
+                    reason: "it contains a comma",
+                },
+                "Spark Connect tag \"a,b\" is invalid: it contains a comma.",
+            ),
+            (
+                ConnectError::UnknownReleaseType,
+                "Unknown ReleaseExecute type: neither release_all nor release_until is set.",
+            ),
+            (
+                ConnectError::Orphaned { handle: h() },
+                "Operation op-1 was orphaned: its producer stopped without completing.",
+            ),
+            (
+                ConnectError::ExecutionLimitExceeded {
+                    session: "s-1".into(),
+                    limit: 1000,
+                },
+                "[EXECUTION_LIMIT_EXCEEDED] Session s-1 already has 1000 live executions; \
+                 release some before starting more.",
+            ),
+            (
+                ConnectError::failed("[DIVIDE_BY_ZERO] boom"),
+                "[DIVIDE_BY_ZERO] boom",
+            ),
+        ];
+        for (e, text) in cases {
+            assert_eq!(e.message(), text, "{e:?}");
+            assert_eq!(e.to_string(), text);
+            // What a client receives for it.
+            let rpc = crate::execution::client::RpcError::from(&e);
+            assert_eq!(rpc.message(), text);
+            assert_eq!(rpc.code(), e.code());
+        }
     }
 
     #[test]

@@ -185,9 +185,10 @@ pub enum ForwardError<E> {
     /// The stream failed with a protocol error (send it as the RPC's status, rx §1.8).
     #[error(transparent)]
     Connect(ConnectError),
-    /// The sink failed (the transport is gone); the consumer was detached.
-    #[error("the response sink failed: {0}")]
-    Sink(E),
+    /// The sink failed (the transport is gone); the consumer was detached. The sink's error
+    /// is the source.
+    #[error("the response sink failed")]
+    Sink(#[source] E),
 }
 
 impl ResponseStream {

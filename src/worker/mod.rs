@@ -18,3 +18,21 @@ pub mod dispatcher;
 pub mod endpoint;
 pub mod engine;
 pub mod state;
+
+/// Writes an error and its [`source`](std::error::Error::source) chain on one line,
+/// `": "`-separated. Errors state themselves without their cause; the one-line summaries of
+/// outcomes ([`engine::Termination`], [`endpoint::EndpointOutcome`]), which are not errors,
+/// show the whole chain through this.
+pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(e) = source {
+            write!(f, ": {e}")?;
+            source = e.source();
+        }
+        Ok(())
+    }
+}

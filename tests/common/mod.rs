@@ -213,17 +213,12 @@ pub fn finish_response(msg: &ResponseMessage) -> &tether::wire::FinishResponse {
     }
 }
 
-/// Asserts `e` is a `ProtocolError` whose message contains `fragment`.
-pub fn assert_protocol_error(e: &ExecutionError, fragment: &str) {
+/// Asserts `e` is a `ProtocolError` with exactly `message` (what the engine receives: pass
+/// `EngineViolation::wire_message()` or `InitRejection::wire_message()`).
+pub fn assert_protocol_error(e: &ExecutionError, message: &str) {
     match &e.kind {
-        Some(execution_error::Kind::Protocol(p)) => {
-            assert!(
-                p.message.contains(fragment),
-                "ProtocolError {:?} lacks {fragment:?}",
-                p.message
-            )
-        }
-        _ => panic!("expected a ProtocolError containing {fragment:?}, got {e}"),
+        Some(execution_error::Kind::Protocol(p)) => assert_eq!(p.message, message),
+        _ => panic!("expected ProtocolError({message:?}), got {e}"),
     }
 }
 

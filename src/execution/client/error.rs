@@ -145,14 +145,14 @@ impl fmt::Display for RpcError {
 
 impl std::error::Error for RpcError {}
 
-/// What a client receives for a server-side [`ConnectError`]: its status code, its `Display`
-/// as the message and its condition as the rich-status condition — what a gRPC adapter would
-/// carry over the wire (rx §1.8). In-memory transports use this directly.
+/// What a client receives for a server-side [`ConnectError`]: its status code, its
+/// [`message`](ConnectError::message) and its condition as the rich-status condition — what a
+/// gRPC adapter would carry over the wire (rx §1.8). In-memory transports use this directly.
 impl From<&ConnectError> for RpcError {
     fn from(error: &ConnectError) -> Self {
         Self {
             code: error.code(),
-            message: error.to_string(),
+            message: error.message(),
             condition: error.condition().map(str::to_owned),
             retry_delay: None,
         }
@@ -212,22 +212,26 @@ pub enum ClientError {
     Rpc(RpcError),
     /// A retryable error kept coming back until the policy's retries were used up. Spark
     /// 4.1+ re-raises the original error here (SPARK-53307); it is kept apart so callers can
-    /// tell, and [`rpc_error`](ClientError::rpc_error) gives the original.
-    #[error("[RETRIES_EXCEEDED] {error} (gave up after {retries} retries)")]
+    /// tell, and [`rpc_error`](ClientError::rpc_error) gives the original (also the
+    /// source).
+    #[error("[RETRIES_EXCEEDED] gave up after {retries} retries")]
     RetriesExceeded {
         /// The last error.
+        #[source]
         error: RpcError,
         /// Retries made in this retry scope.
         retries: u32,
     },
     /// `OPERATION_NOT_FOUND` / `SESSION_NOT_FOUND` after responses had been delivered:
     /// re-executing would duplicate them, so this is fatal (rx §6.3 step 3, SPARK-48056).
+    /// The not-found error is the source.
     #[error(
-        "[RESPONSE_ALREADY_RECEIVED] the server lost the operation ({error}) after {delivered} \
+        "[RESPONSE_ALREADY_RECEIVED] the server lost the operation after {delivered} \
          responses were delivered; re-executing would duplicate results"
     )]
     ResponseAlreadyReceived {
         /// The not-found error.
+        #[source]
         error: RpcError,
         /// Responses delivered before it.
         delivered: u64,
@@ -244,8 +248,8 @@ pub enum ClientError {
         /// The id on the offending response.
         actual: String,
     },
-    /// The server broke the protocol.
-    #[error("protocol violation by the server: {0}")]
+    /// The server broke the protocol (the [`Violation`] is the source).
+    #[error("protocol violation by the server")]
     Violation(#[from] Violation),
     /// The request's `operation_id` is not a UUID; the server would answer
     /// `INVALID_HANDLE.FORMAT` (rx §1.2, §1.9). Reported at construction.

@@ -33,8 +33,8 @@ use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
 #[non_exhaustive]
 pub enum ManageCallError {
     /// The RPC failed: the worker answered a non-OK status (e.g. `INVALID_ARGUMENT`,
-    /// `UNIMPLEMENTED`) or the channel failed (`UNAVAILABLE`, …).
-    #[error("Manage RPC failed: {0}")]
+    /// `UNIMPLEMENTED`) or the channel failed (`UNAVAILABLE`, …). The status is the source.
+    #[error("Manage RPC failed")]
     Status(#[from] Status),
     /// The worker did not answer within [`GrpcConfig::manage_timeout`].
     #[error("Manage RPC not answered within {0:?}")]

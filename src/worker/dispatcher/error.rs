@@ -168,8 +168,8 @@ pub enum EnvironmentError {
         /// Its output tail.
         output: String,
     },
-    /// The callable could not be started.
-    #[error("environment {stage}: could not start `{command}`: {source}")]
+    /// The callable could not be started (the OS error is the source).
+    #[error("environment {stage}: could not start `{command}`")]
     Spawn {
         /// Which callable.
         stage: CallableStage,
@@ -200,8 +200,8 @@ impl EnvironmentError {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum DispatchError {
-    /// The specification is invalid for this dispatcher.
-    #[error("invalid UDF worker specification: {0}")]
+    /// The specification is invalid for this dispatcher (the [`SpecError`] is the source).
+    #[error("invalid UDF worker specification")]
     InvalidSpec(#[from] SpecError),
     /// A security scope was passed; only `None` is accepted (udf §3, udf §8 scenario 128).
     #[error("worker security scopes are not supported yet: create sessions without a scope")]
@@ -214,12 +214,12 @@ pub enum DispatchError {
     #[error(transparent)]
     Environment(EnvironmentError),
     /// The environment setup failed for an earlier session; it is not rerun (scenarios 126,
-    /// 127).
-    #[error("environment setup previously failed: {0}")]
-    EnvironmentPreviouslyFailed(EnvironmentError),
+    /// 127). That session's [`EnvironmentError`] is the source.
+    #[error("environment setup previously failed")]
+    EnvironmentPreviouslyFailed(#[source] EnvironmentError),
     /// No candidate directory (`$TMPDIR`, `$TEMP`, `$TMP`, `/tmp`, or the configured base)
-    /// accepted the private socket directory.
-    #[error("could not create a private socket directory under any of {tried:?}: {source}")]
+    /// accepted the private socket directory (the last error is the source).
+    #[error("could not create a private socket directory under any of {tried:?}")]
     SocketDirectory {
         /// The base directories tried, shortest first.
         tried: Vec<PathBuf>,
@@ -243,16 +243,17 @@ pub enum DispatchError {
         /// The socket directory.
         dir: PathBuf,
     },
-    /// A local I/O step failed (creating the output log, choosing a TCP port).
-    #[error("{what}: {source}")]
+    /// A local I/O step failed (creating the output log, choosing a TCP port); the OS error
+    /// is the source.
+    #[error("{what} failed")]
     Io {
         /// What was being done.
         what: String,
         /// The OS error.
         source: io::Error,
     },
-    /// The worker process could not be started.
-    #[error("could not start worker `{command}`: {source}")]
+    /// The worker process could not be started (the OS error is the source).
+    #[error("could not start worker `{command}`")]
     Spawn {
         /// The command line.
         command: String,
@@ -290,8 +291,9 @@ pub enum DispatchError {
         output: String,
     },
     /// The worker was ready but the session's connection could not be opened; the worker
-    /// was marked invalid and stopped (udf §8 scenario 112).
-    #[error("could not open a session to worker {id} at {endpoint}: {source}")]
+    /// was marked invalid and stopped (udf §8 scenario 112). The transport's error is the
+    /// source.
+    #[error("could not open a session to worker {id} at {endpoint}")]
     OpenSession {
         /// The worker's id.
         id: String,

@@ -11,8 +11,10 @@ use crate::wire::{
     Cancel, CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
     ResponseKind, UdfRequest, UdfResponse,
 };
+use crate::worker::Chain;
 
 use super::config::EndpointConfig;
+use super::violation::{EngineViolation, InitRejection};
 
 /// Where a worker-side session stands (the states of the reference worker, udf §2.1, plus
 /// `InitPending` for the time the user code holds the `Init`).
@@ -58,8 +60,9 @@ pub enum EndpointOutcome {
         reported: Option<ExecutionError>,
     },
     /// The engine broke the ordering rules (or went silent where a `Cancel` was due): the
-    /// worker sent a `ProtocolError` and a `CancelResponse` and closed (udf §2 R6).
-    ProtocolViolation(String),
+    /// worker sent a `ProtocolError` ([`EngineViolation::wire_message`]) and a
+    /// `CancelResponse` and closed (udf §2 R6).
+    ProtocolViolation(EngineViolation),
     /// The connection failed; nothing more was sent (udf §2 R8).
     TransportFailed(ConnectionError),
 }
@@ -117,8 +120,8 @@ impl fmt::Display for EndpointOutcome {
                 }
                 Ok(())
             }
-            Self::ProtocolViolation(m) => write!(f, "ProtocolViolation ({m})"),
-            Self::TransportFailed(e) => write!(f, "TransportFailed ({e})"),
+            Self::ProtocolViolation(v) => write!(f, "ProtocolViolation ({})", v.wire_message()),
+            Self::TransportFailed(e) => write!(f, "TransportFailed ({})", Chain(e)),
         }
     }
 }
@@ -163,7 +166,7 @@ enum State {
         assembled: BytesMut,
         /// A validation error found at `Init`; answered once the last chunk arrived (an
         /// `InitResponse` never precedes the final chunk, udf §1.3).
-        pending_error: Option<ExecutionError>,
+        pending_error: Option<InitRejection>,
     },
     InitPending,
     Data,
@@ -192,16 +195,17 @@ enum State {
 /// Rules enforced:
 /// - `Init` validation (udf §1.3): a `protocol_version` other than the configured one, a
 ///   data format not supported, a missing `udf`, an assembled payload whose `payload_size` or
-///   `payload_crc32` does not match ⇒ `InitResponse(error = ProtocolError)`, then wait for
-///   the Cancel, answered automatically with `CancelResponse`.
+///   `payload_crc32` does not match ⇒ `InitResponse(error = ProtocolError)` (an
+///   [`InitRejection`], see [`init_rejection`](Self::init_rejection)), then wait for the
+///   Cancel, answered automatically with `CancelResponse`.
 /// - Chunk assembly (R1): inline payload followed by non-empty chunks until `last = true`;
 ///   no `InitResponse` before the last chunk.
 /// - Engine protocol violations (R6; second `Init`, chunk outside chunking, data or `Finish`
 ///   before `InitResponse` or after `Finish`/`Cancel`, empty oneofs, request stream ended
-///   early) ⇒ the `ProtocolError` goes into the `InitResponse` if none was sent yet, else
-///   into an `ErrorResponse` if none was sent and no Cancel arrived, else into the
-///   `CancelResponse`; a `CancelResponse` always follows; then the session is done and the
-///   stream is closed without waiting.
+///   early; each an [`EngineViolation`]) ⇒ the `ProtocolError` goes into the `InitResponse`
+///   if none was sent yet, else into an `ErrorResponse` if none was sent and no Cancel
+///   arrived, else into the `CancelResponse`; a `CancelResponse` always follows; then the
+///   session is done and the stream is closed without waiting.
 /// - Cancel at any time gets exactly one `CancelResponse` (automatic while the user has not
 ///   seen the `Init`, otherwise the user's [`cancelled`](Self::cancelled)); after a Cancel
 ///   no more `DataResponse`s are sent (queued ones are dropped). Cancel after `Finish`
@@ -226,6 +230,8 @@ pub struct WorkerCore {
     error_sent: bool,
     /// The error sent in `InitResponse.error` / `ErrorResponse`.
     reported: Option<ExecutionError>,
+    /// Why the worker rejected the `Init` on its own, if it did.
+    rejection: Option<InitRejection>,
     /// An error the user raised after the Cancel arrived; goes into `CancelResponse.error`.
     deferred_error: Option<ExecutionError>,
     cancel: Option<Cancel>,
@@ -261,6 +267,7 @@ impl WorkerCore {
             init_response_sent: false,
             error_sent: false,
             reported: None,
+            rejection: None,
             deferred_error: None,
             cancel: None,
             finish_received: false,
@@ -324,6 +331,13 @@ impl WorkerCore {
         self.reported.as_ref()
     }
 
+    /// Why the worker answered the `Init` with a `ProtocolError` on its own (unsupported
+    /// version or format, missing `udf`, size or CRC mismatch), if it did; the user never
+    /// saw that `Init`.
+    pub fn init_rejection(&self) -> Option<&InitRejection> {
+        self.rejection.as_ref()
+    }
+
     /// Whether an `InitResponse` has been queued.
     pub fn init_response_sent(&self) -> bool {
         self.init_response_sent
@@ -377,7 +391,7 @@ impl WorkerCore {
         }
         let msg = match request.into_message() {
             Ok(m) => m,
-            Err(e) => return self.violation(format!("malformed request: {e}")),
+            Err(e) => return self.violation(EngineViolation::Malformed(e)),
         };
         match msg {
             RequestMessage::Cancel(cancel) => self.on_cancel(cancel),
@@ -395,7 +409,7 @@ impl WorkerCore {
     /// the outcome is known (R9).
     pub fn handle_stream_end(&mut self) {
         if !self.is_done() {
-            self.violation("the request stream ended before the session did".into());
+            self.violation(EngineViolation::RequestStreamEnded);
         }
     }
 
@@ -420,9 +434,7 @@ impl WorkerCore {
     /// protocol violation (`CancelResponse(error = ProtocolError)`). Ignored in other phases.
     pub fn handle_cancel_timeout(&mut self, after: Duration) {
         if matches!(self.state, State::PostError { .. }) {
-            self.violation(format!(
-                "no Cancel within {after:?} after the worker reported an error"
-            ));
+            self.violation(EngineViolation::NoCancelAfterError { after });
         }
     }
 
@@ -456,27 +468,19 @@ impl WorkerCore {
 
     fn on_init(&mut self, mut init: Box<Init>) {
         if !matches!(self.state, State::AwaitingInit) {
-            return self.violation(
-                match self.state {
-                    State::AwaitingChunks { .. } => {
-                        "a second Init while its payload chunks were awaited"
-                    }
-                    _ => "a second Init on the stream",
-                }
-                .into(),
-            );
+            return self.violation(EngineViolation::SecondInit {
+                awaiting_chunks: matches!(self.state, State::AwaitingChunks { .. }),
+            });
         }
         let mut error = self.validate_init(&init);
         let Some(udf) = init.udf.as_mut() else {
-            let e = error.unwrap_or_else(|| ExecutionError::protocol("Init without a udf payload"));
-            return self.reject_automatically(e);
+            return self.reject_automatically(error.unwrap_or(InitRejection::MissingUdf));
         };
         if udf.payload.len() as u64 > self.max_payload_size {
-            return self.violation(format!(
-                "the inline payload of {} bytes exceeds the worker's limit of {} bytes",
-                udf.payload.len(),
-                self.max_payload_size
-            ));
+            return self.violation(EngineViolation::InlinePayloadTooLarge {
+                size: udf.payload.len() as u64,
+                limit: self.max_payload_size,
+            });
         }
         if init.is_chunking_payload == Some(true) {
             let inline = std::mem::take(&mut udf.payload);
@@ -500,58 +504,56 @@ impl WorkerCore {
         }
     }
 
-    fn validate_init(&self, init: &Init) -> Option<ExecutionError> {
+    fn validate_init(&self, init: &Init) -> Option<InitRejection> {
         if let Some(v) = init
             .protocol_version
             .filter(|v| *v != self.protocol_version)
         {
-            return Some(ExecutionError::protocol(format!(
-                "unsupported protocol_version {v}; this worker speaks version {}",
-                self.protocol_version
-            )));
+            return Some(InitRejection::UnsupportedProtocolVersion {
+                requested: v,
+                supported: self.protocol_version,
+            });
         }
         if !self.supported_formats.contains(&init.data_format) {
-            let name = crate::wire::UdfWorkerDataFormat::try_from(init.data_format)
-                .map(|f| f.as_str_name().to_string())
-                .unwrap_or_else(|_| format!("unknown value {}", init.data_format));
-            return Some(ExecutionError::protocol(format!(
-                "unsupported data_format {name}; this worker supports {:?}",
-                self.supported_formats
+            return Some(InitRejection::UnsupportedDataFormat {
+                requested: init.data_format,
+                supported: self
+                    .supported_formats
                     .iter()
                     .filter_map(|f| crate::wire::UdfWorkerDataFormat::try_from(*f).ok())
-                    .map(|f| f.as_str_name())
-                    .collect::<Vec<_>>()
-            )));
+                    .collect(),
+            });
         }
         None
     }
 
     fn on_chunk(&mut self, data: Bytes, last: bool) {
         let State::AwaitingChunks { assembled, .. } = &mut self.state else {
-            let context = match self.state {
-                State::AwaitingInit => "a PayloadChunk before Init",
+            let violation = match self.state {
+                State::AwaitingInit => EngineViolation::ChunkBeforeInit,
                 State::InitPending
                     if self
                         .init
                         .as_ref()
                         .is_some_and(|i| i.is_chunking_payload == Some(true)) =>
                 {
-                    "a PayloadChunk after the last chunk"
+                    EngineViolation::ChunkAfterLastChunk
                 }
-                State::InitPending => "a PayloadChunk after an Init that did not declare chunking",
-                State::Cancelling => "a PayloadChunk after Cancel",
-                _ => "a PayloadChunk after InitResponse",
+                State::InitPending => EngineViolation::ChunkWithoutChunking,
+                State::Cancelling => EngineViolation::ChunkAfterCancel,
+                _ => EngineViolation::ChunkAfterInitResponse,
             };
-            return self.violation(context.into());
+            return self.violation(violation);
         };
         if data.is_empty() {
-            return self.violation("an empty PayloadChunk (chunk data must be non-empty)".into());
+            return self.violation(EngineViolation::EmptyChunk);
         }
-        if (assembled.len() + data.len()) as u64 > self.max_payload_size {
-            let limit = self.max_payload_size;
-            return self.violation(format!(
-                "the chunked payload exceeds the worker's limit of {limit} bytes"
-            ));
+        let size = (assembled.len() + data.len()) as u64;
+        if size > self.max_payload_size {
+            return self.violation(EngineViolation::ChunkedPayloadTooLarge {
+                size,
+                limit: self.max_payload_size,
+            });
         }
         assembled.extend_from_slice(&data);
         if !last {
@@ -589,15 +591,15 @@ impl WorkerCore {
                 self.stats.ignored_after_error += 1;
             }
             State::AwaitingInit | State::AwaitingChunks { .. } | State::InitPending => {
-                self.violation("a DataRequest before InitResponse".into())
+                self.violation(EngineViolation::DataBeforeInitResponse)
             }
             State::PostError { after_init: true } => {
-                self.violation("a DataRequest after a failed init".into())
+                self.violation(EngineViolation::DataAfterFailedInit)
             }
             State::PostError { .. } | State::Draining => {
-                self.violation("a DataRequest after Finish".into())
+                self.violation(EngineViolation::DataAfterFinish)
             }
-            State::Cancelling => self.violation("a DataRequest after Cancel".into()),
+            State::Cancelling => self.violation(EngineViolation::DataAfterCancel),
             State::Done => unreachable!("handled by handle_request"),
         }
     }
@@ -614,20 +616,21 @@ impl WorkerCore {
                 self.stats.ignored_after_error += 1;
             }
             State::AwaitingInit | State::AwaitingChunks { .. } | State::InitPending => {
-                self.violation("Finish before InitResponse".into())
+                self.violation(EngineViolation::FinishBeforeInitResponse)
             }
-            State::Draining => self.violation("a second Finish".into()),
-            State::Cancelling => self.violation("Finish after Cancel".into()),
+            State::Draining => self.violation(EngineViolation::SecondFinish),
+            State::Cancelling => self.violation(EngineViolation::FinishAfterCancel),
             State::Done => unreachable!("handled by handle_request"),
         }
     }
 
     /// Answers a bad `Init` with `InitResponse(error)` and waits for the Cancel, which is
     /// answered automatically (the user never saw the Init).
-    fn reject_automatically(&mut self, error: ExecutionError) {
-        tracing::debug!(%error, "rejecting Init");
+    fn reject_automatically(&mut self, rejection: InitRejection) {
+        tracing::debug!(%rejection, "rejecting Init");
         self.init = None;
-        self.queue_init_error(error);
+        self.queue_init_error(rejection.to_execution_error());
+        self.rejection = Some(rejection);
     }
 
     fn queue_init_error(&mut self, error: ExecutionError) {
@@ -642,17 +645,17 @@ impl WorkerCore {
     }
 
     /// Protocol-error close (udf §2 R6): report, terminate with `CancelResponse`, done.
-    fn violation(&mut self, message: String) {
+    fn violation(&mut self, violation: EngineViolation) {
         if self.is_done() {
             return;
         }
-        tracing::debug!(%message, "engine protocol violation");
+        tracing::debug!(violation = %violation.wire_message(), "engine protocol violation");
         self.init = None;
         self.discard_input();
         let before = self.outbox.len();
         self.outbox.retain(|r| !is_data(r));
         self.stats.output_dropped += (before - self.outbox.len()) as u64;
-        let error = ExecutionError::protocol(message.clone());
+        let error = violation.to_execution_error();
         let mut cancel_response = CancelResponse::default();
         if self.cancel.is_some() {
             cancel_response.error = Some(error);
@@ -671,7 +674,7 @@ impl WorkerCore {
         }
         self.outbox.push_back(UdfResponse::cancel(cancel_response));
         self.state = State::Done;
-        self.outcome = Some(EndpointOutcome::ProtocolViolation(message));
+        self.outcome = Some(EndpointOutcome::ProtocolViolation(violation));
     }
 
     fn terminate_cancelled(&mut self, mut response: CancelResponse, reason: Option<String>) {
@@ -841,22 +844,24 @@ fn is_data(response: &UdfResponse) -> bool {
 }
 
 /// Checks `payload_size` and `payload_crc32` against the assembled payload (udf §1.3).
-fn verify_payload(udf: &crate::wire::UdfPayload) -> Option<ExecutionError> {
-    let len = udf.payload.len();
+fn verify_payload(udf: &crate::wire::UdfPayload) -> Option<InitRejection> {
+    let len = udf.payload.len() as u64;
     if let Some(size) = udf
         .payload_size
-        .filter(|s| u64::try_from(*s).ok() != Some(len as u64))
+        .filter(|s| u64::try_from(*s).ok() != Some(len))
     {
-        return Some(ExecutionError::protocol(format!(
-            "payload_size {size} does not match the assembled payload of {len} bytes"
-        )));
+        return Some(InitRejection::PayloadSizeMismatch {
+            declared: size,
+            assembled: len,
+        });
     }
     if let Some(expected) = udf.payload_crc32 {
         let actual = crc32fast::hash(&udf.payload);
         if actual != expected {
-            return Some(ExecutionError::protocol(format!(
-                "payload_crc32 mismatch: declared {expected:#010x}, assembled payload has {actual:#010x}"
-            )));
+            return Some(InitRejection::PayloadCrcMismatch {
+                declared: expected,
+                assembled: actual,
+            });
         }
     }
     None

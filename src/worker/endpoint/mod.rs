@@ -56,6 +56,7 @@ mod config;
 mod core;
 mod serve;
 mod typed;
+mod violation;
 
 #[cfg(test)]
 mod tests;
@@ -66,3 +67,4 @@ pub use self::core::{
 pub use config::EndpointConfig;
 pub use serve::{ManageError, Udf, WorkerControl, handle_manage, serve};
 pub use typed::{Endpoint, EndpointError, InitRequest, InputEnd};
+pub use violation::{EngineViolation, InitRejection};

@@ -11,9 +11,12 @@ use proptest::prelude::*;
 use super::*;
 use crate::connection::ConnectionError;
 use crate::wire::{
-    CancelResponse, ExecutionError, FinishResponse, Init, ResponseKind, ResponseMessage,
-    UdfControlRequest, UdfPayload, UdfRequest, UdfWorkerDataFormat, execution_error, udf_request,
+    CancelResponse, ExecutionError, FinishResponse, Init, MalformedMessage, ResponseKind,
+    ResponseMessage, UdfControlRequest, UdfPayload, UdfRequest, UdfWorkerDataFormat,
+    execution_error, udf_request,
 };
+
+use EngineViolation as V;
 
 // ---------------------------------------------------------------------------------------------
 // Helpers
@@ -87,15 +90,10 @@ fn data_core() -> WorkerCore {
     c
 }
 
-fn assert_violation(c: &WorkerCore, fragment: &str) {
+fn assert_violation(c: &WorkerCore, expected: &EngineViolation) {
     match c.outcome() {
-        Some(EndpointOutcome::ProtocolViolation(m)) => {
-            assert!(
-                m.contains(fragment),
-                "violation message {m:?} lacks {fragment:?}"
-            )
-        }
-        other => panic!("expected a protocol violation, got {other:?}"),
+        Some(EndpointOutcome::ProtocolViolation(v)) => assert_eq!(v, expected),
+        other => panic!("expected the protocol violation {expected:?}, got {other:?}"),
     }
     assert_eq!(c.phase(), WorkerPhase::Done);
 }
@@ -145,11 +143,12 @@ fn chunked_init_with_empty_inline_payload_and_one_last_chunk() {
     assert_eq!(c.init().unwrap().udf.as_ref().unwrap().payload, b("whole"));
 }
 
-fn assert_init_rejected(c: &mut WorkerCore, fragment: &str) {
+fn assert_init_rejected(c: &mut WorkerCore, expected: InitRejection) {
     let out = drain(c);
     assert_eq!(kinds(&out), [ResponseKind::Init], "{out:?}");
+    assert_eq!(c.init_rejection(), Some(&expected));
     let msg = protocol_error(&out[0]).expect("a ProtocolError in the InitResponse");
-    assert!(msg.contains(fragment), "{msg:?} lacks {fragment:?}");
+    assert_eq!(msg, expected.wire_message());
     assert_eq!(c.phase(), WorkerPhase::PostError);
     // Finish is ignored while the Cancel is due (udf §2.1).
     c.handle_request(UdfRequest::finish());
@@ -181,13 +180,25 @@ fn crc_mismatch_is_a_protocol_error_in_the_init_response() {
     i.udf.as_mut().unwrap().payload_crc32 = Some(crc32fast::hash(b"abd"));
     c.handle_request(UdfRequest::init(i));
     c.handle_request(UdfRequest::payload_chunk(b("abc"), true));
-    assert_init_rejected(&mut c, "payload_crc32");
+    assert_init_rejected(
+        &mut c,
+        InitRejection::PayloadCrcMismatch {
+            declared: crc32fast::hash(b"abd"),
+            assembled: crc32fast::hash(b"abc"),
+        },
+    );
 
     let mut c = core();
     let mut i = init("inline");
     i.udf.as_mut().unwrap().payload_crc32 = Some(0xdead_beef);
     c.handle_request(UdfRequest::init(i));
-    assert_init_rejected(&mut c, "payload_crc32");
+    assert_init_rejected(
+        &mut c,
+        InitRejection::PayloadCrcMismatch {
+            declared: 0xdead_beef,
+            assembled: crc32fast::hash(b"inline"),
+        },
+    );
 }
 
 #[test]
@@ -198,13 +209,25 @@ fn size_mismatch_is_a_protocol_error_in_the_init_response() {
     i.udf.as_mut().unwrap().payload_size = Some(4);
     c.handle_request(UdfRequest::init(i));
     c.handle_request(UdfRequest::payload_chunk(b("bc"), true));
-    assert_init_rejected(&mut c, "payload_size 4");
+    assert_init_rejected(
+        &mut c,
+        InitRejection::PayloadSizeMismatch {
+            declared: 4,
+            assembled: 3,
+        },
+    );
 
     let mut c = core();
     let mut i = init("abc");
     i.udf.as_mut().unwrap().payload_size = Some(-1);
     c.handle_request(UdfRequest::init(i));
-    assert_init_rejected(&mut c, "payload_size -1");
+    assert_init_rejected(
+        &mut c,
+        InitRejection::PayloadSizeMismatch {
+            declared: -1,
+            assembled: 3,
+        },
+    );
 }
 
 #[test]
@@ -229,10 +252,15 @@ fn protocol_version_is_checked_only_when_set() {
         let mut i = init("udf");
         i.protocol_version = version;
         c.handle_request(UdfRequest::init(i));
-        if ok {
-            assert_eq!(c.phase(), WorkerPhase::InitPending, "{version:?}");
-        } else {
-            assert_init_rejected(&mut c, "unsupported protocol_version");
+        match version {
+            Some(requested) if !ok => assert_init_rejected(
+                &mut c,
+                InitRejection::UnsupportedProtocolVersion {
+                    requested,
+                    supported: 1,
+                },
+            ),
+            _ => assert_eq!(c.phase(), WorkerPhase::InitPending, "{version:?}"),
         }
     }
 }
@@ -247,7 +275,13 @@ fn data_format_must_be_declared_and_specified() {
         if ok {
             assert_eq!(c.phase(), WorkerPhase::InitPending, "{format}");
         } else {
-            assert_init_rejected(&mut c, "unsupported data_format");
+            assert_init_rejected(
+                &mut c,
+                InitRejection::UnsupportedDataFormat {
+                    requested: format,
+                    supported: vec![UdfWorkerDataFormat::Arrow],
+                },
+            );
         }
     }
     // A worker declaring no formats accepts none; declaring UNSPECIFIED does not help.
@@ -260,7 +294,13 @@ fn data_format_must_be_declared_and_specified() {
         let mut i = init("udf");
         i.data_format = format;
         c.handle_request(UdfRequest::init(i));
-        assert_init_rejected(&mut c, "unsupported data_format");
+        assert_init_rejected(
+            &mut c,
+            InitRejection::UnsupportedDataFormat {
+                requested: format,
+                supported: vec![],
+            },
+        );
     }
 }
 
@@ -270,7 +310,7 @@ fn init_without_udf_is_rejected() {
     let mut i = init("x");
     i.udf = None;
     c.handle_request(UdfRequest::init(i));
-    assert_init_rejected(&mut c, "without a udf");
+    assert_init_rejected(&mut c, InitRejection::MissingUdf);
 }
 
 #[test]
@@ -286,7 +326,13 @@ fn a_bad_chunked_init_is_answered_only_after_the_last_chunk() {
         "InitResponse must not precede the last chunk (udf §1.3)"
     );
     c.handle_request(UdfRequest::payload_chunk(b("c"), true));
-    assert_init_rejected(&mut c, "unsupported protocol_version 7");
+    assert_init_rejected(
+        &mut c,
+        InitRejection::UnsupportedProtocolVersion {
+            requested: 7,
+            supported: 1,
+        },
+    );
 }
 
 #[test]
@@ -298,7 +344,7 @@ fn an_oversized_payload_is_a_violation() {
     let mut c = WorkerCore::new(&cfg);
     c.handle_request(UdfRequest::init(chunked_init("ab", "abcdef")));
     c.handle_request(UdfRequest::payload_chunk(b("cdef"), true));
-    assert_violation(&c, "limit of 4 bytes");
+    assert_violation(&c, &V::ChunkedPayloadTooLarge { size: 6, limit: 4 });
     assert_eq!(
         kinds(&drain(&mut c)),
         [ResponseKind::Init, ResponseKind::Cancel]
@@ -306,7 +352,7 @@ fn an_oversized_payload_is_a_violation() {
 
     let mut c = WorkerCore::new(&cfg);
     c.handle_request(UdfRequest::init(init("abcdef")));
-    assert_violation(&c, "limit of 4 bytes");
+    assert_violation(&c, &V::InlinePayloadTooLarge { size: 6, limit: 4 });
 }
 
 #[test]
@@ -364,34 +410,35 @@ fn check_violation(
     mut c: WorkerCore,
     trigger: impl FnOnce(&mut WorkerCore),
     carrier: Carrier,
-    fragment: &str,
+    expected: EngineViolation,
 ) {
     drain(&mut c);
     trigger(&mut c);
-    assert_violation(&c, fragment);
+    assert_violation(&c, &expected);
     let out = drain(&mut c);
+    let text = expected.wire_message();
     match carrier {
         Carrier::Init => {
             assert_eq!(
                 kinds(&out),
                 [ResponseKind::Init, ResponseKind::Cancel],
-                "{fragment}"
+                "{expected:?}"
             );
-            assert!(protocol_error(&out[0]).unwrap().contains(fragment));
+            assert_eq!(protocol_error(&out[0]), Some(text.as_str()));
             assert!(protocol_error(&out[1]).is_none());
         }
         Carrier::Error => {
             assert_eq!(
                 kinds(&out),
                 [ResponseKind::Error, ResponseKind::Cancel],
-                "{fragment}"
+                "{expected:?}"
             );
-            assert!(protocol_error(&out[0]).unwrap().contains(fragment));
+            assert_eq!(protocol_error(&out[0]), Some(text.as_str()));
             assert!(protocol_error(&out[1]).is_none());
         }
         Carrier::Cancel => {
-            assert_eq!(kinds(&out), [ResponseKind::Cancel], "{fragment}");
-            assert!(protocol_error(&out[0]).unwrap().contains(fragment));
+            assert_eq!(kinds(&out), [ResponseKind::Cancel], "{expected:?}");
+            assert_eq!(protocol_error(&out[0]), Some(text.as_str()));
         }
     }
     // Nothing after the terminator, whatever comes next.
@@ -400,7 +447,7 @@ fn check_violation(
     c.handle_stream_end();
     assert!(c.send_data(b("late")).is_ok_and(|sent| !sent));
     assert!(!c.has_transmit());
-    assert_violation(&c, fragment);
+    assert_violation(&c, &expected);
 }
 
 fn awaiting_chunks() -> WorkerCore {
@@ -465,59 +512,71 @@ fn violations_before_any_init_response_go_into_the_init_response() {
         core(),
         send(UdfRequest::data(b("x"))),
         I,
-        "DataRequest before InitResponse",
+        V::DataBeforeInitResponse,
     );
     check_violation(
         core(),
         send(UdfRequest::finish()),
         I,
-        "Finish before InitResponse",
+        V::FinishBeforeInitResponse,
     );
     check_violation(
         core(),
         send(UdfRequest::payload_chunk(b("x"), true)),
         I,
-        "PayloadChunk before Init",
+        V::ChunkBeforeInit,
     );
-    check_violation(core(), send(empty_request()), I, "empty UdfRequest");
-    check_violation(core(), send(empty_control()), I, "empty UdfControlRequest");
-    check_violation(core(), |c| c.handle_stream_end(), I, "request stream ended");
+    check_violation(
+        core(),
+        send(empty_request()),
+        I,
+        V::Malformed(MalformedMessage::EmptyRequest),
+    );
+    check_violation(
+        core(),
+        send(empty_control()),
+        I,
+        V::Malformed(MalformedMessage::EmptyControlRequest),
+    );
+    check_violation(core(), |c| c.handle_stream_end(), I, V::RequestStreamEnded);
 
     check_violation(
         awaiting_chunks(),
         send(UdfRequest::init(init("x"))),
         I,
-        "second Init",
+        V::SecondInit {
+            awaiting_chunks: true,
+        },
     );
     check_violation(
         awaiting_chunks(),
         send(UdfRequest::data(b("x"))),
         I,
-        "DataRequest before InitResponse",
+        V::DataBeforeInitResponse,
     );
     check_violation(
         awaiting_chunks(),
         send(UdfRequest::finish()),
         I,
-        "Finish before InitResponse",
+        V::FinishBeforeInitResponse,
     );
     check_violation(
         awaiting_chunks(),
         send(UdfRequest::payload_chunk(Bytes::new(), false)),
         I,
-        "empty PayloadChunk",
+        V::EmptyChunk,
     );
     check_violation(
         awaiting_chunks(),
         send(UdfRequest::payload_chunk(Bytes::new(), true)),
         I,
-        "empty PayloadChunk",
+        V::EmptyChunk,
     );
     check_violation(
         awaiting_chunks(),
         |c| c.handle_stream_end(),
         I,
-        "request stream ended",
+        V::RequestStreamEnded,
     );
 
     // The user holds the Init but has not answered: still the init phase.
@@ -525,25 +584,27 @@ fn violations_before_any_init_response_go_into_the_init_response() {
         init_pending(),
         send(UdfRequest::init(init("x"))),
         I,
-        "second Init",
+        V::SecondInit {
+            awaiting_chunks: false,
+        },
     );
     check_violation(
         init_pending(),
         send(UdfRequest::data(b("x"))),
         I,
-        "DataRequest before InitResponse",
+        V::DataBeforeInitResponse,
     );
     check_violation(
         init_pending(),
         send(UdfRequest::finish()),
         I,
-        "Finish before InitResponse",
+        V::FinishBeforeInitResponse,
     );
     check_violation(
         init_pending(),
         send(UdfRequest::payload_chunk(b("x"), true)),
         I,
-        "PayloadChunk after an Init that did not declare chunking",
+        V::ChunkWithoutChunking,
     );
     let mut after_last = awaiting_chunks();
     after_last.handle_request(UdfRequest::payload_chunk(b("abc"), true));
@@ -551,7 +612,7 @@ fn violations_before_any_init_response_go_into_the_init_response() {
         after_last,
         send(UdfRequest::payload_chunk(b("x"), true)),
         I,
-        "after the last chunk",
+        V::ChunkAfterLastChunk,
     );
 }
 
@@ -562,39 +623,48 @@ fn violations_in_the_data_phase_go_into_an_error_response() {
         data_core(),
         send(UdfRequest::init(init("x"))),
         E,
-        "second Init",
+        V::SecondInit {
+            awaiting_chunks: false,
+        },
     );
     check_violation(
         data_core(),
         send(UdfRequest::payload_chunk(b("x"), true)),
         E,
-        "PayloadChunk after InitResponse",
+        V::ChunkAfterInitResponse,
     );
-    check_violation(data_core(), send(empty_request()), E, "empty UdfRequest");
+    check_violation(
+        data_core(),
+        send(empty_request()),
+        E,
+        V::Malformed(MalformedMessage::EmptyRequest),
+    );
     check_violation(
         data_core(),
         send(empty_control()),
         E,
-        "empty UdfControlRequest",
+        V::Malformed(MalformedMessage::EmptyControlRequest),
     );
     check_violation(
         data_core(),
         |c| c.handle_stream_end(),
         E,
-        "request stream ended",
+        V::RequestStreamEnded,
     );
     check_violation(
         draining(),
         send(UdfRequest::data(b("x"))),
         E,
-        "DataRequest after Finish",
+        V::DataAfterFinish,
     );
-    check_violation(draining(), send(UdfRequest::finish()), E, "second Finish");
+    check_violation(draining(), send(UdfRequest::finish()), E, V::SecondFinish);
     check_violation(
         draining(),
         send(UdfRequest::init(init("x"))),
         E,
-        "second Init",
+        V::SecondInit {
+            awaiting_chunks: false,
+        },
     );
 }
 
@@ -605,49 +675,59 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
         cancelling(),
         send(UdfRequest::data(b("x"))),
         C,
-        "DataRequest after Cancel",
+        V::DataAfterCancel,
     );
     check_violation(
         cancelling(),
         send(UdfRequest::finish()),
         C,
-        "Finish after Cancel",
+        V::FinishAfterCancel,
+    );
+    check_violation(
+        cancelling(),
+        send(UdfRequest::payload_chunk(b("x"), true)),
+        C,
+        V::ChunkAfterCancel,
     );
     check_violation(
         cancelling(),
         send(UdfRequest::init(init("x"))),
         C,
-        "second Init",
+        V::SecondInit {
+            awaiting_chunks: false,
+        },
     );
     check_violation(
         cancelling(),
         |c| c.handle_stream_end(),
         C,
-        "request stream ended",
+        V::RequestStreamEnded,
     );
     check_violation(
         post_init_error(),
         send(UdfRequest::data(b("x"))),
         C,
-        "DataRequest after a failed init",
+        V::DataAfterFailedInit,
     );
     check_violation(
         post_init_error(),
         send(UdfRequest::init(init("x"))),
         C,
-        "second Init",
+        V::SecondInit {
+            awaiting_chunks: false,
+        },
     );
     check_violation(
         post_data_error(),
         send(UdfRequest::payload_chunk(b("x"), false)),
         C,
-        "PayloadChunk",
+        V::ChunkAfterInitResponse,
     );
     check_violation(
         post_data_error(),
         |c| c.handle_stream_end(),
         C,
-        "request stream ended",
+        V::RequestStreamEnded,
     );
     let mut finished_then_failed = draining();
     finished_then_failed
@@ -657,7 +737,7 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
         finished_then_failed,
         send(UdfRequest::data(b("x"))),
         C,
-        "DataRequest after Finish",
+        V::DataAfterFinish,
     );
 }
 
@@ -676,10 +756,16 @@ fn cancel_timeout_closes_a_post_error_session() {
     let mut c = post_data_error();
     drain(&mut c);
     c.handle_cancel_timeout(Duration::from_secs(30));
-    assert_violation(&c, "no Cancel within 30s");
+    let expected = V::NoCancelAfterError {
+        after: Duration::from_secs(30),
+    };
+    assert_violation(&c, &expected);
     let out = drain(&mut c);
     assert_eq!(kinds(&out), [ResponseKind::Cancel]);
-    assert!(protocol_error(&out[0]).unwrap().contains("no Cancel"));
+    assert_eq!(
+        protocol_error(&out[0]),
+        Some(expected.wire_message().as_str())
+    );
 
     // Elsewhere it means nothing.
     let mut c = data_core();
@@ -1149,10 +1235,11 @@ fn check_invariants(h: &Harness) {
                     "{outcome} ends with CancelResponse: {log:?}"
                 ),
             }
-            if let EndpointOutcome::ProtocolViolation(_) = outcome {
+            if let EndpointOutcome::ProtocolViolation(v) = outcome {
+                let text = v.wire_message();
                 assert!(
-                    log.iter().any(|m| protocol_error(m).is_some()),
-                    "a violation reports a ProtocolError: {log:?}"
+                    log.iter().any(|m| protocol_error(m) == Some(text.as_str())),
+                    "a violation reports its ProtocolError {text:?}: {log:?}"
                 );
             }
         }

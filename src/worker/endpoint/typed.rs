@@ -15,6 +15,7 @@ use crate::worker::state;
 
 use super::config::EndpointConfig;
 use super::core::{EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
+use super::violation::{EngineViolation, InitRejection};
 
 /// Why an [`Endpoint`] operation could not go on: the engine cancelled, or the session ended.
 /// The endpoint itself still holds the full [`EndpointOutcome`].
@@ -29,9 +30,10 @@ pub enum EndpointError {
         reason: Option<String>,
     },
     /// The engine broke the protocol; the worker already answered with a `ProtocolError`
-    /// and a `CancelResponse` and closed the stream (udf §2 R6).
-    #[error("protocol violation by the engine: {0}")]
-    ProtocolViolation(String),
+    /// and a `CancelResponse` and closed the stream (udf §2 R6). The violation is the
+    /// [`source`](std::error::Error::source).
+    #[error("protocol violation by the engine")]
+    ProtocolViolation(#[source] EngineViolation),
     /// The connection failed; nothing more can be sent (udf §2 R8).
     #[error(transparent)]
     Transport(ConnectionError),
@@ -54,7 +56,7 @@ impl EndpointError {
             EndpointOutcome::Cancelled { reason, .. } => Self::Cancelled {
                 reason: reason.clone(),
             },
-            EndpointOutcome::ProtocolViolation(m) => Self::ProtocolViolation(m.clone()),
+            EndpointOutcome::ProtocolViolation(v) => Self::ProtocolViolation(v.clone()),
             EndpointOutcome::TransportFailed(e) => Self::Transport(e.clone()),
         }
     }
@@ -337,6 +339,12 @@ impl<S: state::State, C> Endpoint<S, C> {
         self.inner.core.outcome()
     }
 
+    /// Why the worker rejected the engine's `Init` on its own (see
+    /// [`WorkerCore::init_rejection`]), if it did.
+    pub fn init_rejection(&self) -> Option<&InitRejection> {
+        self.inner.core.init_rejection()
+    }
+
     /// Counters of ignored or discarded events.
     pub fn stats(&self) -> WorkerStats {
         self.inner.core.stats()
@@ -382,7 +390,8 @@ where
     /// - an unsupported `protocol_version` or `data_format`, a missing `udf`, a
     ///   `payload_size`/`payload_crc32` mismatch: `InitResponse(error = ProtocolError)`, then
     ///   the engine's Cancel is awaited (up to [`EndpointConfig::cancel_timeout`]) and
-    ///   answered, outcome `Cancelled` with the reported error;
+    ///   answered, outcome `Cancelled` with the reported error
+    ///   ([`init_rejection`](Endpoint::init_rejection) tells which [`InitRejection`]);
     /// - any other message out of order, an empty chunk or an empty oneof:
     ///   `InitResponse(error = ProtocolError)` and `CancelResponse`, then close, outcome
     ///   `ProtocolViolation`;

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use crate::connection::ConnectionError;
 use crate::wire::{CancelResponse, ExecutionError, FinishResponse, MalformedMessage};
+use crate::worker::Chain;
 
 /// How a worker session ended: exactly one per session, the first one settled wins and never
 /// changes afterwards (udf §4.1, §4.2 `completeTerminal`).
@@ -36,12 +37,19 @@ pub enum Termination {
         /// `response.error`, where Spark drops the second (udf §10 gap 12).
         execution_error: Option<ExecutionError>,
     },
-    /// An execution error ended the session with no terminator round trip possible (udf
-    /// udf §4.1; never produced by the engine session itself, kept for other implementations).
-    /// Salvageable.
+    /// Reserved: an execution error ended the session without a protocol terminator.
+    /// Salvageable (the worker reported the error in-band).
+    ///
+    /// tether's engine session never produces it today: a worker's `InitResponse.error` or
+    /// `ErrorResponse` is always followed by the Cancel/`CancelResponse` round trip and ends
+    /// [`Cancelled`](Self::Cancelled) with the error in `execution_error`. It mirrors Spark's
+    /// `Termination.Failed` in `org.apache.spark.udf.worker.core` (udf §4.1), which Spark's
+    /// newest gRPC session does not produce either (an earlier revision settled it for init
+    /// errors, udf §4.0); it exists so that the outcome set is Spark's, and for session
+    /// implementations over transports without a terminator round trip.
     Failed(ExecutionError),
     /// The transport failed, the worker violated the protocol, or a timeout expired (udf
-    /// udf §4.5, §6.5). The worker is invalidated.
+    /// §4.5, §6.5). The worker is invalidated.
     TransportFailed(TransportFailure),
     /// The session was dropped or interrupted mid-operation and the worker did not
     /// acknowledge the best-effort Cancel within the interrupt-cancel timeout (udf §4.9).
@@ -56,7 +64,7 @@ pub enum TerminationKind {
     Finished,
     /// [`Termination::Cancelled`].
     Cancelled,
-    /// [`Termination::Failed`].
+    /// [`Termination::Failed`] (reserved; never produced by the engine session today).
     Failed,
     /// [`Termination::TransportFailed`].
     TransportFailed,
@@ -187,7 +195,7 @@ impl fmt::Display for Termination {
                 Ok(())
             }
             Self::Failed(e) => write!(f, "Failed ({e})"),
-            Self::TransportFailed(t) => write!(f, "TransportFailed ({t})"),
+            Self::TransportFailed(t) => write!(f, "TransportFailed ({})", Chain(t)),
             Self::Interrupted(i) => write!(f, "Interrupted ({i})"),
         }
     }
@@ -200,8 +208,8 @@ pub enum TransportFailure {
     /// The connection reported an error (I/O, codec, RPC) or failed a write.
     #[error(transparent)]
     Connection(#[from] ConnectionError),
-    /// The worker broke the stream ordering rules.
-    #[error("protocol violation by the worker: {0}")]
+    /// The worker broke the stream ordering rules (the violation is the source).
+    #[error("protocol violation by the worker")]
     Protocol(#[from] PeerViolation),
     /// A deadline expired.
     #[error("timed out waiting for {waiting_for} after {after:?}")]
@@ -249,8 +257,8 @@ pub enum PeerViolation {
     /// A `FinishResponse` arrived before the engine sent `Finish`.
     #[error("FinishResponse before the engine sent Finish")]
     FinishResponseBeforeFinish,
-    /// A message with an unset oneof.
-    #[error("malformed message: {0}")]
+    /// A message with an unset oneof (the [`MalformedMessage`] is the source).
+    #[error("malformed message")]
     Malformed(#[from] MalformedMessage),
     /// The worker ended its stream without a terminator (rule R10).
     #[error("response stream closed without a terminator (the worker exited or broke rule R10)")]
@@ -274,19 +282,21 @@ pub struct Interrupted {
 #[non_exhaustive]
 pub enum SessionError {
     /// The worker reported an execution error (user, worker or protocol error), including
-    /// finish- and cancel-callback errors.
-    #[error("UDF worker reported an error: {0}")]
-    Execution(ExecutionError),
+    /// finish- and cancel-callback errors. The `ExecutionError` is the source.
+    #[error("UDF worker reported an error")]
+    Execution(#[source] ExecutionError),
     /// The execution was cancelled without an error (by the engine, or unsolicited by the
     /// worker).
     #[error("UDF execution was cancelled")]
     Cancelled,
-    /// The transport failed, the worker broke the protocol, or a timeout expired.
-    #[error("UDF worker stream failed: {0}")]
-    Transport(TransportFailure),
-    /// The session was interrupted and the worker did not acknowledge the Cancel.
-    #[error("UDF execution was interrupted: {0}")]
-    Interrupted(Interrupted),
+    /// The transport failed, the worker broke the protocol, or a timeout expired (udf §4.7:
+    /// "UDF worker stream failed" with the cause, the [`TransportFailure`], as source).
+    #[error("UDF worker stream failed")]
+    Transport(#[source] TransportFailure),
+    /// The session was interrupted and the worker did not acknowledge the Cancel (the
+    /// [`Interrupted`] is the source).
+    #[error("UDF execution was interrupted")]
+    Interrupted(#[source] Interrupted),
 }
 
 impl SessionError {
