@@ -45,7 +45,7 @@ fn code_back(code: tonic::Code) -> Code {
 
 /// The status message real Spark sends: `[CONDITION] text SQLSTATE: state` (connect §2).
 pub(crate) fn status_message(error: &ConnectError) -> String {
-    let text = error.to_string();
+    let text = error.message();
     match error.sql_state() {
         Some(state) => format!("{text} SQLSTATE: {state}"),
         None => text,
