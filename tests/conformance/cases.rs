@@ -7,6 +7,7 @@ use std::fmt;
 
 use bytes::Bytes;
 use prost::Message;
+use serde_json::{Map, Value};
 use tether::wire::{
     Cancel, CancelResponse, DataRequest, DataResponse, DirectWorker, ErrorResponse, ExecutionError,
     Finish, FinishResponse, Heartbeat, HeartbeatResponse, Init, InitResponse, LocalTcpConnection,
@@ -19,26 +20,34 @@ use tether::wire::{
     worker_connection_spec, worker_request, worker_response,
 };
 
-use crate::json::{Json, ToJson};
+use crate::fields::Fields;
 
 type DecodeCheck = Box<dyn Fn(&[u8]) -> Result<(), String>>;
 
-/// One value of one message type: tether's bytes, the expected values as protobuf JSON, and
-/// a check that bytes decode in tether to that same value.
+/// One value of one message type: tether's bytes, its fields by tether's names (for Python
+/// to build the same message by name), and a check that bytes decode in tether to that same
+/// value.
 pub struct Case {
     pub proto: &'static str,
     pub name: String,
     pub bytes: Vec<u8>,
-    pub expected: Json,
+    pub fields: Map<String, Value>,
     pub decodes_to_value: DecodeCheck,
+}
+
+impl Case {
+    /// `Type / case`, as failures name it.
+    pub fn label(&self) -> String {
+        format!("{} / {}", self.proto, self.name)
+    }
 }
 
 fn case<M>(proto: &'static str, name: &str, value: M) -> Case
 where
-    M: Message + Default + PartialEq + fmt::Debug + ToJson + 'static,
+    M: Message + Default + PartialEq + fmt::Debug + Fields + 'static,
 {
     let bytes = value.encode_to_vec();
-    let expected = value.json();
+    let fields = value.fields();
     let decodes_to_value = Box::new(move |bytes: &[u8]| {
         let decoded = M::decode(bytes).map_err(|e| format!("tether cannot decode: {e}"))?;
         if decoded == value {
@@ -51,7 +60,7 @@ where
         proto,
         name: name.to_owned(),
         bytes,
-        expected,
+        fields,
         decodes_to_value,
     }
 }
@@ -92,7 +101,7 @@ fn full_payload() -> UdfPayload {
     UdfPayload {
         payload: blob(300, 1),
         format: "cloudpickle".into(),
-        payload_size: Some(9_007_199_254_740_993), // 2^53 + 1: exact only as a JSON string
+        payload_size: Some(9_007_199_254_740_993), // 2^53 + 1: not exact as a double
         payload_crc32: Some(u32::MAX),
         name: Some(text("udf name")),
         eval_type: Some("SQL_SCALAR_PANDAS_UDF".into()),
@@ -169,7 +178,7 @@ fn callable(tag: &str) -> ProcessCallable {
 
 fn full_capabilities() -> WorkerCapabilities {
     WorkerCapabilities {
-        // An unknown value (9) and the zero value must survive as numbers/names.
+        // An unknown value (9) and the zero value must survive.
         supported_data_formats: vec![UdfWorkerDataFormat::Arrow as i32, 0, 9],
         supported_communication_patterns: vec![
             UdfProtoCommunicationPattern::BidirectionalStreaming as i32,

@@ -1,6 +1,6 @@
-//! A small JSON value (expected values built by hand, Python's reports parsed), base64 and
-//! hex, and the protobuf JSON mapping of tether's messages, written by hand from the official
-//! schema.
+//! What the gRPC round trips still compare through: a small JSON value (expected values
+//! built by hand, Python's reports parsed), base64, and the protobuf JSON mapping of
+//! tether's messages, written by hand from the official schema.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -38,10 +38,6 @@ impl Json {
 
     pub fn str(value: &str) -> Json {
         Json::Str(value.to_owned())
-    }
-
-    pub fn strs(values: &[&str]) -> Json {
-        Json::Arr(values.iter().map(|v| Json::str(v)).collect())
     }
 
     /// `self[key]`, `Null` when absent or not an object.
@@ -284,17 +280,6 @@ fn base64(bytes: &[u8]) -> String {
         }
     }
     out
-}
-
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-pub fn unhex(text: &str) -> Vec<u8> {
-    (0..text.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex digits"))
-        .collect()
 }
 
 // =============================================================================================

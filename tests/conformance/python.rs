@@ -66,6 +66,7 @@ fn unavailable<T>(test: &str, why: &str) -> Option<T> {
 }
 
 impl PythonEnv {
+    /// `python tests/python/<script>`, run from the repository root.
     pub fn command(&self, script: &str) -> Command {
         let mut command = Command::new(&self.python);
         command
