@@ -4,7 +4,9 @@ use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use base64::prelude::{BASE64_STANDARD, Engine as _};
 use bytes::Bytes;
+use serde_json::{Value, json};
 use tether::spark::udf_grpc::{
     GrpcChannel, GrpcConfig, GrpcEngineConnection, WorkerServer, WorkerService,
 };
@@ -23,7 +25,6 @@ use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 use tokio::sync::mpsc;
 
-use crate::json::{Json, ToJson};
 use crate::python::{PythonEnv, python_env};
 
 const MIB: usize = 1024 * 1024;
@@ -66,8 +67,13 @@ fn pattern(len: usize, seed: u8) -> Bytes {
         .into()
 }
 
-fn strings(json: &Json) -> Vec<&str> {
-    json.as_arr().iter().filter_map(Json::as_str).collect()
+/// The elements of a JSON array; none for anything else.
+fn items(json: &Value) -> &[Value] {
+    json.as_array().map_or(&[], Vec::as_slice)
+}
+
+fn strings(json: &Value) -> Vec<&str> {
+    items(json).iter().filter_map(Value::as_str).collect()
 }
 
 // -----------------------------------------------------------------------------------------
@@ -79,7 +85,7 @@ struct PythonWorker {
     child: Child,
     events: Lines<BufReader<ChildStdout>>,
     /// Events read while waiting for another one.
-    pending: Vec<Json>,
+    pending: Vec<Value>,
     endpoint: WorkerEndpoint,
     stderr: PathBuf,
     _dir: TempDir,
@@ -110,7 +116,7 @@ impl PythonWorker {
             _dir: dir,
         };
         let ready = worker.event().await;
-        assert_eq!(ready.get("event").as_str(), Some("ready"), "{ready}");
+        assert_eq!(ready["event"].as_str(), Some("ready"), "{ready}");
         worker
     }
 
@@ -119,7 +125,7 @@ impl PythonWorker {
     }
 
     /// The next event line.
-    async fn event(&mut self) -> Json {
+    async fn event(&mut self) -> Value {
         let line = tokio::time::timeout(PROMPT, self.events.next_line())
             .await
             .unwrap_or_else(|_| panic!("no event from the Python worker: {}", self.stderr()))
@@ -127,13 +133,13 @@ impl PythonWorker {
         let Some(line) = line else {
             panic!("the Python worker exited: {}", self.stderr());
         };
-        Json::parse(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
+        serde_json::from_str(&line).unwrap_or_else(|e| panic!("{e}: {line}"))
     }
 
     /// The first event (already read or still to come) for which `wanted` holds; the
     /// others stay pending. Sessions log when their handler ends, which need not be in
     /// the order the sessions ended.
-    async fn event_where(&mut self, wanted: impl Fn(&Json) -> bool) -> Json {
+    async fn event_where(&mut self, wanted: impl Fn(&Value) -> bool) -> Value {
         if let Some(at) = self.pending.iter().position(&wanted) {
             return self.pending.remove(at);
         }
@@ -147,10 +153,10 @@ impl PythonWorker {
     }
 
     /// What the Python worker saw of the `Execute` stream of the UDF named `name`.
-    async fn session(&mut self, name: &str) -> Json {
+    async fn session(&mut self, name: &str) -> Value {
         self.event_where(|e| {
-            e.get("event").as_str() == Some("session")
-                && e.get("init").get("udf").get("name").as_str() == Some(name)
+            e["event"].as_str() == Some("session")
+                && e["init"]["udf"]["name"].as_str() == Some(name)
         })
         .await
     }
@@ -203,13 +209,24 @@ fn rich_init(payload: impl Into<Bytes>, name: &str) -> Init {
     }
 }
 
-/// The Init the Python worker logs: as sent, without the payload bytes.
-fn logged_init(init: &Init) -> Json {
-    let mut shown = init.clone();
-    if let Some(udf) = shown.udf.as_mut() {
-        udf.payload = Bytes::new();
-    }
-    shown.json()
+/// [`rich_init`] as the Python worker logs it: the official decoder's protobuf JSON
+/// (`MessageToDict`, the official field names), without the payload bytes.
+fn rich_init_as_logged(payload: &[u8], name: &str) -> Value {
+    json!({
+        "protocol_version": 1,
+        "data_format": "ARROW",
+        "udf": {
+            "format": "echo",
+            "payload_size": payload.len().to_string(),
+            "payload_crc32": crc32fast::hash(payload),
+            "name": name,
+            "eval_type": "SQL_ARROW_BATCHED_UDF",
+        },
+        "task_context": {"partition_id": "7", "stage_id": "3"},
+        "session_conf": {"spark.sql.execution.arrow.maxRecordsPerBatch": "10000"},
+        "timezone": "Asia/Tokyo",
+        "parameters": BASE64_STANDARD.encode(b"\x00params\xff"),
+    })
 }
 
 fn metrics(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
@@ -220,18 +237,14 @@ fn metrics(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
 }
 
 /// Checks what the Python worker saw of one session.
-fn assert_python_saw(event: &Json, requests: &[&str], responses: &[&str], end: &str) {
+fn assert_python_saw(event: &Value, requests: &[&str], responses: &[&str], end: &str) {
+    assert_eq!(strings(&event["requests"]), requests, "requests: {event}");
     assert_eq!(
-        strings(event.get("requests")),
-        requests,
-        "requests: {event}"
-    );
-    assert_eq!(
-        strings(event.get("responses")),
+        strings(&event["responses"]),
         responses,
         "responses: {event}"
     );
-    assert_eq!(event.get("end").as_str(), Some(end), "end: {event}");
+    assert_eq!(event["end"].as_str(), Some(end), "end: {event}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -284,17 +297,14 @@ async fn tether_engine_drives_the_python_worker_through_finish_cancel_and_error(
         &["init", "data", "data", "finish"],
         "finish",
     );
-    // The whole Init arrived with every value intact (official decoder's view).
-    assert_eq!(event.get("init"), &logged_init(&init));
-    assert_eq!(event.get("payload_len"), &Json::num(14));
+    // The whole Init arrived with every value intact, under the official field names.
     assert_eq!(
-        event.get("payload_crc32"),
-        &Json::num(crc32fast::hash(b"finish-payload"))
+        event["init"],
+        rich_init_as_logged(b"finish-payload", "finish")
     );
-    assert_eq!(
-        event.get("data_sizes"),
-        &Json::Arr(vec![Json::num(5), Json::num(4)])
-    );
+    assert_eq!(event["payload_len"], 14);
+    assert_eq!(event["payload_crc32"], crc32fast::hash(b"finish-payload"));
+    assert_eq!(event["data_sizes"], json!([5, 4]));
 
     // --- Cancel mid-stream: CancelResponse, the reason reaches Python.
     let (session, handle) = new_session(&channel);
@@ -326,7 +336,7 @@ async fn tether_engine_drives_the_python_worker_through_finish_cancel_and_error(
         &["init", "data", "cancel"],
         "cancel",
     );
-    assert_eq!(event.get("cancel_reason").as_str(), Some("tether cancel"));
+    assert_eq!(event["cancel_reason"].as_str(), Some("tether cancel"));
 
     // --- Error: the user error arrives in band, the engine answers with Cancel.
     let (session, handle) = new_session(&channel);
@@ -410,18 +420,12 @@ async fn tether_engine_drives_the_python_worker_through_finish_cancel_and_error(
         &["init", "finish"],
         "finish",
     );
-    assert_eq!(event.get("payload_len"), &Json::num(payload.len()));
+    assert_eq!(event["payload_len"], payload.len());
+    assert_eq!(event["payload_crc32"], crc32fast::hash(&payload));
+    assert_eq!(event["init"]["is_chunking_payload"], true);
     assert_eq!(
-        event.get("payload_crc32"),
-        &Json::num(crc32fast::hash(&payload))
-    );
-    assert_eq!(
-        event.get("init").get("is_chunking_payload"),
-        &Json::Bool(true)
-    );
-    assert_eq!(
-        event.get("init").get("udf").get("payload_size"),
-        &Json::Str(payload.len().to_string())
+        event["init"]["udf"]["payload_size"],
+        payload.len().to_string()
     );
 
     // --- Manage: heartbeat metrics from Python, then shutdown; the worker exits 0.
@@ -439,10 +443,10 @@ async fn tether_engine_drives_the_python_worker_through_finish_cancel_and_error(
         .expect("shutdown");
     assert!(shutdown.sessions_settled);
     let event = worker
-        .event_where(|e| e.get("event").as_str() == Some("shutdown"))
+        .event_where(|e| e["event"].as_str() == Some("shutdown"))
         .await;
-    assert_eq!(event.get("reason").as_str(), Some("tether engine done"));
-    assert_eq!(event.get("cancel_sessions"), &Json::Bool(false));
+    assert_eq!(event["reason"].as_str(), Some("tether engine done"));
+    assert_eq!(event["cancel_sessions"], false);
     let status = tokio::time::timeout(PROMPT, worker.child.wait())
         .await
         .expect("the Python worker exits after Shutdown")
@@ -507,13 +511,9 @@ async fn messages_of_3_9_6_and_20_mib_cross_between_tether_engine_and_python_wor
         &["init", "data", "data", "data", "finish"],
         "finish",
     );
-    assert_eq!(event.get("payload_len"), &Json::num(6 * MIB));
-    assert_eq!(
-        event.get("payload_crc32"),
-        &Json::num(crc32fast::hash(&payload))
-    );
-    let sizes: Vec<Json> = LARGE_SIZES.iter().map(Json::num).collect();
-    assert_eq!(event.get("data_sizes"), &Json::Arr(sizes));
+    assert_eq!(event["payload_len"], 6 * MIB);
+    assert_eq!(event["payload_crc32"], crc32fast::hash(&payload));
+    assert_eq!(event["data_sizes"], json!(LARGE_SIZES));
     eprintln!(
         "large messages, tether engine <-> Python worker: {:?}",
         started.elapsed()
@@ -627,7 +627,7 @@ impl TetherWorker {
     }
 
     /// Runs `grpc_peer.py engine` with `scenarios` against this worker: its report.
-    async fn drive_from_python(&self, env: &PythonEnv, scenarios: &[&str]) -> Json {
+    async fn drive_from_python(&self, env: &PythonEnv, scenarios: &[&str]) -> Value {
         let mut command = tokio::process::Command::from(env.command("grpc_peer.py"));
         command
             .arg("engine")
@@ -643,13 +643,11 @@ impl TetherWorker {
             .expect("the Python engine runs");
         let stdout = String::from_utf8_lossy(&output.stdout);
         let stderr = String::from_utf8_lossy(&output.stderr);
-        let report = Json::parse(stdout.trim())
+        let report: Value = serde_json::from_str(stdout.trim())
             .unwrap_or_else(|e| panic!("{e}: {}: {stdout}\n{stderr}", output.status));
-        let failed: Vec<String> = report
-            .get("scenarios")
-            .as_arr()
+        let failed: Vec<String> = items(&report["scenarios"])
             .iter()
-            .filter(|s| s.get("ok") != &Json::Bool(true))
+            .filter(|s| s["ok"] != true)
             .map(|s| s.to_string())
             .collect();
         assert!(
@@ -658,12 +656,10 @@ impl TetherWorker {
             output.status,
             failed.join("\n")
         );
-        assert_eq!(report.get("ok"), &Json::Bool(true));
-        let names: Vec<&str> = report
-            .get("scenarios")
-            .as_arr()
+        assert_eq!(report["ok"], true);
+        let names: Vec<&str> = items(&report["scenarios"])
             .iter()
-            .filter_map(|s| s.get("name").as_str())
+            .filter_map(|s| s["name"].as_str())
             .collect();
         assert_eq!(names, scenarios);
         report
@@ -689,23 +685,17 @@ impl TetherWorker {
 }
 
 /// The report of one scenario.
-fn scenario<'a>(report: &'a Json, name: &str) -> &'a Json {
-    report
-        .get("scenarios")
-        .as_arr()
+fn scenario<'a>(report: &'a Value, name: &str) -> &'a Value {
+    items(&report["scenarios"])
         .iter()
-        .find(|s| s.get("name").as_str() == Some(name))
+        .find(|s| s["name"].as_str() == Some(name))
         .unwrap_or_else(|| panic!("no scenario {name}"))
 }
 
-fn assert_exchange(report: &Json, name: &str, requests: &[&str], responses: &[&str]) {
+fn assert_exchange(report: &Value, name: &str, requests: &[&str], responses: &[&str]) {
     let s = scenario(report, name);
-    assert_eq!(strings(s.get("requests")), requests, "{name} requests: {s}");
-    assert_eq!(
-        strings(s.get("responses")),
-        responses,
-        "{name} responses: {s}"
-    );
+    assert_eq!(strings(&s["requests"]), requests, "{name} requests: {s}");
+    assert_eq!(strings(&s["responses"]), responses, "{name} responses: {s}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -741,8 +731,8 @@ async fn python_engine_drives_the_tether_worker_through_finish_cancel_and_error(
         &["init", "data", "data", "finish", "end"],
     );
     assert_eq!(
-        scenario(&report, "finish").get("details").get("metrics"),
-        &Json::parse(r#"{"batches":"2","status":"ok"}"#).unwrap()
+        scenario(&report, "finish")["details"]["metrics"],
+        json!({"batches": "2", "status": "ok"})
     );
     assert_exchange(
         &report,
@@ -757,8 +747,8 @@ async fn python_engine_drives_the_tether_worker_through_finish_cancel_and_error(
         &["init", "error", "cancel", "end"],
     );
     assert_eq!(
-        scenario(&report, "error").get("details").get("error"),
-        &ExecutionError::user("simulated user error", Some("SimulatedError".into())).json()
+        scenario(&report, "error")["details"]["error"],
+        json!({"user": {"message": "simulated user error", "error_class": "SimulatedError"}})
     );
     assert_exchange(
         &report,
@@ -767,8 +757,8 @@ async fn python_engine_drives_the_tether_worker_through_finish_cancel_and_error(
         &["init", "cancel", "end"],
     );
     assert_eq!(
-        scenario(&report, "init_error").get("details").get("error"),
-        &ExecutionError::worker("simulated init failure").json()
+        scenario(&report, "init_error")["details"]["error"],
+        json!({"worker": {"message": "simulated init failure"}})
     );
     // An ended request stream is never taken for Finish.
     assert_exchange(
@@ -777,31 +767,21 @@ async fn python_engine_drives_the_tether_worker_through_finish_cancel_and_error(
         &["init", "data"],
         &["init", "data", "error", "cancel", "end"],
     );
-    let protocol = scenario(&report, "half_close_is_not_finish")
-        .get("details")
-        .get("error");
+    let protocol = &scenario(&report, "half_close_is_not_finish")["details"]["error"];
     assert!(
-        matches!(protocol.get("protocol"), Json::Obj(_)),
+        protocol["protocol"].is_object(),
         "a ProtocolError: {protocol}"
     );
-    let manage = scenario(&report, "manage").get("details");
+    let manage = &scenario(&report, "manage")["details"];
     assert!(
-        matches!(
-            manage.get("heartbeat_metrics").get("active_sessions"),
-            Json::Str(_)
-        ),
+        manage["heartbeat_metrics"]["active_sessions"].is_string(),
         "{manage}"
     );
     assert_eq!(
-        manage.get("empty_request_status").as_str(),
+        manage["empty_request_status"].as_str(),
         Some("INVALID_ARGUMENT")
     );
-    assert!(matches!(
-        scenario(&report, "shutdown")
-            .get("details")
-            .get("sessions_settled"),
-        Json::Bool(_)
-    ));
+    assert!(scenario(&report, "shutdown")["details"]["sessions_settled"].is_boolean());
 
     // What the tether worker saw of the same sessions.
     let served = worker.served(5).await;
@@ -813,18 +793,35 @@ async fn python_engine_drives_the_tether_worker_through_finish_cancel_and_error(
     );
     assert_eq!(finish.seen.batch_sizes, [5, 4]);
     assert_eq!(finish.authority.as_deref(), Some("localhost"));
-    // Python's full Init arrived with every value (compared as protobuf JSON).
+    // Python's full Init (`init_request` in grpc_peer.py, set by the official field names)
+    // arrived with every value in tether's fields of the same names, and nothing else.
     let init = finish.seen.init.as_ref().expect("init");
-    let expected = Json::parse(
-        r#"{"data_format":"ARROW","protocol_version":1,
-            "session_conf":{"spark.sql.execution.arrow.maxRecordsPerBatch":"10000"},
-            "task_context":{"partition_id":"3","task_attempt_id":"41"},
-            "timezone":"Europe/Amsterdam",
-            "udf":{"eval_type":"SQL_SCALAR_PANDAS_UDF","format":"echo","name":"finish",
-                   "payload":"ZmluaXNo","payload_crc32":550103832,"payload_size":"6"}}"#,
-    )
-    .unwrap();
-    assert_eq!(init.json(), expected);
+    let expected = Init {
+        protocol_version: Some(1),
+        data_format: UdfWorkerDataFormat::Arrow as i32,
+        udf: Some(UdfPayload {
+            payload: Bytes::from_static(b"finish"),
+            format: "echo".into(),
+            payload_size: Some(6),
+            payload_crc32: Some(550_103_832),
+            name: Some("finish".into()),
+            eval_type: Some("SQL_SCALAR_PANDAS_UDF".into()),
+        }),
+        is_chunking_payload: None,
+        input_schema: None,
+        output_schema: None,
+        task_context: BTreeMap::from([
+            ("partition_id".into(), "3".into()),
+            ("task_attempt_id".into(), "41".into()),
+        ]),
+        session_conf: BTreeMap::from([(
+            "spark.sql.execution.arrow.maxRecordsPerBatch".into(),
+            "10000".into(),
+        )]),
+        timezone: Some("Europe/Amsterdam".into()),
+        parameters: None,
+    };
+    assert_eq!(init, &expected);
     assert_eq!(
         init.udf.as_ref().unwrap().payload_crc32,
         Some(crc32fast::hash(b"finish"))
@@ -885,10 +882,9 @@ async fn messages_of_3_9_6_and_20_mib_cross_between_python_engine_and_tether_wor
         &["init", "data", "data", "data", "finish"],
         &["init", "data", "data", "data", "finish", "end"],
     );
-    let sizes: Vec<Json> = LARGE_SIZES.iter().map(Json::num).collect();
     assert_eq!(
-        scenario(&report, "large").get("details").get("sizes"),
-        &Json::Arr(sizes)
+        scenario(&report, "large")["details"]["sizes"],
+        json!(LARGE_SIZES)
     );
     let served = worker.served(1).await;
     let large = &served["large"];

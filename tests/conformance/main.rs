@@ -25,8 +25,6 @@ mod cases;
 mod fields;
 #[cfg(feature = "grpc")]
 mod grpc;
-#[cfg(feature = "grpc")]
-mod json;
 mod python;
 
 use base64::prelude::{BASE64_STANDARD, Engine as _};
