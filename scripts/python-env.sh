@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up the Python side of the wire-conformance tests (tests/conformance.rs): a venv at
+# Sets up the Python side of the wire-conformance tests (tests/conformance/): a venv at
 # target/py-venv with exactly the packages pinned in tests/python/requirements.txt, and the
 # classes generated from Spark's official .proto files (../shared/oracle/udf-protos.sh) under
 # target/py-gen/. Called by scripts/test.sh before `cargo test`; safe to run any time.

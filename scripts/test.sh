@@ -3,7 +3,7 @@
 # Extra arguments are passed to `cargo test` (e.g. a test-name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# The Python peer of the wire-conformance tests (tests/conformance.rs): a venv with pinned
+# The Python peer of the wire-conformance tests (tests/conformance/): a venv with pinned
 # packages and the classes generated from the official .proto files.
 bash scripts/python-env.sh
 export TETHER_PYTHON="${TETHER_PYTHON:-$PWD/target/py-venv/bin/python}"

@@ -1,7 +1,7 @@
 """A small Python peer of the official UdfWorker gRPC service, for tether's conformance tests.
 
 Both sides use grpcio and the classes generated from Spark 4.3.0's official .proto files
-(udf_protos.py); nothing here shares code with tether. Driven by tests/conformance.rs.
+(udf_protos.py); nothing here shares code with tether. Driven by tests/conformance/.
 
   grpc_peer.py worker --socket PATH
       Serves UdfWorker on unix:PATH (messages up to 128 MiB each way) with an echo UDF:
