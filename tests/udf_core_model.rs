@@ -412,7 +412,7 @@ impl Model {
                         if self.phase == EnginePhase::Initializing {
                             self.phase = EnginePhase::Streaming;
                         }
-                        self.init_ok = Some(resp);
+                        self.init_ok = Some(*resp);
                     }
                 }
             }
@@ -427,7 +427,7 @@ impl Model {
                 if self.finish_on_wire {
                     let execution_error = self.first_error.clone();
                     self.settle(Outcome::Finished {
-                        response,
+                        response: *response,
                         execution_error,
                     });
                 } else {
@@ -439,7 +439,7 @@ impl Model {
             tether::wire::ResponseMessage::Cancel(response) => {
                 let execution_error = self.first_error.clone();
                 self.settle(Outcome::Cancelled {
-                    response,
+                    response: *response,
                     execution_error,
                 });
             }

@@ -185,21 +185,23 @@ pub struct UdfControlResponse {
 /// Oneof types nested in [`UdfControlResponse`] (udf §1.2).
 pub mod udf_control_response {
     /// The branches of [`UdfControlResponse::control`](super::UdfControlResponse::control)
-    /// (udf §1.2).
+    /// (udf §1.2). Every branch is boxed: each is sent at most once per session and is
+    /// several times larger than a data batch, which moves through
+    /// [`UdfResponse`](super::UdfResponse) by value on every message.
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum Control {
         /// Field 1: acknowledgement of `Init`, sent exactly once (udf §1.3).
-        #[prost(message, tag = "1")]
-        Init(super::InitResponse),
+        #[prost(message, tag = "1", boxed)]
+        Init(::prost::alloc::boxed::Box<super::InitResponse>),
         /// Field 2: clean terminator answering `Finish` (udf §1.5).
-        #[prost(message, tag = "2")]
-        Finish(super::FinishResponse),
+        #[prost(message, tag = "2", boxed)]
+        Finish(::prost::alloc::boxed::Box<super::FinishResponse>),
         /// Field 3: terminator answering `Cancel`, and after any error (udf §1.5, §2 R4).
-        #[prost(message, tag = "3")]
-        Cancel(super::CancelResponse),
+        #[prost(message, tag = "3", boxed)]
+        Cancel(::prost::alloc::boxed::Box<super::CancelResponse>),
         /// Field 4: data-phase error, at most once per stream (udf §1.5, §2 R4).
-        #[prost(message, tag = "4")]
-        Error(super::ErrorResponse),
+        #[prost(message, tag = "4", boxed)]
+        Error(::prost::alloc::boxed::Box<super::ErrorResponse>),
     }
 }
 
@@ -563,16 +565,17 @@ pub enum RequestMessage {
 /// send (udf §1.2). Convert with [`UdfResponse::into_message`] and back with `From`.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ResponseMessage {
-    /// Init acknowledgement (udf §1.3).
-    Init(InitResponse),
+    /// Init acknowledgement (udf §1.3). Boxed, as in the wire oneof: the once-per-session
+    /// messages are boxed so that [`Data`](Self::Data) moves cheaply.
+    Init(Box<InitResponse>),
     /// One output batch: the bytes of [`DataResponse::data`] (udf §1.4).
     Data(Bytes),
     /// Clean terminator (udf §1.5).
-    Finish(FinishResponse),
+    Finish(Box<FinishResponse>),
     /// Cancel terminator (udf §1.5).
-    Cancel(CancelResponse),
+    Cancel(Box<CancelResponse>),
     /// Data-phase error (udf §1.5).
-    Error(ErrorResponse),
+    Error(Box<ErrorResponse>),
 }
 
 /// Why an envelope has no message in it: one of its oneofs is unset, which the protocol
@@ -750,7 +753,7 @@ impl UdfResponse {
 
     /// An envelope carrying an [`InitResponse`] (udf §1.3).
     pub fn init(init: InitResponse) -> Self {
-        Self::control(udf_control_response::Control::Init(init))
+        Self::control(udf_control_response::Control::Init(Box::new(init)))
     }
 
     /// An envelope carrying one output batch (udf §1.4).
@@ -762,19 +765,19 @@ impl UdfResponse {
 
     /// An envelope carrying a [`FinishResponse`] (udf §1.5).
     pub fn finish(finish: FinishResponse) -> Self {
-        Self::control(udf_control_response::Control::Finish(finish))
+        Self::control(udf_control_response::Control::Finish(Box::new(finish)))
     }
 
     /// An envelope carrying a [`CancelResponse`] (udf §1.5).
     pub fn cancel(cancel: CancelResponse) -> Self {
-        Self::control(udf_control_response::Control::Cancel(cancel))
+        Self::control(udf_control_response::Control::Cancel(Box::new(cancel)))
     }
 
     /// An envelope carrying an [`ErrorResponse`] wrapping `error` (udf §1.5).
     pub fn error(error: ExecutionError) -> Self {
-        Self::control(udf_control_response::Control::Error(ErrorResponse {
-            error: Some(error),
-        }))
+        Self::control(udf_control_response::Control::Error(Box::new(
+            ErrorResponse { error: Some(error) },
+        )))
     }
 
     /// Resolves both oneof levels into a [`ResponseMessage`]; errors if either is unset (a
@@ -1524,10 +1527,10 @@ mod tests {
     fn response_flattening_roundtrips() {
         let cases = [
             (
-                ResponseMessage::Init(InitResponse {
+                ResponseMessage::Init(Box::new(InitResponse {
                     data: Some(Bytes::from_static(b"d")),
                     error: None,
-                }),
+                })),
                 ResponseKind::Init,
             ),
             (
@@ -1535,20 +1538,20 @@ mod tests {
                 ResponseKind::Data,
             ),
             (
-                ResponseMessage::Finish(FinishResponse {
+                ResponseMessage::Finish(Box::new(FinishResponse {
                     metrics: map(&[("status", "ok")]),
                     ..FinishResponse::default()
-                }),
+                })),
                 ResponseKind::Finish,
             ),
             (
-                ResponseMessage::Cancel(CancelResponse::default()),
+                ResponseMessage::Cancel(Box::default()),
                 ResponseKind::Cancel,
             ),
             (
-                ResponseMessage::Error(ErrorResponse {
+                ResponseMessage::Error(Box::new(ErrorResponse {
                     error: Some(full_user_error()),
-                }),
+                })),
                 ResponseKind::Error,
             ),
         ];
@@ -1561,13 +1564,13 @@ mod tests {
         }
         assert_eq!(
             UdfResponse::error(ExecutionError::worker("w")),
-            UdfResponse::from(ResponseMessage::Error(ErrorResponse {
+            UdfResponse::from(ResponseMessage::Error(Box::new(ErrorResponse {
                 error: Some(ExecutionError::worker("w"))
-            }))
+            })))
         );
         assert_eq!(
             UdfResponse::finish(FinishResponse::default()),
-            UdfResponse::from(ResponseMessage::Finish(FinishResponse::default()))
+            UdfResponse::from(ResponseMessage::Finish(Box::default()))
         );
     }
 
@@ -1685,7 +1688,8 @@ mod tests {
             }
         );
         match UdfResponse::error(ExecutionError::worker("w")).into_message() {
-            Ok(ResponseMessage::Error(ErrorResponse { error: Some(e) })) => {
+            Ok(ResponseMessage::Error(response)) if response.error.is_some() => {
+                let e = response.error.unwrap_or_default();
                 assert_eq!(e.to_string(), "WorkerError: w");
             }
             other => panic!("unexpected {other:?}"),
@@ -1755,28 +1759,28 @@ mod tests {
                 "UdfControlResponse",
                 "init",
                 UdfControlResponse {
-                    control: Some(Resp::Init(InitResponse::default())),
+                    control: Some(Resp::Init(Box::default())),
                 },
             ),
             p(
                 "UdfControlResponse",
                 "finish",
                 UdfControlResponse {
-                    control: Some(Resp::Finish(FinishResponse::default())),
+                    control: Some(Resp::Finish(Box::default())),
                 },
             ),
             p(
                 "UdfControlResponse",
                 "cancel",
                 UdfControlResponse {
-                    control: Some(Resp::Cancel(CancelResponse::default())),
+                    control: Some(Resp::Cancel(Box::default())),
                 },
             ),
             p(
                 "UdfControlResponse",
                 "error",
                 UdfControlResponse {
-                    control: Some(Resp::Error(ErrorResponse::default())),
+                    control: Some(Resp::Error(Box::default())),
                 },
             ),
             z(
@@ -2267,6 +2271,21 @@ mod size_tests {
                 size_of::<Bytes>(),
             ),
             (
+                "UdfResponse",
+                size_of::<UdfResponse>(),
+                size_of::<DataResponse>(),
+            ),
+            (
+                "ResponseMessage",
+                size_of::<ResponseMessage>(),
+                size_of::<Bytes>(),
+            ),
+            (
+                "udf_control_response::Control",
+                size_of::<udf_control_response::Control>(),
+                size_of::<Box<FinishResponse>>(),
+            ),
+            (
                 "udf_control_request::Control",
                 size_of::<udf_control_request::Control>(),
                 size_of::<Cancel>(),
@@ -2280,8 +2299,9 @@ mod size_tests {
     }
 
     /// No enum that moves per message is far larger than its common variant: `Init` (a few
-    /// hundred bytes, once per session) is boxed in both places that held it inline, so a
-    /// data message costs a move of a few words, not of the largest variant.
+    /// hundred bytes, once per session) is boxed in both places that held it inline, and so
+    /// are the worker's once-per-session control responses, so a data message costs a move
+    /// of a few words, not of the largest variant.
     #[test]
     fn per_message_enums_stay_close_to_their_common_variant() {
         for (name, size, common) in sizes() {

@@ -252,7 +252,7 @@ pub fn cases() -> Vec<Case> {
             "full_control",
             UdfResponse {
                 response: Some(udf_response::Response::Control(control_response(
-                    Resp::Finish(full_finish_response()),
+                    Resp::Finish(Box::new(full_finish_response())),
                 ))),
             },
         ),
@@ -295,27 +295,27 @@ pub fn cases() -> Vec<Case> {
         case(
             "UdfControlResponse",
             "full_init",
-            control_response(Resp::Init(InitResponse {
+            control_response(Resp::Init(Box::new(InitResponse {
                 data: Some(blob(9, 9)),
                 error: None,
-            })),
+            }))),
         ),
         case(
             "UdfControlResponse",
             "full_finish",
-            control_response(Resp::Finish(full_finish_response())),
+            control_response(Resp::Finish(Box::new(full_finish_response()))),
         ),
         case(
             "UdfControlResponse",
             "full_cancel",
-            control_response(Resp::Cancel(full_cancel_response())),
+            control_response(Resp::Cancel(Box::new(full_cancel_response()))),
         ),
         case(
             "UdfControlResponse",
             "full_error",
-            control_response(Resp::Error(ErrorResponse {
+            control_response(Resp::Error(Box::new(ErrorResponse {
                 error: Some(error(Kind::User(user_error()))),
-            })),
+            }))),
         ),
         // ---- Init phase
         case("Init", "empty", Init::default()),

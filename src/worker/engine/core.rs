@@ -379,7 +379,7 @@ impl EngineCore {
                         if self.phase == EnginePhase::Initializing {
                             self.phase = EnginePhase::Streaming;
                         }
-                        self.init_response = Some(resp);
+                        self.init_response = Some(*resp);
                     }
                 }
             }
@@ -395,7 +395,7 @@ impl EngineCore {
                 if self.finish_sent {
                     let execution_error = self.execution_error.clone();
                     let _ = self.settle(Termination::Finished {
-                        response: resp,
+                        response: *resp,
                         execution_error,
                     });
                 } else {
@@ -405,7 +405,7 @@ impl EngineCore {
             ResponseMessage::Cancel(resp) => {
                 let execution_error = self.execution_error.clone();
                 let _ = self.settle(Termination::Cancelled {
-                    response: resp,
+                    response: *resp,
                     execution_error,
                 });
             }
