@@ -206,84 +206,84 @@ pub enum ConnectError {
 }
 
 impl ConnectError {
-    /// The status message sent to clients (the gRPC status message a Spark server would
-    /// send, rx §1.8): the bracketed condition first where Spark has one, then tether's own
-    /// wording. Stable, pinned by tests: Spark clients classify errors by searching it.
-    /// `Display` writes the same text.
+    /// The status message sent to clients: exactly what Spark 4.3.0 sends for the
+    /// condition, `[CONDITION] text SQLSTATE: state` (connect §2; Spark's
+    /// `error-conditions.json` texts, measured on loopback). Conditions Spark does not have
+    /// (or that connect §2 did not measure) keep tether's wording in the same form. Stable
+    /// and pinned by tests: Spark clients classify errors by searching it. `Display` writes
+    /// the same text.
     pub fn message(&self) -> String {
-        match self {
+        let text = match self {
             Self::InvalidHandleFormat { handle } => format!(
-                "[INVALID_HANDLE.FORMAT] The handle {handle} is invalid: it must be a UUID \
-                 string like '00112233-4455-6677-8899-aabbccddeeff'."
+                "The handle {handle} is invalid. Handle must be an UUID string of the format \
+                 '00112233-4455-6677-8899-aabbccddeeff'"
             ),
             Self::OperationAbandoned { handle } => format!(
-                "[INVALID_HANDLE.OPERATION_ABANDONED] The handle {handle} is invalid: the \
-                 operation was abandoned or already ran and cannot be started again."
+                "The handle {handle} is invalid. Operation was considered abandoned because of \
+                 inactivity and removed."
             ),
-            Self::OperationAlreadyExists { handle } => format!(
-                "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle {handle} is invalid: an \
-                 operation with this id already exists."
-            ),
-            Self::OperationNotFound { handle } => format!(
-                "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle {handle} is invalid: the \
-                 operation was not found."
-            ),
-            Self::SessionChanged { handle } => format!(
-                "[INVALID_HANDLE.SESSION_CHANGED] The handle {handle} is invalid: the \
-                 server-side session changed (the server restarted or the session was \
-                 recreated); reconnect."
-            ),
-            Self::SessionClosed { handle } => format!(
-                "[INVALID_HANDLE.SESSION_CLOSED] The handle {handle} is invalid: the session \
-                 was closed."
-            ),
-            Self::SessionNotFound { handle } => format!(
-                "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle {handle} is invalid: the \
-                 session was not found."
-            ),
-            Self::Disconnected => {
-                "[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.".into()
+            Self::OperationAlreadyExists { handle } => {
+                format!("The handle {handle} is invalid. Operation already exists.")
             }
-            Self::NotReattachable => "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: \
-                 the operation is not reattachable."
-                .into(),
+            Self::OperationNotFound { handle } => {
+                format!("The handle {handle} is invalid. Operation not found.")
+            }
+            Self::SessionChanged { handle } => format!(
+                "The handle {handle} is invalid. The existing Spark server driver instance has \
+                 restarted. Please reconnect."
+            ),
+            Self::SessionClosed { handle } => {
+                format!("The handle {handle} is invalid. Session was closed.")
+            }
+            Self::SessionNotFound { handle } => {
+                format!("The handle {handle} is invalid. Session not found.")
+            }
+            Self::Disconnected => {
+                "The cursor is invalid. The cursor has been disconnected by the server.".into()
+            }
+            Self::NotReattachable => {
+                "The cursor is invalid. The cursor is not reattachable.".into()
+            }
             Self::PositionNotAvailable { response_id, index } => format!(
-                "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response \
-                 {response_id} at index {index} is no longer available."
+                "The cursor is invalid. The cursor position id {response_id} is no longer \
+                 available at index {index}."
             ),
-            Self::PositionNotFound { response_id } => format!(
-                "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response \
-                 {response_id} was not found."
-            ),
-            Self::OperationCanceled => "[OPERATION_CANCELED] The operation was canceled.".into(),
+            Self::PositionNotFound { response_id } => {
+                format!("The cursor is invalid. The cursor position id {response_id} is not found.")
+            }
+            Self::OperationCanceled => "Operation has been canceled.".into(),
             Self::InterruptTagRequiresTag => {
-                "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type \
-                 TAG needs an operation_tag."
-                    .into()
+                "An interrupt of type TAG needs an operation_tag.".into()
             }
             Self::InterruptOperationIdRequiresId => {
-                "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt \
-                 of type OPERATION_ID needs an operation_id."
-                    .into()
+                "An interrupt of type OPERATION_ID needs an operation_id.".into()
             }
-            Self::UnsupportedInterruptType { interrupt_type } => format!(
-                "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type {interrupt_type} is not \
-                 supported."
-            ),
+            Self::UnsupportedInterruptType { interrupt_type } => {
+                format!("Interrupt type {interrupt_type} is not supported.")
+            }
             Self::InvalidTag { tag, reason } => {
-                format!("Spark Connect tag {tag:?} is invalid: {reason}.")
+                return format!("Spark Connect tag {tag:?} is invalid: {reason}.");
             }
             Self::UnknownReleaseType => {
-                "Unknown ReleaseExecute type: neither release_all nor release_until is set.".into()
+                return "Unknown ReleaseExecute type: neither release_all nor release_until is \
+                        set."
+                    .into();
             }
             Self::Orphaned { handle } => {
-                format!("Operation {handle} was orphaned: its producer stopped without completing.")
+                return format!(
+                    "Operation {handle} was orphaned: its producer stopped without completing."
+                );
             }
             Self::ExecutionLimitExceeded { session, limit } => format!(
-                "[EXECUTION_LIMIT_EXCEEDED] Session {session} already has {limit} live \
-                 executions; release some before starting more."
+                "Session {session} already has {limit} live executions; release some before \
+                 starting more."
             ),
-            Self::Failed { message, .. } => message.clone(),
+            Self::Failed { message, .. } => return message.clone(),
+        };
+        let condition = self.condition().unwrap_or_default();
+        match self.sql_state() {
+            Some(state) => format!("[{condition}] {text} SQLSTATE: {state}"),
+            None => format!("[{condition}] {text}"),
         }
     }
 
@@ -320,11 +320,15 @@ impl ConnectError {
         })
     }
 
-    /// The SQLSTATE Spark attaches to the condition (`HY000` for `INVALID_HANDLE.*`, `HY109`
-    /// for `INVALID_CURSOR.*`, rx §1.8), if any.
+    /// The SQLSTATE Spark attaches to the condition, as measured on Spark 4.3.0 (connect §2):
+    /// `08003` for `INVALID_HANDLE.SESSION_*`, `HY000` for the other `INVALID_HANDLE.*`,
+    /// `HY109` for `INVALID_CURSOR.*`, `HY008` for `OPERATION_CANCELED`; `None` without a
+    /// condition.
     pub fn sql_state(&self) -> Option<&'static str> {
         let condition = self.condition()?;
-        if condition.starts_with("INVALID_HANDLE.") {
+        if condition.starts_with("INVALID_HANDLE.SESSION_") {
+            Some("08003")
+        } else if condition.starts_with("INVALID_HANDLE.") {
             Some("HY000")
         } else if condition.starts_with("INVALID_CURSOR.") {
             Some("HY109")
@@ -448,81 +452,82 @@ mod tests {
         let cases = [
             (
                 ConnectError::InvalidHandleFormat { handle: h() },
-                "[INVALID_HANDLE.FORMAT] The handle op-1 is invalid: it must be a UUID string \
-                 like '00112233-4455-6677-8899-aabbccddeeff'.",
+                "[INVALID_HANDLE.FORMAT] The handle op-1 is invalid. Handle must be an UUID \
+                 string of the format '00112233-4455-6677-8899-aabbccddeeff' SQLSTATE: HY000",
             ),
             (
                 ConnectError::OperationAbandoned { handle: h() },
-                "[INVALID_HANDLE.OPERATION_ABANDONED] The handle op-1 is invalid: the operation \
-                 was abandoned or already ran and cannot be started again.",
+                "[INVALID_HANDLE.OPERATION_ABANDONED] The handle op-1 is invalid. Operation was \
+                 considered abandoned because of inactivity and removed. SQLSTATE: HY000",
             ),
             (
                 ConnectError::OperationAlreadyExists { handle: h() },
-                "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle op-1 is invalid: an \
-                 operation with this id already exists.",
+                "[INVALID_HANDLE.OPERATION_ALREADY_EXISTS] The handle op-1 is invalid. \
+                 Operation already exists. SQLSTATE: HY000",
             ),
             (
                 ConnectError::OperationNotFound { handle: h() },
-                "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle op-1 is invalid: the operation \
-                 was not found.",
+                "[INVALID_HANDLE.OPERATION_NOT_FOUND] The handle op-1 is invalid. Operation not \
+                 found. SQLSTATE: HY000",
             ),
             (
                 ConnectError::SessionChanged { handle: h() },
-                "[INVALID_HANDLE.SESSION_CHANGED] The handle op-1 is invalid: the server-side \
-                 session changed (the server restarted or the session was recreated); \
-                 reconnect.",
+                "[INVALID_HANDLE.SESSION_CHANGED] The handle op-1 is invalid. The existing Spark \
+                 server driver instance has restarted. Please reconnect. SQLSTATE: 08003",
             ),
             (
                 ConnectError::SessionClosed { handle: h() },
-                "[INVALID_HANDLE.SESSION_CLOSED] The handle op-1 is invalid: the session was \
-                 closed.",
+                "[INVALID_HANDLE.SESSION_CLOSED] The handle op-1 is invalid. Session was closed. \
+                 SQLSTATE: 08003",
             ),
             (
                 ConnectError::SessionNotFound { handle: h() },
-                "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle op-1 is invalid: the session was \
-                 not found.",
+                "[INVALID_HANDLE.SESSION_NOT_FOUND] The handle op-1 is invalid. Session not \
+                 found. SQLSTATE: 08003",
             ),
             (
                 ConnectError::Disconnected,
-                "[INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.",
+                "[INVALID_CURSOR.DISCONNECTED] The cursor is invalid. The cursor has been \
+                 disconnected by the server. SQLSTATE: HY109",
             ),
             (
                 ConnectError::NotReattachable,
-                "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid: the operation is not \
-                 reattachable.",
+                "[INVALID_CURSOR.NOT_REATTACHABLE] The cursor is invalid. The cursor is not \
+                 reattachable. SQLSTATE: HY109",
             ),
             (
                 ConnectError::PositionNotAvailable {
                     response_id: "r-7".into(),
                     index: 3,
                 },
-                "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid: the response r-7 \
-                 at index 3 is no longer available.",
+                "[INVALID_CURSOR.POSITION_NOT_AVAILABLE] The cursor is invalid. The cursor \
+                 position id r-7 is no longer available at index 3. SQLSTATE: HY109",
             ),
             (
                 ConnectError::PositionNotFound {
                     response_id: "r-7".into(),
                 },
-                "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid: the response r-7 was \
-                 not found.",
+                "[INVALID_CURSOR.POSITION_NOT_FOUND] The cursor is invalid. The cursor position \
+                 id r-7 is not found. SQLSTATE: HY109",
             ),
             (
                 ConnectError::OperationCanceled,
-                "[OPERATION_CANCELED] The operation was canceled.",
+                "[OPERATION_CANCELED] Operation has been canceled. SQLSTATE: HY008",
             ),
             (
                 ConnectError::InterruptTagRequiresTag,
                 "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG] An interrupt of type \
-                 TAG needs an operation_tag.",
+                 TAG needs an operation_tag. SQLSTATE: 22023",
             ),
             (
                 ConnectError::InterruptOperationIdRequiresId,
                 "[INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID] An interrupt \
-                 of type OPERATION_ID needs an operation_id.",
+                 of type OPERATION_ID needs an operation_id. SQLSTATE: 22023",
             ),
             (
                 ConnectError::UnsupportedInterruptType { interrupt_type: 9 },
-                "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type 9 is not supported.",
+                "[UNSUPPORTED_FEATURE.INTERRUPT_TYPE] Interrupt type 9 is not supported. \
+                 SQLSTATE: 0A000",
             ),
             (
                 ConnectError::InvalidTag {
@@ -568,7 +573,7 @@ mod tests {
         assert_eq!(ConnectError::Disconnected.sql_state(), Some("HY109"));
         assert_eq!(
             ConnectError::SessionNotFound { handle: "s".into() }.sql_state(),
-            Some("HY000")
+            Some("08003")
         );
         assert_eq!(
             ConnectError::ExecutionLimitExceeded {

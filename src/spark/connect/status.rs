@@ -43,15 +43,6 @@ fn code_back(code: tonic::Code) -> Code {
     }
 }
 
-/// The status message real Spark sends: `[CONDITION] text SQLSTATE: state` (connect §2).
-pub(crate) fn status_message(error: &ConnectError) -> String {
-    let text = error.message();
-    match error.sql_state() {
-        Some(state) => format!("{text} SQLSTATE: {state}"),
-        None => text,
-    }
-}
-
 /// The `messageParameters` of `ErrorInfo`, as Spark names them (connect §2).
 fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
     use ConnectError as E;
@@ -80,7 +71,7 @@ fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
 /// sends it (connect §2). No `errorId`: this server does not serve `FetchErrorDetails`,
 /// which the Python client would call when it sees one.
 pub(crate) fn to_status(error: &ConnectError) -> tonic::Status {
-    let message = status_message(error);
+    let message = error.message();
     let Some(condition) = error.condition() else {
         return tonic::Status::new(code(error.code()), message);
     };
