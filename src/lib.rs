@@ -135,7 +135,9 @@
 #![warn(clippy::use_self)]
 
 /// Declares a module's sealed typestate trait `State` and its five markers (used by
-/// [`worker::state`] and [`execution::state`], whose markers are distinct types).
+/// [`worker::state`] and [`execution::state`], whose markers are distinct types). Each
+/// invocation passes the docs of the trait and of every marker, citing the lifecycle state
+/// the marker stands for: udf §4.1 (worker sessions) or rx §2.3 (reattachable executions).
 macro_rules! typestate_markers {
     (
         $(#[$trait_doc:meta])*
@@ -143,12 +145,18 @@ macro_rules! typestate_markers {
         $($(#[$doc:meta])* $name:ident,)*
     ) => {
         mod sealed {
+            /// Seals `State`: only the markers declared beside it implement it, so the
+            /// typestates are exactly the protocol's lifecycle states (udf §4.1 for worker
+            /// sessions, rx §2.3 for reattachable executions).
             pub trait Sealed {}
         }
 
         $(#[$trait_doc])*
+        ///
+        /// The markers are the protocol's named lifecycle states: udf §4.1 (Spark's
+        /// `WorkerSession` states) for worker sessions, rx §2.3 for reattachable executions.
         pub trait State: sealed::Sealed + Send + Sync + 'static {
-            /// The marker's name, for `Debug` output.
+            /// The marker's name (`"Init"`, `"Streaming"`, …), for `Debug` output.
             const NAME: &'static str;
         }
 

@@ -9,7 +9,9 @@
 
 use std::fmt;
 
-/// A gRPC status code category (the canonical `google.rpc.Code` values).
+/// A gRPC status code category (the canonical `google.rpc.Code` values). Spark sends every
+/// recoverable server error as `INTERNAL` and fatal ones as `UNKNOWN` (rx §1.8); its clients
+/// decide retries by code and message (rx §6.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Code {
     /// 0: not an error.
@@ -49,7 +51,8 @@ pub enum Code {
 }
 
 impl Code {
-    /// The code's canonical upper-case name, e.g. `"INTERNAL"`.
+    /// The code's canonical upper-case name, e.g. `"INTERNAL"`, as status texts print it
+    /// (rx §1.8, §6.1).
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Ok => "OK",
@@ -287,10 +290,11 @@ impl ConnectError {
         }
     }
 
-    /// The Spark error condition (`"INVALID_CURSOR.DISCONNECTED"`, …), or `None` for the
-    /// errors Spark raises as plain exceptions ([`InvalidTag`](Self::InvalidTag),
-    /// [`UnknownReleaseType`](Self::UnknownReleaseType), [`Orphaned`](Self::Orphaned),
-    /// [`Failed`](Self::Failed)).
+    /// The Spark error condition (`"INVALID_CURSOR.DISCONNECTED"`, …; the conditions of
+    /// rx §1.8, sent as `ErrorInfo` `errorClass`, connect §2), or `None` for the errors
+    /// Spark raises as plain exceptions ([`InvalidTag`](Self::InvalidTag),
+    /// [`UnknownReleaseType`](Self::UnknownReleaseType), [`Orphaned`](Self::Orphaned)) and
+    /// for [`Failed`](Self::Failed), whose condition, if any, is inside its message.
     pub fn condition(&self) -> Option<&'static str> {
         Some(match self {
             Self::InvalidHandleFormat { .. } => "INVALID_HANDLE.FORMAT",
@@ -320,10 +324,12 @@ impl ConnectError {
         })
     }
 
-    /// The SQLSTATE Spark attaches to the condition, as measured on Spark 4.3.0 (connect §2):
-    /// `08003` for `INVALID_HANDLE.SESSION_*`, `HY000` for the other `INVALID_HANDLE.*`,
-    /// `HY109` for `INVALID_CURSOR.*`, `HY008` for `OPERATION_CANCELED`; `None` without a
-    /// condition.
+    /// The SQLSTATE sent with the condition, if any, as measured on Spark 4.3.0
+    /// (connect §2): `08003` for `INVALID_HANDLE.SESSION_*`, `HY000` for the other
+    /// `INVALID_HANDLE.*`, `HY109` for `INVALID_CURSOR.*`, `HY008` for `OPERATION_CANCELED`
+    /// (rx §1.8), `22023` for `INVALID_PARAMETER_VALUE.*` and `0A000` for
+    /// `UNSUPPORTED_FEATURE.*` (Spark's `error-conditions.json`); `None` without a
+    /// condition and for tether's `EXECUTION_LIMIT_EXCEEDED`.
     pub fn sql_state(&self) -> Option<&'static str> {
         let condition = self.condition()?;
         if condition.starts_with("INVALID_HANDLE.SESSION_") {
@@ -355,7 +361,8 @@ impl ConnectError {
         }
     }
 
-    /// A producer-reported failure with status `INTERNAL` (see [`Failed`](Self::Failed)).
+    /// A producer-reported failure with status `INTERNAL` (see [`Failed`](Self::Failed)):
+    /// the terminal error of rx §2.2 T8, `message` used verbatim.
     pub fn failed(message: impl Into<String>) -> Self {
         Self::Failed {
             message: message.into(),
@@ -381,7 +388,8 @@ impl fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// Every condition name [`ConnectError::condition`] can return, longest first (the order
+/// Every condition name [`ConnectError::condition`] can return — the server conditions of
+/// rx §1.8 and §5.7, and tether's `EXECUTION_LIMIT_EXCEEDED` — longest first (the order
 /// [`ConnectError::condition_in`] searches in).
 pub const CONDITIONS: &[&str] = &[
     "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID",

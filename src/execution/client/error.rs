@@ -49,8 +49,8 @@ pub mod condition {
 /// `RetryInfo.retry_delay`) (rx §1.8).
 ///
 /// `Display` is `"<CODE>: <message>"`, e.g.
-/// `INTERNAL: [INVALID_CURSOR.DISCONNECTED] The cursor was disconnected.`, so Spark clients
-/// and humans recognise the condition.
+/// `INTERNAL: [INVALID_CURSOR.DISCONNECTED] The cursor was disconnected by the server.`, so
+/// Spark clients and humans recognise the condition.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RpcError {
     code: Code,
@@ -60,7 +60,8 @@ pub struct RpcError {
 }
 
 impl RpcError {
-    /// An error with a status code and message, no rich status.
+    /// An error with a status code and message, no rich status (what a server without the
+    /// `grpc-status-details-bin` trailer sends, rx §1.8).
     pub fn new(code: Code, message: impl Into<String>) -> Self {
         Self {
             code,
@@ -81,13 +82,14 @@ impl RpcError {
         }
     }
 
-    /// `UNAVAILABLE` with a message: what a transport reports for a broken connection.
+    /// `UNAVAILABLE` with a message: what a transport reports for a broken connection
+    /// (retryable under the default policy, rx §6.1).
     pub fn unavailable(message: impl Into<String>) -> Self {
         Self::new(Code::Unavailable, message)
     }
 
     /// Sets the Spark error condition read from the rich status (`ErrorInfo` metadata
-    /// `errorClass`).
+    /// `errorClass`, rx §1.8, connect §2).
     pub fn with_condition(mut self, condition: impl Into<String>) -> Self {
         self.condition = Some(condition.into());
         self
@@ -101,22 +103,25 @@ impl RpcError {
         self
     }
 
-    /// The status code.
+    /// The status code (`INTERNAL` for Spark's conditions, rx §1.8; the retry policy
+    /// reads it, rx §6.1).
     pub fn code(&self) -> Code {
         self.code
     }
 
-    /// The status message.
+    /// The status message (for a Spark error, `[CONDITION] text`, rx §1.8; connect §2
+    /// gives the texts Spark 4.3.0 sends).
     pub fn message(&self) -> &str {
         &self.message
     }
 
-    /// The Spark error condition from the rich status, if the transport supplied one.
+    /// The Spark error condition from the rich status (`ErrorInfo` `errorClass`, rx §1.8),
+    /// if the transport supplied one.
     pub fn condition(&self) -> Option<&str> {
         self.condition.as_deref()
     }
 
-    /// The server's `RetryInfo.retry_delay`, if any.
+    /// The server's `RetryInfo.retry_delay` (rx §6.1, 4.1+), if any.
     pub fn retry_delay(&self) -> Option<Duration> {
         self.retry_delay
     }
@@ -165,8 +170,9 @@ impl From<ConnectError> for RpcError {
     }
 }
 
-/// A response the server sent that breaks the protocol; the stream fails with
-/// [`ClientError::Violation`] rather than deliver something it cannot resume from.
+/// A response the server sent that breaks the protocol (rx §1.3: `operation_id` and a
+/// fresh `response_id` on every response); the stream fails with
+/// [`ClientError::Violation`] rather than deliver something it cannot resume from (rx §6.4).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum Violation {
     /// A response of a reattachable execution without `response_id`: it could never be
@@ -174,7 +180,8 @@ pub enum Violation {
     /// `POSITION_NOT_FOUND` (rx §1.4, §6.4).
     #[error("response without response_id in a reattachable execution")]
     MissingResponseId,
-    /// The same `response_id` twice in a row: delivering it again would duplicate a result.
+    /// The same `response_id` twice in a row: delivering it again would duplicate a result
+    /// (every response gets a fresh random id, rx §1.9).
     #[error("response {response_id} delivered twice")]
     DuplicateResponse {
         /// The repeated id.
@@ -202,7 +209,8 @@ pub enum Violation {
 
 /// Why a [`ReattachingStream`](super::ReattachingStream) or
 /// [`ExecuteStream`](super::ExecuteStream) ended in error. The stream yields it once, has
-/// already queued its one `ReleaseAll` (reattachable form), and then ends.
+/// already queued its one `ReleaseAll` (reattachable form: any error escaping the retry
+/// scope ⇒ `release_all()`, rx §6.3), and then ends.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
     /// An RPC failed with an error the retry policy does not retry (for example
@@ -258,7 +266,9 @@ pub enum ClientError {
 }
 
 impl ClientError {
-    /// The RPC error behind this one, if it came from an RPC.
+    /// The RPC error behind this one, if it came from an RPC: for
+    /// [`RetriesExceeded`](Self::RetriesExceeded) the original error Spark 4.1+ re-raises
+    /// (rx §6.1, SPARK-53307).
     pub fn rpc_error(&self) -> Option<&RpcError> {
         match self {
             Self::Rpc(e)
@@ -268,9 +278,10 @@ impl ClientError {
         }
     }
 
-    /// Whether this error is, or wraps, the Spark condition `condition`. The client-only
-    /// [`condition::RESPONSE_ALREADY_RECEIVED`] and `INVALID_HANDLE.SESSION_CHANGED` match
-    /// their variants.
+    /// Whether this error is, or wraps, the Spark condition `condition` (found as Spark's
+    /// clients find it, rx §1.8). The client-only
+    /// [`condition::RESPONSE_ALREADY_RECEIVED`] (rx §6.3) and
+    /// `INVALID_HANDLE.SESSION_CHANGED` (rx §6.2) match their variants.
     pub fn has_condition(&self, condition: &str) -> bool {
         match self {
             Self::ResponseAlreadyReceived { .. }
@@ -288,10 +299,13 @@ impl ClientError {
     }
 }
 
-/// A misuse of [`ReattachingStream::release_until`](super::ReattachingStream::release_until).
+/// A misuse of [`ReattachingStream::release_until`](super::ReattachingStream::release_until),
+/// refused before any `ReleaseUntil` is sent (rx §1.5; a client releases only responses it
+/// delivered, rx §6.4).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReleaseError {
-    /// The id was delivered by another operation's stream.
+    /// The id was delivered by another operation's stream (the server would answer
+    /// `POSITION_NOT_FOUND`, rx §3.4).
     #[error("response id belongs to operation {id_operation}, not {stream_operation}")]
     ForeignResponseId {
         /// The operation the id came from.
@@ -299,8 +313,8 @@ pub enum ReleaseError {
         /// This stream's operation.
         stream_operation: String,
     },
-    /// The stream releases automatically ([`ReleaseMode::AfterDelivery`](super::ReleaseMode));
-    /// manual releases would race it.
+    /// The stream releases automatically ([`ReleaseMode::AfterDelivery`](super::ReleaseMode),
+    /// Spark's per-response `release_until`, rx §6.3); manual releases would race it.
     #[error("release_until needs ReleaseMode::Manual")]
     AutomaticMode,
 }

@@ -19,7 +19,8 @@ pub enum SpecError {
     /// `worker` is unset: only the `direct` worker exists (udf §1.9).
     #[error("the worker specification must set a direct worker (UDFWorkerSpecification.direct)")]
     MissingDirectWorker,
-    /// `direct.runner` is unset.
+    /// `direct.runner` is unset (udf §1.9 `DirectWorker.runner`, checked at construction,
+    /// udf §6.2).
     #[error("the direct worker must set a runner (DirectWorker.runner)")]
     MissingRunner,
     /// A callable's `command` is empty (udf §8 scenario 116).
@@ -51,7 +52,8 @@ pub enum SpecError {
         "the dispatcher requires WorkerCapabilities: supported_data_formats must contain at least ARROW and supported_communication_patterns must contain BIDIRECTIONAL_STREAMING"
     )]
     MissingCapabilities,
-    /// `supported_data_formats` does not contain `ARROW`.
+    /// `supported_data_formats` does not contain `ARROW` (it must, udf §1.9
+    /// `WorkerCapabilities`, §6.2).
     #[error("supported_data_formats must contain at least ARROW")]
     ArrowRequired,
     /// `supported_data_formats` contains `UNSPECIFIED` (udf §8 scenario 100).
@@ -93,17 +95,23 @@ impl fmt::Display for CallableStage {
     }
 }
 
-/// How a process ended: an exit code, or the signal that killed it.
+/// How a process ended: an exit code, or the signal that killed it. What the dispatcher
+/// reports for a worker that exits before becoming reachable (udf §6.4, §8 scenario 117:
+/// "exited with code 42") and for a failing environment callable (udf §6.3: exit code and
+/// output tail; exit 0 = success, udf §1.9 `ProcessCallable`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum ExitReason {
     /// It exited with this code.
     Code(i32),
-    /// It was killed by this signal number.
+    /// It was killed by this signal number (e.g. the SIGKILL that stops a timed-out
+    /// callable, udf §6.3).
     Signal(i32),
 }
 
 impl ExitReason {
-    /// The reason of a finished process's status.
+    /// The reason of a finished process's status (Unix): its exit code, else the signal
+    /// that killed it (udf §6.3, §6.4). A status with neither, which `wait` never returns,
+    /// maps to `Code(-1)`.
     pub fn from_status(status: std::process::ExitStatus) -> Self {
         use std::os::unix::process::ExitStatusExt;
         match (status.code(), status.signal()) {
@@ -181,7 +189,7 @@ pub enum EnvironmentError {
 }
 
 impl EnvironmentError {
-    /// The callable that failed.
+    /// The callable that failed (verification, installation or cleanup, udf §6.3).
     pub fn stage(&self) -> CallableStage {
         match self {
             Self::Failed { stage, .. }

@@ -42,9 +42,12 @@ pub enum WorkerPhase {
     Done,
 }
 
-/// How a worker-side session ended (see [`WorkerCore::outcome`]). Settled once, never
-/// changed, except that a transport failure before the terminator was handed to the
-/// transport turns it into [`TransportFailed`](Self::TransportFailed).
+/// How a worker-side session ended (see [`WorkerCore::outcome`]): one of the terminators of
+/// udf §2 R5, the protocol-error close of R6, or the silent end of R8 — the worker-side
+/// counterpart of the engine's [`Termination`](crate::worker::engine::Termination)
+/// (udf §4.1). Settled once, never changed, except that a transport failure before the
+/// terminator was handed to the transport turns it into
+/// [`TransportFailed`](Self::TransportFailed).
 #[derive(Debug, Clone)]
 #[must_use]
 pub enum EndpointOutcome {
@@ -67,7 +70,8 @@ pub enum EndpointOutcome {
     TransportFailed(ConnectionError),
 }
 
-/// The variant of an [`EndpointOutcome`], without payload.
+/// The variant of an [`EndpointOutcome`], without payload: which of the endings of udf §2
+/// (R5 terminators, R6 protocol-error close, R8 transport failure) the session took.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum OutcomeKind {
     /// [`EndpointOutcome::Finished`].
@@ -81,7 +85,7 @@ pub enum OutcomeKind {
 }
 
 impl EndpointOutcome {
-    /// The variant, without payload.
+    /// The variant, without payload (the udf §2 ending, see [`OutcomeKind`]).
     pub fn kind(&self) -> OutcomeKind {
         match self {
             Self::Finished => OutcomeKind::Finished,
@@ -91,7 +95,9 @@ impl EndpointOutcome {
         }
     }
 
-    /// The error the worker reported before being cancelled, if any.
+    /// The error the worker reported before being cancelled (its `ErrorResponse` or
+    /// `InitResponse.error`, answered by the engine's Cancel, udf §2 R4), if any; `None` for
+    /// every outcome but [`Cancelled`](Self::Cancelled).
     pub fn reported_error(&self) -> Option<&ExecutionError> {
         match self {
             Self::Cancelled { reported, .. } => reported.as_ref(),
@@ -100,7 +106,8 @@ impl EndpointOutcome {
     }
 
     /// Whether the session ended by the protocol's rules with a terminator the engine
-    /// asked for (`Finished` or `Cancelled`).
+    /// asked for (`Finished` or `Cancelled`, udf §2 R5); `false` after a protocol-error
+    /// close (R6) or a transport failure (R8).
     pub fn is_clean(&self) -> bool {
         matches!(self, Self::Finished | Self::Cancelled { .. })
     }
@@ -126,8 +133,11 @@ impl fmt::Display for EndpointOutcome {
     }
 }
 
-/// A call made in a phase that does not allow it. The typed
-/// [`Endpoint`](super::Endpoint) makes these impossible; the sans-IO form reports them.
+/// A call made in a phase that does not allow it: an answer that would break the worker's
+/// side of the ordering rules (udf §2: R2 no output before the `InitResponse`, R4 at most
+/// one error, R5 exactly one terminator). The typed [`Endpoint`](super::Endpoint) makes
+/// these impossible; the sans-IO form reports them. `Display`: "`<call>` is not allowed
+/// in worker phase `<phase>`".
 #[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
 #[error("{call} is not allowed in worker phase {phase:?}")]
 pub struct EndpointMisuse {
@@ -137,7 +147,9 @@ pub struct EndpointMisuse {
     pub phase: WorkerPhase,
 }
 
-/// Counters of events the core observed but ignored or discarded.
+/// Counters of events the core observed but ignored or discarded, as the reference worker
+/// ignores them (udf §2.1 "ignored" rows) or drops them after a Cancel (udf §2 R7). All
+/// counts are messages or batches since the session began.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct WorkerStats {
     /// `DataRequest`s accepted into the input queue.
@@ -248,7 +260,9 @@ impl Default for WorkerCore {
 
 impl WorkerCore {
     /// A session in phase [`AwaitingInit`](WorkerPhase::AwaitingInit) that validates `Init`s
-    /// against `config` (supported data formats, protocol version, payload size bound).
+    /// against `config`: the `protocol_version` and `data_format` checks of udf §1.3 (a data
+    /// format the config lists but cannot accept, such as `UNSPECIFIED`, is dropped), and
+    /// tether's bound on the payload size in bytes.
     pub fn new(config: &EndpointConfig) -> Self {
         Self {
             state: State::AwaitingInit,
@@ -280,7 +294,7 @@ impl WorkerCore {
     // Queries
     // -----------------------------------------------------------------------------------
 
-    /// The current phase.
+    /// The current phase (the reference worker's states, udf §2.1; see [`WorkerPhase`]).
     pub fn phase(&self) -> WorkerPhase {
         match self.state {
             State::AwaitingInit => WorkerPhase::AwaitingInit,
@@ -294,72 +308,83 @@ impl WorkerCore {
         }
     }
 
-    /// Whether the session is done (terminator queued or transport failed).
+    /// Whether the session is done (terminator queued or transport failed): udf §2.1
+    /// `Done`, after which every request is ignored.
     pub fn is_done(&self) -> bool {
         matches!(self.state, State::Done)
     }
 
-    /// The outcome, once [`Done`](WorkerPhase::Done).
+    /// The outcome (udf §2 R5–R8, see [`EndpointOutcome`]), once
+    /// [`Done`](WorkerPhase::Done); `None` before.
     pub fn outcome(&self) -> Option<&EndpointOutcome> {
         self.outcome.as_ref()
     }
 
     /// The assembled, verified `Init` while [`InitPending`](WorkerPhase::InitPending) (its
-    /// `udf.payload` holds the whole payload, inline part and chunks joined), until taken.
+    /// `udf.payload` holds the whole payload, inline part and chunks joined in arrival
+    /// order, udf §1.3), until taken.
     pub fn init(&self) -> Option<&Init> {
         self.init.as_ref()
     }
 
-    /// Takes the assembled `Init` (see [`init`](Self::init)).
+    /// Takes the assembled `Init` (see [`init`](Self::init); udf §1.3); `None` once taken
+    /// or outside [`InitPending`](WorkerPhase::InitPending).
     #[must_use]
     pub fn take_init(&mut self) -> Option<Init> {
         self.init.take()
     }
 
-    /// The engine's `Cancel`, if one arrived.
+    /// The engine's `Cancel` (with its optional `reason`, udf §1.5), if one arrived.
     pub fn cancel_received(&self) -> Option<&Cancel> {
         self.cancel.as_ref()
     }
 
-    /// Whether the engine's `Finish` arrived.
+    /// Whether the engine's `Finish` arrived (all input sent, udf §1.5), including one
+    /// ignored while waiting for the Cancel after an error (udf §2.1).
     pub fn finish_received(&self) -> bool {
         self.finish_received
     }
 
-    /// The error the worker reported (`InitResponse.error` or `ErrorResponse`), if any.
+    /// The error the worker reported (`InitResponse.error` or `ErrorResponse`; at most one
+    /// per stream, udf §2 R4), if any.
     pub fn reported_error(&self) -> Option<&ExecutionError> {
         self.reported.as_ref()
     }
 
     /// Why the worker answered the `Init` with a `ProtocolError` on its own (unsupported
-    /// version or format, missing `udf`, size or CRC mismatch), if it did; the user never
-    /// saw that `Init`.
+    /// version or format, missing `udf`, size or CRC mismatch: the checks of udf §1.3), if
+    /// it did; the user never saw that `Init`.
     pub fn init_rejection(&self) -> Option<&InitRejection> {
         self.rejection.as_ref()
     }
 
-    /// Whether an `InitResponse` has been queued.
+    /// Whether an `InitResponse` has been queued (exactly one per stream, udf §1.3).
     pub fn init_response_sent(&self) -> bool {
         self.init_response_sent
     }
 
-    /// Ignored/discarded event counters.
+    /// Ignored/discarded event counters (see [`WorkerStats`]; udf §2.1, §2 R7).
     pub fn stats(&self) -> WorkerStats {
         self.stats
     }
 
-    /// The next received input batch, in arrival order.
+    /// The next received input batch (`DataRequest.data`, udf §1.4), in arrival order.
     #[must_use]
     pub fn pop_input(&mut self) -> Option<Bytes> {
         self.input.pop_front()
     }
 
-    /// How many received input batches wait to be read.
+    /// How many received input batches (udf §1.4) wait to be read. The core does not bound
+    /// the queue; a driver bounds it by reading no further requests while it is full, so the
+    /// transport's flow control pushes back on the engine (the protocol's only
+    /// back-pressure, udf §1.4).
     pub fn input_len(&self) -> usize {
         self.input.len()
     }
 
-    /// Drops every queued input batch and returns how many there were.
+    /// Drops every queued input batch and returns how many there were (counted in
+    /// [`WorkerStats::input_discarded`]): what the worker does with unread input on Cancel
+    /// (udf §2 R7) or after its own error (R4).
     pub fn discard_input(&mut self) -> usize {
         let n = self.input.len();
         self.input.clear();
@@ -367,13 +392,15 @@ impl WorkerCore {
         n
     }
 
-    /// The next response to hand to the transport, if any.
+    /// The next response to hand to the transport, if any, in the order udf §2 prescribes
+    /// (`InitResponse`, `DataResponse`s, at most one error, one terminator).
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<UdfResponse> {
         self.outbox.pop_front()
     }
 
-    /// Whether responses are waiting for [`poll_transmit`](Self::poll_transmit).
+    /// Whether responses (udf §2 order) are waiting for
+    /// [`poll_transmit`](Self::poll_transmit).
     pub fn has_transmit(&self) -> bool {
         !self.outbox.is_empty()
     }
@@ -698,8 +725,9 @@ impl WorkerCore {
         }
     }
 
-    /// Answers the pending `Init` with `InitResponse { data }`: `InitPending → Data`. After a
-    /// Cancel (or once done) nothing is sent: the session is cancelling.
+    /// Answers the pending `Init` with `InitResponse { data }` (opaque init result,
+    /// udf §1.3): `InitPending → Data`. After a Cancel (or once done) nothing is sent: the
+    /// session is cancelling (udf §2 R7).
     ///
     /// # Errors
     /// [`EndpointMisuse`] unless `InitPending`, `Cancelling` (with no `InitResponse` sent)
@@ -720,9 +748,10 @@ impl WorkerCore {
         }
     }
 
-    /// Answers the pending `Init` with `InitResponse { error }`: `InitPending → PostError`
-    /// (then the engine's Cancel is awaited). After a Cancel the error is kept for the
-    /// `CancelResponse.error` instead (nothing but the `CancelResponse` is sent).
+    /// Answers the pending `Init` with `InitResponse { error }` (udf §1.3):
+    /// `InitPending → PostError` (then the engine's Cancel is awaited, udf §2 R4). After a
+    /// Cancel the error is kept for the `CancelResponse.error` instead (nothing but the
+    /// `CancelResponse` is sent, R7).
     ///
     /// # Errors
     /// [`EndpointMisuse`] unless `InitPending`, `Cancelling` (with no `InitResponse` sent)

@@ -17,8 +17,9 @@ use super::config::EndpointConfig;
 use super::core::{EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
 use super::violation::{EngineViolation, InitRejection};
 
-/// Why an [`Endpoint`] operation could not go on: the engine cancelled, or the session ended.
-/// The endpoint itself still holds the full [`EndpointOutcome`].
+/// Why an [`Endpoint`] operation could not go on: the engine cancelled (udf §2 R7), or the
+/// session ended (R5, R6, R8). The endpoint itself still holds the full
+/// [`EndpointOutcome`].
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum EndpointError {
@@ -37,7 +38,7 @@ pub enum EndpointError {
     /// The connection failed; nothing more can be sent (udf §2 R8).
     #[error(transparent)]
     Transport(ConnectionError),
-    /// The session already ended normally (its terminator was sent).
+    /// The session already ended normally (its terminator was sent, udf §2 R5).
     #[error("the worker session has already ended")]
     Ended,
 }
@@ -261,19 +262,20 @@ where
 /// worker written in Rust speaks on one `Execute` stream.
 ///
 /// ```text
-///   Endpoint<Init> ── recv_init ──► InitRequest ── accept ──► Endpoint<Streaming>
-///        │ (bad Init / Cancel:          │ reject                 │ recv()* send()*
-///        │  answered automatically)     ▼                        │ end_of_input()
-///        │                      Endpoint<Cancelling> ◄── fail ───┼─── InputEnd::Cancel
-///        │                          │ cancelled(resp)            ▼ InputEnd::Finish
-///        │                          │                    Endpoint<Finishing> ── fail ──► Cancelling
-///        ▼                          ▼                            │ send()* finish(resp)
-///   Endpoint<Terminated> ◄──────────┴────────────────────────────┘
-///        outcome(): Finished | Cancelled | ProtocolViolation | TransportFailed
+///   Endpoint<state::Init> ── recv_init ──► InitRequest ── accept ──► Endpoint<state::Streaming>
+///     │ bad Init, Cancel:                    │ reject                   │ recv()* send()*
+///     │ answered automatically               ▼                          │ end_of_input()
+///     │                         Endpoint<state::Cancelling> ◄── fail ───┼── InputEnd::Cancel
+///     │                             │ cancelled(resp) ▲                 ▼ InputEnd::Finish
+///     │                             │                 └─ fail ─ Endpoint<state::Finishing>
+///     ▼                             ▼                                   │ send()* finish(resp)
+///   Endpoint<state::Terminated> ◄───┴───────────────────────────────────┘
+///      outcome(): Finished | Cancelled | ProtocolViolation | TransportFailed
 /// ```
 ///
-/// - `S` is one of the engine's typestate markers ([`state`](crate::worker::state)); `C` is
-///   the [`Connection`] carrying `UdfResponse` out and `UdfRequest` in.
+/// - `S` is one of the worker-session typestate markers ([`state`](crate::worker::state),
+///   shared with the engine's [`Session`](crate::worker::engine::Session)); `C` is the
+///   [`Connection`] carrying `UdfResponse` out and `UdfRequest` in.
 /// - Methods exist only where the protocol allows them: no output before the
 ///   `InitResponse` (R2), no second error, no output after an error or a terminator.
 ///   Transitions consume `self` and always hand back an endpoint that leads to
@@ -315,18 +317,18 @@ impl<S: state::State, C> Endpoint<S, C> {
         }
     }
 
-    /// The runtime phase (the typestate is a static lower bound of it: the engine can cancel
-    /// or break the protocol at any time).
+    /// The runtime phase (udf §2.1 states). The typestate is a static lower bound of it: the
+    /// engine can cancel (udf §2 R3) or break the protocol at any time.
     pub fn phase(&self) -> WorkerPhase {
         self.inner.core.phase()
     }
 
-    /// Whether the engine has sent `Cancel` (output is no longer sent).
+    /// Whether the engine has sent `Cancel` (output is no longer sent, udf §2 R7).
     pub fn cancel_requested(&self) -> bool {
         self.inner.core.cancel_received().is_some()
     }
 
-    /// The engine's `Cancel.reason`, if a Cancel with a reason arrived.
+    /// The engine's `Cancel.reason` (udf §1.5), if a Cancel with a reason arrived.
     pub fn cancel_reason(&self) -> Option<&str> {
         self.inner
             .core
@@ -334,23 +336,25 @@ impl<S: state::State, C> Endpoint<S, C> {
             .and_then(|c| c.reason.as_deref())
     }
 
-    /// The outcome, if the session has already ended.
+    /// The outcome (udf §2 R5–R8, see [`EndpointOutcome`]), if the session has already
+    /// ended; `None` before.
     pub fn outcome_if_ended(&self) -> Option<&EndpointOutcome> {
         self.inner.core.outcome()
     }
 
-    /// Why the worker rejected the engine's `Init` on its own (see
+    /// Why the worker rejected the engine's `Init` on its own (the checks of udf §1.3; see
     /// [`WorkerCore::init_rejection`]), if it did.
     pub fn init_rejection(&self) -> Option<&InitRejection> {
         self.inner.core.init_rejection()
     }
 
-    /// Counters of ignored or discarded events.
+    /// Counters of ignored or discarded events (see [`WorkerStats`]; udf §2.1, §2 R7).
     pub fn stats(&self) -> WorkerStats {
         self.inner.core.stats()
     }
 
-    /// The configuration this endpoint runs with.
+    /// The configuration this endpoint runs with (the udf §1.3 `Init` checks, the udf §2 R4
+    /// cancel timeout, the input buffer).
     pub fn config(&self) -> &EndpointConfig {
         &self.inner.config
     }
@@ -360,8 +364,8 @@ impl<C> Endpoint<state::Init, C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
-    /// A worker-side session on `connection` (one `Execute` stream). Nothing is read until
-    /// [`recv_init`](Self::recv_init).
+    /// A worker-side session on `connection` (one `Execute` stream == one session,
+    /// udf §1.1). Nothing is read until [`recv_init`](Self::recv_init).
     pub fn new(connection: C, config: EndpointConfig) -> Self {
         let inner = Inner {
             core: WorkerCore::new(&config),
@@ -385,7 +389,7 @@ where
     ///
     /// Returns an [`InitRequest`] holding the `Init`, to [`accept`](InitRequest::accept) or
     /// [`reject`](InitRequest::reject). Everything else is answered here, without the user,
-    /// and gives `Err(Endpoint<Terminated>)`:
+    /// and gives `Err(Endpoint<state::Terminated>)`:
     /// - `Cancel` before the Init is complete: `CancelResponse`, outcome `Cancelled`;
     /// - an unsupported `protocol_version` or `data_format`, a missing `udf`, a
     ///   `payload_size`/`payload_crc32` mismatch: `InitResponse(error = ProtocolError)`, then
@@ -427,7 +431,7 @@ where
 /// An assembled, verified `Init` waiting for the user's answer (phase
 /// [`InitPending`](WorkerPhase::InitPending)); returned by [`Endpoint::recv_init`].
 ///
-/// Exactly one `InitResponse` answers it: [`accept`](Self::accept) or
+/// Exactly one `InitResponse` answers it (udf §1.3): [`accept`](Self::accept) or
 /// [`reject`](Self::reject). Dropping it drops the endpoint (see [`Endpoint`]'s drop rule).
 #[must_use = "an Init must be accepted or rejected"]
 pub struct InitRequest<C> {
@@ -454,14 +458,15 @@ where
         &self.init
     }
 
-    /// The assembled UDF payload bytes (`init().udf.payload`).
+    /// The assembled UDF payload bytes (`init().udf.payload`: the inline part followed by
+    /// the chunks, udf §1.3).
     pub fn payload(&self) -> &Bytes {
         static EMPTY: Bytes = Bytes::new();
         self.init.udf.as_ref().map(|u| &u.payload).unwrap_or(&EMPTY)
     }
 
     /// Whether the engine has already cancelled (then `accept` and `reject` send nothing and
-    /// lead to the `CancelResponse`).
+    /// lead to the `CancelResponse`, udf §2 R7).
     pub fn cancel_requested(&self) -> bool {
         self.endpoint.cancel_requested()
     }
@@ -499,8 +504,8 @@ where
     }
 }
 
-/// How the input of a streaming [`Endpoint`] ended; returned by
-/// [`Endpoint::end_of_input`].
+/// How the input of a streaming [`Endpoint`] ended (the engine's `Finish` or `Cancel`,
+/// udf §2 R5, or the session's end); returned by [`Endpoint::end_of_input`].
 #[derive(Debug)]
 #[must_use]
 pub enum InputEnd<C> {
@@ -568,8 +573,9 @@ where
         self.into_state()
     }
 
-    /// Waits until the input has ended and returns how: `Finish`, `Cancel`, or the session
-    /// ended otherwise. Input batches not yet received are dropped.
+    /// Waits until the input has ended and returns how: `Finish` (udf §2 R5 (a)), `Cancel`
+    /// (R5 (b), R7), or the session ended otherwise (R6, R8). Input batches not yet
+    /// received are dropped.
     pub async fn end_of_input(mut self) -> InputEnd<C> {
         let phase = self
             .inner
@@ -605,7 +611,7 @@ impl<C> Endpoint<state::Finishing, C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
-    /// Sends trailing output after `Finish`; see [`Endpoint<Streaming, C>::send`]. A
+    /// Sends trailing output after `Finish`; see [`Endpoint<state::Streaming, C>::send`]. A
     /// `Cancel` after the `Finish` makes it fail with [`EndpointError::Cancelled`] (then
     /// [`finish`](Self::finish) sends a `CancelResponse`, udf §2 R5 (c)).
     pub async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
@@ -681,7 +687,7 @@ where
 }
 
 impl<C> Endpoint<state::Terminated, C> {
-    /// How the session ended.
+    /// How the session ended (udf §2 R5–R8, see [`EndpointOutcome`]).
     pub fn outcome(&self) -> &EndpointOutcome {
         self.inner
             .core
@@ -689,8 +695,8 @@ impl<C> Endpoint<state::Terminated, C> {
             .expect("a Terminated endpoint has an outcome")
     }
 
-    /// Releases the connection (the response side is already half-closed) and returns the
-    /// outcome.
+    /// Releases the connection (the response side is already half-closed after the
+    /// terminator, udf §2.1) and returns the outcome (udf §2 R5–R8).
     pub fn close(self) -> EndpointOutcome {
         self.outcome().clone()
     }

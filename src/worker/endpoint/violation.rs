@@ -34,21 +34,23 @@ pub enum EngineViolation {
         /// The cancel timeout that expired.
         after: Duration,
     },
-    /// A second `Init` on the stream (udf §2 R1).
+    /// A second `Init` on the stream (exactly one per stream, udf §1.3; §2 R6).
     SecondInit {
         /// Whether it came while the first `Init`'s payload chunks were still awaited.
         awaiting_chunks: bool,
     },
     /// The `Init`'s inline payload is larger than the worker accepts
-    /// ([`EndpointConfig::max_payload_size`](super::EndpointConfig::max_payload_size)).
+    /// ([`EndpointConfig::max_payload_size`](super::EndpointConfig::max_payload_size), a
+    /// tether bound: the protocol sets none, udf §1.3).
     InlinePayloadTooLarge {
         /// The inline payload's size in bytes.
         size: u64,
         /// The worker's limit in bytes.
         limit: u64,
     },
-    /// The payload assembled from the inline part and the chunks grew beyond the worker's
-    /// limit.
+    /// The payload assembled from the inline part and the chunks (udf §1.3) grew beyond the
+    /// worker's limit
+    /// ([`EndpointConfig::max_payload_size`](super::EndpointConfig::max_payload_size)).
     ChunkedPayloadTooLarge {
         /// The assembled size in bytes, including the chunk that crossed the limit.
         size: u64,
@@ -57,35 +59,41 @@ pub enum EngineViolation {
     },
     /// A `PayloadChunk` before any `Init` (udf §1.3).
     ChunkBeforeInit,
-    /// A `PayloadChunk` after the chunk with `last = true`.
+    /// A `PayloadChunk` after the chunk with `last = true` (the final chunk, udf §1.3).
     ChunkAfterLastChunk,
-    /// A `PayloadChunk` after an `Init` without `is_chunking_payload`.
+    /// A `PayloadChunk` after an `Init` without `is_chunking_payload` (chunks only when
+    /// chunking is declared, udf §2 R1).
     ChunkWithoutChunking,
-    /// A `PayloadChunk` after the `InitResponse`.
+    /// A `PayloadChunk` after the `InitResponse` (chunks only before it, udf §2 R1).
     ChunkAfterInitResponse,
-    /// A `PayloadChunk` after `Cancel` (udf §2 R7).
+    /// A `PayloadChunk` after `Cancel` (Cancel is the engine's last message, udf §2; the
+    /// engine writes nothing after it, §4.7).
     ChunkAfterCancel,
     /// A `PayloadChunk` with no data (chunk data must be non-empty, udf §1.3).
     EmptyChunk,
-    /// A `DataRequest` before the `InitResponse` (udf §2 R2).
+    /// A `DataRequest` before the `InitResponse` (udf §2 R3).
     DataBeforeInitResponse,
-    /// A `DataRequest` after the worker's `InitResponse.error`.
+    /// A `DataRequest` after the worker's `InitResponse.error` (init failed: the engine owes
+    /// a Cancel, not data, udf §1.3, §2 R4).
     DataAfterFailedInit,
-    /// A `DataRequest` after `Finish` (udf §2 R3).
+    /// A `DataRequest` after `Finish` (all input precedes `Finish`, udf §1.5, §2).
     DataAfterFinish,
-    /// A `DataRequest` after `Cancel` (udf §2 R7).
+    /// A `DataRequest` after `Cancel` (Cancel is the engine's last message, udf §2; the
+    /// engine writes nothing after it, §4.7).
     DataAfterCancel,
     /// `Finish` before the `InitResponse` (udf §2 R3).
     FinishBeforeInitResponse,
-    /// A second `Finish` (udf §2 R3).
+    /// A second `Finish` (the engine sends one, udf §2; Spark writes it at most once,
+    /// §4.7).
     SecondFinish,
-    /// `Finish` after `Cancel` (udf §2 R7).
+    /// `Finish` after `Cancel` (Cancel never precedes Finish, udf §2 R5).
     FinishAfterCancel,
 }
 
 impl EngineViolation {
-    /// The text sent to the engine in the `ProtocolError` (in the `InitResponse.error`, an
-    /// `ErrorResponse` or the `CancelResponse.error`); stable, pinned by tests.
+    /// The text sent to the engine in the `ProtocolError.message` (udf §1.5), in the
+    /// `InitResponse.error`, an `ErrorResponse` or the `CancelResponse.error` as udf §2 R6
+    /// places it; stable, pinned by tests. tether's wording: the protocol fixes none.
     pub fn wire_message(&self) -> String {
         match self {
             Self::Malformed(e) => format!("malformed request: {e}"),
@@ -124,7 +132,8 @@ impl EngineViolation {
     }
 
     /// The `ExecutionError` (kind `ProtocolError`, message
-    /// [`wire_message`](Self::wire_message)) the worker sends for this violation.
+    /// [`wire_message`](Self::wire_message); udf §1.5) the worker sends for this violation
+    /// (udf §2 R6).
     pub fn to_execution_error(&self) -> ExecutionError {
         ExecutionError::protocol(self.wire_message())
     }
@@ -158,30 +167,34 @@ impl StdError for EngineViolation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InitRejection {
-    /// `protocol_version` is set and differs from the worker's.
+    /// `protocol_version` is set and differs from the worker's (udf §1.3 field 1: unset
+    /// means the initial version).
     UnsupportedProtocolVersion {
         /// The version the `Init` asked for.
         requested: u32,
         /// The version this worker speaks.
         supported: u32,
     },
-    /// `data_format` is not one the worker supports (`UNSPECIFIED` never is).
+    /// `data_format` is not one the worker supports (`UNSPECIFIED` never is; unknown
+    /// numeric values neither; udf §1.3 field 2).
     UnsupportedDataFormat {
         /// The raw `data_format` value of the `Init` (possibly unknown to this build).
         requested: i32,
         /// The formats this worker supports.
         supported: Vec<UdfWorkerDataFormat>,
     },
-    /// The `Init` has no `udf`.
+    /// The `Init` has no `udf` (a required field, udf §1.3 field 3).
     MissingUdf,
-    /// `payload_size` differs from the length of the assembled payload.
+    /// `payload_size` differs from the length of the assembled payload (receivers MUST
+    /// verify it when set, udf §1.3).
     PayloadSizeMismatch {
         /// The `payload_size` the `Init` declared.
         declared: i64,
         /// The assembled payload's length in bytes.
         assembled: u64,
     },
-    /// `payload_crc32` differs from the CRC-32 of the assembled payload.
+    /// `payload_crc32` differs from the CRC-32 (IEEE) of the assembled payload (a
+    /// `ProtocolError`, udf §1.3).
     PayloadCrcMismatch {
         /// The `payload_crc32` the `Init` declared.
         declared: u32,
@@ -191,8 +204,9 @@ pub enum InitRejection {
 }
 
 impl InitRejection {
-    /// The text sent to the engine in the `ProtocolError` of the `InitResponse.error`;
-    /// stable, pinned by tests.
+    /// The text sent to the engine in the `ProtocolError.message` of the
+    /// `InitResponse.error` (udf §1.3, §1.5); stable, pinned by tests. tether's wording: the
+    /// protocol fixes none.
     pub fn wire_message(&self) -> String {
         match self {
             Self::UnsupportedProtocolVersion {
@@ -228,7 +242,8 @@ impl InitRejection {
     }
 
     /// The `ExecutionError` (kind `ProtocolError`, message
-    /// [`wire_message`](Self::wire_message)) the worker sends in the `InitResponse`.
+    /// [`wire_message`](Self::wire_message); udf §1.5) the worker sends in the
+    /// `InitResponse.error` (udf §1.3).
     pub fn to_execution_error(&self) -> ExecutionError {
         ExecutionError::protocol(self.wire_message())
     }

@@ -14,17 +14,18 @@ use super::termination::Termination;
 /// [`release_session`](Self::release_session). `mark_invalid` strictly before release means a
 /// released worker is never recycled while unsafe (udf §5.1 step 5).
 pub trait WorkerHandle: Send + Sync + fmt::Debug {
-    /// Stable identity of the worker, used in logs and as a dispatcher key.
+    /// Stable identity of the worker, used in logs and as a dispatcher key (udf §3
+    /// `WorkerHandle.id`).
     fn id(&self) -> &str;
 
     /// Marks the worker unsafe to reuse. Idempotent and sticky (udf §6.1).
     fn mark_invalid(&self);
 
-    /// Whether [`mark_invalid`](Self::mark_invalid) was called.
+    /// Whether [`mark_invalid`](Self::mark_invalid) was called (udf §6.1 `isInvalid`).
     fn is_invalid(&self) -> bool;
 
     /// Ends one session's use of the worker (decrements its session count). Called exactly
-    /// once per session, so it need not be idempotent.
+    /// once per session, so it need not be idempotent (udf §3 `releaseSession`, §6.1).
     ///
     /// # Errors
     /// [`HandleError::Underflow`] when more sessions are released than were acquired (a
@@ -32,23 +33,27 @@ pub trait WorkerHandle: Send + Sync + fmt::Debug {
     fn release_session(&self) -> Result<(), HandleError>;
 
     /// Observes the outcome of a session on this worker, just before it is released. The
-    /// default does nothing; pools, metrics and tests use it.
+    /// default does nothing; pools, metrics and tests use it. tether's hook: Spark's
+    /// `WorkerHandle` has only `id`, `markInvalid`, `releaseSession` and `connection`
+    /// (udf §3).
     fn session_terminated(&self, termination: &Termination) {
         let _ = termination;
     }
 }
 
-/// Errors of a [`WorkerHandle`].
+/// Errors of a [`WorkerHandle`]: the `IllegalStateException`s of Spark's
+/// `DirectWorkerProcess` (udf §6.1).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum HandleError {
-    /// `release_session` was called more often than sessions were acquired.
+    /// `release_session` was called more often than sessions were acquired (a dispatcher
+    /// bug; the count is not reset, udf §6.1).
     #[error("worker {id}: release_session without a matching acquire (session count underflow)")]
     Underflow {
         /// The worker's id.
         id: String,
     },
-    /// The worker was closed; no new session can be acquired.
+    /// The worker was closed; no new session can be acquired (udf §6.1 `acquireSession`).
     #[error("worker {id} is closed")]
     Closed {
         /// The worker's id.
@@ -57,7 +62,8 @@ pub enum HandleError {
 }
 
 /// A reference-counted [`WorkerHandle`] that records what happened to its sessions: the
-/// in-process building block for dispatchers, pools and tests.
+/// in-process building block for dispatchers, pools and tests (the session ref-count of
+/// Spark's `DirectWorkerProcess`, udf §6.1, without a process).
 ///
 /// The count starts at zero; [`acquire_session`](Self::acquire_session) adds one,
 /// `release_session` takes one away and fails on underflow without wrapping (udf §6.1).
@@ -72,7 +78,7 @@ pub struct CountingHandle {
 }
 
 impl CountingHandle {
-    /// A handle with the given id, no sessions, valid.
+    /// A handle with the given id (udf §3 `WorkerHandle.id`), no sessions, valid, open.
     pub fn new(id: impl Into<String>) -> Self {
         Self {
             id: id.into(),
@@ -80,15 +86,15 @@ impl CountingHandle {
         }
     }
 
-    /// A handle with a fresh UUID v4 id and one session already acquired: what a session
-    /// created outside a dispatcher needs.
+    /// A handle with a fresh UUID v4 id (as Spark's `DirectWorkerProcess` ids, udf §6.1)
+    /// and one session already acquired: what a session created outside a dispatcher needs.
     pub fn for_one_session() -> Self {
         let h = Self::new(uuid::Uuid::new_v4().to_string());
         h.sessions.store(1, Ordering::SeqCst);
         h
     }
 
-    /// Adds one session.
+    /// Adds one session (udf §6.1 `acquireSession`: ref-count += 1).
     ///
     /// # Errors
     /// [`HandleError::Closed`] after [`close`](Self::close).
@@ -102,22 +108,25 @@ impl CountingHandle {
         Ok(())
     }
 
-    /// Refuses further [`acquire_session`](Self::acquire_session) calls.
+    /// Refuses further [`acquire_session`](Self::acquire_session) calls (a closed worker,
+    /// udf §6.1). Idempotent; sessions already acquired may still be released.
     pub fn close(&self) {
         self.closed.store(true, Ordering::SeqCst);
     }
 
-    /// Sessions currently acquired and not released.
+    /// Sessions currently acquired and not released (udf §6.1 `activeSessions`).
     pub fn active_sessions(&self) -> usize {
         self.sessions.load(Ordering::SeqCst)
     }
 
-    /// How many times `release_session` succeeded.
+    /// How many times `release_session` succeeded (udf §5.1 step 5 calls it once per
+    /// session).
     pub fn releases(&self) -> usize {
         self.releases.load(Ordering::SeqCst)
     }
 
-    /// The outcomes of the sessions finalized on this worker, in order.
+    /// The outcomes (udf §4.1 `Termination`) of the sessions finalized on this worker, in
+    /// order, as [`session_terminated`](WorkerHandle::session_terminated) saw them.
     pub fn outcomes(&self) -> Vec<Termination> {
         self.outcomes
             .lock()
@@ -125,7 +134,8 @@ impl CountingHandle {
             .clone()
     }
 
-    /// The outcome of the most recently finalized session.
+    /// The outcome (udf §4.1 `Termination`) of the most recently finalized session, if
+    /// any.
     pub fn last_outcome(&self) -> Option<Termination> {
         self.outcomes
             .lock()

@@ -57,7 +57,8 @@ pub enum Termination {
     Interrupted(Interrupted),
 }
 
-/// The variant of a [`Termination`] without its payload, for matching and assertions.
+/// The variant of a [`Termination`] without its payload, for matching and assertions: the
+/// five outcomes of Spark's `Termination` (udf §4.1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum TerminationKind {
     /// [`Termination::Finished`].
@@ -82,7 +83,7 @@ impl Termination {
         }
     }
 
-    /// The variant, without payload.
+    /// The variant, without payload (one of the five outcomes of udf §4.1).
     pub fn kind(&self) -> TerminationKind {
         match self {
             Self::Finished { .. } => TerminationKind::Finished,
@@ -102,8 +103,9 @@ impl Termination {
         )
     }
 
-    /// The first `ExecutionError` the worker reported (`ErrorResponse`, `InitResponse.error`),
-    /// or the `Failed` error.
+    /// The first `ExecutionError` the worker reported (`ErrorResponse`, `InitResponse.error`;
+    /// the first recorded wins, udf §4.4 `executionError`), or the `Failed` error; `None`
+    /// for `TransportFailed` and `Interrupted`.
     pub fn execution_error(&self) -> Option<&ExecutionError> {
         match self {
             Self::Finished {
@@ -127,7 +129,9 @@ impl Termination {
         }
     }
 
-    /// The worker-reported metrics of the terminator (empty for other outcomes).
+    /// The worker-reported metrics of the terminator (`FinishResponse.metrics` /
+    /// `CancelResponse.metrics`, the free-form `map<string,string>` revision of udf §1.6;
+    /// partial for a Cancel), or `None` for `Failed`, `TransportFailed` and `Interrupted`.
     pub fn metrics(&self) -> Option<&std::collections::BTreeMap<String, String>> {
         match self {
             Self::Finished { response, .. } => Some(&response.metrics),
@@ -221,15 +225,17 @@ pub enum TransportFailure {
     },
 }
 
-/// What a session was waiting for when a timeout expired.
+/// What a session was waiting for when a timeout expired (the three waits of udf §7, all
+/// settling `TransportFailed`, udf §4.6 step 4, §4.7 step 4, §5.2 step 3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Wait {
-    /// `InitResponse` (init timeout, default 30 s).
+    /// `InitResponse` (init timeout, default 30 s: udf §7 `initResponseTimeoutMs`).
     InitResponse,
     /// The next worker event while reading output or sending input (per-poll timeout,
-    /// default 30 s).
+    /// default 30 s: udf §7 `terminalTimeoutMs`, §4.7).
     Output,
-    /// The stream terminator (`FinishResponse` / `CancelResponse`), default 30 s.
+    /// The stream terminator (`FinishResponse` / `CancelResponse`), default 30 s: udf §7
+    /// `terminalTimeoutMs`, §5.2.
     Terminator,
 }
 
@@ -248,19 +254,22 @@ impl fmt::Display for Wait {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PeerViolation {
-    /// A message arrived before the engine sent anything (the stream did not exist yet).
+    /// A message arrived before the engine sent anything (the stream did not exist yet:
+    /// `init` opens it, udf §4.6 step 3).
     #[error("worker message before the engine sent Init")]
     ResponseBeforeInit,
-    /// A `DataResponse` arrived before the `InitResponse` (rule R2).
+    /// A `DataResponse` arrived before the `InitResponse` (udf §2 R2, §4.5).
     #[error("DataResponse before InitResponse")]
     DataBeforeInitResponse,
-    /// A `FinishResponse` arrived before the engine sent `Finish`.
+    /// A `FinishResponse` arrived before the engine sent `Finish` (a premature success must
+    /// not truncate input, udf §4.5).
     #[error("FinishResponse before the engine sent Finish")]
     FinishResponseBeforeFinish,
-    /// A message with an unset oneof (the [`MalformedMessage`] is the source).
+    /// A message with an unset oneof (udf §1.2, §4.5; the [`MalformedMessage`] is the
+    /// source).
     #[error("malformed message")]
     Malformed(#[from] MalformedMessage),
-    /// The worker ended its stream without a terminator (rule R10).
+    /// The worker ended its stream without a terminator (udf §2 R10, §4.5).
     #[error("response stream closed without a terminator (the worker exited or broke rule R10)")]
     StreamEndedWithoutTerminator,
 }
@@ -300,7 +309,8 @@ pub enum SessionError {
 }
 
 impl SessionError {
-    /// The worker-reported error, if this is one.
+    /// The worker-reported error (the structured `executionError` Spark attaches to its
+    /// exception, udf §4.6), if this is [`Execution`](Self::Execution).
     pub fn execution_error(&self) -> Option<&ExecutionError> {
         match self {
             Self::Execution(e) => Some(e),
