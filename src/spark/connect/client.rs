@@ -18,7 +18,8 @@ use crate::wire::connect::{
     ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
 };
 
-/// Why a [`ConnectClient`] could not be built.
+/// Why a [`ConnectClient`] could not be built (rx §6.1: connecting is not yet an RPC, so
+/// these are not retried).
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ConnectClientError {
@@ -53,7 +54,8 @@ pub struct ConnectClient {
 }
 
 impl ConnectClient {
-    /// Connects to `address` (e.g. `http://127.0.0.1:15002`).
+    /// Connects to `address` (e.g. `http://127.0.0.1:15002`, Spark Connect's default port
+    /// 15002, rx §1.1).
     ///
     /// # Errors
     /// An invalid address or token, or a server that cannot be reached.
@@ -71,7 +73,8 @@ impl ConnectClient {
         Self::with_channel(channel, token)
     }
 
-    /// A client over an existing channel.
+    /// A client over an existing channel (one HTTP/2 connection for every RPC, as Spark's
+    /// `SparkConnectClient` uses one channel, rx §1.1).
     ///
     /// # Errors
     /// A token that cannot travel in a header.

@@ -33,9 +33,9 @@ pub use self::service::{
     SessionContext, default_conf,
 };
 
-/// The gRPC service name of Spark Connect (`spark.connect.SparkConnectService`).
+/// The gRPC service name of Spark Connect, `spark.connect.SparkConnectService` (rx §1.1).
 pub const SERVICE_NAME: &str = "spark.connect.SparkConnectService";
 
 /// Largest message the service and client accept or send: 128 MiB, Spark's
-/// `spark.connect.grpc.maxInboundMessageSize` (tonic's default is 4 MiB).
+/// `spark.connect.grpc.maxInboundMessageSize` (rx §4.5; tonic's default is 4 MiB).
 pub const MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;

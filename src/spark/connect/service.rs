@@ -113,7 +113,7 @@ pub fn default_conf(key: &str) -> Option<String> {
     )
 }
 
-/// Settings of a [`ConnectService`].
+/// Settings of a [`ConnectService`] beyond the manager's (connect §4).
 #[derive(Debug, Clone, Default)]
 pub struct ConnectConfig {
     /// The pre-shared token every RPC must carry as `authorization: Bearer <token>`
@@ -166,7 +166,8 @@ fn session_key(user_id: &str, session_id: &str) -> Option<SessionKey> {
 }
 
 impl<E: QueryEngine> ConnectService<E> {
-    /// A service over `manager` running queries on `engine`.
+    /// A service over `manager` (its registry, sessions and stream rotation, rx §4, §5)
+    /// running queries on `engine`.
     pub fn new(manager: ExecutionManager, engine: E) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -177,13 +178,13 @@ impl<E: QueryEngine> ConnectService<E> {
         }
     }
 
-    /// The manager the service registers executions in.
+    /// The manager the service registers executions in (rx §5).
     pub fn manager(&self) -> &ExecutionManager {
         &self.inner.manager
     }
 
     /// The gRPC service to add to a `tonic::transport::Server`: this service behind the
-    /// token check of `config`, with message limits raised to 128 MiB (Spark's
+    /// token check of `config` (connect §4), with message limits raised to 128 MiB (Spark's
     /// `spark.connect.grpc.maxInboundMessageSize`), answering `UNIMPLEMENTED` with the method's
     /// name for the methods of Spark's service it does not serve.
     ///
@@ -488,7 +489,7 @@ const SERVED: &[&str] = &[
     "AnalyzePlan",
 ];
 
-/// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`]): a
+/// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`], rx §1.1): a
 /// `tower::Service` named `spark.connect.SparkConnectService`, for
 /// `tonic::transport::Server::add_service`. A method it does not serve (`AddArtifacts`,
 /// `ArtifactStatus`, `FetchErrorDetails`, …) gets `UNIMPLEMENTED` naming the method, as a

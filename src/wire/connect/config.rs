@@ -17,7 +17,7 @@ pub struct KeyValue {
 }
 
 impl KeyValue {
-    /// An entry with a value.
+    /// An entry with a value (connect §1.11).
     pub fn new(key: impl Into<String>, value: impl Into<String>) -> Self {
         Self {
             key: key.into(),
@@ -211,7 +211,7 @@ pub mod analyze_plan_request {
         pub plan: Option<Plan>,
     }
 
-    /// `AnalyzePlanRequest.SparkVersion`: no fields.
+    /// `AnalyzePlanRequest.SparkVersion`: no fields (connect §1.12).
     #[derive(Clone, Copy, PartialEq, Eq, ::prost::Message)]
     pub struct SparkVersion {}
 }

@@ -69,7 +69,7 @@ pub struct Range {
 }
 
 impl Range {
-    /// The number of rows this range yields: `ceil((end - start) / step)` when the range
+    /// The number of rows this range yields (Spark's `Range.numElements`, connect §1.26): `ceil((end - start) / step)` when the range
     /// moves towards `end`, else 0. Computed in 128-bit arithmetic, so extreme bounds do not
     /// overflow; `None` when `step` is 0 (an invalid range).
     pub fn row_count(&self) -> Option<u64> {
