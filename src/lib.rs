@@ -128,6 +128,11 @@
 //! - `tokio` (default): tokio's clock for the session timeouts and the bounded drop-cleanup
 //!   task. With `default-features = false` the crate is runtime-agnostic (bytes, futures,
 //!   pin-project, thiserror, prost, uuid, tracing); supply a [`time::Timer`] for timeouts.
+//! - `grpc`: the official `UdfWorker` gRPC service (tonic), `spark::udf_grpc`.
+//! - `spark-connect`: Spark Connect over gRPC (tonic), `spark::connect`: a service over
+//!   [`execution::ExecutionManager`] and a client for
+//!   [`execution::client::ReattachingStream`]. The messages themselves
+//!   ([`wire::connect`]) need no feature.
 #![forbid(unsafe_code)]
 #![forbid(unused_must_use)]
 #![deny(missing_docs)]
