@@ -7,4 +7,7 @@ cd "$(dirname "$0")/.."
 # packages and the classes generated from the official .proto files.
 bash scripts/python-env.sh
 export TETHER_PYTHON="${TETHER_PYTHON:-$PWD/target/py-venv/bin/python}"
+# The real Spark Connect Python client (pyspark-client) for tests/pyspark_connect.rs.
+bash scripts/pyspark-env.sh
+export TETHER_PYSPARK_PYTHON="${TETHER_PYSPARK_PYTHON:-$PWD/target/pyspark-venv/bin/python}"
 cargo test --all-features "$@"

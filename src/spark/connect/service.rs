@@ -20,6 +20,7 @@ use crate::wire::connect::{
     ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest,
     ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
     UserContext, analyze_plan_request, analyze_plan_response, config_request,
+    release_execute_request,
 };
 
 /// The responses of one ExecutePlan, in order: the schema and Arrow batches, metrics, and
@@ -142,6 +143,10 @@ struct Inner<E> {
 /// Every RPC runs in a session (get or create, connect §3), and every response carries the
 /// session's `server_side_session_id`. Errors go out as Spark sends them: INTERNAL with
 /// `[CONDITION] text SQLSTATE: state` and a rich-status `ErrorInfo` (connect §2).
+///
+/// Each ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt and ReleaseSession emits one
+/// `DEBUG` tracing event (target `tether::spark::connect::service`) naming the user,
+/// session and operation, and the error when the RPC fails.
 pub struct ConnectService<E> {
     inner: Arc<Inner<E>>,
 }
@@ -366,11 +371,24 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ExecutePlanRequest>,
     ) -> Result<tonic::Response<Self::ExecutePlanStream>, tonic::Status> {
         let request = request.into_inner();
-        let submitted = self
-            .inner
-            .manager
-            .execute_plan(&request)
-            .map_err(|e| to_status(&e))?;
+        let submitted = self.inner.manager.execute_plan(&request).map_err(|e| {
+            tracing::debug!(
+                user_id = request.user_id(),
+                session_id = %request.session_id,
+                operation_id = request.operation_id.as_deref().unwrap_or(""),
+                error = %e,
+                "ExecutePlan refused"
+            );
+            to_status(&e)
+        })?;
+        tracing::debug!(
+            user_id = request.user_id(),
+            session_id = %request.session_id,
+            operation_id = submitted.operation_id(),
+            reattachable = request.is_reattachable(),
+            duplicate = matches!(submitted, crate::execution::Submitted::Reattached(_)),
+            "ExecutePlan"
+        );
         let (producer, stream) = submitted.start();
         if let Some(producer) = producer {
             let session = SessionContext {
@@ -389,11 +407,17 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ReattachExecuteRequest>,
     ) -> Result<tonic::Response<Self::ReattachExecuteStream>, tonic::Status> {
-        let stream = self
-            .inner
-            .manager
-            .reattach_execute(request.get_ref())
-            .map_err(|e| to_status(&e))?;
+        let request = request.get_ref();
+        let result = self.inner.manager.reattach_execute(request);
+        tracing::debug!(
+            user_id = request.user_id(),
+            session_id = %request.session_id,
+            operation_id = %request.operation_id,
+            last_response_id = request.last_response_id.as_deref().unwrap_or(""),
+            error = result.as_ref().err().map(tracing::field::display),
+            "ReattachExecute"
+        );
+        let stream = result.map_err(|e| to_status(&e))?;
         Ok(tonic::Response::new(as_grpc(stream)))
     }
 
@@ -401,22 +425,39 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ReleaseExecuteRequest>,
     ) -> Result<tonic::Response<ReleaseExecuteResponse>, tonic::Status> {
-        self.inner
-            .manager
-            .release_execute(request.get_ref())
-            .map(tonic::Response::new)
-            .map_err(|e| to_status(&e))
+        let request = request.get_ref();
+        let result = self.inner.manager.release_execute(request);
+        tracing::debug!(
+            user_id = request.user_id(),
+            session_id = %request.session_id,
+            operation_id = %request.operation_id,
+            release = match &request.release {
+                Some(release_execute_request::Release::ReleaseAll(_)) => "all",
+                Some(release_execute_request::Release::ReleaseUntil(_)) => "until",
+                None => "none",
+            },
+            found = result.as_ref().ok().map(|r| r.operation_id.is_some()),
+            error = result.as_ref().err().map(tracing::field::display),
+            "ReleaseExecute"
+        );
+        result.map(tonic::Response::new).map_err(|e| to_status(&e))
     }
 
     async fn interrupt(
         &self,
         request: tonic::Request<InterruptRequest>,
     ) -> Result<tonic::Response<InterruptResponse>, tonic::Status> {
-        self.inner
-            .manager
-            .interrupt(request.get_ref())
-            .map(tonic::Response::new)
-            .map_err(|e| to_status(&e))
+        let request = request.get_ref();
+        let result = self.inner.manager.interrupt(request);
+        tracing::debug!(
+            user_id = request.user_id(),
+            session_id = %request.session_id,
+            interrupt_type = request.interrupt_type,
+            interrupted = result.as_ref().ok().map(|r| r.interrupted_ids.len()),
+            error = result.as_ref().err().map(tracing::field::display),
+            "Interrupt"
+        );
+        result.map(tonic::Response::new).map_err(|e| to_status(&e))
     }
 
     async fn release_session(
@@ -424,6 +465,11 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ReleaseSessionRequest>,
     ) -> Result<tonic::Response<ReleaseSessionResponse>, tonic::Status> {
         let response = self.inner.manager.release_session(request.get_ref());
+        tracing::debug!(
+            user_id = user_of(request.get_ref().user_context.as_ref()),
+            session_id = %request.get_ref().session_id,
+            "ReleaseSession"
+        );
         if !response.server_side_session_id.is_empty() {
             self.inner
                 .confs

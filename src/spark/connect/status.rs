@@ -70,10 +70,14 @@ fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
 /// `domain`, `errorClass`, `sqlState`, `messageParameters` and `classes`), as Spark 4.3.0
 /// sends it (connect §2). No `errorId`: this server does not serve `FetchErrorDetails`,
 /// which the Python client would call when it sees one.
+///
+/// An error without a Spark condition (an engine's [`ConnectError::Failed`], …) still gets
+/// the trailer, with no details: Spark sends one with every error it raises, and the
+/// Python client reads the message from it (without one it shows the raw gRPC call).
 pub(crate) fn to_status(error: &ConnectError) -> tonic::Status {
     let message = error.message();
     let Some(condition) = error.condition() else {
-        return tonic::Status::new(code(error.code()), message);
+        return tonic::Status::with_error_details(code(error.code()), message, ErrorDetails::new());
     };
     let parameters: serde_json::Map<String, serde_json::Value> = message_parameters(error)
         .into_iter()
@@ -160,6 +164,11 @@ mod tests {
             rpc.condition(),
             Some("INVALID_CURSOR.POSITION_NOT_AVAILABLE")
         );
+        let failed = to_status(&ConnectError::failed("[DIVIDE_BY_ZERO] Division by zero."));
+        assert_eq!(failed.code(), tonic::Code::Internal);
+        assert_eq!(failed.message(), "[DIVIDE_BY_ZERO] Division by zero.");
+        assert!(!failed.details().is_empty(), "the rich-status trailer");
+        assert!(failed.check_error_details().unwrap().error_info().is_none());
         let plain = to_rpc_error(&tonic::Status::unavailable("connection reset"));
         assert_eq!(plain.code(), Code::Unavailable);
         assert_eq!(plain.condition(), None);

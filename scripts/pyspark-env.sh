@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Sets up the real Spark Connect Python client for tests/pyspark_connect.rs: a venv at
+# target/pyspark-venv with exactly the packages pinned in tests/python/pyspark-requirements.txt
+# (pyspark-client 4.2.0 and its dependencies). Called by scripts/test.sh before `cargo test`;
+# safe to run any time.
+#
+# Idempotent: the venv is (re)created only when it is missing, or when the requirements file
+# or the Python version changed since it was built (a stamp file holds the requirements'
+# SHA-256 and the interpreter version). pyspark-client is published as a source distribution
+# only (pure Python): it is built from source with --no-build-isolation against the pinned
+# setuptools; everything else installs from wheels. After the install the venv must hold
+# exactly the pinned set (pip check, and pip freeze compared with the file).
+#
+# Without python3 (or when the install fails) it says so loudly and exits 0, so the rest of
+# the test suite still runs and the PySpark tests report themselves SKIPPED; under CI=true it
+# exits 1 instead. Set TETHER_PYTHON3 to use another base interpreter.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+venv=target/pyspark-venv
+requirements=tests/python/pyspark-requirements.txt
+stamp=$venv/.tether-requirements
+
+unavailable() {
+  echo "pyspark-env: $*" >&2
+  rm -rf "$venv"
+  if [ "${CI:-}" = "true" ]; then
+    echo "pyspark-env: FAILED (CI=true): the PySpark client tests cannot run" >&2
+    exit 1
+  fi
+  echo "pyspark-env: WARNING: the PySpark client tests will be SKIPPED" >&2
+  exit 0
+}
+
+base=${TETHER_PYTHON3:-python3}
+command -v "$base" >/dev/null 2>&1 || unavailable "no '$base' on PATH"
+version=$("$base" -c 'import sys; print(sys.version.split()[0])') ||
+  unavailable "'$base' does not run"
+want="$(sha256sum "$requirements" | cut -d' ' -f1) python-$version"
+
+if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
+  echo "pyspark-env: $venv is up to date ($want)"
+  exit 0
+fi
+
+echo "pyspark-env: creating $venv with $requirements (python $version)"
+rm -rf "$venv"
+"$base" -m venv "$venv" || unavailable "'$base -m venv' failed"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+setuptools=$(grep -E '^setuptools==' "$requirements") ||
+  unavailable "no setuptools pin in $requirements"
+# The build backend for pyspark-client first (no build isolation: it builds against this one).
+"${pip[@]}" install --quiet --only-binary=:all: "$setuptools" ||
+  unavailable "pip install $setuptools failed"
+"${pip[@]}" install --quiet --only-binary=:all: --no-binary=pyspark-client \
+  --no-build-isolation -r "$requirements" || unavailable "pip install -r $requirements failed"
+"${pip[@]}" check || unavailable "the pinned packages are inconsistent"
+# Nothing unpinned slipped in: the installed set is exactly the file's.
+"$venv/bin/python" - "$requirements" <<'EOF' || unavailable "the venv differs from $requirements"
+import importlib.metadata as md, re, sys
+
+def norm(name):
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+pinned = {}
+for line in open(sys.argv[1]):
+    line = line.split("#")[0].strip()
+    if line:
+        name, _, version = line.partition("==")
+        pinned[norm(name)] = version
+installed = {norm(d.metadata["Name"]): d.version for d in md.distributions()}
+installed.pop("pip", None)
+if installed != pinned:
+    extra = {k: v for k, v in installed.items() if pinned.get(k) != v}
+    missing = {k: v for k, v in pinned.items() if installed.get(k) != v}
+    print(f"pyspark-env: installed but not pinned: {extra}; pinned but not installed: {missing}",
+          file=sys.stderr)
+    sys.exit(1)
+EOF
+echo "$want" >"$stamp"
+echo "pyspark-env: $venv ready"

@@ -1,0 +1,664 @@
+//! The example Spark Connect server (`examples/connect_server.rs`) as a real process on
+//! loopback, read by two clients:
+//!
+//! - tether's own [`ConnectClient`] + [`ReattachingStream`] (always runs): Spark's batch
+//!   layout, schemas, `count()`, `limit()`, an unsupported plan's error;
+//! - the real PySpark client, pyspark-client 4.2.0 from `target/pyspark-venv`
+//!   (`scripts/pyspark-env.sh`, run by `scripts/test.sh`), running
+//!   `tests/python/pyspark_checks.py`: `collect()`, `toArrow()`, `toLocalIterator()`,
+//!   `count()` and `limit()` with stream rotation after every response, every release
+//!   reaching the server, abandonment of what a client leaves behind, and the token. Without
+//!   the venv these tests print SKIPPED (and fail under `CI=true`).
+//!
+//! The server binary is built on first use with `cargo build --example connect_server` and
+//! the features this test was built with (a no-op when `cargo test` already built the
+//! examples); `TETHER_CONNECT_SERVER` names a prebuilt one instead.
+#![cfg(feature = "spark-connect")]
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use arrow::array::AsArray;
+use arrow::datatypes::Int64Type;
+use futures::StreamExt;
+use prost::Message;
+use tether::execution::client::{ClientConfig, ReattachingStream};
+use tether::spark::connect::ConnectClient;
+use tether::wire::connect::{
+    Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, Expression, Limit, Plan, Range,
+    Relation, UserContext, aggregate, analyze_plan_request, analyze_plan_response, data_type,
+    execute_plan_response::ResponseType, expression, relation,
+};
+
+const ROWS: i64 = 200_000;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The server process
+// ---------------------------------------------------------------------------------------------
+
+/// `target/<profile>/examples/connect_server`, built once per test process.
+fn server_binary() -> &'static Path {
+    static BINARY: OnceLock<PathBuf> = OnceLock::new();
+    BINARY.get_or_init(|| {
+        if let Some(path) = std::env::var_os("TETHER_CONNECT_SERVER") {
+            return PathBuf::from(path);
+        }
+        // This test runs as target/<profile>/deps/pyspark_connect-<hash>.
+        let exe = std::env::current_exe().expect("the test's path");
+        let profile_dir = exe
+            .parent()
+            .and_then(Path::parent)
+            .expect("target/<profile>");
+        let target_dir = profile_dir.parent().expect("the target directory");
+        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+            Some("debug") | None => "dev",
+            Some(other) => other,
+        };
+        // The same features as this test, so the library built for it is reused.
+        let features: Vec<&str> = [
+            ("tokio", cfg!(feature = "tokio")),
+            ("grpc", cfg!(feature = "grpc")),
+            ("spark-connect", cfg!(feature = "spark-connect")),
+        ]
+        .into_iter()
+        .filter_map(|(name, on)| on.then_some(name))
+        .collect();
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+        let output = Command::new(cargo)
+            .args(["build", "--quiet", "--example", "connect_server"])
+            .args(["--profile", profile, "--no-default-features", "--features"])
+            .arg(features.join(","))
+            .arg("--manifest-path")
+            .arg(repo().join("Cargo.toml"))
+            .arg("--target-dir")
+            .arg(target_dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("cargo runs");
+        assert!(
+            output.status.success(),
+            "building examples/connect_server failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        profile_dir.join("examples").join("connect_server")
+    })
+}
+
+/// The counters of the server's last `stats …` line.
+type Stats = BTreeMap<String, u64>;
+
+fn parse_stats(line: &str) -> Option<Stats> {
+    line.strip_prefix("stats ")?
+        .split_whitespace()
+        .map(|kv| {
+            let (k, v) = kv.split_once('=')?;
+            Some((k.to_owned(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+/// A running `connect_server`, killed on drop (its log printed if the test failed).
+struct Server {
+    child: Child,
+    port: u16,
+    stats: Arc<Mutex<Option<Stats>>>,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    fn start(args: &[&str]) -> Self {
+        let mut child = Command::new(server_binary())
+            .args(["--port", "0", "--stats-interval-ms", "50"])
+            .args(args)
+            .env("RUST_LOG", "info,tether::spark::connect=debug")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the example server starts");
+        let stats = Arc::new(Mutex::new(None));
+        let log = Arc::new(Mutex::new(String::new()));
+        let (tx, rx) = mpsc::channel();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        let latest = stats.clone();
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                if let Some(address) = line.strip_prefix("listening on ") {
+                    let _ = tx.send(address.to_owned());
+                } else if let Some(s) = parse_stats(&line) {
+                    *latest.lock().unwrap() = Some(s);
+                }
+            }
+        });
+        let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+        let sink = log.clone();
+        std::thread::spawn(move || {
+            for line in stderr.lines().map_while(Result::ok) {
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let mut server = Self {
+            child,
+            port: 0,
+            stats,
+            log,
+        };
+        let address = rx
+            .recv_timeout(Duration::from_secs(30))
+            .unwrap_or_else(|e| panic!("no `listening on` line from the server: {e}"));
+        server.port = address
+            .rsplit_once(':')
+            .and_then(|(_, p)| p.parse().ok())
+            .unwrap_or_else(|| panic!("bad address {address:?}"));
+        server
+    }
+
+    fn url(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Waits (up to `within`) for a stats line satisfying `ok`, and returns it.
+    fn wait_for_stats(&self, within: Duration, what: &str, ok: impl Fn(&Stats) -> bool) -> Stats {
+        let deadline = Instant::now() + within;
+        loop {
+            let latest = self.stats.lock().unwrap().clone();
+            if let Some(s) = latest.as_ref().filter(|s| ok(s)) {
+                return s.clone();
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{what}: not within {within:?}; last stats: {latest:?}"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log_count(&self, needle: &str) -> usize {
+        self.log.lock().unwrap().matches(needle).count()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::thread::panicking() {
+            let log = self.log.lock().unwrap();
+            let tail: Vec<&str> = log.lines().rev().take(60).collect();
+            eprintln!("--- the server's last log lines ---");
+            for line in tail.iter().rev() {
+                eprintln!("{line}");
+            }
+        }
+    }
+}
+
+fn stat(s: &Stats, key: &str) -> u64 {
+    *s.get(key)
+        .unwrap_or_else(|| panic!("no `{key}` in stats {s:?}"))
+}
+
+// ---------------------------------------------------------------------------------------------
+// tether's client
+// ---------------------------------------------------------------------------------------------
+
+const SESSION: &str = "5e55a0e5-0000-4000-8000-00000000c0de";
+
+fn range_rel(end: i64) -> Relation {
+    Relation {
+        common: None,
+        rel_type: Some(relation::RelType::Range(Range {
+            start: Some(0),
+            end,
+            step: 1,
+            num_partitions: None,
+        })),
+    }
+}
+
+fn limit_rel(input: Relation, limit: i32) -> Relation {
+    Relation {
+        common: None,
+        rel_type: Some(relation::RelType::Limit(Box::new(Limit {
+            input: Some(Box::new(input)),
+            limit,
+        }))),
+    }
+}
+
+/// `df.count()` as PySpark sends it: a global aggregate of `count(lit(1))` (connect §3).
+fn count_rel(input: Relation) -> Relation {
+    let one = Expression {
+        expr_type: Some(expression::ExprType::Literal(expression::Literal {
+            literal_type: Some(expression::literal::LiteralType::Integer(1)),
+        })),
+    };
+    Relation {
+        common: None,
+        rel_type: Some(relation::RelType::Aggregate(Box::new(Aggregate {
+            input: Some(Box::new(input)),
+            group_type: aggregate::GroupType::Groupby as i32,
+            grouping_expressions: vec![],
+            aggregate_expressions: vec![Expression {
+                expr_type: Some(expression::ExprType::UnresolvedFunction(
+                    expression::UnresolvedFunction {
+                        function_name: "count".into(),
+                        arguments: vec![one],
+                        ..Default::default()
+                    },
+                )),
+            }],
+        }))),
+    }
+}
+
+/// What one execution returned: the `schema` response's type, and per Arrow batch its
+/// `row_count`, `start_offset` and the `bigint` values of its one column.
+#[derive(Debug, Default)]
+struct Outcome {
+    schema: Option<DataType>,
+    batches: Vec<(i64, Option<i64>, Vec<i64>)>,
+    column: Option<String>,
+    error: Option<String>,
+    reattaches: u64,
+}
+
+async fn run(client: &ConnectClient, root: Vec<u8>) -> Outcome {
+    let request = ExecutePlanRequest {
+        session_id: SESSION.into(),
+        user_context: Some(UserContext::new("tether-client")),
+        plan: Some(Plan::root(root)),
+        ..Default::default()
+    };
+    let mut stream =
+        ReattachingStream::new(Arc::new(client.clone()), request, ClientConfig::default())
+            .expect("a valid request");
+    let mut result = Outcome::default();
+    while let Some(item) = stream.next().await {
+        let response = match item {
+            Ok(r) => r,
+            Err(e) => {
+                result.error = Some(e.to_string());
+                break;
+            }
+        };
+        if let Some(schema) = &response.schema {
+            assert!(result.schema.is_none() && result.batches.is_empty());
+            result.schema = Some(DataType::decode(&schema[..]).expect("a DataType"));
+        }
+        if let Some(ResponseType::ArrowBatch(batch)) = response.response_type {
+            let mut reader = arrow::ipc::reader::StreamReader::try_new(&batch.data[..], None)
+                .expect("an Arrow IPC stream");
+            let schema = reader.schema();
+            assert_eq!(schema.fields().len(), 1);
+            result.column = Some(schema.field(0).name().clone());
+            assert!(!schema.field(0).is_nullable());
+            let record = reader.next().expect("one record batch").expect("valid");
+            assert!(
+                reader.next().is_none(),
+                "exactly one record batch per response"
+            );
+            let values = record
+                .column(0)
+                .as_primitive::<Int64Type>()
+                .values()
+                .to_vec();
+            result
+                .batches
+                .push((batch.row_count, batch.start_offset, values));
+        }
+    }
+    result.reattaches = stream.stats().reattaches;
+    let _ = stream.close().await;
+    result
+}
+
+fn long_column(name: &str, metadata: Option<&str>) -> DataType {
+    DataType {
+        kind: Some(data_type::Kind::Struct(data_type::Struct {
+            fields: vec![data_type::StructField {
+                name: name.into(),
+                data_type: Some(DataType::long()),
+                nullable: false,
+                metadata: metadata.map(str::to_owned),
+            }],
+            type_variation_reference: 0,
+        })),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
+    let server = tokio::task::spawn_blocking(|| {
+        Server::start(&[
+            "--max-stream-bytes",
+            "123",
+            "--max-stream-duration-ms",
+            "1000",
+        ])
+    })
+    .await
+    .unwrap();
+    let client = ConnectClient::connect(&server.url(), None).await.unwrap();
+
+    // spark.range(200000): 2 partitions of 100 000, batches of 10 000 (Spark 4.3.0,
+    // local[2]), every row once and in order, across a rotated stream per response.
+    let r = run(&client, range_rel(ROWS).encode_to_vec()).await;
+    assert_eq!(r.error, None);
+    assert_eq!(r.schema, Some(long_column("id", None)));
+    assert_eq!(r.column.as_deref(), Some("id"));
+    assert_eq!(r.batches.len(), 20);
+    let mut next = 0;
+    for (row_count, start_offset, values) in &r.batches {
+        assert_eq!(*row_count, 10_000);
+        assert_eq!(*start_offset, Some(next));
+        assert_eq!(values, &(next..next + 10_000).collect::<Vec<_>>());
+        next += 10_000;
+    }
+    assert!(r.reattaches >= 20, "{} reattaches", r.reattaches);
+
+    // limit(25000) over range(30000): one partition (CollectLimit), 10 000 per batch.
+    let r = run(
+        &client,
+        limit_rel(range_rel(30_000), 25_000).encode_to_vec(),
+    )
+    .await;
+    let sizes: Vec<i64> = r.batches.iter().map(|b| b.0).collect();
+    assert_eq!(sizes, vec![10_000, 10_000, 5_000]);
+    let values: Vec<i64> = r.batches.iter().flat_map(|b| b.2.clone()).collect();
+    assert_eq!(values, (0..25_000).collect::<Vec<_>>());
+
+    // count(): one row in a column named `count(1)`.
+    let count = count_rel(limit_rel(range_rel(ROWS), 12_345));
+    let r = run(&client, count.encode_to_vec()).await;
+    let auto = Some(r#"{"__autoGeneratedAlias":"true"}"#);
+    assert_eq!(r.schema, Some(long_column("count(1)", auto)));
+    assert_eq!(r.column.as_deref(), Some("count(1)"));
+    assert_eq!(r.batches, vec![(1, Some(0), vec![12_345])]);
+
+    // An empty result is one batch of 0 rows.
+    let r = run(&client, range_rel(0).encode_to_vec()).await;
+    assert_eq!(r.batches, vec![(0, Some(0), vec![])]);
+
+    // A relation it does not run (`project`, field 3): Spark-style error, not a hang.
+    let r = run(&client, vec![0x1a, 0x00]).await;
+    let error = r.error.expect("an unsupported plan fails");
+    assert!(
+        error.contains("[UNSUPPORTED_FEATURE]") && error.contains("`project`"),
+        "{error}"
+    );
+
+    // AnalyzePlan schema.
+    let analyzed = client
+        .analyze_plan(AnalyzePlanRequest {
+            session_id: SESSION.into(),
+            user_context: Some(UserContext::new("tether-client")),
+            analyze: Some(analyze_plan_request::Analyze::Schema(
+                analyze_plan_request::Schema {
+                    plan: Some(Plan::root(count.encode_to_vec())),
+                },
+            )),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(
+        analyzed.result,
+        Some(analyze_plan_response::Result::Schema(
+            analyze_plan_response::Schema {
+                schema: Some(long_column("count(1)", auto))
+            }
+        ))
+    );
+
+    let stats = tokio::task::spawn_blocking(move || {
+        let s = server.wait_for_stats(Duration::from_secs(10), "every execution released", |s| {
+            stat(s, "created") >= 5 && stat(s, "live_executions") == 0
+        });
+        (s, server)
+    })
+    .await
+    .unwrap()
+    .0;
+    assert_eq!(stat(&stats, "released"), stat(&stats, "created"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// PySpark
+// ---------------------------------------------------------------------------------------------
+
+/// The interpreter of `target/pyspark-venv` (or `TETHER_PYSPARK_PYTHON`); `None` after a
+/// loud SKIPPED message when there is none.
+///
+/// # Panics
+/// Under `CI=true` instead of returning `None`.
+fn pyspark_python(test: &str) -> Option<PathBuf> {
+    let python = match std::env::var_os("TETHER_PYSPARK_PYTHON") {
+        Some(path) => repo().join(path),
+        None => repo().join("target/pyspark-venv/bin/python"),
+    };
+    if python.exists() {
+        return Some(python);
+    }
+    skipped(
+        test,
+        &format!("no pyspark-client venv at {}", python.display()),
+    )
+}
+
+fn skipped<T>(test: &str, why: &str) -> Option<T> {
+    let why = format!(
+        "the PySpark client cannot run: {why}. Run scripts/test.sh (or `bash \
+         scripts/pyspark-env.sh` once) to set up target/pyspark-venv"
+    );
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("FAILED (CI=true, no skipping): {test}: {why}");
+    }
+    // Straight to the process's stderr, past the test harness's capture, so it is seen.
+    let _ = writeln!(std::io::stderr(), "\n!!!!! SKIPPED: {test}: {why} !!!!!\n");
+    None
+}
+
+/// Exit status of `pyspark_checks.py` when pyspark-client cannot be imported.
+const PY_ENV_ERROR: i32 = 3;
+
+/// `pyspark_checks.py` running, its stdout lines arriving on a channel.
+struct Checks {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: Receiver<String>,
+    stderr: Arc<Mutex<String>>,
+}
+
+impl Checks {
+    fn start(python: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(python)
+            .arg(repo().join("tests/python/pyspark_checks.py"))
+            .args(args)
+            .env_remove("SPARK_CONNECT_AUTHENTICATE_TOKEN")
+            .env_remove("SPARK_REMOTE")
+            .env("PYTHONDONTWRITEBYTECODE", "1")
+            .env("PYTHONIOENCODING", "utf-8")
+            .current_dir(repo())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("the venv's python starts");
+        let (tx, lines) = mpsc::channel();
+        let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
+        std::thread::spawn(move || {
+            for line in stdout.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let stderr = Arc::new(Mutex::new(String::new()));
+        let mut pipe = child.stderr.take().expect("piped stderr");
+        let sink = stderr.clone();
+        std::thread::spawn(move || {
+            let mut text = String::new();
+            let _ = pipe.read_to_string(&mut text);
+            sink.lock().unwrap().push_str(&text);
+        });
+        Self {
+            stdin: child.stdin.take(),
+            child,
+            lines,
+            stderr,
+        }
+    }
+
+    /// The next stdout line starting with `prefix`, within `within`; `None` when the script
+    /// could not import pyspark (exit status 3). Panics with its stderr when it fails.
+    fn expect_line(&mut self, prefix: &str, within: Duration) -> Option<String> {
+        let deadline = Instant::now() + within;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) if line.starts_with(prefix) => return Some(line),
+                Ok(_) => {}
+                Err(RecvTimeoutError::Timeout) => {
+                    panic!("no `{prefix}` line from pyspark_checks.py within {within:?}")
+                }
+                Err(RecvTimeoutError::Disconnected) => {
+                    let status = self.wait(Duration::from_secs(10));
+                    if status == Some(PY_ENV_ERROR) {
+                        return None;
+                    }
+                    panic!(
+                        "pyspark_checks.py ended (status {status:?}) before `{prefix}`:\n{}",
+                        self.stderr.lock().unwrap()
+                    );
+                }
+            }
+        }
+    }
+
+    fn wait(&mut self, within: Duration) -> Option<i32> {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status.code();
+            }
+            if Instant::now() > deadline {
+                let _ = self.child.kill();
+                panic!("pyspark_checks.py did not exit within {within:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Checks {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn pyspark_reads_every_row_once_in_order_across_rotated_streams() {
+    let test = "pyspark_reads_every_row_once_in_order_across_rotated_streams";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    // A stream per response (123 bytes), a detached execution abandoned after 5 s.
+    let server = Server::start(&[
+        "--max-stream-bytes",
+        "123",
+        "--max-stream-duration-ms",
+        "1000",
+        "--detached-timeout-ms",
+        "5000",
+        "--maintenance-interval-ms",
+        "100",
+    ]);
+    let mut checks = Checks::start(&python, &["data", &server.port.to_string()]);
+    let Some(ready) = checks.expect_line("READY ", Duration::from_secs(100)) else {
+        skipped::<()>(test, &checks.stderr());
+        return;
+    };
+    let report: serde_json::Value = serde_json::from_str(&ready["READY ".len()..]).unwrap();
+    let executions = report["executions"]
+        .as_u64()
+        .expect("the script's execution count");
+    eprintln!("pyspark_checks.py: {report}");
+
+    // Every execution the client started was released (ReleaseAll is asynchronous).
+    let stats = server.wait_for_stats(Duration::from_secs(10), "every execution released", |s| {
+        stat(s, "created") >= executions && stat(s, "live_executions") == 0
+    });
+    assert_eq!(
+        stat(&stats, "released"),
+        stat(&stats, "created"),
+        "{stats:?}"
+    );
+    assert_eq!(stat(&stats, "abandoned"), 0, "{stats:?}");
+    let reattaches = server.log_count("ReattachExecute");
+    assert!(
+        reattaches >= 60,
+        "rotation after every response: {reattaches} reattaches"
+    );
+
+    // The script ends without spark.stop(): what its exit hooks start but cannot release
+    // (PySpark's ML cache clean-up command, refused here) is abandoned once detached for
+    // the detached timeout, so nothing outlives it.
+    checks
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"exit\n")
+        .unwrap();
+    let status = checks.wait(Duration::from_secs(30));
+    assert_eq!(status, Some(0), "pyspark_checks.py:\n{}", checks.stderr());
+    let stats = server.wait_for_stats(
+        Duration::from_secs(20),
+        "everything released or abandoned after the client exited",
+        |s| {
+            stat(s, "live_executions") == 0
+                && stat(s, "released") + stat(s, "abandoned") == stat(s, "created")
+                && stat(s, "created") >= executions
+        },
+    );
+    eprintln!("server after the client exited: {stats:?}, {reattaches} reattaches");
+}
+
+#[test]
+fn pyspark_needs_the_right_token() {
+    let test = "pyspark_needs_the_right_token";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let token = "tether-s3cret";
+    let server = Server::start(&["--token", token]);
+    let mut checks = Checks::start(&python, &["auth", &server.port.to_string(), token]);
+    if checks
+        .expect_line("AUTH OK", Duration::from_secs(60))
+        .is_none()
+    {
+        skipped::<()>(test, &checks.stderr());
+        return;
+    }
+    let status = checks.wait(Duration::from_secs(30));
+    assert_eq!(status, Some(0), "pyspark_checks.py:\n{}", checks.stderr());
+    // Only the authenticated session ran anything.
+    let stats = server.wait_for_stats(Duration::from_secs(10), "released", |s| {
+        stat(s, "created") >= 2 && stat(s, "live_executions") == 0
+    });
+    assert_eq!(stat(&stats, "created"), 2, "{stats:?}");
+}

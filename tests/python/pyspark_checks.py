@@ -1,0 +1,163 @@
+"""The real Spark Connect Python client (pyspark-client) against tether's example server.
+
+Run by tests/pyspark_connect.rs with the interpreter of target/pyspark-venv
+(scripts/pyspark-env.sh), against examples/connect_server listening on loopback:
+
+    python tests/python/pyspark_checks.py data PORT
+        collect(), toArrow(), toLocalIterator(), count() and limit() on spark.range(200000):
+        every row exactly once and in order; schemas; an unsupported plan's error. Then prints
+        `READY {json}` and waits for a line on stdin (the test reads the server's stats
+        meanwhile), and exits without stopping the session, as a script that just ends does.
+
+    python tests/python/pyspark_checks.py auth PORT TOKEN
+        the right token works; a wrong and a missing one fail with PySpark's error for
+        UNAUTHENTICATED and the server's message.
+
+Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
+message starting with "ENV:" when pyspark-client cannot be imported.
+"""
+
+import json
+import os
+import sys
+import time
+
+ENV_ERROR = 3
+N = 200_000
+
+# The client reads the token from here when the connection string has none (connect §4).
+os.environ.pop("SPARK_CONNECT_AUTHENTICATE_TOKEN", None)
+os.environ.pop("SPARK_REMOTE", None)
+
+try:
+    import grpc
+    import pyarrow as pa
+    from pyspark.errors.exceptions.connect import SparkConnectGrpcException
+    from pyspark.sql import functions as F
+    from pyspark.sql.connect.session import SparkSession as ConnectSession
+    from pyspark.sql.types import LongType, StructField, StructType
+except Exception as e:  # noqa: BLE001 - any import problem is an environment problem
+    print(f"ENV: pyspark-client cannot be imported: {e!r}", file=sys.stderr, flush=True)
+    sys.exit(ENV_ERROR)
+
+
+EXECUTIONS = 0
+
+
+class CountExecutions(ConnectSession.Hook):
+    """Counts the ExecutePlan requests the client sends (each starts one execution)."""
+
+    def __init__(self, _session):
+        pass
+
+    def on_execute_plan(self, request):
+        global EXECUTIONS
+        EXECUTIONS += 1
+        return request
+
+
+def session(port, **params):
+    """A new session (never a cached one) on `sc://localhost:PORT/;k=v…`."""
+    # The host must be `localhost`: PySpark sends a token only over local credentials there.
+    url = f"sc://localhost:{port}/" + "".join(f";{k}={v}" for k, v in params.items())
+    # `_registerHook` is pyspark-client's (private) way to add a session hook.
+    return ConnectSession.builder.remote(url)._registerHook(CountExecutions).create()
+
+
+def expect_ids(got, want, what):
+    if got != want:
+        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise AssertionError(
+            f"{what}: {len(got)} rows, {len(want)} expected; first difference at row {first}: "
+            f"{got[first:first + 3]} vs {want[first:first + 3]}"
+        )
+
+
+def data(port):
+    spark = session(port, user_id="tether-pyspark")
+    want = list(range(N))
+    timings = {}
+
+    def timed(name, f):
+        start = time.monotonic()
+        result = f()
+        timings[name] = round(time.monotonic() - start, 3)
+        return result
+
+    df = spark.range(N)
+    assert df.schema == StructType([StructField("id", LongType(), False)]), df.schema
+
+    rows = timed("collect", df.collect)
+    expect_ids([r.id for r in rows], want, "collect()")
+
+    table = timed("toArrow", df.toArrow)
+    assert table.schema.field("id").type == pa.int64(), table.schema
+    expect_ids(table.column("id").to_pylist(), want, "toArrow()")
+
+    ids = timed("toLocalIterator", lambda: [r.id for r in df.toLocalIterator()])
+    expect_ids(ids, want, "toLocalIterator()")
+
+    assert timed("count", df.count) == N
+
+    # limit() inside the first partition, across the partition boundary, and count() of it.
+    for n in (12_345, 150_000):
+        got = timed(f"limit({n})", lambda: [r.id for r in df.limit(n).collect()])
+        expect_ids(got, want[:n], f"limit({n}).collect()")
+        assert df.limit(n).count() == n
+    assert df.limit(0).collect() == []
+
+    # A stepped range, and an empty one.
+    expect_ids([r.id for r in spark.range(5, 100_007, 3).collect()], list(range(5, 100_007, 3)),
+               "range(5, 100007, 3)")
+    assert spark.range(0).collect() == [] and spark.range(0).count() == 0
+
+    # count()'s column as Spark names it.
+    counted = df.agg(F.count(F.lit(1)))
+    assert counted.columns == ["count(1)"], counted.columns
+    assert counted.collect()[0][0] == N
+
+    # A plan the server does not run: its error, not a hang or a crash.
+    try:
+        spark.range(3).selectExpr("id + 1").collect()
+        raise AssertionError("an unsupported plan must fail")
+    except SparkConnectGrpcException as e:
+        assert "[UNSUPPORTED_FEATURE]" in str(e) and "`project`" in str(e), str(e)
+        assert e.getGrpcStatusCode() == grpc.StatusCode.INTERNAL, e.getGrpcStatusCode()
+
+    # The server checks its live executions now (every release has been sent: ReleaseAll is
+    # asynchronous, so it waits with a deadline); then exit without spark.stop().
+    print("READY " + json.dumps({"executions": EXECUTIONS, "timings": timings}), flush=True)
+    sys.stdin.readline()
+
+
+def auth(port, token):
+    good = session(port, user_id="tether-auth", token=token)
+    assert [r.id for r in good.range(5).collect()] == [0, 1, 2, 3, 4]
+    assert good.range(1000).count() == 1000
+    good.stop()
+    for label, params, message in [
+        ("wrong", {"token": token + "x"}, "Invalid authentication token"),
+        ("missing", {}, "No authentication token provided"),
+    ]:
+        spark = session(port, user_id="tether-auth", **params)
+        try:
+            spark.range(1).collect()
+            raise AssertionError(f"a {label} token must be refused")
+        except SparkConnectGrpcException as e:
+            assert e.getGrpcStatusCode() == grpc.StatusCode.UNAUTHENTICATED, (label, e)
+            assert message in str(e), (label, str(e))
+    print("AUTH OK", flush=True)
+
+
+def main():
+    mode, port = sys.argv[1], int(sys.argv[2])
+    if mode == "data":
+        data(port)
+    elif mode == "auth":
+        auth(port, sys.argv[3])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
