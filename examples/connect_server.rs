@@ -67,7 +67,7 @@ use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use clap::Parser;
 use prost::Message;
-use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, StreamLimits};
+use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, SparkError, StreamLimits};
 use tether::spark::connect::{
     ConnectConfig, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION, SessionContext,
 };
@@ -436,14 +436,17 @@ fn interpret(bytes: &[u8], config: EngineConfig) -> Result<Output, ConnectError>
 fn range(r: &Range, config: EngineConfig) -> Result<Output, ConnectError> {
     // Spark's own messages for these (connect §6.3).
     let Some(n) = r.row_count() else {
-        return Err(failed("requirement failed: step (0) cannot be 0"));
+        return Err(
+            SparkError::illegal_argument("requirement failed: step (0) cannot be 0").into(),
+        );
     };
     let parts = match r.num_partitions {
         None => config.default_parallelism,
-        Some(p) => u32::try_from(p)
-            .ok()
-            .filter(|p| *p > 0)
-            .ok_or_else(|| failed("Positive number of partitions required"))?,
+        Some(p) => u32::try_from(p).ok().filter(|p| *p > 0).ok_or_else(|| {
+            ConnectError::from(SparkError::illegal_argument(
+                "Positive number of partitions required",
+            ))
+        })?,
     };
     let (start, step) = (r.start.unwrap_or(0), r.step);
     let partitions = (0..u128::from(parts))
@@ -469,11 +472,15 @@ fn range(r: &Range, config: EngineConfig) -> Result<Output, ConnectError> {
 /// `limit(n)`: the first `n` rows in one partition (Spark's `CollectLimit`, connect §6.2).
 fn limit_of(input: Output, limit: i32) -> Result<Output, ConnectError> {
     let Ok(mut left) = u64::try_from(limit) else {
-        return Err(failed(format!(
-            "[INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE] The limit like expression \"{limit}\" \
-             is invalid. The limit expression must be equal to or greater than 0, but got \
-             {limit}. SQLSTATE: 42K0E"
-        )));
+        return Err(SparkError::analysis(
+            "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE",
+            format!(
+                "The limit like expression \"{limit}\" is invalid. The limit expression must \
+                 be equal to or greater than 0, but got {limit}."
+            ),
+            "42K0E",
+        )
+        .into());
     };
     let mut runs = Vec::new();
     for run in input.partitions.into_iter().flatten() {

@@ -206,6 +206,102 @@ pub enum ConnectError {
         /// The status code category.
         code: Code,
     },
+    /// The execution failed with an error in Spark's form (connect §2): its condition,
+    /// SQLSTATE, message parameters and Java classes travel in the rich status, so a Spark
+    /// client raises the same exception class as against real Spark (PySpark maps the first
+    /// class it knows of `classes`). Status code `INTERNAL`.
+    Spark(Box<SparkError>),
+}
+
+/// An error a query engine raises, in the form Spark sends it (connect §2): the status
+/// message `[CONDITION] text SQLSTATE: state` and an `ErrorInfo` carrying `errorClass`,
+/// `sqlState`, `messageParameters` and `classes`, with the most specific Java class as the
+/// `reason`. Spark's own errors without a condition (a plain `IllegalArgumentException`)
+/// have `condition` and `sql_state` unset and send `text` alone.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct SparkError {
+    /// `errorClass`, e.g. `INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE` (Spark's
+    /// `error-conditions.json`); `None` for a plain Java exception.
+    pub condition: Option<String>,
+    /// The message text, after `[CONDITION] ` and before ` SQLSTATE: …`.
+    pub text: String,
+    /// The SQLSTATE of the condition, e.g. `42K0E`.
+    pub sql_state: Option<String>,
+    /// `messageParameters`, by name.
+    pub parameters: std::collections::BTreeMap<String, String>,
+    /// The Java class of the exception and its superclasses, most specific first (Spark's
+    /// `classes` metadata; the first is the `ErrorInfo.reason`).
+    pub classes: Vec<String>,
+}
+
+impl SparkError {
+    /// The classes of Spark's `AnalysisException` (connect §6.3: a negative limit).
+    pub const ANALYSIS_EXCEPTION: &'static [&'static str] = &[
+        "org.apache.spark.sql.AnalysisException",
+        "java.lang.Exception",
+        "java.lang.Throwable",
+        "java.lang.Object",
+    ];
+
+    /// The classes of `java.lang.IllegalArgumentException`, which Spark raises without a
+    /// condition for a failed `require` (connect §6.3: a range step of 0).
+    pub const ILLEGAL_ARGUMENT_EXCEPTION: &'static [&'static str] = &[
+        "java.lang.IllegalArgumentException",
+        "java.lang.RuntimeException",
+        "java.lang.Exception",
+        "java.lang.Throwable",
+        "java.lang.Object",
+    ];
+
+    /// An `AnalysisException` with `condition`, `text` and `sql_state` (connect §2).
+    pub fn analysis(condition: &str, text: impl Into<String>, sql_state: &str) -> Self {
+        Self {
+            condition: Some(condition.to_owned()),
+            text: text.into(),
+            sql_state: Some(sql_state.to_owned()),
+            parameters: std::collections::BTreeMap::new(),
+            classes: Self::ANALYSIS_EXCEPTION
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        }
+    }
+
+    /// A plain `IllegalArgumentException` without a condition (connect §6.3).
+    pub fn illegal_argument(text: impl Into<String>) -> Self {
+        Self {
+            condition: None,
+            text: text.into(),
+            sql_state: None,
+            parameters: std::collections::BTreeMap::new(),
+            classes: Self::ILLEGAL_ARGUMENT_EXCEPTION
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        }
+    }
+
+    /// Adds one `messageParameters` entry (connect §2).
+    #[must_use]
+    pub fn with_parameter(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.parameters.insert(name.into(), value.into());
+        self
+    }
+
+    /// The status message, as Spark writes it (connect §2).
+    pub fn message(&self) -> String {
+        match (&self.condition, &self.sql_state) {
+            (Some(c), Some(s)) => format!("[{c}] {} SQLSTATE: {s}", self.text),
+            (Some(c), None) => format!("[{c}] {}", self.text),
+            (None, _) => self.text.clone(),
+        }
+    }
+}
+
+impl From<SparkError> for ConnectError {
+    fn from(error: SparkError) -> Self {
+        Self::Spark(Box::new(error))
+    }
 }
 
 impl ConnectError {
@@ -282,6 +378,7 @@ impl ConnectError {
                  starting more."
             ),
             Self::Failed { message, .. } => return message.clone(),
+            Self::Spark(e) => return e.message(),
         };
         let condition = self.condition().unwrap_or_default();
         match self.sql_state() {
@@ -294,7 +391,8 @@ impl ConnectError {
     /// rx §1.8, sent as `ErrorInfo` `errorClass`, connect §2), or `None` for the errors
     /// Spark raises as plain exceptions ([`InvalidTag`](Self::InvalidTag),
     /// [`UnknownReleaseType`](Self::UnknownReleaseType), [`Orphaned`](Self::Orphaned)) and
-    /// for [`Failed`](Self::Failed), whose condition, if any, is inside its message.
+    /// for [`Failed`](Self::Failed), whose condition, if any, is inside its message, and
+    /// [`Spark`](Self::Spark), whose condition is [`SparkError::condition`].
     pub fn condition(&self) -> Option<&'static str> {
         Some(match self {
             Self::InvalidHandleFormat { .. } => "INVALID_HANDLE.FORMAT",
@@ -320,7 +418,8 @@ impl ConnectError {
             Self::InvalidTag { .. }
             | Self::UnknownReleaseType
             | Self::Orphaned { .. }
-            | Self::Failed { .. } => return None,
+            | Self::Failed { .. }
+            | Self::Spark(_) => return None,
         })
     }
 
@@ -357,6 +456,7 @@ impl ConnectError {
         match self {
             Self::ExecutionLimitExceeded { .. } => Code::ResourceExhausted,
             Self::Failed { code, .. } => *code,
+            Self::Spark(_) => Code::Internal,
             _ => Code::Internal,
         }
     }

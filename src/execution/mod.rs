@@ -87,7 +87,7 @@ pub use self::core::{
     ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, Removal, RunnerState,
     StreamEnd, StreamLimits,
 };
-pub use error::{CONDITIONS, Code, ConnectError};
+pub use error::{CONDITIONS, Code, ConnectError, SparkError};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
 pub use manager::{
     ExecuteKey, ExecutionManager, MaintenanceReport, ManagerConfig, ManagerStats, SessionKey,

@@ -124,6 +124,21 @@ def data(port):
         assert "[UNSUPPORTED_FEATURE]" in str(e) and "`project`" in str(e), str(e)
         assert e.getGrpcStatusCode() == grpc.StatusCode.INTERNAL, e.getGrpcStatusCode()
 
+    # Engine errors in Spark's form: PySpark raises the same exception class as against real
+    # Spark (connect §6.3), with the condition and SQLSTATE from the rich status.
+    from pyspark.errors import AnalysisException, IllegalArgumentException
+    try:
+        spark.range(10).limit(-1).collect()
+        raise AssertionError("a negative limit must fail")
+    except AnalysisException as e:
+        assert e.getCondition() == "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE", e.getCondition()
+        assert e.getSqlState() == "42K0E", e.getSqlState()
+    try:
+        spark.range(0, 10, 0).collect()
+        raise AssertionError("a step of 0 must fail")
+    except IllegalArgumentException as e:
+        assert "step (0) cannot be 0" in str(e), str(e)
+
     # The server checks its live executions now (every release has been sent: ReleaseAll is
     # asynchronous, so it waits with a deadline); then exit without spark.stop().
     print("READY " + json.dumps({"executions": EXECUTIONS, "timings": timings}), flush=True)

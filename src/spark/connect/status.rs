@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use tonic_types::{ErrorDetails, StatusExt};
 
 use crate::execution::client::RpcError;
-use crate::execution::{Code, ConnectError};
+use crate::execution::{Code, ConnectError, SparkError};
 
 /// `ErrorInfo.domain` of every Spark error (connect §2).
 pub(crate) const DOMAIN: &str = "org.apache.spark";
@@ -76,6 +76,9 @@ fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
 /// Python client reads the message from it (without one it shows the raw gRPC call).
 pub(crate) fn to_status(error: &ConnectError) -> tonic::Status {
     let message = error.message();
+    if let ConnectError::Spark(spark) = error {
+        return spark_status(spark, message);
+    }
     let Some(condition) = error.condition() else {
         return tonic::Status::with_error_details(code(error.code()), message, ErrorDetails::new());
     };
@@ -95,6 +98,37 @@ pub(crate) fn to_status(error: &ConnectError) -> tonic::Status {
     metadata.insert("classes".to_owned(), CLASSES.to_owned());
     let details = ErrorDetails::with_error_info(REASON, DOMAIN, metadata);
     tonic::Status::with_error_details(code(error.code()), message, details)
+}
+
+/// The status of an engine's [`SparkError`]: its own condition, SQLSTATE, parameters and
+/// Java classes in the `ErrorInfo` (connect §2), the most specific class as the reason.
+fn spark_status(error: &SparkError, message: String) -> tonic::Status {
+    let mut metadata = HashMap::new();
+    if let Some(condition) = &error.condition {
+        metadata.insert("errorClass".to_owned(), condition.clone());
+    }
+    if let Some(state) = &error.sql_state {
+        metadata.insert("sqlState".to_owned(), state.clone());
+    }
+    let parameters: serde_json::Map<String, serde_json::Value> = error
+        .parameters
+        .iter()
+        .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+        .collect();
+    metadata.insert(
+        "messageParameters".to_owned(),
+        serde_json::Value::Object(parameters).to_string(),
+    );
+    metadata.insert(
+        "classes".to_owned(),
+        serde_json::Value::from(error.classes.clone()).to_string(),
+    );
+    let reason = error
+        .classes
+        .first()
+        .map_or("java.lang.Exception", String::as_str);
+    let details = ErrorDetails::with_error_info(reason, DOMAIN, metadata);
+    tonic::Status::with_error_details(tonic::Code::Internal, message, details)
 }
 
 /// The client's view of a failed RPC (rx §1.8): the status code and message, the Spark
@@ -150,6 +184,50 @@ mod tests {
             serde_json::from_str(&info.metadata["messageParameters"]).unwrap();
         assert_eq!(params["handle"], "00112233-4455-6677-8899-aabbccddeeff");
         assert!(!info.metadata.contains_key("errorId"));
+    }
+
+    #[test]
+    fn an_engines_spark_error_carries_its_own_condition_and_classes() {
+        let e: ConnectError = SparkError::analysis(
+            "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE",
+            "The limit like expression \"-1\" is invalid.",
+            "42K0E",
+        )
+        .with_parameter("expr", "\"-1\"")
+        .into();
+        let status = to_status(&e);
+        assert_eq!(status.code(), tonic::Code::Internal);
+        assert_eq!(
+            status.message(),
+            "[INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE] The limit like expression \"-1\" is \
+             invalid. SQLSTATE: 42K0E"
+        );
+        let details = status.check_error_details().unwrap();
+        let info = details.error_info().unwrap();
+        assert_eq!(info.reason, "org.apache.spark.sql.AnalysisException");
+        assert_eq!(
+            info.metadata["errorClass"],
+            "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE"
+        );
+        assert_eq!(info.metadata["sqlState"], "42K0E");
+        let classes: Vec<String> = serde_json::from_str(&info.metadata["classes"]).unwrap();
+        assert_eq!(classes, SparkError::ANALYSIS_EXCEPTION);
+        let params: serde_json::Value =
+            serde_json::from_str(&info.metadata["messageParameters"]).unwrap();
+        assert_eq!(params["expr"], "\"-1\"");
+
+        let plain: ConnectError =
+            SparkError::illegal_argument("requirement failed: step (0) cannot be 0").into();
+        let status = to_status(&plain);
+        assert_eq!(status.message(), "requirement failed: step (0) cannot be 0");
+        let info = status
+            .check_error_details()
+            .unwrap()
+            .error_info()
+            .cloned()
+            .unwrap();
+        assert_eq!(info.reason, "java.lang.IllegalArgumentException");
+        assert!(!info.metadata.contains_key("errorClass"));
     }
 
     #[test]
