@@ -13,50 +13,23 @@
 #
 # Without python3 (or when the install fails) it says so loudly and exits 0, so the rest of
 # the test suite still runs and the PySpark tests report themselves SKIPPED; under CI=true it
-# exits 1 instead. Set TETHER_PYTHON3 to use another base interpreter.
+# exits 1 instead (scripts/venv-lib.sh). Set TETHER_PYTHON3 to use another base interpreter.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=target/pyspark-venv
-requirements=tests/python/pyspark-requirements.txt
-stamp=$venv/.tether-requirements
-
-unavailable() {
-  echo "pyspark-env: $*" >&2
-  rm -rf "$venv"
-  if [ "${CI:-}" = "true" ]; then
-    echo "pyspark-env: FAILED (CI=true): the PySpark client tests cannot run" >&2
-    exit 1
-  fi
-  echo "pyspark-env: WARNING: the PySpark client tests will be SKIPPED" >&2
-  exit 0
-}
-
-base=${TETHER_PYTHON3:-python3}
-command -v "$base" >/dev/null 2>&1 || unavailable "no '$base' on PATH"
-version=$("$base" -c 'import sys; print(sys.version.split()[0])') ||
-  unavailable "'$base' does not run"
-want="$(sha256sum "$requirements" | cut -d' ' -f1) python-$version"
-
-if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  echo "pyspark-env: $venv is up to date ($want)"
-  exit 0
-fi
-
-echo "pyspark-env: creating $venv with $requirements (python $version)"
-rm -rf "$venv"
-"$base" -m venv "$venv" || unavailable "'$base -m venv' failed"
-pip=("$venv/bin/python" -m pip --disable-pip-version-check --no-input)
+. scripts/venv-lib.sh
+venv_begin pyspark-env target/pyspark-venv tests/python/pyspark-requirements.txt \
+  "the PySpark client tests" || exit 0
 setuptools=$(grep -E '^setuptools==' "$requirements") ||
-  unavailable "no setuptools pin in $requirements"
+  venv_unavailable "no setuptools pin in $requirements"
 # The build backend for pyspark-client first (no build isolation: it builds against this one).
 "${pip[@]}" install --quiet --only-binary=:all: "$setuptools" ||
-  unavailable "pip install $setuptools failed"
+  venv_unavailable "pip install $setuptools failed"
 "${pip[@]}" install --quiet --only-binary=:all: --no-binary=pyspark-client \
-  --no-build-isolation -r "$requirements" || unavailable "pip install -r $requirements failed"
-"${pip[@]}" check || unavailable "the pinned packages are inconsistent"
+  --no-build-isolation -r "$requirements" || venv_unavailable "pip install -r $requirements failed"
+"${pip[@]}" check || venv_unavailable "the pinned packages are inconsistent"
 # Nothing unpinned slipped in: the installed set is exactly the file's.
-"$venv/bin/python" - "$requirements" <<'EOF' || unavailable "the venv differs from $requirements"
+"$venv/bin/python" - "$requirements" <<'EOF' || venv_unavailable "the venv differs from $requirements"
 import importlib.metadata as md, re, sys
 
 def norm(name):
@@ -77,5 +50,5 @@ if installed != pinned:
           file=sys.stderr)
     sys.exit(1)
 EOF
-echo "$want" >"$stamp"
+venv_done
 echo "pyspark-env: $venv ready"

@@ -14,40 +14,15 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-venv=target/py-venv
-requirements=tests/python/requirements.txt
-stamp=$venv/.tether-requirements
-
-unavailable() {
-  echo "python-env: $*" >&2
-  rm -rf "$venv"
-  if [ "${CI:-}" = "true" ]; then
-    echo "python-env: FAILED (CI=true): the Python conformance tests cannot run" >&2
-    exit 1
-  fi
-  echo "python-env: WARNING: the Python conformance tests will be SKIPPED" >&2
-  exit 0
-}
-
-base=${TETHER_PYTHON3:-python3}
-command -v "$base" >/dev/null 2>&1 || unavailable "no '$base' on PATH"
-version=$("$base" -c 'import sys; print(sys.version.split()[0])') ||
-  unavailable "'$base' does not run"
-want="$(sha256sum "$requirements" | cut -d' ' -f1) python-$version"
-
-if [ -x "$venv/bin/python" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$want" ]; then
-  echo "python-env: $venv is up to date ($want)"
-else
-  echo "python-env: creating $venv with $requirements (python $version)"
-  rm -rf "$venv"
-  "$base" -m venv "$venv" || unavailable "'$base -m venv' failed"
-  "$venv/bin/python" -m pip install --quiet --disable-pip-version-check --no-input \
-    --only-binary=:all: -r "$requirements" || unavailable "pip install -r $requirements failed"
-  "$venv/bin/python" -m pip check --disable-pip-version-check ||
-    unavailable "the pinned packages are inconsistent"
-  echo "$want" >"$stamp"
+. scripts/venv-lib.sh
+if venv_begin python-env target/py-venv tests/python/requirements.txt \
+  "the Python conformance tests"; then
+  "${pip[@]}" install --quiet --only-binary=:all: -r "$requirements" ||
+    venv_unavailable "pip install -r $requirements failed"
+  "${pip[@]}" check || venv_unavailable "the pinned packages are inconsistent"
+  venv_done
 fi
 
 gen=$("$venv/bin/python" tests/python/udf_protos.py --generate) ||
-  unavailable "generating the Python classes from the official .proto files failed"
+  venv_unavailable "generating the Python classes from the official .proto files failed"
 echo "python-env: classes generated in $gen"
