@@ -480,6 +480,18 @@ impl Producer {
         &self.exec.tags
     }
 
+    /// The `server_side_session_id` of the execution's session, stamped on every response
+    /// (rx §3.2, connect §3).
+    pub fn server_side_session_id(&self) -> Arc<str> {
+        self.exec
+            .lock()
+            .core
+            .log()
+            .stamp()
+            .server_side_session_id
+            .clone()
+    }
+
     /// The plan the execution was submitted with (`ExecutePlanRequest.plan`, rx §1.2).
     pub fn plan(&self) -> Option<&Plan> {
         self.exec.plan.as_ref()

@@ -394,9 +394,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             let session = SessionContext {
                 user_id: request.user_id().to_owned(),
                 session_id: request.session_id.clone(),
-                server_side_session_id: self
-                    .session(request.user_id(), &request.session_id, None)?
-                    .server_side_session_id,
+                server_side_session_id: producer.server_side_session_id().to_string(),
             };
             Self::run(producer, self.inner.engine.execute(&session, &request));
         }
