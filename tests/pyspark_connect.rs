@@ -1,4 +1,4 @@
-//! The example Spark Connect server (`examples/connect_server.rs`) as a real process on
+//! The example Spark Connect server (`examples/connect_server/main.rs`) as a real process on
 //! loopback, read by two clients:
 //!
 //! - tether's own [`ConnectClient`] + [`ReattachingStream`] (always runs): Spark's batch
@@ -6,9 +6,12 @@
 //! - the real PySpark client, pyspark-client 4.2.0 from `target/pyspark-venv`
 //!   (`scripts/pyspark-env.sh`, run by `scripts/test.sh`), running
 //!   `tests/python/pyspark_checks.py`: `collect()`, `toArrow()`, `toLocalIterator()`,
-//!   `count()` and `limit()` with stream rotation after every response, every release
-//!   reaching the server, abandonment of what a client leaves behind, and the token. Without
-//!   the venv these tests print SKIPPED (and fail under `CI=true`).
+//!   `count()` and `limit()` with stream rotation after every response and the server's
+//!   `--faults` on, every release reaching the server, abandonment of what a client leaves
+//!   behind, and the token; and `tests/python/connect_scenarios.py`: Spark's errors for
+//!   unknown, duplicate and abandoned operations (with the exception class PySpark raises),
+//!   a killed client's execution abandoned, and users isolated within one session id.
+//!   Without the venv these tests print SKIPPED (and fail under `CI=true`).
 //!
 //! The server binary is built on first use with `cargo build --example connect_server` and
 //! the features this test was built with (a no-op when `cargo test` already built the
@@ -30,9 +33,8 @@ use prost::Message;
 use tether::execution::client::{ClientConfig, ReattachingStream};
 use tether::spark::connect::ConnectClient;
 use tether::wire::connect::{
-    Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, Expression, Limit, Plan, Range,
-    Relation, UserContext, aggregate, analyze_plan_request, analyze_plan_response, data_type,
-    execute_plan_response::ResponseType, expression, relation,
+    AnalyzePlanRequest, DataType, ExecutePlanRequest, Plan, Relation, UserContext,
+    analyze_plan_request, analyze_plan_response, data_type, execute_plan_response::ResponseType,
 };
 
 const ROWS: i64 = 200_000;
@@ -106,6 +108,15 @@ fn parse_stats(line: &str) -> Option<Stats> {
         .collect()
 }
 
+/// The server arguments that end every stream after one response (123 bytes) or 1 s, as
+/// Spark's own reattach tests configure it: every execution is read across reattaches.
+const ROTATE_EVERY_RESPONSE: [&str; 4] = [
+    "--max-stream-bytes",
+    "123",
+    "--max-stream-duration-ms",
+    "1000",
+];
+
 /// A running `connect_server`, killed on drop (its log printed if the test failed).
 struct Server {
     child: Child,
@@ -115,6 +126,11 @@ struct Server {
 }
 
 impl Server {
+    /// The server with [`ROTATE_EVERY_RESPONSE`] and `args`.
+    fn rotating(args: &[&str]) -> Self {
+        Self::start(&[&ROTATE_EVERY_RESPONSE[..], args].concat())
+    }
+
     fn start(args: &[&str]) -> Self {
         let mut child = Command::new(server_binary())
             .args(["--port", "0", "--stats-interval-ms", "50"])
@@ -216,51 +232,7 @@ fn stat(s: &Stats, key: &str) -> u64 {
 const SESSION: &str = "5e55a0e5-0000-4000-8000-00000000c0de";
 
 fn range_rel(end: i64) -> Relation {
-    Relation {
-        common: None,
-        rel_type: Some(relation::RelType::Range(Range {
-            start: Some(0),
-            end,
-            step: 1,
-            num_partitions: None,
-        })),
-    }
-}
-
-fn limit_rel(input: Relation, limit: i32) -> Relation {
-    Relation {
-        common: None,
-        rel_type: Some(relation::RelType::Limit(Box::new(Limit {
-            input: Some(Box::new(input)),
-            limit,
-        }))),
-    }
-}
-
-/// `df.count()` as PySpark sends it: a global aggregate of `count(lit(1))` (connect §3).
-fn count_rel(input: Relation) -> Relation {
-    let one = Expression {
-        expr_type: Some(expression::ExprType::Literal(expression::Literal {
-            literal_type: Some(expression::literal::LiteralType::Integer(1)),
-        })),
-    };
-    Relation {
-        common: None,
-        rel_type: Some(relation::RelType::Aggregate(Box::new(Aggregate {
-            input: Some(Box::new(input)),
-            group_type: aggregate::GroupType::Groupby as i32,
-            grouping_expressions: vec![],
-            aggregate_expressions: vec![Expression {
-                expr_type: Some(expression::ExprType::UnresolvedFunction(
-                    expression::UnresolvedFunction {
-                        function_name: "count".into(),
-                        arguments: vec![one],
-                        ..Default::default()
-                    },
-                )),
-            }],
-        }))),
-    }
+    Relation::range(0, end, 1)
 }
 
 /// What one execution returned: the `schema` response's type, and per Arrow batch its
@@ -340,16 +312,9 @@ fn long_column(name: &str, metadata: Option<&str>) -> DataType {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
-    let server = tokio::task::spawn_blocking(|| {
-        Server::start(&[
-            "--max-stream-bytes",
-            "123",
-            "--max-stream-duration-ms",
-            "1000",
-        ])
-    })
-    .await
-    .unwrap();
+    let server = tokio::task::spawn_blocking(|| Server::rotating(&[]))
+        .await
+        .unwrap();
     let client = ConnectClient::connect(&server.url(), None).await.unwrap();
 
     // spark.range(200000): 2 partitions of 100 000, batches of 10 000 (Spark 4.3.0,
@@ -371,7 +336,7 @@ async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
     // limit(25000) over range(30000): one partition (CollectLimit), 10 000 per batch.
     let r = run(
         &client,
-        limit_rel(range_rel(30_000), 25_000).encode_to_vec(),
+        Relation::limit(range_rel(30_000), 25_000).encode_to_vec(),
     )
     .await;
     let sizes: Vec<i64> = r.batches.iter().map(|b| b.0).collect();
@@ -380,7 +345,7 @@ async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
     assert_eq!(values, (0..25_000).collect::<Vec<_>>());
 
     // count(): one row in a column named `count(1)`.
-    let count = count_rel(limit_rel(range_rel(ROWS), 12_345));
+    let count = Relation::count(Relation::limit(range_rel(ROWS), 12_345));
     let r = run(&client, count.encode_to_vec()).await;
     let auto = Some(r#"{"__autoGeneratedAlias":"true"}"#);
     assert_eq!(r.schema, Some(long_column("count(1)", auto)));
@@ -395,7 +360,8 @@ async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
     let r = run(&client, vec![0x1a, 0x00]).await;
     let error = r.error.expect("an unsupported plan fails");
     assert!(
-        error.contains("[UNSUPPORTED_FEATURE]") && error.contains("`project`"),
+        error.contains("[CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED]")
+            && error.contains("PROJECT(3)"),
         "{error}"
     );
 
@@ -482,9 +448,15 @@ struct Checks {
 }
 
 impl Checks {
+    /// `tests/python/pyspark_checks.py ARGS`.
     fn start(python: &Path, args: &[&str]) -> Self {
+        Self::script(python, "pyspark_checks.py", args)
+    }
+
+    /// `tests/python/SCRIPT ARGS`.
+    fn script(python: &Path, script: &str, args: &[&str]) -> Self {
         let mut child = Command::new(python)
-            .arg(repo().join("tests/python/pyspark_checks.py"))
+            .arg(repo().join("tests/python").join(script))
             .args(args)
             .env_remove("SPARK_CONNECT_AUTHENTICATE_TOKEN")
             .env_remove("SPARK_REMOTE")
@@ -529,7 +501,10 @@ impl Checks {
                 Ok(line) if line.starts_with(prefix) => return Some(line),
                 Ok(_) => {}
                 Err(RecvTimeoutError::Timeout) => {
-                    panic!("no `{prefix}` line from pyspark_checks.py within {within:?}")
+                    panic!(
+                        "no `{prefix}` line from the Python script within {within:?}:\n{}",
+                        self.stderr.lock().unwrap()
+                    )
                 }
                 Err(RecvTimeoutError::Disconnected) => {
                     let status = self.wait(Duration::from_secs(10));
@@ -537,7 +512,7 @@ impl Checks {
                         return None;
                     }
                     panic!(
-                        "pyspark_checks.py ended (status {status:?}) before `{prefix}`:\n{}",
+                        "the Python script ended (status {status:?}) before `{prefix}`:\n{}",
                         self.stderr.lock().unwrap()
                     );
                 }
@@ -553,7 +528,7 @@ impl Checks {
             }
             if Instant::now() > deadline {
                 let _ = self.child.kill();
-                panic!("pyspark_checks.py did not exit within {within:?}");
+                panic!("the Python script did not exit within {within:?}");
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -572,24 +547,24 @@ impl Drop for Checks {
 }
 
 #[test]
-fn pyspark_reads_every_row_once_in_order_across_rotated_streams() {
-    let test = "pyspark_reads_every_row_once_in_order_across_rotated_streams";
+fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
+    let test = "pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults";
     let Some(python) = pyspark_python(test) else {
         return;
     };
-    // A stream per response (123 bytes), a detached execution abandoned after 5 s.
-    let server = Server::start(&[
-        "--max-stream-bytes",
-        "123",
-        "--max-stream-duration-ms",
-        "1000",
+    // A stream per response (123 bytes), a detached execution abandoned after 5 s, and
+    // seeded faults: up to 10 % of the streams cut gracefully, with DISCONNECTED, by a
+    // dropped connection, or (an ExecutePlan) by forgetting the operation.
+    let server = Server::rotating(&[
         "--detached-timeout-ms",
         "5000",
         "--maintenance-interval-ms",
         "100",
+        "--faults",
+        "20261201",
     ]);
     let mut checks = Checks::start(&python, &["data", &server.port.to_string()]);
-    let Some(ready) = checks.expect_line("READY ", Duration::from_secs(100)) else {
+    let Some(ready) = checks.expect_line("READY ", Duration::from_secs(150)) else {
         skipped::<()>(test, &checks.stderr());
         return;
     };
@@ -599,12 +574,13 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams() {
         .expect("the script's execution count");
     eprintln!("pyspark_checks.py: {report}");
 
-    // Every execution the client started was released (ReleaseAll is asynchronous).
+    // Every execution the client started was released (ReleaseAll is asynchronous), but
+    // the ones the faults forgot, which the client started again.
     let stats = server.wait_for_stats(Duration::from_secs(10), "every execution released", |s| {
         stat(s, "created") >= executions && stat(s, "live_executions") == 0
     });
     assert_eq!(
-        stat(&stats, "released"),
+        stat(&stats, "released") + stat(&stats, "forgotten"),
         stat(&stats, "created"),
         "{stats:?}"
     );
@@ -614,6 +590,28 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams() {
         reattaches >= 60,
         "rotation after every response: {reattaches} reattaches"
     );
+    // The faults happened, and the client recovered from each (every row above arrived
+    // once and in order). A forgotten operation was executed again under its id.
+    assert!(stat(&stats, "faults") >= 10, "{stats:?}");
+    assert!(stat(&stats, "fault_forgotten") >= 1, "{stats:?}");
+    assert_eq!(
+        stat(&stats, "fault_forgotten"),
+        stat(&stats, "forgotten"),
+        "{stats:?}"
+    );
+    let log = server.log.lock().unwrap().clone();
+    for line in log.lines().filter(|l| l.contains("fault=Forget")) {
+        let op = line
+            .split("operation_id=")
+            .nth(1)
+            .and_then(|rest| rest.split_whitespace().next())
+            .expect("the forgotten operation id");
+        let executes = log
+            .lines()
+            .filter(|l| l.contains("ExecutePlan") && l.contains(op) && !l.contains("refused"))
+            .count();
+        assert_eq!(executes, 2, "{op}: executed, forgotten, executed again");
+    }
 
     // The script ends without spark.stop(): what its exit hooks start but cannot release
     // (PySpark's ML cache clean-up command, refused here) is abandoned once detached for
@@ -631,11 +629,114 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams() {
         "everything released or abandoned after the client exited",
         |s| {
             stat(s, "live_executions") == 0
-                && stat(s, "released") + stat(s, "abandoned") == stat(s, "created")
+                && stat(s, "released") + stat(s, "abandoned") + stat(s, "forgotten")
+                    == stat(s, "created")
                 && stat(s, "created") >= executions
         },
     );
     eprintln!("server after the client exited: {stats:?}, {reattaches} reattaches");
+}
+
+/// Runs `connect_scenarios.py MODE PORT ARGS` to its `done` line; returns its `CASE` lines.
+fn scenarios(python: &Path, test: &str, args: &[&str], done: &str) -> Option<Vec<String>> {
+    let mut run = Checks::script(python, "connect_scenarios.py", args);
+    let mut cases = Vec::new();
+    loop {
+        let line = run.expect_line("", Duration::from_secs(120));
+        let Some(line) = line else {
+            return skipped(test, &run.stderr());
+        };
+        if line == done {
+            break;
+        }
+        if let Some(case) = line.strip_prefix("CASE ") {
+            eprintln!("{}: {case}", args[0]);
+            cases.push(case.to_owned());
+        }
+    }
+    let status = run.wait(Duration::from_secs(30));
+    assert_eq!(status, Some(0), "connect_scenarios.py:\n{}", run.stderr());
+    Some(cases)
+}
+
+#[test]
+fn pyspark_sees_spark_errors_and_users_are_isolated() {
+    let test = "pyspark_sees_spark_errors_and_users_are_isolated";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::rotating(&[]);
+    let port = server.port.to_string();
+    // The script asserts each case's condition, SQLSTATE, parameters and the exception
+    // class PySpark raises; here, that every case ran.
+    let Some(errors) = scenarios(&python, test, &["errors", &port], "ERRORS DONE") else {
+        return;
+    };
+    assert_eq!(errors.len(), 9, "{errors:#?}");
+    let Some(isolation) = scenarios(&python, test, &["isolation", &port], "ISOLATION OK") else {
+        return;
+    };
+    assert_eq!(isolation.len(), 4, "{isolation:#?}");
+    // User B's release and interrupts touched nothing of user A's: A read every row (checked
+    // by the script) and released its execution itself.
+    let stats = server.wait_for_stats(Duration::from_secs(10), "every execution released", |s| {
+        stat(s, "live_executions") == 0
+    });
+    assert_eq!(stat(&stats, "abandoned"), 0, "{stats:?}");
+    assert_eq!(
+        server.log_count("interrupted=1"),
+        0,
+        "nothing was interrupted"
+    );
+}
+
+#[test]
+fn pyspark_killed_client_leaves_an_execution_that_is_abandoned() {
+    let test = "pyspark_killed_client_leaves_an_execution_that_is_abandoned";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::rotating(&[
+        "--detached-timeout-ms",
+        "1500",
+        "--maintenance-interval-ms",
+        "100",
+    ]);
+    let port = server.port.to_string();
+    let session = "5e55a0e5-0000-4000-8000-0000000ab0de";
+    let operation = "0be7a7e0-0000-4000-8000-0000000ab0de";
+    let mut client = Checks::script(
+        &python,
+        "connect_scenarios.py",
+        &["abandon-start", &port, session, operation],
+    );
+    if client
+        .expect_line("STARTED", Duration::from_secs(60))
+        .is_none()
+    {
+        skipped::<()>(test, &client.stderr());
+        return;
+    }
+    // Killed mid-query: no release, no goodbye.
+    client.child.kill().expect("SIGKILL");
+    let _ = client.child.wait();
+    let stats = server.wait_for_stats(
+        Duration::from_secs(20),
+        "the orphaned execution abandoned",
+        |s| stat(s, "abandoned") == 1 && stat(s, "live_executions") == 0,
+    );
+    assert_eq!(stat(&stats, "created"), 1, "{stats:?}");
+    // A reattach, and the same ExecutePlan again, get OPERATION_ABANDONED (asserted by the
+    // script).
+    let Some(cases) = scenarios(
+        &python,
+        test,
+        &["abandon-check", &port, session, operation],
+        "ABANDON DONE",
+    ) else {
+        return;
+    };
+    assert_eq!(cases.len(), 2, "{cases:#?}");
 }
 
 #[test]

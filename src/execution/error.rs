@@ -253,6 +253,61 @@ impl SparkError {
         "java.lang.Object",
     ];
 
+    /// The classes of Spark Connect's `InvalidPlanInput`, raised for a plan it cannot read
+    /// (connect §6.3: an unset or unsupported oneof).
+    pub const INVALID_PLAN_INPUT: &'static [&'static str] = &[
+        "org.apache.spark.sql.connect.common.InvalidPlanInput",
+        "java.lang.Exception",
+        "java.lang.Throwable",
+        "java.lang.Object",
+    ];
+
+    /// `CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET` (SQLSTATE 56K00): the oneof of
+    /// message `full_name` (e.g. `spark.connect.Relation`) is not set; `case` is Spark's name
+    /// for the unset case (`RELTYPE_NOT_SET`, `OPTYPE_NOT_SET`, `COMMANDTYPE_NOT_SET`). Text,
+    /// parameters and classes as real Spark 4.3.0 sends them (connect §6.3).
+    pub fn oneof_not_set(full_name: &str, case: &str) -> Self {
+        Self::invalid_plan_input(
+            "CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET",
+            format!(
+                "The Spark Connect plan is invalid. This oneOf field in {full_name} is not set: \
+                 {case}"
+            ),
+        )
+        .with_parameter("fullName", full_name)
+        .with_parameter("name", case)
+    }
+
+    /// `CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED` (SQLSTATE 56K00): the set
+    /// case of the oneof of `full_name` is one the server does not run; `case` is the
+    /// field's name in upper case (`PROJECT`) and `number` its field number. Text, parameters
+    /// and classes as real Spark 4.3.0 sends them (connect §6.3).
+    pub fn oneof_not_supported(full_name: &str, case: &str, number: u32) -> Self {
+        Self::invalid_plan_input(
+            "CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED",
+            format!(
+                "The Spark Connect plan is invalid. This oneOf field message in {full_name} is \
+                 not supported: {case}({number})"
+            ),
+        )
+        .with_parameter("fullName", full_name)
+        .with_parameter("name", case)
+        .with_parameter("number", number.to_string())
+    }
+
+    fn invalid_plan_input(condition: &str, text: String) -> Self {
+        Self {
+            condition: Some(condition.to_owned()),
+            text,
+            sql_state: Some("56K00".to_owned()),
+            parameters: std::collections::BTreeMap::new(),
+            classes: Self::INVALID_PLAN_INPUT
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        }
+    }
+
     /// An `AnalysisException` with `condition`, `text` and `sql_state` (connect §2).
     pub fn analysis(condition: &str, text: impl Into<String>, sql_state: &str) -> Self {
         Self {

@@ -191,6 +191,9 @@ pub struct ManagerStats {
     pub released: u64,
     /// Executions abandoned so far.
     pub abandoned: u64,
+    /// Executions forgotten so far ([`ExecutionManager::forget_execution`]): fault
+    /// injection only. `created = executions + released + abandoned + forgotten`.
+    pub forgotten: u64,
 }
 
 struct Session {
@@ -211,6 +214,15 @@ pub(crate) struct Registry {
     created: u64,
     released: u64,
     abandoned_count: u64,
+    forgotten: u64,
+}
+
+/// How an execution leaves the registry: the core's [`Removal`], or forgotten as by a
+/// restarted server (no trace at all).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Leave {
+    Removed(Removal),
+    Forgotten,
 }
 
 pub(crate) struct ManagerInner {
@@ -240,9 +252,9 @@ pub(crate) struct ManagerInner {
 /// requests and apply Spark 4.3.0's rules, with these deliberate differences:
 ///
 /// - Operation ids are normalised to canonical lower case in every lookup, so any UUID
-///   spelling works end to end; a non-UUID id is `INVALID_HANDLE.FORMAT` everywhere.
-/// - ReattachExecute, ReleaseExecute and Interrupt never create a session (Spark's
-///   Interrupt does).
+///   spelling works end to end. As in Spark, a non-UUID id is `INVALID_HANDLE.FORMAT` in
+///   ExecutePlan and names no execution elsewhere (`OPERATION_NOT_FOUND` on reattach, a
+///   no-op release or interrupt).
 /// - ReleaseAll after an interrupt or a rotation always succeeds.
 /// - Unsent responses are bounded (the producer waits); Spark's are unbounded.
 /// - A per-session cap on live executions (`EXECUTION_LIMIT_EXCEEDED`).
@@ -375,6 +387,17 @@ impl Registry {
         now: Instant,
         wakes: &mut Wakes,
     ) -> bool {
+        self.leave(key, expect, Leave::Removed(removal), now, wakes)
+    }
+
+    fn leave(
+        &mut self,
+        key: &ExecuteKey,
+        expect: Option<&Arc<ExecShared>>,
+        how: Leave,
+        now: Instant,
+        wakes: &mut Wakes,
+    ) -> bool {
         let Some(session) = self.session_mut(&key.user_id, key.session_id) else {
             return false;
         };
@@ -386,15 +409,26 @@ impl Registry {
         let Some(exec) = session.executions.remove(&key.operation_id) else {
             return false;
         };
-        session.inactive.insert(key.operation_id, now);
-        self.live -= 1;
-        match removal {
-            Removal::Abandoned => {
-                self.abandoned.insert(key.clone(), ());
-                self.abandoned_count += 1;
-            }
-            Removal::Released => self.released += 1,
+        if matches!(how, Leave::Removed(_)) {
+            session.inactive.insert(key.operation_id, now);
         }
+        self.live -= 1;
+        let removal = match how {
+            Leave::Removed(removal) => {
+                match removal {
+                    Removal::Abandoned => {
+                        self.abandoned.insert(key.clone(), ());
+                        self.abandoned_count += 1;
+                    }
+                    Removal::Released => self.released += 1,
+                }
+                removal
+            }
+            Leave::Forgotten => {
+                self.forgotten += 1;
+                Removal::Released
+            }
+        };
         let mut st = exec.lock();
         let _ = st.core.close(removal);
         st.take_all(wakes);
@@ -572,6 +606,7 @@ impl ExecutionManager {
                     created: 0,
                     released: 0,
                     abandoned_count: 0,
+                    forgotten: 0,
                 }),
                 config,
                 clock,
@@ -604,6 +639,7 @@ impl ExecutionManager {
             created: reg.created,
             released: reg.released,
             abandoned: reg.abandoned_count,
+            forgotten: reg.forgotten,
         }
     }
 
@@ -813,9 +849,9 @@ impl ExecutionManager {
     /// (which gets `INVALID_CURSOR.DISCONNECTED`).
     ///
     /// # Errors
-    /// `SESSION_NOT_FOUND` / `SESSION_CLOSED` / `SESSION_CHANGED`, `INVALID_HANDLE.FORMAT`,
-    /// `OPERATION_ABANDONED` (tombstoned) / `OPERATION_NOT_FOUND` (released or never
-    /// existed), `NOT_REATTACHABLE`, the orphan error (the orphan is removed, SPARK-50735),
+    /// `SESSION_NOT_FOUND` / `SESSION_CLOSED` / `SESSION_CHANGED`,
+    /// `OPERATION_ABANDONED` (tombstoned) / `OPERATION_NOT_FOUND` (released, never
+    /// existed, or not a UUID), `NOT_REATTACHABLE`, the orphan error (the orphan is removed, SPARK-50735),
     /// `POSITION_NOT_FOUND` (before anything is preempted), or `POSITION_NOT_AVAILABLE`
     /// (after preempting, as Spark's sender does).
     pub fn reattach_execute(
@@ -835,7 +871,12 @@ impl ExecutionManager {
                     request.client_observed_server_side_session_id.as_deref(),
                     now,
                 )?;
-                let op = parse_operation(&request.operation_id)?;
+                // Like Spark, an id that is no UUID names no execution (connect §2).
+                let Some(op) = parse_uuid(&request.operation_id) else {
+                    return Err(ConnectError::OperationNotFound {
+                        handle: request.operation_id.clone(),
+                    });
+                };
                 let found = session.executions.get(&op).cloned();
                 let key = ExecuteKey {
                     user_id: session.user.clone(),
@@ -873,7 +914,7 @@ impl ExecutionManager {
     /// checked (as Spark).
     ///
     /// # Errors
-    /// `SESSION_NOT_FOUND` / `SESSION_CLOSED`, `INVALID_HANDLE.FORMAT`, `NOT_REATTACHABLE`,
+    /// `SESSION_NOT_FOUND` / `SESSION_CLOSED`, `NOT_REATTACHABLE`,
     /// `POSITION_NOT_FOUND` (ReleaseUntil of an unknown id), or the unknown-release-type
     /// error.
     pub fn release_execute(
@@ -895,8 +936,10 @@ impl ExecutionManager {
                     server_side_session_id: session.server_side.to_string(),
                     operation_id: None,
                 };
-                let op = parse_operation(&request.operation_id)?;
-                let Some(exec) = session.executions.get(&op).cloned() else {
+                // An id that is no UUID names no execution, as an unknown one (Spark).
+                let Some((op, exec)) = parse_uuid(&request.operation_id)
+                    .and_then(|op| Some((op, session.executions.get(&op).cloned()?)))
+                else {
                     return Ok(response);
                 };
                 if !exec.reattachable {
@@ -960,7 +1003,8 @@ impl ExecutionManager {
     /// # Errors
     /// `SESSION_CLOSED` / `SESSION_CHANGED`,
     /// `INTERRUPT_TYPE_TAG_REQUIRES_TAG`, `INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID`,
-    /// `INVALID_HANDLE.FORMAT`, `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`.
+    /// `INVALID_HANDLE.FORMAT` (a session id that is no UUID),
+    /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`.
     pub fn interrupt(&self, request: &InterruptRequest) -> Result<InterruptResponse, ConnectError> {
         let now = self.now();
         let mut wakes = Wakes::default();
@@ -1000,8 +1044,11 @@ impl ExecutionManager {
                             else {
                                 return Err(ConnectError::InterruptOperationIdRequiresId);
                             };
-                            let op = parse_operation(raw)?;
-                            session.executions.get(&op).cloned().into_iter().collect()
+                            // An id that is no UUID interrupts nothing (Spark).
+                            parse_uuid(raw)
+                                .and_then(|op| session.executions.get(&op).cloned())
+                                .into_iter()
+                                .collect()
                         }
                         _ => {
                             return Err(ConnectError::UnsupportedInterruptType {
@@ -1050,6 +1097,25 @@ impl ExecutionManager {
             session_id: request.session_id.clone(),
             server_side_session_id: server_side.map(|(s, _)| s.to_string()).unwrap_or_default(),
         }
+    }
+
+    /// Forgets the execution `key` as a restarted server would (fault injection, for tests
+    /// of clients' recovery): it is removed and closed like a release (its producer stops,
+    /// an attached stream ends), but leaves no trace — no tombstone (rx §5.4) and no entry in
+    /// the session's inactive-operation cache (rx §5.2). A later ReattachExecute therefore
+    /// gets `OPERATION_NOT_FOUND`, and an ExecutePlan with the same `operation_id` starts it
+    /// afresh: the path a Spark client takes when nothing of the execution had reached it
+    /// (rx §6.3, `call_iter` step 3). Counted in [`ManagerStats::forgotten`]. Returns
+    /// whether the execution was registered.
+    pub fn forget_execution(&self, key: &ExecuteKey) -> bool {
+        let now = self.now();
+        let mut wakes = Wakes::default();
+        let forgotten = self
+            .inner
+            .lock()
+            .leave(key, None, Leave::Forgotten, now, &mut wakes);
+        wakes.wake();
+        forgotten
     }
 
     /// Disconnects every attached stream of every execution with

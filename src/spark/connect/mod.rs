@@ -89,6 +89,7 @@ pub use self::service::{
     ConnectConfig, ConnectGrpcService, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION,
     SessionContext, default_conf,
 };
+pub use self::status::to_status;
 
 /// The gRPC service name of Spark Connect, `spark.connect.SparkConnectService` (rx §1.1).
 pub const SERVICE_NAME: &str = "spark.connect.SparkConnectService";

@@ -74,7 +74,11 @@ fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
 /// An error without a Spark condition (an engine's [`ConnectError::Failed`], …) still gets
 /// the trailer, with no details: Spark sends one with every error it raises, and the
 /// Python client reads the message from it (without one it shows the raw gRPC call).
-pub(crate) fn to_status(error: &ConnectError) -> tonic::Status {
+///
+/// [`ConnectService`](super::ConnectService) answers every error with it; it is public for
+/// code that answers Spark Connect RPCs itself (a method of its own, a proxy, a fault
+/// injector) and must send errors the same way.
+pub fn to_status(error: &ConnectError) -> tonic::Status {
     let message = error.message();
     if let ConnectError::Spark(spark) = error {
         return spark_status(spark, message);

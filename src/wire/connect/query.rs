@@ -20,6 +20,47 @@ pub struct Relation {
     pub rel_type: Option<relation::RelType>,
 }
 
+impl Relation {
+    /// `spark.range(start, end, step)` (connect §1.26), without a partition count: the
+    /// relation a client sends for it.
+    pub fn range(start: i64, end: i64, step: i64) -> Self {
+        Self {
+            common: None,
+            rel_type: Some(relation::RelType::Range(Range {
+                start: Some(start),
+                end,
+                step,
+                num_partitions: None,
+            })),
+        }
+    }
+
+    /// `input.limit(n)` (connect §1.27).
+    pub fn limit(input: Self, n: i32) -> Self {
+        Self {
+            common: None,
+            rel_type: Some(relation::RelType::Limit(Box::new(Limit {
+                input: Some(Box::new(input)),
+                limit: n,
+            }))),
+        }
+    }
+
+    /// `input.count()` as PySpark sends it: a global `GROUPBY` aggregate of
+    /// [`Expression::count_of_one`] (connect §1.28, §3).
+    pub fn count(input: Self) -> Self {
+        Self {
+            common: None,
+            rel_type: Some(relation::RelType::Aggregate(Box::new(Aggregate {
+                input: Some(Box::new(input)),
+                group_type: aggregate::GroupType::Groupby as i32,
+                grouping_expressions: vec![],
+                aggregate_expressions: vec![Expression::count_of_one()],
+            }))),
+        }
+    }
+}
+
 /// Oneof and nested types of [`Relation`].
 pub mod relation {
     /// The modelled branches of [`Relation::rel_type`](super::Relation::rel_type)
@@ -236,6 +277,24 @@ pub mod expression {
 }
 
 impl Expression {
+    /// `count(lit(1))`: the unresolved function `count` of the integer literal 1, what
+    /// `df.count()` sends (connect §1.29–§1.31, §3).
+    pub fn count_of_one() -> Self {
+        Self {
+            expr_type: Some(expression::ExprType::UnresolvedFunction(
+                expression::UnresolvedFunction {
+                    function_name: "count".into(),
+                    arguments: vec![Self {
+                        expr_type: Some(expression::ExprType::Literal(expression::Literal {
+                            literal_type: Some(expression::literal::LiteralType::Integer(1)),
+                        })),
+                    }],
+                    ..Default::default()
+                },
+            )),
+        }
+    }
+
     /// Whether this is `count(lit(1))`, or `count(1)` with a long literal: what `df.count()`
     /// sends (connect §3), possibly under an alias.
     pub fn is_count_of_one(&self) -> bool {

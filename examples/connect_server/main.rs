@@ -13,8 +13,11 @@
 //!
 //! # What it runs
 //!
-//! The query engine ([`RangeEngine`]) interprets these relations (connect §1.24–§1.32) and
-//! answers anything else with an `[UNSUPPORTED_FEATURE]` error naming the relation:
+//! The query engine ([`RangeEngine`]) interprets these relations (connect §1.24–§1.32). It
+//! answers any other relation or command as Spark answers one it does not run,
+//! `[CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED]` naming it (`PROJECT(3)`), an
+//! empty one as Spark does (`RELTYPE_NOT_SET`), and an aggregate other than `count()` with
+//! `[UNSUPPORTED_FEATURE]` (connect §6.3):
 //!
 //! - `range(start, end, step[, numPartitions])`: one non-null `bigint` column `id`, split
 //!   into partitions as Spark's `RangeExec` splits it (partition `i` of `p` holds the rows
@@ -47,8 +50,16 @@
 //!
 //! - once, when the listener is bound: `listening on 127.0.0.1:PORT`;
 //! - every `--stats-interval-ms` (and once on shutdown), the manager's counters:
-//!   `stats live_executions=N sessions=N created=N released=N abandoned=N` (space-separated
-//!   `key=value` pairs after the word `stats`; more keys may be appended at the end).
+//!   `stats live_executions=N sessions=N created=N released=N abandoned=N forgotten=N`, then
+//!   with `--faults` the faults injected, `faults=N` in all and per kind
+//!   (`fault_graceful`, `fault_disconnected`, `fault_dropped`, `fault_forgotten`)
+//!   (space-separated `key=value` pairs after the word `stats`; more keys may be appended at
+//!   the end).
+//!
+//! # Faults
+//!
+//! `--faults SEED` ends some response streams as a flaky network or a restarting server
+//! would, so a client's recovery really runs (module `faults`).
 //!
 //! stderr carries the log (tracing; `RUST_LOG` overrides the default
 //! `info,tether::spark::connect=debug`): one line per ExecutePlan (with the interpreted
@@ -78,6 +89,9 @@ use tether::wire::connect::{
 };
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
+
+mod faults;
+use faults::{FaultService, Faults, KillableStream};
 
 /// A Spark Connect server for `spark.range`, `limit` and `count()`, on tether.
 #[derive(Debug, Parser)]
@@ -120,6 +134,12 @@ struct Args {
     /// parallelism; `local[2]` has 2).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
     default_parallelism: u32,
+    /// Seeded fault mode: end at most 10 % of the response streams (never two of one
+    /// operation in a row) gracefully without `ResultComplete`, with
+    /// `[INVALID_CURSOR.DISCONNECTED]`, by dropping the connection, or (an ExecutePlan
+    /// before its first response) by forgetting the operation as a restarted server would.
+    #[arg(long, value_name = "SEED")]
+    faults: Option<u64>,
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -234,6 +254,16 @@ fn invalid_plan(what: impl std::fmt::Display) -> ConnectError {
     failed(format!(
         "[CONNECT_INVALID_PLAN] The Spark Connect plan is invalid: {what}. SQLSTATE: 56K00"
     ))
+}
+
+/// A oneof case this server does not run, answered as Spark answers one it does not run
+/// (connect §6.3): `INVALID_ONE_OF_FIELD_NOT_SUPPORTED`, naming the case in upper case.
+fn not_run(full_name: &str, cases: &[(u32, &str)], number: u32) -> ConnectError {
+    let name = cases
+        .iter()
+        .find(|(k, _)| *k == number)
+        .map_or_else(|| "UNKNOWN".to_owned(), |(_, name)| name.to_uppercase());
+    SparkError::oneof_not_supported(full_name, &name, number).into()
 }
 
 /// The branches of `spark.connect.Relation.rel_type`, by field number, as named in
@@ -403,11 +433,7 @@ struct EngineConfig {
 fn interpret(bytes: &[u8], config: EngineConfig) -> Result<Output, ConnectError> {
     // The rel_type oneof is every field but `common` (1).
     let Some((number, payload)) = fields(bytes)?.into_iter().rev().find(|(n, _)| *n != 1) else {
-        return Err(failed(
-            "[CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET] The Spark Connect plan is \
-             invalid. This oneOf field in spark.connect.Relation is not set: RELTYPE_NOT_SET \
-             SQLSTATE: 56K00",
-        ));
+        return Err(SparkError::oneof_not_set("spark.connect.Relation", "RELTYPE_NOT_SET").into());
     };
     match number {
         15 => range(&decode::<Range>(payload, "Range")?, config),
@@ -419,15 +445,7 @@ fn interpret(bytes: &[u8], config: EngineConfig) -> Result<Output, ConnectError>
             let agg = decode::<Aggregate>(payload, "Aggregate")?;
             count_of(interpret(field(payload, 1)?, config)?, &agg)
         }
-        n => {
-            let name = RELATION_TYPES
-                .iter()
-                .find(|(k, _)| *k == n)
-                .map_or("an unknown relation", |(_, name)| name);
-            Err(unsupported(&format!(
-                "relation `{name}` (spark.connect.Relation field {n})"
-            )))
-        }
+        n => Err(not_run("spark.connect.Relation", RELATION_TYPES, n)),
     }
 }
 
@@ -472,7 +490,8 @@ fn range(r: &Range, config: EngineConfig) -> Result<Output, ConnectError> {
 /// `limit(n)`: the first `n` rows in one partition (Spark's `CollectLimit`, connect §6.2).
 fn limit_of(input: Output, limit: i32) -> Result<Output, ConnectError> {
     let Ok(mut left) = u64::try_from(limit) else {
-        return Err(SparkError::analysis(
+        // As Spark 4.3.0 sends it, but for the logical plan it appends (connect §6.3).
+        let mut error = SparkError::analysis(
             "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE",
             format!(
                 "The limit like expression \"{limit}\" is invalid. The limit expression must \
@@ -480,7 +499,14 @@ fn limit_of(input: Output, limit: i32) -> Result<Output, ConnectError> {
             ),
             "42K0E",
         )
-        .into());
+        .with_parameter("name", "limit")
+        .with_parameter("expr", format!("\"{limit}\""))
+        .with_parameter("v", limit.to_string());
+        error.classes.insert(
+            0,
+            "org.apache.spark.sql.catalyst.ExtendedAnalysisException".to_owned(),
+        );
+        return Err(error.into());
     };
     let mut runs = Vec::new();
     for run in input.partitions.into_iter().flatten() {
@@ -544,20 +570,15 @@ fn interpret_plan(
 ) -> Result<Output, ConnectError> {
     match plan.and_then(|p| p.op_type.as_ref()) {
         Some(plan::OpType::Root(root)) => interpret(root, config),
-        Some(plan::OpType::Command(command)) => {
-            let n = fields(command)?.last().map_or(0, |(n, _)| *n);
-            let name = COMMAND_TYPES
-                .iter()
-                .find(|(k, _)| *k == n)
-                .map_or("an unknown command", |(_, name)| name);
-            Err(unsupported(&format!(
-                "command `{name}` (spark.connect.Command field {n})"
-            )))
-        }
-        // Field 3 (`compressed_operation`) is not modelled; it decodes as no op_type.
-        None => Err(unsupported(
-            "a plan without a root relation (or a compressed plan)",
-        )),
+        Some(plan::OpType::Command(command)) => match fields(command)?.last() {
+            Some(&(n, _)) => Err(not_run("spark.connect.Command", COMMAND_TYPES, n)),
+            None => Err(
+                SparkError::oneof_not_set("spark.connect.Command", "COMMANDTYPE_NOT_SET").into(),
+            ),
+        },
+        // Field 3 (`compressed_operation`) is not modelled; it decodes as no op_type, and is
+        // answered as Spark answers an empty plan.
+        None => Err(SparkError::oneof_not_set("spark.connect.Plan", "OPTYPE_NOT_SET").into()),
     }
 }
 
@@ -741,12 +762,17 @@ impl QueryEngine for RangeEngine {
 // main
 // ---------------------------------------------------------------------------------------------
 
-fn stats_line(manager: &ExecutionManager) -> String {
+fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
     let s = manager.stats();
-    format!(
-        "stats live_executions={} sessions={} created={} released={} abandoned={}",
-        s.executions, s.sessions, s.created, s.released, s.abandoned
-    )
+    let mut line = format!(
+        "stats live_executions={} sessions={} created={} released={} abandoned={} forgotten={}",
+        s.executions, s.sessions, s.created, s.released, s.abandoned, s.forgotten
+    );
+    if let Some(faults) = faults {
+        line.push(' ');
+        line.push_str(&faults.stats());
+    }
+    line
 }
 
 async fn shutdown_signal() {
@@ -802,38 +828,56 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "Spark Connect server started"
     );
 
+    let faults = args.faults.map(|seed| Faults::new(seed, manager.clone()));
     let maintenance = tokio::spawn(manager.clone().run_maintenance());
     let stats = {
         let manager = manager.clone();
+        let faults = faults.clone();
         let period = Duration::from_millis(args.stats_interval_ms.max(1));
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(period);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                println!("{}", stats_line(&manager));
+                println!("{}", stats_line(&manager, faults.as_deref()));
             }
         })
     };
 
-    tonic::transport::Server::builder()
-        .add_service(service)
-        .serve_with_incoming_shutdown(
-            TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown_signal(),
-        )
-        .await?;
+    let mut server = tonic::transport::Server::builder();
+    match &faults {
+        None => {
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            server
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, shutdown_signal())
+                .await?;
+        }
+        Some(faults) => {
+            tracing::info!(seed = args.faults, "fault mode on");
+            // Connections the faults can drop.
+            let incoming = futures::stream::unfold(listener, |listener| async move {
+                let accepted = listener.accept().await.map(|(io, _)| {
+                    let _ = io.set_nodelay(true);
+                    KillableStream::new(io)
+                });
+                Some((accepted, listener))
+            });
+            server
+                .add_service(FaultService::new(service, faults.clone()))
+                .serve_with_incoming_shutdown(incoming, shutdown_signal())
+                .await?;
+        }
+    }
     stats.abort();
     maintenance.abort();
-    println!("{}", stats_line(&manager));
+    println!("{}", stats_line(&manager, faults.as_deref()));
     tracing::info!("Spark Connect server stopped");
     Ok(())
 }
 
 #[cfg(test)]
 mod tests {
-    use tether::wire::connect::Expression;
-
     use super::*;
 
     const CONFIG: EngineConfig = EngineConfig {
@@ -911,47 +955,8 @@ mod tests {
 
     #[test]
     fn plans_decode_from_their_bytes() {
-        use tether::wire::connect::{Relation, relation};
-        let range_rel = Relation {
-            common: None,
-            rel_type: Some(relation::RelType::Range(Range {
-                start: None,
-                end: 100,
-                step: 1,
-                num_partitions: None,
-            })),
-        };
-        let count = Relation {
-            common: None,
-            rel_type: Some(relation::RelType::Aggregate(Box::new(Aggregate {
-                input: Some(Box::new(Relation {
-                    common: None,
-                    rel_type: Some(relation::RelType::Limit(Box::new(Limit {
-                        input: Some(Box::new(range_rel)),
-                        limit: 30,
-                    }))),
-                })),
-                group_type: aggregate::GroupType::Groupby as i32,
-                grouping_expressions: vec![],
-                aggregate_expressions: vec![Expression {
-                    expr_type: Some(expression::ExprType::UnresolvedFunction(
-                        expression::UnresolvedFunction {
-                            function_name: "count".into(),
-                            arguments: vec![Expression {
-                                expr_type: Some(expression::ExprType::Literal(
-                                    expression::Literal {
-                                        literal_type: Some(
-                                            expression::literal::LiteralType::Integer(1),
-                                        ),
-                                    },
-                                )),
-                            }],
-                            ..Default::default()
-                        },
-                    )),
-                }],
-            }))),
-        };
+        use tether::wire::connect::Relation;
+        let count = Relation::count(Relation::limit(Relation::range(0, 100, 1), 30));
         let out = interpret(&count.encode_to_vec(), CONFIG).unwrap();
         assert_eq!(out.column.name, "count(1)");
         assert!(out.column.auto_alias);
@@ -965,15 +970,23 @@ mod tests {
         );
         assert_eq!(out.text, "count(limit(range(0, 100, 1; 2 partitions), 30))");
 
-        // A `project` (field 3): named in the error.
+        // A `project` (field 3): named in the error, as Spark names a relation it does not
+        // run.
         let project = [0x1a, 0x00];
         let e = interpret(&project, CONFIG).unwrap_err().to_string();
-        assert!(
-            e.starts_with("[UNSUPPORTED_FEATURE]") && e.contains("`project`"),
-            "{e}"
+        assert_eq!(
+            e,
+            "[CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED] The Spark Connect plan \
+             is invalid. This oneOf field message in spark.connect.Relation is not supported: \
+             PROJECT(3) SQLSTATE: 56K00"
         );
         let e = interpret(&[], CONFIG).unwrap_err().to_string();
-        assert!(e.contains("RELTYPE_NOT_SET"), "{e}");
+        assert_eq!(
+            e,
+            "[CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET] The Spark Connect plan is \
+             invalid. This oneOf field in spark.connect.Relation is not set: RELTYPE_NOT_SET \
+             SQLSTATE: 56K00"
+        );
         let e = interpret(&[0x0a, 5, 1], CONFIG).unwrap_err().to_string();
         assert!(e.starts_with("[CONNECT_INVALID_PLAN]"), "{e}");
     }

@@ -1,0 +1,289 @@
+"""Spark Connect error, abandonment and isolation scenarios, run against any Spark Connect
+server: tether's example server (tests/pyspark_connect.rs) and, in CI, the real Spark 4.3.0
+server, so that both servers' answers can be compared.
+
+Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
+
+    python tests/python/connect_scenarios.py errors PORT
+        Raw requests through pyspark-client's generated stubs: a reattach to an unknown
+        operation (OPERATION_NOT_FOUND), a duplicate active operation id with another plan
+        (OPERATION_ALREADY_EXISTS) and with the same plan (a reattach from the start),
+        operation ids that are no UUID, an empty relation, an Interrupt in a brand-new
+        session, a reattach in an unknown session. Prints one
+        `CASE {json}` line per case: gRPC code, condition, SQLSTATE, messageParameters
+        names, and the exception class PySpark raises for it. Exits 0 after `ERRORS DONE`.
+
+    python tests/python/connect_scenarios.py isolation PORT
+        User A runs range(200000).toLocalIterator() in session S. Mid-stream, user B with
+        the same session id S (its own session) tries to reattach to, release and interrupt
+        A's operation; each attempt must miss. Then A reads every row, once and in order.
+        Prints `CASE {json}` per attempt of B and `ISOLATION OK`.
+
+    python tests/python/connect_scenarios.py abandon-start PORT SESSION OPERATION
+        Starts range(200000).toLocalIterator() in SESSION under OPERATION, reads one row,
+        prints `STARTED` and sleeps: the test kills it (SIGKILL), leaving the execution
+        behind with no client.
+
+    python tests/python/connect_scenarios.py abandon-check PORT SESSION OPERATION
+        After the server abandoned it: a reattach and a re-submitted ExecutePlan of
+        OPERATION each get OPERATION_ABANDONED. Prints `CASE {json}` lines and
+        `ABANDON DONE`.
+
+Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
+message starting with "ENV:" when pyspark-client cannot be imported.
+"""
+
+import json
+import sys
+import time
+import uuid
+
+from client_env import require
+
+N = 200_000
+
+(grpc, error_details_pb2, rpc_status, connect_errors, pb, pb_grpc, rel,
+ connect_session) = require(
+    "grpc", "google.rpc.error_details_pb2", "grpc_status.rpc_status",
+    "pyspark.errors.exceptions.connect", "pyspark.sql.connect.proto.base_pb2",
+    "pyspark.sql.connect.proto.base_pb2_grpc", "pyspark.sql.connect.proto.relations_pb2",
+    "pyspark.sql.connect.session")
+convert_exception = connect_errors.convert_exception
+ConnectSession = connect_session.SparkSession
+
+def stub(port):
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    return pb_grpc.SparkConnectServiceStub(channel)
+
+
+def user(name):
+    return pb.UserContext(user_id=name)
+
+
+def range_plan(end):
+    return pb.Plan(root=rel.Relation(range=rel.Range(start=0, end=end, step=1)))
+
+
+def reattachable():
+    return [pb.ExecutePlanRequest.RequestOption(
+        reattach_options=pb.ReattachOptions(reattachable=True))]
+
+
+def outcome(case, call):
+    """Runs `call` (which consumes a whole RPC) and describes how it ended: `ok` with what it
+    returned, or the error as a Spark client sees it."""
+    try:
+        result = call()
+        return {"case": case, "code": "OK", "result": result}
+    except grpc.RpcError as e:
+        out = {"case": case, "code": e.code().name}
+        status = rpc_status.from_call(e)
+        info = None
+        if status is not None:
+            for detail in status.details:
+                if detail.Is(error_details_pb2.ErrorInfo.DESCRIPTOR):
+                    info = error_details_pb2.ErrorInfo()
+                    detail.Unpack(info)
+        if info is None:
+            out["message"] = e.details()
+            return out
+        out["condition"] = info.metadata.get("errorClass")
+        out["sql_state"] = info.metadata.get("sqlState")
+        out["parameters"] = sorted(json.loads(info.metadata.get("messageParameters") or "{}"))
+        out["reason"] = info.reason
+        converted = convert_exception(info, status.message, None, grpc_status_code=e.code())
+        out["exception"] = type(converted).__name__
+        return out
+
+
+def report(case):
+    print("CASE " + json.dumps(case, sort_keys=True), flush=True)
+    return case
+
+
+def expect(case, **want):
+    got = {k: case.get(k) for k in want}
+    if got != want:
+        raise AssertionError(f"{case['case']}: got {case}, expected {want}")
+    return case
+
+
+def drain(responses):
+    """Consumes a response stream; returns the ids of what it held."""
+    return [r.response_id for r in responses]
+
+
+def errors(port):
+    s = stub(port)
+    session = str(uuid.uuid4())
+    a = user("tether-errors")
+    # The session exists from its first RPC on (Config gets or creates it).
+    s.Config(pb.ConfigRequest(session_id=session, user_context=a, operation=pb.ConfigRequest.Operation(
+        get_option=pb.ConfigRequest.GetOption(keys=["spark.sql.session.timeZone"]))))
+
+    unknown = str(uuid.uuid4())
+    expect(report(outcome("reattach_unknown_operation", lambda: drain(s.ReattachExecute(
+        pb.ReattachExecuteRequest(session_id=session, user_context=a, operation_id=unknown))))),
+        code="INTERNAL", condition="INVALID_HANDLE.OPERATION_NOT_FOUND", sql_state="HY000",
+        parameters=["handle"])
+
+    # An active operation (not read to its end, so not released), then its id again.
+    op = str(uuid.uuid4())
+    first = s.ExecutePlan(pb.ExecutePlanRequest(
+        session_id=session, user_context=a, operation_id=op, plan=range_plan(N),
+        request_options=reattachable()))
+    head = next(first)
+    first.cancel()
+    expect(report(outcome("execute_duplicate_other_plan", lambda: drain(s.ExecutePlan(
+        pb.ExecutePlanRequest(session_id=session, user_context=a, operation_id=op,
+                              plan=range_plan(10), request_options=reattachable()))))),
+        code="INTERNAL", condition="INVALID_HANDLE.OPERATION_ALREADY_EXISTS", sql_state="HY000",
+        parameters=["handle"])
+    # The same plan again: a reattach from the start (Spark 4.0.1+, reattach spec §5.2).
+    again = s.ExecutePlan(pb.ExecutePlanRequest(
+        session_id=session, user_context=a, operation_id=op, plan=range_plan(N),
+        request_options=reattachable()))
+    same = next(again)
+    again.cancel()
+    if same.response_id != head.response_id:
+        raise AssertionError(f"the same plan again must restart the stream: {same} vs {head}")
+    report({"case": "execute_duplicate_same_plan", "code": "OK", "result": "reattached"})
+    s.ReleaseExecute(pb.ReleaseExecuteRequest(
+        session_id=session, user_context=a, operation_id=op,
+        release_all=pb.ReleaseExecuteRequest.ReleaseAll()))
+
+    expect(report(outcome("reattach_bad_operation_id", lambda: drain(s.ReattachExecute(
+        pb.ReattachExecuteRequest(session_id=session, user_context=a,
+                                  operation_id="not-a-uuid"))))),
+        code="INTERNAL", condition="INVALID_HANDLE.OPERATION_NOT_FOUND", sql_state="HY000",
+        parameters=["handle"])
+    expect(report(outcome("execute_bad_operation_id", lambda: drain(s.ExecutePlan(
+        pb.ExecutePlanRequest(session_id=session, user_context=a, operation_id="not-a-uuid",
+                              plan=range_plan(3)))))),
+        code="INTERNAL", condition="INVALID_HANDLE.FORMAT", sql_state="HY000",
+        parameters=["handle"])
+    expect(report(outcome("release_bad_operation_id", lambda: s.ReleaseExecute(
+        pb.ReleaseExecuteRequest(session_id=session, user_context=a, operation_id="not-a-uuid",
+                                 release_all=pb.ReleaseExecuteRequest.ReleaseAll())).operation_id)),
+        code="OK", result="")
+    expect(report(outcome("execute_empty_relation", lambda: drain(s.ExecutePlan(
+        pb.ExecutePlanRequest(session_id=session, user_context=a,
+                              plan=pb.Plan(root=rel.Relation())))))),
+        code="INTERNAL", condition="CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET",
+        sql_state="56K00", parameters=["fullName", "name"], exception="InvalidPlanInput")
+
+    # Interrupt gets or creates its session: a brand-new one interrupts nothing.
+    fresh = str(uuid.uuid4())
+    expect(report(outcome("interrupt_new_session", lambda: list(s.Interrupt(pb.InterruptRequest(
+        session_id=fresh, user_context=a,
+        interrupt_type=pb.InterruptRequest.INTERRUPT_TYPE_ALL)).interrupted_ids))),
+        code="OK", result=[])
+    # A reattach in a session that does not exist.
+    expect(report(outcome("reattach_unknown_session", lambda: drain(s.ReattachExecute(
+        pb.ReattachExecuteRequest(session_id=str(uuid.uuid4()), user_context=a,
+                                  operation_id=unknown))))),
+        code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND", sql_state="08003",
+        parameters=["handle"])
+    s.ReleaseSession(pb.ReleaseSessionRequest(session_id=session, user_context=a))
+    print("ERRORS DONE", flush=True)
+
+
+class FixedOperation(ConnectSession.Hook):
+    """Gives the next ExecutePlan the operation id in OPERATION (PySpark keeps an id the
+    request already has)."""
+
+    OPERATION = None
+
+    def __init__(self, _session):
+        pass
+
+    def on_execute_plan(self, request):
+        if FixedOperation.OPERATION is not None:
+            request.operation_id = FixedOperation.OPERATION
+            FixedOperation.OPERATION = None
+        return request
+
+
+def pyspark_session(port, user_id, session_id):
+    url = f"sc://localhost:{port}/;user_id={user_id};session_id={session_id}"
+    return ConnectSession.builder.remote(url)._registerHook(FixedOperation).create()
+
+
+def isolation(port):
+    session = str(uuid.uuid4())
+    op = str(uuid.uuid4())
+    spark = pyspark_session(port, "tether-user-a", session)
+    FixedOperation.OPERATION = op
+    rows = spark.range(N).toLocalIterator()
+    got = [next(rows).id]
+
+    # User B, same session id: its own session, where A's operation does not exist.
+    s = stub(port)
+    b = user("tether-user-b")
+    s.Config(pb.ConfigRequest(session_id=session, user_context=b, operation=pb.ConfigRequest.Operation(
+        get_option=pb.ConfigRequest.GetOption(keys=["spark.sql.session.timeZone"]))))
+    expect(report(outcome("other_user_reattach", lambda: drain(s.ReattachExecute(
+        pb.ReattachExecuteRequest(session_id=session, user_context=b, operation_id=op))))),
+        code="INTERNAL", condition="INVALID_HANDLE.OPERATION_NOT_FOUND")
+    expect(report(outcome("other_user_release", lambda: s.ReleaseExecute(
+        pb.ReleaseExecuteRequest(session_id=session, user_context=b, operation_id=op,
+                                 release_all=pb.ReleaseExecuteRequest.ReleaseAll())).operation_id)),
+        code="OK")
+    expect(report(outcome("other_user_interrupt_operation", lambda: list(s.Interrupt(
+        pb.InterruptRequest(session_id=session, user_context=b, operation_id=op,
+                            interrupt_type=pb.InterruptRequest.INTERRUPT_TYPE_OPERATION_ID)
+    ).interrupted_ids))), code="OK", result=[])
+    expect(report(outcome("other_user_interrupt_all", lambda: list(s.Interrupt(
+        pb.InterruptRequest(session_id=session, user_context=b,
+                            interrupt_type=pb.InterruptRequest.INTERRUPT_TYPE_ALL)
+    ).interrupted_ids))), code="OK", result=[])
+
+    # A's stream is unaffected: every row, once, in order.
+    got.extend(r.id for r in rows)
+    if got != list(range(N)):
+        raise AssertionError(f"user A: {len(got)} rows, first wrong at "
+                             f"{next((i for i, v in enumerate(got) if v != i), None)}")
+    spark.stop()
+    print("ISOLATION OK", flush=True)
+
+
+def abandon_start(port, session, op):
+    spark = pyspark_session(port, "tether-abandon", session)
+    FixedOperation.OPERATION = op
+    rows = spark.range(N).toLocalIterator()
+    first = next(rows).id
+    assert first == 0, first
+    print("STARTED", flush=True)
+    time.sleep(3600)
+
+
+def abandon_check(port, session, op):
+    s = stub(port)
+    u = user("tether-abandon")
+    expect(report(outcome("reattach_abandoned", lambda: drain(s.ReattachExecute(
+        pb.ReattachExecuteRequest(session_id=session, user_context=u, operation_id=op))))),
+        code="INTERNAL", condition="INVALID_HANDLE.OPERATION_ABANDONED", sql_state="HY000",
+        parameters=["handle"])
+    expect(report(outcome("execute_abandoned", lambda: drain(s.ExecutePlan(
+        pb.ExecutePlanRequest(session_id=session, user_context=u, operation_id=op,
+                              plan=range_plan(N), request_options=reattachable()))))),
+        code="INTERNAL", condition="INVALID_HANDLE.OPERATION_ABANDONED", sql_state="HY000")
+    print("ABANDON DONE", flush=True)
+
+
+def main():
+    mode, port = sys.argv[1], int(sys.argv[2])
+    if mode == "errors":
+        errors(port)
+    elif mode == "isolation":
+        isolation(port)
+    elif mode == "abandon-start":
+        abandon_start(port, sys.argv[3], sys.argv[4])
+    elif mode == "abandon-check":
+        abandon_check(port, sys.argv[3], sys.argv[4])
+    else:
+        raise SystemExit(f"unknown mode {mode!r}")
+
+
+if __name__ == "__main__":
+    main()
