@@ -13,6 +13,11 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         `CASE {json}` line per case: gRPC code, condition, SQLSTATE, messageParameters
         names, and the exception class PySpark raises for it. Exits 0 after `ERRORS DONE`.
 
+    python tests/python/connect_scenarios.py differences PORT
+        The cases where tether deliberately differs from Spark: a reattach with an
+        upper-case operation id, ReleaseAll after an Interrupt. Prints `CASE {json}` lines
+        (not asserted: each server has its own documented answer) and `DIFFERENCES DONE`.
+
     python tests/python/connect_scenarios.py isolation PORT
         User A runs range(200000).toLocalIterator() in session S. Mid-stream, user B with
         the same session id S (its own session) tries to reattach to, release and interrupt
@@ -188,6 +193,46 @@ def errors(port):
     print("ERRORS DONE", flush=True)
 
 
+def differences(port):
+    """The cases where tether deliberately answers otherwise than Spark (the table in
+    tether::spark::connect): reported, not asserted; scripts/real_spark.py holds each
+    server to its documented answer."""
+    s = stub(port)
+    session = str(uuid.uuid4())
+    a = user("tether-differences")
+    # An upper-case operation id: tether normalises it everywhere, Spark only in ExecutePlan.
+    upper = str(uuid.uuid4()).upper()
+    stream = s.ExecutePlan(pb.ExecutePlanRequest(
+        session_id=session, user_context=a, operation_id=upper, plan=range_plan(N),
+        request_options=reattachable()))
+    head = next(stream)
+    stream.cancel()
+    report(outcome("reattach_upper_case_operation_id", lambda: len(drain(s.ReattachExecute(
+        pb.ReattachExecuteRequest(session_id=session, user_context=a, operation_id=upper,
+                                  last_response_id=head.response_id)))) > 0))
+    s.ReleaseExecute(pb.ReleaseExecuteRequest(
+        session_id=session, user_context=a, operation_id=upper.lower(),
+        release_all=pb.ReleaseExecuteRequest.ReleaseAll()))
+    # ReleaseAll after an Interrupt of a running execution (10 000 000 rows: more than
+    # tether's unsent bound, so it is still running when the interrupt comes).
+    op = str(uuid.uuid4())
+    stream = s.ExecutePlan(pb.ExecutePlanRequest(
+        session_id=session, user_context=a, operation_id=op, plan=range_plan(10_000_000),
+        request_options=reattachable()))
+    next(stream)
+    stream.cancel()
+    report(outcome("interrupt_running_operation", lambda: list(s.Interrupt(pb.InterruptRequest(
+        session_id=session, user_context=a, operation_id=op,
+        interrupt_type=pb.InterruptRequest.INTERRUPT_TYPE_OPERATION_ID)).interrupted_ids)
+        == [op]))
+    report(outcome("release_all_after_interrupt", lambda: s.ReleaseExecute(
+        pb.ReleaseExecuteRequest(session_id=session, user_context=a, operation_id=op,
+                                 release_all=pb.ReleaseExecuteRequest.ReleaseAll())
+    ).operation_id == op))
+    s.ReleaseSession(pb.ReleaseSessionRequest(session_id=session, user_context=a))
+    print("DIFFERENCES DONE", flush=True)
+
+
 class FixedOperation(ConnectSession.Hook):
     """Gives the next ExecutePlan the operation id in OPERATION (PySpark keeps an id the
     request already has)."""
@@ -275,6 +320,8 @@ def main():
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "errors":
         errors(port)
+    elif mode == "differences":
+        differences(port)
     elif mode == "isolation":
         isolation(port)
     elif mode == "abandon-start":

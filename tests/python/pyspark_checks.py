@@ -3,9 +3,11 @@
 Run by tests/pyspark_connect.rs with the interpreter of target/pyspark-venv
 (scripts/pyspark-env.sh), against examples/connect_server listening on loopback:
 
-    python tests/python/pyspark_checks.py data PORT
-        collect(), toArrow(), toLocalIterator(), count() and limit() on spark.range(200000):
-        every row exactly once and in order; schemas; errors; 150 short queries. Then prints
+    python tests/python/pyspark_checks.py data PORT [--rows N] [--short-queries Q] [--real-spark]
+        collect(), toArrow(), toLocalIterator(), count() and limit() on spark.range(N)
+        (default 200000): every row exactly once and in order; schemas; errors; Q short
+        queries (default 150). With --real-spark (the server is Spark itself, scripts/
+        real-spark.sh), the plan tether's example does not run must run instead. Then prints
         `READY {json}` and waits for a line on stdin (the test reads the server's stats
         meanwhile), and exits without stopping the session, as a script that just ends does.
 
@@ -17,6 +19,7 @@ Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
 
+import argparse
 import json
 import sys
 import time
@@ -25,6 +28,7 @@ from client_env import require
 
 N = 200_000
 SHORT_QUERIES = 150
+REAL_SPARK = False
 
 grpc, pa, connect_errors, F, connect_session, types = require(
     "grpc", "pyarrow", "pyspark.errors.exceptions.connect", "pyspark.sql.functions",
@@ -108,14 +112,19 @@ def data(port):
     assert counted.columns == ["count(1)"], counted.columns
     assert counted.collect()[0][0] == N
 
-    # A plan the server does not run: its error, not a hang or a crash.
-    try:
-        spark.range(3).selectExpr("id + 1").collect()
-        raise AssertionError("an unsupported plan must fail")
-    except SparkConnectGrpcException as e:
-        assert e.getCondition() == "CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED", str(e)
-        assert "PROJECT(3)" in str(e), str(e)
-        assert e.getGrpcStatusCode() == grpc.StatusCode.INTERNAL, e.getGrpcStatusCode()
+    if REAL_SPARK:
+        # Spark runs what the example server does not.
+        assert [r[0] for r in spark.range(3).selectExpr("id + 1").collect()] == [1, 2, 3]
+    else:
+        # A plan the server does not run: Spark's error for one, not a hang or a crash.
+        try:
+            spark.range(3).selectExpr("id + 1").collect()
+            raise AssertionError("an unsupported plan must fail")
+        except SparkConnectGrpcException as e:
+            assert e.getCondition() == \
+                "CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED", str(e)
+            assert "PROJECT(3)" in str(e), str(e)
+            assert e.getGrpcStatusCode() == grpc.StatusCode.INTERNAL, e.getGrpcStatusCode()
 
     # Engine errors in Spark's form: PySpark raises the same exception class as against real
     # Spark (connect §6.3), with the condition and SQLSTATE from the rich status.
@@ -143,6 +152,11 @@ def data(port):
     # The server checks its live executions now (every release has been sent: ReleaseAll is
     # asynchronous, so it waits with a deadline); then exit without spark.stop().
     print("READY " + json.dumps({"executions": EXECUTIONS, "timings": timings}), flush=True)
+    if REAL_SPARK:
+        # Nothing to read on Spark's side: stop cleanly (without it the exit hook's command,
+        # which Spark answers, leaves pyspark-client's release pool hanging at exit).
+        spark.stop()
+        return
     sys.stdin.readline()
 
 
@@ -166,13 +180,20 @@ def auth(port, token):
 
 
 def main():
-    mode, port = sys.argv[1], int(sys.argv[2])
-    if mode == "data":
-        data(port)
-    elif mode == "auth":
-        auth(port, sys.argv[3])
+    global N, SHORT_QUERIES, REAL_SPARK
+    parser = argparse.ArgumentParser()
+    parser.add_argument("mode", choices=["data", "auth"])
+    parser.add_argument("port", type=int)
+    parser.add_argument("token", nargs="?")
+    parser.add_argument("--rows", type=int, default=N)
+    parser.add_argument("--short-queries", type=int, default=SHORT_QUERIES)
+    parser.add_argument("--real-spark", action="store_true")
+    args = parser.parse_args()
+    N, SHORT_QUERIES, REAL_SPARK = args.rows, args.short_queries, args.real_spark
+    if args.mode == "data":
+        data(args.port)
     else:
-        raise SystemExit(f"unknown mode {mode!r}")
+        auth(args.port, args.token)
 
 
 if __name__ == "__main__":

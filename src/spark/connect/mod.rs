@@ -15,8 +15,8 @@
 //!
 //! | case | Spark 4.3.0 | tether |
 //! |---|---|---|
-//! | an upper-case `operation_id` | stored as sent; a later lower-case spelling misses it | canonical lower case in every lookup, so any spelling of the UUID names the execution end to end (rx §1.9) |
-//! | `ReleaseAll` after an `Interrupt` | can fail with an illegal-state error | succeeds and removes the execution (rx §5.7) |
+//! | an upper-case `operation_id` | ExecutePlan registers (and echoes) it in canonical lower case; a ReattachExecute, ReleaseExecute or Interrupt with the upper-case spelling misses it (`OPERATION_NOT_FOUND`, a no-op release; measured) | canonical lower case in every lookup, so any spelling of the UUID names the execution end to end (rx §1.9) |
+//! | `ReleaseAll` after an `Interrupt` of a running execution | can fail with `SPARK_CONNECT_ILLEGAL_STATE.STATE_CONSISTENCY_EXECUTION_STATE_TRANSITION_INVALID_OPERATION_STATUS_MISMATCH` (`XXSC0`; measured) | succeeds and removes the execution (rx §5.7) |
 //! | responses produced but not yet sent | unbounded | bounded (bytes and count); the producer waits (rx §3) |
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
