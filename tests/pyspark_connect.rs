@@ -672,7 +672,7 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
     let Some(errors) = scenarios(&python, test, &["errors", &port], "ERRORS DONE") else {
         return;
     };
-    assert_eq!(errors.len(), 9, "{errors:#?}");
+    assert_eq!(errors.len(), 10, "{errors:#?}");
     let Some(isolation) = scenarios(&python, test, &["isolation", &port], "ISOLATION OK") else {
         return;
     };

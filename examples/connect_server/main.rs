@@ -90,6 +90,7 @@ use tether::wire::connect::{
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
 
+mod baseline;
 mod faults;
 use faults::{FaultService, Faults, KillableStream};
 
@@ -140,6 +141,19 @@ struct Args {
     /// before its first response) by forgetting the operation as a restarted server would.
     #[arg(long, value_name = "SEED")]
     faults: Option<u64>,
+    /// Serve the same engine without tether (module `baseline`): the baseline of
+    /// `scripts/bench-connect.sh`. Not a Spark Connect server to use.
+    #[arg(long, value_enum, conflicts_with_all = ["faults", "token"])]
+    baseline: Option<Baseline>,
+}
+
+/// The bare baselines (module `baseline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Baseline {
+    /// Plain tonic: every response in one stream.
+    Bare,
+    /// Plain tonic, every stream ended after one response (as a 123-byte rotation does).
+    BareRotating,
 }
 
 fn millis(ms: u64) -> Option<Duration> {
@@ -695,6 +709,7 @@ fn responses(output: Output, max_records: u32) -> ResponseSource {
 // ---------------------------------------------------------------------------------------------
 
 /// The [`QueryEngine`]: range, limit and count, as above.
+#[derive(Debug, Clone, Copy)]
 struct RangeEngine {
     config: EngineConfig,
 }
@@ -846,6 +861,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let mut server = tonic::transport::Server::builder();
     match &faults {
+        None if args.baseline.is_some() => {
+            let rotate = args.baseline == Some(Baseline::BareRotating);
+            tracing::info!(rotate, "serving the bare baseline, without tether");
+            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+            server
+                .add_service(baseline::Bare::new(engine, rotate))
+                .serve_with_incoming_shutdown(incoming, shutdown_signal())
+                .await?;
+        }
         None => {
             let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             server

@@ -295,6 +295,36 @@ impl SparkError {
         .with_parameter("number", number.to_string())
     }
 
+    /// The classes of Spark's `SparkNoSuchElementException` (connect §2: a Config `get` of
+    /// an unknown key).
+    pub const NO_SUCH_ELEMENT_EXCEPTION: &'static [&'static str] = &[
+        "org.apache.spark.SparkNoSuchElementException",
+        "java.util.NoSuchElementException",
+        "java.lang.RuntimeException",
+        "java.lang.Exception",
+        "java.lang.Throwable",
+        "java.lang.Object",
+    ];
+
+    /// `SQL_CONF_NOT_FOUND` (SQLSTATE 42K0I): a Config `get` of `key`, which has no value
+    /// and no default. Text, parameter (`sqlConf`, the key in double quotes) and classes as
+    /// Spark 4.3.0 sends them (connect §2).
+    pub fn sql_conf_not_found(key: &str) -> Self {
+        Self {
+            condition: Some("SQL_CONF_NOT_FOUND".to_owned()),
+            text: format!(
+                "The SQL config \"{key}\" cannot be found. Please verify that the config exists."
+            ),
+            sql_state: Some("42K0I".to_owned()),
+            parameters: std::collections::BTreeMap::new(),
+            classes: Self::NO_SUCH_ELEMENT_EXCEPTION
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+        }
+        .with_parameter("sqlConf", format!("\"{key}\""))
+    }
+
     fn invalid_plan_input(condition: &str, text: String) -> Self {
         Self {
             condition: Some(condition.to_owned()),

@@ -177,6 +177,13 @@ def errors(port):
         code="INTERNAL", condition="CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET",
         sql_state="56K00", parameters=["fullName", "name"], exception="InvalidPlanInput")
 
+    # A Config get of a key without a value.
+    expect(report(outcome("config_get_unknown_key", lambda: list(s.Config(pb.ConfigRequest(
+        session_id=session, user_context=a, operation=pb.ConfigRequest.Operation(
+            get=pb.ConfigRequest.Get(keys=["tether.no.such.key"])))).pairs))),
+        code="INTERNAL", condition="SQL_CONF_NOT_FOUND", sql_state="42K0I",
+        parameters=["sqlConf"], exception="SparkNoSuchElementException")
+
     # Interrupt gets or creates its session: a brand-new one interrupts nothing.
     fresh = str(uuid.uuid4())
     expect(report(outcome("interrupt_new_session", lambda: list(s.Interrupt(pb.InterruptRequest(

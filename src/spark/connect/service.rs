@@ -14,7 +14,9 @@ use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
 use super::status::to_status;
-use crate::execution::{ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey};
+use crate::execution::{
+    ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey, SparkError,
+};
 use crate::wire::connect::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
     ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest,
@@ -270,84 +272,86 @@ impl<E: QueryEngine> ConnectService<E> {
         operation: Option<config_request::operation::OpType>,
     ) -> Result<(Vec<KeyValue>, Vec<String>), ConnectError> {
         use config_request::operation::OpType;
-        let key = session_key(&session.user_id, &session.session_id);
-        let mut confs = self
-            .inner
-            .confs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
-        if confs.len() >= CONF_SWEEP_AT {
-            let manager = &self.inner.manager;
-            confs.retain(|server_side, (k, _)| {
-                manager.server_side_session_id(k).as_deref() == Some(server_side.as_str())
-            });
-        }
-        let Some(key) = key else {
+        let Some(key) = session_key(&session.user_id, &session.session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
                 handle: session.session_id.clone(),
             });
         };
-        let conf = &mut confs
-            .entry(session.server_side_session_id.clone())
-            .or_insert_with(|| (key, BTreeMap::new()))
-            .1;
-        let engine = &self.inner.engine;
-        let read = |conf: &BTreeMap<String, String>, key: &str| {
-            conf.get(key).cloned().or_else(|| engine.default_conf(key))
-        };
         let mut pairs = Vec::new();
-        match operation {
-            Some(OpType::Set(set)) => {
-                for kv in set.pairs {
-                    match kv.value {
-                        Some(v) => conf.insert(kv.key, v),
-                        None => conf.remove(&kv.key),
-                    };
+        // Keys read by Get (`strict`: a key without a value is an error) or GetOption, with
+        // the session's own value if it has one; the engine's defaults fill the rest after
+        // the lock is released (the engine's code never runs under it).
+        let mut reads: Vec<(Option<String>, String)> = Vec::new();
+        let mut strict = false;
+        {
+            let mut confs = self
+                .inner
+                .confs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if confs.len() >= CONF_SWEEP_AT {
+                let manager = &self.inner.manager;
+                confs.retain(|server_side, (k, _)| {
+                    manager.server_side_session_id(k).as_deref() == Some(server_side.as_str())
+                });
+            }
+            let conf = &mut confs
+                .entry(session.server_side_session_id.clone())
+                .or_insert_with(|| (key, BTreeMap::new()))
+                .1;
+            match operation {
+                Some(OpType::Set(set)) => {
+                    for kv in set.pairs {
+                        match kv.value {
+                            Some(v) => conf.insert(kv.key, v),
+                            None => conf.remove(&kv.key),
+                        };
+                    }
                 }
-            }
-            Some(OpType::Get(get)) => {
-                for key in get.keys {
-                    let Some(value) = read(conf, &key) else {
-                        return Err(ConnectError::Failed {
-                            message: format!(
-                                "[SQL_CONF_NOT_FOUND] The SQL config \"{key}\" cannot be found. \
-                                 Please verify that the config exists. SQLSTATE: 42K0I"
-                            ),
-                            code: crate::execution::Code::Internal,
-                        });
-                    };
-                    pairs.push(KeyValue::new(key, value));
+                Some(OpType::Get(config_request::Get { keys })) => {
+                    strict = true;
+                    reads = keys
+                        .into_iter()
+                        .map(|k| (conf.get(&k).cloned(), k))
+                        .collect();
                 }
-            }
-            Some(OpType::GetWithDefault(g)) => {
-                for kv in g.pairs {
-                    let value = conf.get(&kv.key).cloned().or(kv.value);
-                    pairs.push(KeyValue { key: kv.key, value });
+                Some(OpType::GetOption(config_request::GetOption { keys })) => {
+                    reads = keys
+                        .into_iter()
+                        .map(|k| (conf.get(&k).cloned(), k))
+                        .collect();
                 }
-            }
-            Some(OpType::GetOption(g)) => {
-                for key in g.keys {
-                    let value = read(conf, &key);
-                    pairs.push(KeyValue { key, value });
+                Some(OpType::GetWithDefault(g)) => {
+                    for kv in g.pairs {
+                        let value = conf.get(&kv.key).cloned().or(kv.value);
+                        pairs.push(KeyValue { key: kv.key, value });
+                    }
                 }
-            }
-            Some(OpType::GetAll(g)) => {
-                let prefix = g.prefix.unwrap_or_default();
-                pairs.extend(
-                    conf.iter()
-                        .filter(|(k, _)| k.starts_with(&prefix))
-                        .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-                );
-            }
-            Some(OpType::Unset(u)) => {
-                for key in u.keys {
-                    conf.remove(&key);
+                Some(OpType::GetAll(g)) => {
+                    let prefix = g.prefix.unwrap_or_default();
+                    pairs.extend(
+                        conf.iter()
+                            .filter(|(k, _)| k.starts_with(&prefix))
+                            .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
+                    );
                 }
+                Some(OpType::Unset(u)) => {
+                    for key in u.keys {
+                        conf.remove(&key);
+                    }
+                }
+                Some(OpType::IsModifiable(m)) => {
+                    pairs.extend(m.keys.into_iter().map(|k| KeyValue::new(k, "true")));
+                }
+                None => {}
             }
-            Some(OpType::IsModifiable(m)) => {
-                pairs.extend(m.keys.into_iter().map(|k| KeyValue::new(k, "true")));
+        }
+        for (value, key) in reads {
+            let value = value.or_else(|| self.inner.engine.default_conf(&key));
+            if strict && value.is_none() {
+                return Err(SparkError::sql_conf_not_found(&key).into());
             }
-            None => {}
+            pairs.push(KeyValue { key, value });
         }
         Ok((pairs, Vec::new()))
     }

@@ -1,0 +1,237 @@
+"""The Spark Connect benchmark (scripts/bench-connect.sh): tether's server against the real
+Spark 4.3.0 server and against a bare tonic baseline, read by the real PySpark client and by
+tether's own Rust client, all on loopback in one run.
+
+Servers, in two phases (one JVM at a time):
+
+- default settings: Spark (`spark-connect-server.sh start`), tether's
+  examples/connect_server, and the same engine served bare (`--baseline bare`);
+- 123-byte rotation (every stream ends after one response): Spark (`rotate`), tether with
+  `--max-stream-bytes 123 --max-stream-duration-ms 1000`, and the bare rotating baseline
+  (`--baseline bare-rotating`), whose only cost is the client's reattach round trip.
+
+All of them send one Arrow batch of 10 000 rows per response (Spark's
+maxRecordsPerBatch default, connect §6.2), and all compute their batches (the tether
+server and the baselines run the same engine).
+
+Clients, against every server: PySpark `spark.range(ROWS).toArrow()` (this interpreter
+must be target/pyspark-venv's; the responses and ReattachExecute calls are counted by
+wrapping the client's stub), and tether's `examples/connect_client` (release build). Each
+(server, client) pair: WARMUP runs discarded (the JVM needs about three), then the median
+of RUNS.
+
+Usage: python scripts/bench_connect.py TARGET_RELEASE_DIR [--rows N] [--runs R]
+[--warmup W]. Prints a Markdown table (rows/s, responses/s, reattaches per run) and the
+targets with their verdicts, also written as JSON to target/bench-connect.json.
+"""
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests",
+                                "python"))
+from client_env import require  # noqa: E402
+
+(connect_session,) = require("pyspark.sql.connect.session")
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ORACLE = os.path.join(REPO, "..", "shared", "oracle", "spark-connect-server.sh")
+ROTATION = ["--max-stream-bytes", "123", "--max-stream-duration-ms", "1000"]
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def load():
+    return os.getloadavg()[0]
+
+
+class Counted:
+    """A response iterator of the stub that counts what it yields."""
+
+    def __init__(self, inner, tally):
+        self._inner, self._tally = inner, tally
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = next(self._inner)
+        self._tally["responses"] += 1
+        return item
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def count_calls(stub, tally):
+    for method in ("ExecutePlan", "ReattachExecute"):
+        original = getattr(stub, method)
+
+        def call(*args, _original=original, _method=method, **kwargs):
+            tally[_method] += 1
+            return Counted(_original(*args, **kwargs), tally)
+
+        setattr(stub, method, call)
+
+
+def pyspark_runs(port, rows, warmup, runs):
+    spark = connect_session.SparkSession.builder.remote(
+        f"sc://localhost:{port}/;user_id=bench").create()
+    tally = {"responses": 0, "ExecutePlan": 0, "ReattachExecute": 0}
+    count_calls(spark.client._stub, tally)
+    times, responses, reattaches = [], [], []
+    for i in range(warmup + runs):
+        for k in tally:
+            tally[k] = 0
+        start = time.perf_counter()
+        table = spark.range(rows).toArrow()
+        elapsed = time.perf_counter() - start
+        if table.num_rows != rows:
+            raise SystemExit(f"PySpark read {table.num_rows} rows, not {rows}")
+        if i >= warmup:
+            times.append(elapsed)
+            responses.append(tally["responses"])
+            reattaches.append(tally["ReattachExecute"])
+    spark.stop()
+    return summary(rows, times, statistics.median(responses), statistics.median(reattaches))
+
+
+def rust_runs(client, port, rows, warmup, runs):
+    times, responses, reattaches = [], [], []
+    for i in range(warmup + runs):
+        out = subprocess.run([client, "--url", f"http://127.0.0.1:{port}", "--rows", str(rows)],
+                             capture_output=True, text=True, timeout=900)
+        if out.returncode != 0:
+            raise SystemExit(f"connect_client failed: {out.stderr}")
+        result = json.loads(next(l for l in out.stdout.splitlines()
+                                 if l.startswith("RESULT "))[7:])
+        if i >= warmup:
+            times.append(result["seconds"])
+            responses.append(result["responses"])
+            reattaches.append(result["reattaches"])
+    return summary(rows, times, statistics.median(responses), statistics.median(reattaches))
+
+
+def summary(rows, times, responses, reattaches):
+    median = statistics.median(times)
+    return {"seconds": median, "rows_per_s": rows / median,
+            "responses_per_s": responses / median, "responses": responses,
+            "reattaches": reattaches, "runs": [round(t, 4) for t in times]}
+
+
+class Tether:
+    """examples/connect_server (release), tether or a bare baseline."""
+
+    def __init__(self, target, args):
+        self.proc = subprocess.Popen(
+            [os.path.join(target, "examples", "connect_server"), "--port", "0",
+             "--stats-interval-ms", "60000", *args],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+            env={**os.environ, "RUST_LOG": "warn"})
+        line = self.proc.stdout.readline()
+        if not line.startswith("listening on "):
+            raise SystemExit(f"connect_server did not start: {line!r}")
+        threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()
+        self.port = int(line.rsplit(":", 1)[1])
+
+    def stop(self):
+        self.proc.kill()
+        self.proc.wait()
+
+
+class Spark:
+    def __init__(self, mode):
+        self.port = free_port()
+        subprocess.run(["bash", ORACLE, mode, str(self.port)], check=True, timeout=300,
+                       stdout=subprocess.DEVNULL)
+
+    def stop(self):
+        subprocess.run(["bash", ORACLE, "stop", str(self.port)], check=False)
+        time.sleep(2)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("target")
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=3)
+    args = parser.parse_args()
+    client = os.path.join(args.target, "examples", "connect_client")
+    results = {}
+    loads = []
+    phases = [
+        ("default", "start", [], ["--baseline", "bare"]),
+        ("rotating", "rotate", ROTATION, ["--baseline", "bare-rotating"]),
+    ]
+    for phase, spark_mode, tether_args, bare_args in phases:
+        servers = {}
+        try:
+            servers["spark"] = Spark(spark_mode)
+            servers["tether"] = Tether(args.target, tether_args)
+            servers["bare"] = Tether(args.target, bare_args)
+            for name, server in servers.items():
+                for kind, run in (("pyspark", lambda p: pyspark_runs(p, args.rows, args.warmup,
+                                                                     args.runs)),
+                                  ("rust", lambda p: rust_runs(client, p, args.rows,
+                                                               args.warmup, args.runs))):
+                    print(f"== {phase} / {name} / {kind} client", file=sys.stderr, flush=True)
+                    loads.append(load())
+                    results[(phase, name, kind)] = run(server.port)
+                    print(f"   {results[(phase, name, kind)]}", file=sys.stderr, flush=True)
+        finally:
+            for server in servers.values():
+                server.stop()
+    report(results, args, loads)
+
+
+def report(results, args, loads):
+    def ratio(a, b):
+        return results[a]["rows_per_s"] / results[b]["rows_per_s"]
+
+    targets = [
+        ("PySpark toArrow, default settings: tether / Spark", 1.0,
+         ratio(("default", "tether", "pyspark"), ("default", "spark", "pyspark"))),
+        ("PySpark toArrow, 123-byte rotation: tether / bare rotating tonic", 0.8,
+         ratio(("rotating", "tether", "pyspark"), ("rotating", "bare", "pyspark"))),
+        ("PySpark toArrow, 123-byte rotation: tether / Spark", 1.2,
+         ratio(("rotating", "tether", "pyspark"), ("rotating", "spark", "pyspark"))),
+        ("tether's Rust client, default settings: tether / Spark", 2.0,
+         ratio(("default", "tether", "rust"), ("default", "spark", "rust"))),
+        ("tether's Rust client, default settings: tether / bare tonic", 0.8,
+         ratio(("default", "tether", "rust"), ("default", "bare", "rust"))),
+    ]
+    lines = [
+        f"range({args.rows}), median of {args.runs} runs after {args.warmup} warm-up runs; "
+        f"load average during the runs {min(loads):.1f}–{max(loads):.1f}",
+        "",
+        "| settings | server | client | rows/s | responses/s | reattaches per run | median s |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for (phase, name, kind), r in results.items():
+        lines.append(f"| {phase} | {name} | {kind} | {r['rows_per_s']:,.0f} | "
+                     f"{r['responses_per_s']:,.0f} | {r['reattaches']:.0f} | {r['seconds']:.3f} |")
+    lines += ["", "| target | needed | measured | met |", "|---|---|---|---|"]
+    for what, needed, got in targets:
+        lines.append(f"| {what} | ≥ {needed}× | {got:.2f}× | {'yes' if got >= needed else 'NO'} |")
+    print("\n".join(lines))
+    out = os.path.join(REPO, "target", "bench-connect.json")
+    with open(out, "w") as f:
+        json.dump({"results": {"/".join(k): v for k, v in results.items()},
+                   "targets": [{"what": w, "needed": n, "measured": g} for w, n, g in targets],
+                   "load": [min(loads), max(loads)]}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
