@@ -7,12 +7,13 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::core::{ExecutionCore, ExecutionPhase, Removal, RunnerState, StreamLimits};
+use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
 use super::error::ConnectError;
+use super::keys::{ExecuteKey, SessionKey};
 use super::log::{LogConfig, Stamp};
 use super::lru::Lru;
 use super::state;
-use super::stream::{ExecShared, ResponseStream, Wakes};
+use super::stream::{ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
 use crate::time::Timer;
 use crate::wire::connect::{
@@ -20,39 +21,6 @@ use crate::wire::connect::{
     ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
     interrupt_request, release_execute_request,
 };
-
-/// Identifies a session: `(user_id, session_id)` (rx §5.6: sessions are isolated by that
-/// pair). Another user's identical `session_id` is another session.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct SessionKey {
-    /// The user id from `UserContext.user_id`, compared exactly.
-    pub user_id: Arc<str>,
-    /// The session id (a UUID; any spelling of it names the same session).
-    pub session_id: Uuid,
-}
-
-/// Identifies an execution: `(user_id, session_id, operation_id)` (Spark's `ExecuteKey`,
-/// rx §5.1).
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct ExecuteKey {
-    /// The user id (`UserContext.user_id`, rx §1.2).
-    pub user_id: Arc<str>,
-    /// The session id (a UUID, rx §1.9).
-    pub session_id: Uuid,
-    /// The operation id (canonical lower case on the wire, rx §1.9).
-    pub operation_id: Uuid,
-}
-
-impl ExecuteKey {
-    /// The key of the session the execution belongs to (rx §5.1: the session tracks its
-    /// operation ids).
-    pub fn session(&self) -> SessionKey {
-        SessionKey {
-            user_id: self.user_id.clone(),
-            session_id: self.session_id,
-        }
-    }
-}
 
 /// Settings of an [`ExecutionManager`]. Defaults are Spark's (rx §4.5) plus tether's
 /// bounds.
@@ -229,6 +197,8 @@ pub(crate) struct ManagerInner {
     config: ManagerConfig,
     clock: Arc<dyn Timer>,
     registry: Mutex<Registry>,
+    /// What executions report when they leave (applied at every lock of the registry).
+    events: Arc<RegistryEvents>,
 }
 
 /// The server side of reattachable executions: Spark's `SparkConnectExecutionManager` and
@@ -239,7 +209,10 @@ pub(crate) struct ManagerInner {
 /// One lock guards the registry (sessions, their executions, tombstones); each execution has
 /// its own lock (see [`ResponseStream`]). The registry lock is always taken before an
 /// execution's lock, never after, and producers and consumers only take the execution's
-/// lock, so streaming never contends on the registry.
+/// lock, so streaming never contends on the registry. Executions hold no pointer back into
+/// the manager: a handle or stream that removes one (rx §2.2 T2, T10, T14) closes it at
+/// once and queues an event, which the registry applies the next time it is locked, before
+/// it answers anything.
 ///
 /// Executions live inside their session (`(user_id, session_id)` → session →
 /// `operation_id` → execution), so registering and removing is one map operation each and
@@ -516,67 +489,23 @@ fn validate_tag(tag: &str) -> Result<(), ConnectError> {
 }
 
 impl ManagerInner {
+    /// Locks the registry, first applying what executions reported since the last lock
+    /// (their removals, [`RegistryEvent`]): every answer reflects them.
     fn lock(&self) -> MutexGuard<'_, Registry> {
-        self.registry.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    pub(crate) fn remove_execution(&self, exec: &Arc<ExecShared>, removal: Removal) -> bool {
-        let now = self.clock.now();
-        let mut wakes = Wakes::default();
-        let removed = self
-            .lock()
-            .remove_execution(&exec.key, Some(exec), removal, now, &mut wakes);
-        wakes.wake();
-        removed
-    }
-
-    /// Attaches a new consumer to `exec` (rx §5.5 ReattachExecute steps 3–4) with the
-    /// registry locked by the caller.
-    pub(crate) fn attach_locked(
-        reg: &mut Registry,
-        exec: &Arc<ExecShared>,
-        last_response_id: Option<&str>,
-        now: Instant,
-        wakes: &mut Wakes,
-    ) -> Result<ResponseStream, ConnectError> {
-        let mut st = exec.lock();
-        if !exec.reattachable || st.core.runner() == RunnerState::NotStarted {
-            return Err(ConnectError::NotReattachable);
+        let mut reg = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let events = self.events.take();
+        if !events.is_empty() {
+            let now = self.clock.now();
+            let mut wakes = Wakes::default();
+            for RegistryEvent { exec, removal } in events {
+                if let Some(exec) = exec.upgrade() {
+                    reg.remove_execution(&exec.key, Some(&exec), removal, now, &mut wakes);
+                }
+            }
+            // The executions closed themselves and took their wake-ups already.
+            wakes.wake();
         }
-        if st.core.is_orphan() {
-            drop(st);
-            reg.remove_execution(&exec.key, Some(exec), Removal::Released, now, wakes);
-            return Err(ConnectError::Orphaned {
-                handle: exec.operation_id.to_string(),
-            });
-        }
-        let next = st.core.position(last_response_id)?;
-        let (id, preempted) = st.core.attach(next, now);
-        if preempted.is_some() {
-            wakes.push(st.take_consumer());
-        }
-        if !st.core.log().is_available(next) {
-            let e = st.core.log().not_available(next);
-            let _ = st.core.detach(id, now);
-            return Err(e);
-        }
-        drop(st);
-        Ok(ResponseStream::new(exec.clone(), id))
-    }
-
-    pub(crate) fn reattach(
-        &self,
-        exec: &Arc<ExecShared>,
-        last_response_id: Option<&str>,
-    ) -> Result<ResponseStream, ConnectError> {
-        let now = self.clock.now();
-        let mut wakes = Wakes::default();
-        let r = {
-            let mut reg = self.lock();
-            Self::attach_locked(&mut reg, exec, last_response_id, now, &mut wakes)
-        };
-        wakes.wake();
-        r
+        reg
     }
 
     pub(crate) fn clock(&self) -> &Arc<dyn Timer> {
@@ -610,6 +539,7 @@ impl ExecutionManager {
                 }),
                 config,
                 clock,
+                events: Arc::default(),
             }),
         }
     }
@@ -794,7 +724,7 @@ impl ExecutionManager {
                     handle: canonical(op),
                 });
             }
-            return ManagerInner::attach_locked(reg, &existing, None, now, wakes).map(Ok);
+            return existing.attach(None, now, wakes).map(Ok);
         }
         if reg.abandoned.contains(&key) {
             return Err(ConnectError::OperationAbandoned {
@@ -836,7 +766,7 @@ impl ExecutionManager {
             request.tags.clone().into_boxed_slice(),
             request.plan.clone(),
             self.inner.clock.clone(),
-            Arc::downgrade(&self.inner),
+            self.inner.events.clone(),
         ));
         session.executions.insert(op, exec.clone());
         reg.live += 1;
@@ -894,13 +824,7 @@ impl ExecutionManager {
                         }
                     });
                 };
-                ManagerInner::attach_locked(
-                    reg,
-                    &exec,
-                    request.last_response_id.as_deref(),
-                    now,
-                    &mut wakes,
-                )
+                exec.attach(request.last_response_id.as_deref(), now, &mut wakes)
             })()
         };
         wakes.wake();

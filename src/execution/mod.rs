@@ -76,6 +76,7 @@
 pub mod client;
 mod core;
 mod error;
+mod keys;
 mod log;
 mod lru;
 mod manager;
@@ -88,11 +89,9 @@ pub use self::core::{
     StreamEnd, StreamLimits,
 };
 pub use error::{CONDITIONS, Code, ConnectError, SparkError};
+pub use keys::{ExecuteKey, SessionKey};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
-pub use manager::{
-    ExecuteKey, ExecutionManager, MaintenanceReport, ManagerConfig, ManagerStats, SessionKey,
-    Submitted,
-};
+pub use manager::{ExecutionManager, MaintenanceReport, ManagerConfig, ManagerStats, Submitted};
 pub use stream::{ForwardError, Producer, ResponseStream};
 pub use typed::{
     AnyExecution, Execution, ExecutionOutcome, Kind, Lookup, NonReattachable, Reattachable,

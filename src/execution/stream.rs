@@ -9,20 +9,61 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
 use futures::future::poll_fn;
 use futures::{Sink, Stream};
 
-use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, StreamEnd};
+use super::core::{
+    ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, RunnerState, StreamEnd,
+};
 use super::error::ConnectError;
-use super::manager::{ExecuteKey, ManagerInner};
+use super::keys::ExecuteKey;
 use crate::time::Timer;
 use crate::wire::connect::{ExecutePlanResponse, Plan};
 
 type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// What an execution tells its registry: it left (released, or removed by a rule of
+/// rx §2.2 T2, T10, T14, or found an orphan, SPARK-50735). The execution has already
+/// closed itself (its producer told to stop, its consumer disconnected); the registry
+/// applies the event the next time it is locked, before it answers anything, so no
+/// observer can tell the removal was deferred. As quinn's endpoint events, it replaces a
+/// pointer from the execution back into the registry.
+pub(crate) struct RegistryEvent {
+    /// Weak, so a queue nobody drains (its registry gone) keeps nothing alive; while the
+    /// execution is registered, the registry's own reference keeps it.
+    pub(crate) exec: std::sync::Weak<ExecShared>,
+    pub(crate) removal: Removal,
+}
+
+/// The queue of [`RegistryEvent`]s, shared by a registry and its executions.
+#[derive(Default)]
+pub(crate) struct RegistryEvents {
+    pending: AtomicBool,
+    queue: Mutex<Vec<RegistryEvent>>,
+}
+
+impl RegistryEvents {
+    fn push(&self, event: RegistryEvent) {
+        self.queue
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(event);
+        self.pending.store(true, Ordering::Release);
+    }
+
+    /// The events pushed so far, oldest first (cheap when there are none).
+    pub(crate) fn take(&self) -> Vec<RegistryEvent> {
+        if !self.pending.swap(false, Ordering::Acquire) {
+            return Vec::new();
+        }
+        std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner))
+    }
+}
 
 /// State shared by everything that refers to one registered execution.
 pub(crate) struct ExecShared {
@@ -32,7 +73,8 @@ pub(crate) struct ExecShared {
     pub(crate) tags: Box<[String]>,
     pub(crate) plan: Option<Plan>,
     pub(crate) clock: Arc<dyn Timer>,
-    pub(crate) manager: Weak<ManagerInner>,
+    /// Where it reports leaving the registry.
+    events: Arc<RegistryEvents>,
     state: Mutex<ExecState>,
 }
 
@@ -89,7 +131,7 @@ impl ExecShared {
         tags: Box<[String]>,
         plan: Option<Plan>,
         clock: Arc<dyn Timer>,
-        manager: Weak<ManagerInner>,
+        events: Arc<RegistryEvents>,
     ) -> Self {
         Self {
             operation_id: core.log().stamp().operation_id.clone(),
@@ -98,7 +140,7 @@ impl ExecShared {
             tags,
             plan,
             clock,
-            manager,
+            events,
             state: Mutex::new(ExecState {
                 core,
                 consumer_waker: None,
@@ -118,11 +160,71 @@ impl ExecShared {
 
     /// Removes a non-reattachable execution whose only consumer ended (rx §2.2 T14).
     fn release_non_reattachable(self: &Arc<Self>) {
-        if !self.reattachable
-            && let Some(m) = self.manager.upgrade()
-        {
-            m.remove_execution(self, super::core::Removal::Released);
+        if !self.reattachable {
+            self.leave(Removal::Released);
         }
+    }
+
+    /// Leaves the registry (rx §2.2 T12): closes the execution now (its producer is told
+    /// to stop, its consumer disconnected, its responses dropped) and tells the registry.
+    /// Returns whether this call closed it (false when it had already left).
+    pub(crate) fn leave(self: &Arc<Self>, removal: Removal) -> bool {
+        let mut wakes = Wakes::default();
+        let closed = self.close_into(removal, &mut wakes);
+        wakes.wake();
+        closed
+    }
+
+    /// [`leave`](Self::leave), collecting the wake-ups into `wakes`.
+    fn close_into(self: &Arc<Self>, removal: Removal, wakes: &mut Wakes) -> bool {
+        let closed = {
+            let mut st = self.lock();
+            let open = st.core.removal().is_none();
+            let _ = st.core.close(removal);
+            st.take_all(wakes);
+            open
+        };
+        self.events.push(RegistryEvent {
+            exec: Arc::downgrade(self),
+            removal,
+        });
+        closed
+    }
+
+    /// Attaches a new consumer resuming after `last_response_id` (rx §5.5 ReattachExecute
+    /// steps 3–4), preempting the attached one (which gets `DISCONNECTED`).
+    ///
+    /// An orphan (its producer vanished without finishing, SPARK-50735) leaves the
+    /// registry and answers the orphan error.
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        last_response_id: Option<&str>,
+        now: Instant,
+        wakes: &mut Wakes,
+    ) -> Result<ResponseStream, ConnectError> {
+        let mut st = self.lock();
+        if !self.reattachable || st.core.runner() == RunnerState::NotStarted {
+            return Err(ConnectError::NotReattachable);
+        }
+        if st.core.is_orphan() {
+            drop(st);
+            self.close_into(Removal::Released, wakes);
+            return Err(ConnectError::Orphaned {
+                handle: self.operation_id.to_string(),
+            });
+        }
+        let next = st.core.position(last_response_id)?;
+        let (id, preempted) = st.core.attach(next, now);
+        if preempted.is_some() {
+            wakes.push(st.take_consumer());
+        }
+        if !st.core.log().is_available(next) {
+            let e = st.core.log().not_available(next);
+            let _ = st.core.detach(id, now);
+            return Err(e);
+        }
+        drop(st);
+        Ok(ResponseStream::new(self.clone(), id))
     }
 }
 

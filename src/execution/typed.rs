@@ -9,7 +9,7 @@ use futures::future::poll_fn;
 
 use super::core::{ExecutionPhase, Removal};
 use super::error::ConnectError;
-use super::manager::ExecuteKey;
+use super::keys::ExecuteKey;
 use super::stream::{ExecShared, Producer, ResponseStream, Wakes};
 
 mod sealed_kind {
@@ -122,8 +122,8 @@ impl<S: state::State, K: Kind> Drop for Execution<S, K> {
     fn drop(&mut self) {
         if self.remove_if_unstarted {
             let unstarted = self.exec.lock().core.runner() == super::core::RunnerState::NotStarted;
-            if unstarted && let Some(m) = self.exec.manager.upgrade() {
-                m.remove_execution(&self.exec, Removal::Released);
+            if unstarted {
+                self.exec.leave(Removal::Released);
             }
         }
     }
@@ -221,9 +221,7 @@ impl<K: Kind> Execution<state::Init, K> {
             st.take_all(&mut wakes);
         }
         wakes.wake();
-        if let Some(m) = self.exec.manager.upgrade() {
-            m.remove_execution(&self.exec, Removal::Released);
-        }
+        self.exec.leave(Removal::Released);
         self.into_state()
     }
 }
@@ -265,12 +263,12 @@ impl Execution<state::Streaming, Reattachable> {
     /// from `NOT_REATTACHABLE` on: `POSITION_NOT_FOUND`, `POSITION_NOT_AVAILABLE`, the
     /// orphan error.
     pub fn reattach(&self, last_response_id: Option<&str>) -> Result<ResponseStream, ConnectError> {
-        match self.exec.manager.upgrade() {
-            Some(m) => m.reattach(&self.exec, last_response_id),
-            None => Err(ConnectError::OperationNotFound {
-                handle: self.operation_id().to_owned(),
-            }),
-        }
+        let mut wakes = Wakes::default();
+        let r = self
+            .exec
+            .attach(last_response_id, self.exec.now(), &mut wakes);
+        wakes.wake();
+        r
     }
 
     /// `ReleaseUntil(response_id)` (rx §3.4).
@@ -298,9 +296,7 @@ impl Execution<state::Streaming, Reattachable> {
 }
 
 fn release(exec: &Arc<ExecShared>) -> bool {
-    exec.manager
-        .upgrade()
-        .is_some_and(|m| m.remove_execution(exec, Removal::Released))
+    exec.leave(Removal::Released)
 }
 
 impl Execution<state::Finishing, Reattachable> {
@@ -583,5 +579,45 @@ mod tests {
         let terminated = init.interrupt();
         assert_eq!(terminated.outcome().run, RunOutcome::Cancelled);
         assert_eq!(m.execution_count(), 0);
+    }
+
+    /// Removals reach the registry as events (no pointer back into it): the registry
+    /// applies them before it answers anything, so the counts are right at once.
+    #[test]
+    fn handle_removals_are_applied_before_the_registry_answers() {
+        let m = manager();
+        let Submitted::Reattachable(init) = submit(&m, true) else {
+            panic!("reattachable")
+        };
+        let (streaming, producer, _stream) = init.start();
+        assert_eq!(m.execution_count(), 1);
+        let cancelling = streaming.release_all();
+        assert_eq!(m.execution_count(), 0);
+        let stats = m.stats();
+        assert_eq!((stats.created, stats.released), (1, 1));
+        // An unstarted handle dropped leaves as well (rx §2.2 T2).
+        let again = submit(&m, true);
+        assert_eq!(m.execution_count(), 1);
+        drop(again);
+        assert_eq!(m.execution_count(), 0);
+        assert_eq!(m.stats().released, 2);
+        drop((cancelling, producer));
+    }
+
+    /// Handles outliving their manager still work, and nothing keeps an execution alive
+    /// once its handles are gone (the event queue holds executions weakly).
+    #[test]
+    fn handles_outlive_the_manager_without_keeping_executions_alive() {
+        let m = manager();
+        let Submitted::Reattachable(init) = submit(&m, true) else {
+            panic!("reattachable")
+        };
+        let (streaming, producer, stream) = init.start();
+        let exec = Arc::downgrade(&streaming.exec);
+        drop(m);
+        let cancelling = streaming.release_all();
+        assert!(!cancelling.release_all(), "already released");
+        drop((cancelling, producer, stream));
+        assert!(exec.upgrade().is_none(), "the execution was freed");
     }
 }
