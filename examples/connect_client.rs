@@ -71,6 +71,18 @@ struct Tally {
     result_complete: bool,
 }
 
+/// An error and its causes, `: `-separated (tether's errors do not repeat their cause).
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        text.push_str(": ");
+        text.push_str(&e.to_string());
+        source = e.source();
+    }
+    text
+}
+
 fn fail(message: impl std::fmt::Display) -> ! {
     eprintln!("connect_client: {message}");
     std::process::exit(1);
@@ -81,7 +93,7 @@ async fn main() {
     let args = Args::parse();
     let client = ConnectClient::connect(&args.url, args.token.as_deref())
         .await
-        .unwrap_or_else(|e| fail(format!("cannot connect to {}: {e}", args.url)));
+        .unwrap_or_else(|e| fail(format!("cannot connect to {}: {}", args.url, chain(&e))));
     let session_id = uuid::Uuid::new_v4().to_string();
     let user = UserContext::new(&args.user_id);
     let request = ExecutePlanRequest {

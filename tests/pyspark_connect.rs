@@ -400,6 +400,40 @@ async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
     assert_eq!(stat(&stats, "released"), stat(&stats, "created"));
 }
 
+/// tether's client against `--faults`: every way a stream can end early (gracefully,
+/// `DISCONNECTED`, a dropped connection, a forgotten operation) is recovered from, and
+/// every run reads every row once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tether_client_recovers_from_every_fault() {
+    let server = tokio::task::spawn_blocking(|| Server::rotating(&["--faults", "7"]))
+        .await
+        .unwrap();
+    let client = ConnectClient::connect(&server.url(), None).await.unwrap();
+    for run_number in 0..40 {
+        let r = run(&client, range_rel(100_000).encode_to_vec()).await;
+        assert_eq!(r.error, None, "run {run_number}");
+        let values: Vec<i64> = r.batches.iter().flat_map(|b| b.2.clone()).collect();
+        assert_eq!(values, (0..100_000).collect::<Vec<_>>(), "run {run_number}");
+    }
+    let stats = tokio::task::spawn_blocking(move || {
+        server.wait_for_stats(Duration::from_secs(10), "every execution released", |s| {
+            stat(s, "live_executions") == 0 && stat(s, "created") >= 40
+        })
+    })
+    .await
+    .unwrap();
+    assert!(stat(&stats, "faults") >= 10, "{stats:?}");
+    assert!(
+        stat(&stats, "fault_dropped") + stat(&stats, "fault_forgotten") >= 1,
+        "a connection was dropped: {stats:?}"
+    );
+    assert_eq!(
+        stat(&stats, "released") + stat(&stats, "forgotten"),
+        stat(&stats, "created"),
+        "{stats:?}"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // PySpark
 // ---------------------------------------------------------------------------------------------

@@ -264,10 +264,20 @@ fn unsupported(what: &str) -> ConnectError {
     ))
 }
 
+/// Plan bytes that do not decode: Spark's class for an unreadable plan (`InvalidPlanInput`,
+/// connect §6.3), so clients classify it as Spark's own.
 fn invalid_plan(what: impl std::fmt::Display) -> ConnectError {
-    failed(format!(
-        "[CONNECT_INVALID_PLAN] The Spark Connect plan is invalid: {what}. SQLSTATE: 56K00"
-    ))
+    SparkError {
+        condition: Some("CONNECT_INVALID_PLAN".to_owned()),
+        text: format!("The Spark Connect plan is invalid: {what}."),
+        sql_state: Some("56K00".to_owned()),
+        parameters: Default::default(),
+        classes: SparkError::INVALID_PLAN_INPUT
+            .iter()
+            .map(|c| (*c).to_owned())
+            .collect(),
+    }
+    .into()
 }
 
 /// A oneof case this server does not run, answered as Spark answers one it does not run
@@ -561,10 +571,24 @@ fn count_of(input: Output, agg: &Aggregate) -> Result<Output, ConnectError> {
         },
     };
     let rows = input.rows();
+    // Spark's `SparkArithmeticException` (PySpark raises its ArithmeticException).
     let count = i64::try_from(rows).map_err(|_| {
-        failed(format!(
-            "[ARITHMETIC_OVERFLOW] count() of {rows} rows overflows bigint. SQLSTATE: 22003"
-        ))
+        ConnectError::from(SparkError {
+            condition: Some("ARITHMETIC_OVERFLOW".to_owned()),
+            text: format!("count() of {rows} rows overflows bigint."),
+            sql_state: Some("22003".to_owned()),
+            parameters: Default::default(),
+            classes: [
+                "org.apache.spark.SparkArithmeticException",
+                "java.lang.ArithmeticException",
+                "java.lang.RuntimeException",
+                "java.lang.Exception",
+                "java.lang.Throwable",
+                "java.lang.Object",
+            ]
+            .map(str::to_owned)
+            .to_vec(),
+        })
     })?;
     Ok(Output {
         column,

@@ -198,8 +198,10 @@ pub enum ConnectError {
     },
     /// The execution failed: the terminal error its producer reported, re-delivered to every
     /// stream that reaches the end of the log (rx §2.2 T8, §4.2). `message` is used
-    /// verbatim as the status message (it should start with a Spark condition in brackets if
-    /// it has one).
+    /// verbatim as the status message. No condition travels in the rich status: a Spark
+    /// client sees a generic error whose condition it can only find in the text. For an
+    /// error Spark clients classify (condition, SQLSTATE, exception class), use
+    /// [`ConnectError::Spark`].
     Failed {
         /// The status message.
         message: String,

@@ -37,3 +37,61 @@ impl ExecuteKey {
         }
     }
 }
+
+/// Parses a handle (a session, operation or response id) in the one form Spark accepts:
+/// hyphenated, 36 characters, 8-4-4-4-12 hexadecimal digits in either case (Java's
+/// `UUID.fromString` as Spark uses it, rx §1.9). The braced, URN and unhyphenated
+/// spellings the `uuid` crate also reads are not handles.
+pub(crate) fn parse_uuid(s: &str) -> Option<Uuid> {
+    if s.len() != 36 {
+        return None;
+    }
+    Uuid::try_parse(s).ok()
+}
+
+/// Longest client-supplied id echoed whole in an error message or a log line.
+const SHOWN_MAX: usize = 128;
+
+/// A client-supplied id as error messages and logs show it: whole up to 128 bytes (every
+/// well-formed handle), else its first 64 bytes, `…` and its length. A hostile
+/// megabyte-long id then cannot make an error status too large for gRPC's metadata limits
+/// (16 KiB in grpc-core) or flood the log.
+pub(crate) fn shown(raw: &str) -> String {
+    if raw.len() <= SHOWN_MAX {
+        return raw.to_owned();
+    }
+    let mut end = SHOWN_MAX / 2;
+    while !raw.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}…({} bytes)", &raw[..end], raw.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{parse_uuid, shown};
+
+    #[test]
+    fn long_ids_are_shown_cut() {
+        assert_eq!(shown("abc"), "abc");
+        let long = "é".repeat(100_000);
+        let s = shown(&long);
+        assert!(s.len() < 100 && s.ends_with("…(200000 bytes)"), "{s}");
+    }
+
+    #[test]
+    fn handles_are_hyphenated_uuids_only() {
+        let id = "00112233-4455-6677-8899-aabbccddeeff";
+        assert!(parse_uuid(id).is_some());
+        assert_eq!(parse_uuid(&id.to_uppercase()), parse_uuid(id));
+        for bad in [
+            "{00112233-4455-6677-8899-aabbccddeeff}",
+            "urn:uuid:00112233-4455-6677-8899-aabbccddeeff",
+            "00112233445566778899aabbccddeeff",
+            "00112233-4455-6677-8899-aabbccddeefg",
+            "",
+        ] {
+            assert_eq!(parse_uuid(bad), None, "{bad}");
+        }
+    }
+}

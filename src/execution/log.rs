@@ -298,10 +298,10 @@ impl ResponseLog {
     }
 
     /// The index of a produced response id; `None` if this log never produced it (Spark's
-    /// `getResponseIndexById`, rx §3.1). Accepts any UUID spelling (tether normalises ids;
+    /// `getResponseIndexById`, rx §3.1). Accepts the id in either case (tether normalises ids;
     /// Spark looks them up verbatim, rx §1.9).
     pub fn index_of(&self, response_id: &str) -> Option<u64> {
-        let id = Uuid::try_parse(response_id).ok()?;
+        let id = super::keys::parse_uuid(response_id)?;
         self.index_of.get(&id).copied()
     }
 

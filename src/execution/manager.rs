@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
 use super::error::ConnectError;
-use super::keys::{ExecuteKey, SessionKey};
+use super::keys::{ExecuteKey, SessionKey, parse_uuid, shown};
 use super::log::{LogConfig, Stamp};
 use super::lru::Lru;
 use super::state;
@@ -248,10 +248,6 @@ impl fmt::Debug for ExecutionManager {
     }
 }
 
-fn parse_uuid(s: &str) -> Option<Uuid> {
-    Uuid::try_parse(s).ok()
-}
-
 fn canonical(id: Uuid) -> String {
     id.hyphenated().to_string()
 }
@@ -278,7 +274,7 @@ impl Registry {
         now: Instant,
     ) -> Result<&mut Session, ConnectError> {
         let not_found = || ConnectError::SessionNotFound {
-            handle: raw_session_id.to_owned(),
+            handle: shown(raw_session_id),
         };
         let sid = parse_uuid(raw_session_id).ok_or_else(not_found)?;
         if self.session_mut(user, sid).is_none() {
@@ -288,7 +284,7 @@ impl Registry {
             };
             return Err(if self.closed_sessions.contains(&key) {
                 ConnectError::SessionClosed {
-                    handle: raw_session_id.to_owned(),
+                    handle: shown(raw_session_id),
                 }
             } else {
                 not_found()
@@ -309,7 +305,7 @@ impl Registry {
     ) -> Result<&mut Session, ConnectError> {
         let Some(sid) = parse_uuid(raw_session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
-                handle: raw_session_id.to_owned(),
+                handle: shown(raw_session_id),
             });
         };
         let exists = self
@@ -327,7 +323,7 @@ impl Registry {
             };
             if self.closed_sessions.contains(&key) {
                 return Err(ConnectError::SessionClosed {
-                    handle: raw_session_id.to_owned(),
+                    handle: shown(raw_session_id),
                 });
             }
             let session = Session {
@@ -344,7 +340,7 @@ impl Registry {
         let s = self
             .session_mut(user, sid)
             .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: raw_session_id.to_owned(),
+                handle: shown(raw_session_id),
             })?;
         s.last_access = now;
         Ok(s)
@@ -455,23 +451,31 @@ impl Registry {
     }
 }
 
+/// What an admitted ExecutePlan is (rx §5.2): a duplicate of a live execution with the
+/// same plan, reattached from the start, or a new registered execution.
+enum Admitted {
+    Duplicate(Box<ResponseStream>),
+    New {
+        exec: Arc<ExecShared>,
+        reattachable: bool,
+    },
+}
+
 fn check_observed(
     session: &Session,
     observed: Option<&str>,
     raw: &str,
 ) -> Result<(), ConnectError> {
     match observed {
-        Some(o) if o != &*session.server_side => Err(ConnectError::SessionChanged {
-            handle: raw.to_owned(),
-        }),
+        Some(o) if o != &*session.server_side => {
+            Err(ConnectError::SessionChanged { handle: shown(raw) })
+        }
         _ => Ok(()),
     }
 }
 
 fn parse_operation(raw: &str) -> Result<Uuid, ConnectError> {
-    parse_uuid(raw).ok_or_else(|| ConnectError::InvalidHandleFormat {
-        handle: raw.to_owned(),
-    })
+    parse_uuid(raw).ok_or_else(|| ConnectError::InvalidHandleFormat { handle: shown(raw) })
 }
 
 fn validate_tag(tag: &str) -> Result<(), ConnectError> {
@@ -669,7 +673,6 @@ impl ExecutionManager {
     /// `EXECUTION_LIMIT_EXCEEDED`. On any error nothing is registered.
     pub fn execute_plan(&self, request: &ExecutePlanRequest) -> Result<Submitted, ConnectError> {
         let now = self.now();
-        let config = &self.inner.config;
         let mut wakes = Wakes::default();
         let result = {
             let mut guard = self.inner.lock();
@@ -677,26 +680,26 @@ impl ExecutionManager {
             self.execute_plan_locked(reg, request, now, &mut wakes)
         };
         wakes.wake();
-        let (exec, reattachable) = match result? {
-            Ok(stream) => return Ok(Submitted::Reattached(Box::new(stream))),
-            Err(new) => new,
-        };
-        let _ = config;
-        Ok(if reattachable {
-            Submitted::Reattachable(Execution::new_submitted(exec))
-        } else {
-            Submitted::NonReattachable(Execution::new_submitted(exec))
+        Ok(match result? {
+            Admitted::Duplicate(stream) => Submitted::Reattached(stream),
+            Admitted::New {
+                exec,
+                reattachable: true,
+            } => Submitted::Reattachable(Execution::new_submitted(exec)),
+            Admitted::New {
+                exec,
+                reattachable: false,
+            } => Submitted::NonReattachable(Execution::new_submitted(exec)),
         })
     }
 
-    #[allow(clippy::type_complexity)]
     fn execute_plan_locked(
         &self,
         reg: &mut Registry,
         request: &ExecutePlanRequest,
         now: Instant,
         wakes: &mut Wakes,
-    ) -> Result<Result<ResponseStream, (Arc<ExecShared>, bool)>, ConnectError> {
+    ) -> Result<Admitted, ConnectError> {
         let config = &self.inner.config;
         let user = request.user_id();
         let raw_sid = request.session_id.as_str();
@@ -711,7 +714,7 @@ impl ExecutionManager {
             None => Uuid::new_v4(),
         };
         let sid = parse_uuid(raw_sid).ok_or_else(|| ConnectError::InvalidHandleFormat {
-            handle: raw_sid.to_owned(),
+            handle: shown(raw_sid),
         })?;
         let key = ExecuteKey {
             user_id: session.user.clone(),
@@ -724,7 +727,9 @@ impl ExecutionManager {
                     handle: canonical(op),
                 });
             }
-            return existing.attach(None, now, wakes).map(Ok);
+            return existing
+                .attach(None, now, wakes)
+                .map(|stream| Admitted::Duplicate(Box::new(stream)));
         }
         if reg.abandoned.contains(&key) {
             return Err(ConnectError::OperationAbandoned {
@@ -734,7 +739,7 @@ impl ExecutionManager {
         let session = reg
             .session_mut(user, sid)
             .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: raw_sid.to_owned(),
+                handle: shown(raw_sid),
             })?;
         if let Some(at) = session.inactive.get(&op).copied() {
             if at + config.inactive_operation_expiry > now {
@@ -749,7 +754,7 @@ impl ExecutionManager {
         }
         if session.executions.len() >= config.max_executions_per_session {
             return Err(ConnectError::ExecutionLimitExceeded {
-                session: raw_sid.to_owned(),
+                session: shown(raw_sid),
                 limit: config.max_executions_per_session,
             });
         }
@@ -771,7 +776,7 @@ impl ExecutionManager {
         session.executions.insert(op, exec.clone());
         reg.live += 1;
         reg.created += 1;
-        Ok(Err((exec, reattachable)))
+        Ok(Admitted::New { exec, reattachable })
     }
 
     /// `ReattachExecute` (rx §5.5): resumes a reattachable execution after
@@ -804,7 +809,7 @@ impl ExecutionManager {
                 // Like Spark, an id that is no UUID names no execution (connect §2).
                 let Some(op) = parse_uuid(&request.operation_id) else {
                     return Err(ConnectError::OperationNotFound {
-                        handle: request.operation_id.clone(),
+                        handle: shown(&request.operation_id),
                     });
                 };
                 let found = session.executions.get(&op).cloned();

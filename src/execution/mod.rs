@@ -76,7 +76,7 @@
 pub mod client;
 mod core;
 mod error;
-mod keys;
+pub(crate) mod keys;
 mod log;
 mod lru;
 mod manager;

@@ -234,8 +234,8 @@ impl ReattachCore {
         config: &ClientConfig,
     ) -> Result<Self, ClientError> {
         let operation_id = match request.operation_id.as_deref() {
-            Some(id) if !id.is_empty() => uuid::Uuid::parse_str(id)
-                .map_err(|_| ClientError::InvalidOperationId(id.to_owned()))?
+            Some(id) if !id.is_empty() => crate::execution::keys::parse_uuid(id)
+                .ok_or_else(|| ClientError::InvalidOperationId(id.to_owned()))?
                 .hyphenated()
                 .to_string(),
             _ => uuid::Uuid::new_v4().hyphenated().to_string(),

@@ -22,30 +22,77 @@
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
 //!
-//! # A Spark Connect server in 30 lines
+//! # A Spark Connect server in 60 lines
 //!
-//! The engine turns each ExecutePlan into a stream of responses; the service does sessions,
-//! reattach, release, stream rotation, abandonment, interrupts, Config and errors:
+//! The engine turns each ExecutePlan into a stream of responses (a first one carrying the
+//! `schema`, then Arrow batches, each a complete Arrow IPC stream, connect §6.1) and answers
+//! AnalyzePlan's `schema`; the service does sessions, reattach, release, stream rotation,
+//! abandonment, interrupts, Config and errors. PySpark runs `spark.range(5).collect()` and
+//! `toArrow()` against this one:
 //!
 //! ```no_run
+//! use std::sync::Arc;
+//!
+//! use arrow::array::{ArrayRef, Int64Array};
+//! use arrow::{ipc::writer::StreamWriter, record_batch::RecordBatch};
 //! use futures::StreamExt;
-//! use tether::execution::{ConnectError, ExecutionManager, ManagerConfig};
+//! use prost::Message;
+//! use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, SparkError};
 //! use tether::spark::connect::{
 //!     ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
 //! };
-//! use tether::wire::connect::{ExecutePlanRequest, ExecutePlanResponse};
+//! use tether::wire::connect::{
+//!     AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Relation,
+//!     analyze_plan_request::Analyze, analyze_plan_response as analyzed, plan::OpType,
+//!     relation::RelType,
+//! };
 //!
+//! /// Runs `spark.range(start, end)` and nothing else: one `bigint` column `id`.
 //! struct Engine;
+//!
+//! fn schema() -> DataType {
+//!     DataType::row([("id", DataType::long(), false)])
+//! }
 //!
 //! impl QueryEngine for Engine {
 //!     fn execute(
 //!         &self,
-//!         _session: &SessionContext,
-//!         _request: &ExecutePlanRequest,
+//!         _: &SessionContext,
+//!         request: &ExecutePlanRequest,
 //!     ) -> Result<ResponseSource, ConnectError> {
-//!         // Decode `request.plan` and run it; here: three Arrow IPC batches.
-//!         let batches = (0..3).map(|_| Ok(ExecutePlanResponse::arrow_batch(0, Vec::new())));
-//!         Ok(futures::stream::iter(batches).boxed())
+//!         let root = match request.plan.as_ref().and_then(|p| p.op_type.as_ref()) {
+//!             Some(OpType::Root(bytes)) => Relation::decode(bytes.clone()).ok(),
+//!             _ => None,
+//!         };
+//!         let Some(RelType::Range(r)) = root.and_then(|r| r.rel_type) else {
+//!             let refusal = SparkError::illegal_argument("only spark.range(start, end) runs here");
+//!             return Err(refusal.into());
+//!         };
+//!         // Every batch is a whole Arrow IPC stream (schema, record batch, end marker).
+//!         let ids = Int64Array::from_iter_values(r.start.unwrap_or(0)..r.end);
+//!         let ids: ArrayRef = Arc::new(ids);
+//!         let batch = RecordBatch::try_from_iter_with_nullable([("id", ids, false)]).unwrap();
+//!         let mut ipc = StreamWriter::try_new(Vec::new(), &batch.schema()).unwrap();
+//!         ipc.write(&batch).and_then(|()| ipc.finish()).unwrap();
+//!         let first = ExecutePlanResponse {
+//!             schema: Some(schema().encode_to_vec().into()),
+//!             ..Default::default()
+//!         };
+//!         let data = ipc.into_inner().unwrap();
+//!         let rows = ExecutePlanResponse::arrow_batch(batch.num_rows() as i64, data);
+//!         Ok(futures::stream::iter([Ok(first), Ok(rows)]).boxed())
+//!     }
+//!
+//!     // PySpark's `toArrow()` asks for the schema first.
+//!     fn analyze(
+//!         &self,
+//!         _: &SessionContext,
+//!         request: &AnalyzePlanRequest,
+//!     ) -> Result<analyzed::Result, ConnectError> {
+//!         let Some(Analyze::Schema(_)) = request.analyze else {
+//!             return Err(SparkError::illegal_argument("only the schema is analysed here").into());
+//!         };
+//!         Ok(analyzed::Result::Schema(analyzed::Schema { schema: Some(schema()) }))
 //!     }
 //! }
 //!
@@ -54,12 +101,14 @@
 //!     let manager = ExecutionManager::new(ManagerConfig::default());
 //!     tokio::spawn(manager.clone().run_maintenance()); // abandonment, session expiry
 //!     let service = ConnectService::new(manager, Engine).into_service(&ConnectConfig {
-//!         token: Some("s3cret".into()), // clients send `sc://localhost:15002/;token=s3cret`
+//!         token: Some("s3cret".into()), // clients: `sc://localhost:PORT/;token=s3cret`
 //!     });
+//!     let listener = tokio::net::TcpListener::bind("127.0.0.1:15002").await?; // or port 0
+//!     println!("listening on {}", listener.local_addr()?);
+//!     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
 //!     tonic::transport::Server::builder()
-//!         .tcp_nodelay(true)
 //!         .add_service(service)
-//!         .serve("127.0.0.1:15002".parse()?)
+//!         .serve_with_incoming(incoming)
 //!         .await?;
 //!     Ok(())
 //! }

@@ -8,12 +8,12 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::stream::{BoxStream, Stream, StreamExt};
 use tonic::service::interceptor::InterceptedService;
-use uuid::Uuid;
 
 use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
 use super::status::to_status;
+use crate::execution::keys::shown;
 use crate::execution::{
     ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey, SparkError,
 };
@@ -52,6 +52,17 @@ pub struct SessionContext {
 pub trait QueryEngine: Send + Sync + 'static {
     /// Starts running `request` (its `plan` is opaque bytes: decode the root with
     /// [`Relation::decode`](crate::wire::connect::Relation)).
+    ///
+    /// What a Spark client needs from the stream (connect §6.1): first a response with
+    /// `schema` set (an encoded struct [`DataType`](crate::wire::connect::DataType), e.g.
+    /// [`DataType::row`](crate::wire::connect::DataType::row)), then Arrow batches, each
+    /// `data` a complete Arrow IPC stream (schema message, record batch, end marker) with
+    /// `row_count` set; a result of no rows is still one batch of 0 rows. PySpark's
+    /// `toArrow()` also asks [`analyze`](Self::analyze) for the schema first.
+    ///
+    /// A panic here fails the execution with `[INTERNAL_ERROR]`; a panic inside the
+    /// returned stream ends it without completing, which its clients see as an orphaned
+    /// execution (SPARK-50735). The server keeps running either way.
     ///
     /// # Errors
     /// A plan the engine cannot run; the execution fails with it (the client sees it after
@@ -168,7 +179,7 @@ fn user_of(context: Option<&UserContext>) -> &str {
 fn session_key(user_id: &str, session_id: &str) -> Option<SessionKey> {
     Some(SessionKey {
         user_id: Arc::from(user_id),
-        session_id: Uuid::parse_str(session_id).ok()?,
+        session_id: crate::execution::keys::parse_uuid(session_id)?,
     })
 }
 
@@ -274,7 +285,7 @@ impl<E: QueryEngine> ConnectService<E> {
         use config_request::operation::OpType;
         let Some(key) = session_key(&session.user_id, &session.session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
-                handle: session.session_id.clone(),
+                handle: shown(&session.session_id),
             });
         };
         let mut pairs = Vec::new();
@@ -377,22 +388,23 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         let request = request.into_inner();
         let submitted = self.inner.manager.execute_plan(&request).map_err(|e| {
             tracing::debug!(
-                user_id = request.user_id(),
-                session_id = %request.session_id,
-                operation_id = request.operation_id.as_deref().unwrap_or(""),
+                user_id = %shown(request.user_id()),
+                session_id = %shown(&request.session_id),
+                operation_id = %shown(request.operation_id.as_deref().unwrap_or("")),
                 error = %e,
                 "ExecutePlan refused"
             );
             to_status(&e)
         })?;
         tracing::debug!(
-            user_id = request.user_id(),
-            session_id = %request.session_id,
+            user_id = %shown(request.user_id()),
+            session_id = %shown(&request.session_id),
             operation_id = submitted.operation_id(),
             reattachable = request.is_reattachable(),
             duplicate = matches!(submitted, crate::execution::Submitted::Reattached(_)),
             "ExecutePlan"
         );
+        let submitted_id = submitted.operation_id().to_owned();
         let (producer, stream) = submitted.start();
         if let Some(producer) = producer {
             let session = SessionContext {
@@ -400,7 +412,24 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
                 session_id: request.session_id.clone(),
                 server_side_session_id: producer.server_side_session_id().to_string(),
             };
-            Self::run(producer, self.inner.engine.execute(&session, &request));
+            // A panicking engine fails its execution instead of the RPC (the client would
+            // see a reset stream, not an error it can read).
+            let source = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.inner.engine.execute(&session, &request)
+            }))
+            .unwrap_or_else(|_| {
+                tracing::error!(
+                    operation_id = submitted_id.as_str(),
+                    "QueryEngine::execute panicked"
+                );
+                Err(ConnectError::Failed {
+                    message: "[INTERNAL_ERROR] The query engine panicked while starting the \
+                              execution. SQLSTATE: XX000"
+                        .to_owned(),
+                    code: crate::execution::Code::Internal,
+                })
+            });
+            Self::run(producer, source);
         }
         Ok(tonic::Response::new(as_grpc(stream)))
     }
@@ -412,10 +441,10 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         let request = request.get_ref();
         let result = self.inner.manager.reattach_execute(request);
         tracing::debug!(
-            user_id = request.user_id(),
-            session_id = %request.session_id,
-            operation_id = %request.operation_id,
-            last_response_id = request.last_response_id.as_deref().unwrap_or(""),
+            user_id = %shown(request.user_id()),
+            session_id = %shown(&request.session_id),
+            operation_id = %shown(&request.operation_id),
+            last_response_id = %shown(request.last_response_id.as_deref().unwrap_or("")),
             error = result.as_ref().err().map(tracing::field::display),
             "ReattachExecute"
         );
@@ -430,9 +459,9 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         let request = request.get_ref();
         let result = self.inner.manager.release_execute(request);
         tracing::debug!(
-            user_id = request.user_id(),
-            session_id = %request.session_id,
-            operation_id = %request.operation_id,
+            user_id = %shown(request.user_id()),
+            session_id = %shown(&request.session_id),
+            operation_id = %shown(&request.operation_id),
             release = match &request.release {
                 Some(release_execute_request::Release::ReleaseAll(_)) => "all",
                 Some(release_execute_request::Release::ReleaseUntil(_)) => "until",
@@ -452,8 +481,8 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         let request = request.get_ref();
         let result = self.inner.manager.interrupt(request);
         tracing::debug!(
-            user_id = request.user_id(),
-            session_id = %request.session_id,
+            user_id = %shown(request.user_id()),
+            session_id = %shown(&request.session_id),
             interrupt_type = request.interrupt_type,
             interrupted = result.as_ref().ok().map(|r| r.interrupted_ids.len()),
             error = result.as_ref().err().map(tracing::field::display),
@@ -468,8 +497,8 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
     ) -> Result<tonic::Response<ReleaseSessionResponse>, tonic::Status> {
         let response = self.inner.manager.release_session(request.get_ref());
         tracing::debug!(
-            user_id = user_of(request.get_ref().user_context.as_ref()),
-            session_id = %request.get_ref().session_id,
+            user_id = %shown(user_of(request.get_ref().user_context.as_ref())),
+            session_id = %shown(&request.get_ref().session_id),
             "ReleaseSession"
         );
         if !response.server_side_session_id.is_empty() {

@@ -138,8 +138,19 @@ fn spark_status(error: &SparkError, message: String) -> tonic::Status {
 /// The client's view of a failed RPC (rx §1.8): the status code and message, the Spark
 /// condition from `ErrorInfo.metadata["errorClass"]` when the trailer carries one, and the
 /// `RetryInfo.retry_delay` the server asked for.
+///
+/// A connection lost mid-call is `UNAVAILABLE`, as gRPC's C and Java clients report it
+/// (and as Spark's retry policy expects, rx §6.1): tonic reports it as `UNKNOWN` with the
+/// transport error as the status's source, which a status the server sent never has.
 pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
-    let mut error = RpcError::new(code_back(status.code()), status.message());
+    let transport_lost =
+        status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some();
+    let code = if transport_lost {
+        Code::Unavailable
+    } else {
+        code_back(status.code())
+    };
+    let mut error = RpcError::new(code, status.message());
     if let Ok(details) = status.check_error_details() {
         if let Some(class) = details
             .error_info()
