@@ -655,8 +655,13 @@ async fn udf_x_r5c_cancel_before_the_finish_response_is_answered_with_cancel_res
         };
         finishing_tx.send(()).unwrap();
         go_rx.await.unwrap();
-        finishing
-            .finish(FinishResponse {
+        // R5 (c): finish hands back the Cancelling endpoint, answered with the metrics.
+        let cancelling = finishing
+            .finish(FinishResponse::default())
+            .await
+            .expect_err("the Cancel arrived after the Finish");
+        cancelling
+            .cancelled(CancelResponse {
                 metrics: status_ok(),
                 ..Default::default()
             })

@@ -820,27 +820,20 @@ impl WorkerCore {
         }
     }
 
-    /// Ends the session after `Finish`: queues `response` (udf §2 R5 (a)), or — when a
-    /// Cancel arrived after the `Finish` — a `CancelResponse` carrying the response's metrics
-    /// and error instead (R5 (c)). `→ Done`.
+    /// Ends the session after `Finish`: queues `response` (udf §2 R5 (a)). `Draining →
+    /// Done`. When a Cancel arrived after the `Finish` the phase is `Cancelling` and the
+    /// answer is [`cancelled`](Self::cancelled) instead (R5 (c)); the typed
+    /// [`Endpoint<Finishing>::finish`](super::Endpoint::finish) makes that choice.
     ///
     /// # Errors
-    /// [`EndpointMisuse`] unless `Draining`, `Cancelling` or `Done`.
+    /// [`EndpointMisuse`] unless `Draining` or `Done` (`Cancelling` included: the Cancel
+    /// must be answered with a `CancelResponse`).
     pub fn finish(&mut self, response: FinishResponse) -> Result<(), EndpointMisuse> {
         match self.state {
             State::Draining => {
                 self.outbox.push_back(UdfResponse::finish(response));
                 self.state = State::Done;
                 self.outcome = Some(EndpointOutcome::Finished);
-                Ok(())
-            }
-            State::Cancelling => {
-                let reason = self.cancel.as_ref().and_then(|c| c.reason.clone());
-                let cancel = CancelResponse {
-                    metrics: response.metrics,
-                    error: response.error,
-                };
-                self.terminate_cancelled(cancel, reason);
                 Ok(())
             }
             State::Done => Ok(()),

@@ -119,19 +119,18 @@ where
             break;
         }
     }
-    let response = if endpoint.cancel_requested() {
-        // R5 (c): answered with a CancelResponse; let the UDF clean up and contribute.
-        let mut cancel = udf.cancel();
-        cancel.metrics.extend(response.metrics);
-        FinishResponse {
-            metrics: cancel.metrics,
-            data: None,
-            error: cancel.error.or(response.error),
+    let (metrics, error) = (response.metrics.clone(), response.error.clone());
+    match endpoint.finish(response).await {
+        Ok(done) => done.close(),
+        // R5 (c): a Cancel after the Finish is answered with a CancelResponse; the UDF
+        // cleans up and its finish metrics and error go along.
+        Err(cancelling) => {
+            let mut cancel = udf.cancel();
+            cancel.metrics.extend(metrics);
+            cancel.error = cancel.error.or(error);
+            cancelling.cancelled(cancel).await.close()
         }
-    } else {
-        response
-    };
-    endpoint.finish(response).await.close()
+    }
 }
 
 async fn answer_cancel<C, U>(

@@ -857,7 +857,12 @@ fn r5c_cancel_after_finish_before_the_finish_response_gets_a_cancel_response() {
     assert_eq!(c.phase(), WorkerPhase::Cancelling);
     let mut metrics = BTreeMap::new();
     metrics.insert("status".to_string(), "ok".to_string());
-    c.finish(FinishResponse {
+    // The Cancel is answered with a CancelResponse, never a FinishResponse.
+    assert_eq!(
+        c.finish(FinishResponse::default()).unwrap_err().call,
+        "finish"
+    );
+    c.cancelled(CancelResponse {
         metrics: metrics.clone(),
         ..Default::default()
     })

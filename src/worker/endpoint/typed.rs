@@ -613,28 +613,39 @@ where
 {
     /// Sends trailing output after `Finish`; see [`Endpoint<state::Streaming, C>::send`]. A
     /// `Cancel` after the `Finish` makes it fail with [`EndpointError::Cancelled`] (then
-    /// [`finish`](Self::finish) sends a `CancelResponse`, udf §2 R5 (c)).
+    /// [`finish`](Self::finish) hands back the [`state::Cancelling`] endpoint, udf §2 R5 (c)).
     pub async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
         self.inner.send(data).await
     }
 
-    /// Ends the session with `response` (udf §2 R5 (a)) — or, if the engine's `Cancel`
-    /// arrived first, with a `CancelResponse` carrying the response's metrics and error
-    /// (R5 (c)); the outcome tells which. A Cancel the transport already delivered counts
-    /// as arrived. Waits until the terminator is handed to the
-    /// transport and the response side is half-closed.
-    pub async fn finish(mut self, response: FinishResponse) -> Endpoint<state::Terminated, C> {
-        // One non-blocking I/O pass first, so a Cancel already delivered is honoured (R5 (c)).
+    /// Ends the session with `response` (udf §2 R5 (a)) and waits until the terminator is
+    /// handed to the transport and the response side is half-closed.
+    ///
+    /// # Errors
+    /// The engine's `Cancel` arrived after its `Finish` (a Cancel the transport already
+    /// delivered counts as arrived): nothing is sent and the [`state::Cancelling`] endpoint
+    /// comes back, to be answered with [`cancelled`](Endpoint::cancelled) — a
+    /// `CancelResponse`, into which the finish callback's metrics and error belong
+    /// (udf §2 R5 (c)). This is the one place that rule is decided.
+    #[allow(clippy::result_large_err)]
+    pub async fn finish(
+        mut self,
+        response: FinishResponse,
+    ) -> Result<Endpoint<state::Terminated, C>, Endpoint<state::Cancelling, C>> {
+        // One non-blocking I/O pass first, so a Cancel already delivered is honoured.
         poll_fn(|cx| {
             self.inner.poll_io(cx);
             Poll::Ready(())
         })
         .await;
+        if self.inner.core.phase() == WorkerPhase::Cancelling {
+            return Err(self.into_state());
+        }
         if let Err(misuse) = self.inner.core.finish(response) {
             tracing::warn!(%misuse, "finish in an unexpected phase");
         }
         self.inner.settle().await;
-        self.into_state()
+        Ok(self.into_state())
     }
 
     /// Reports an error after `Finish` as an `ErrorResponse` (udf §2 R4; the engine then
