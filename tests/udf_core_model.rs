@@ -958,10 +958,8 @@ impl CoreRun {
         prop_assert_eq!(delivered, expected, "accepted output, in order");
         self.check()?;
         if let Some(first) = self.first_terminal.clone() {
-            prop_assert!(!self.core.settle(Termination::cancelled_before_start()));
             self.core.handle_interrupt("late", Duration::ZERO);
-            self.core
-                .fail(TransportFailure::Connection(ConnectionError::Closed));
+            self.core.handle_connection_error(ConnectionError::Closed);
             self.core.handle_stream_end();
             self.core
                 .handle_response(UdfResponse::cancel(CancelResponse::default()));

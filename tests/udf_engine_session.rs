@@ -390,17 +390,24 @@ async fn udf_s012_release_is_called_exactly_once_even_when_it_fails() {
 
 #[test]
 fn udf_s013_first_terminal_wins() {
+    // Reached through the core's events only: settling is the core's own business.
     let mut core = tether::worker::engine::EngineCore::new();
-    assert!(core.settle(Termination::Finished {
-        response: FinishResponse::default(),
-        execution_error: None
-    }));
-    assert!(!core.settle(Termination::cancelled_before_start()));
+    core.start_init(init_msg(), []).unwrap();
+    while core.poll_transmit().is_some() {}
+    core.handle_response(ok_init());
+    assert!(core.finish().unwrap());
+    while core.poll_transmit().is_some() {}
+    core.handle_response(UdfResponse::finish(FinishResponse::default()));
     assert_eq!(
         core.terminal().map(|t| t.kind()),
         Some(TerminationKind::Finished)
     );
+    // Nothing later displaces it.
     core.handle_response(UdfResponse::cancel(CancelResponse::default()));
+    core.handle_connection_error(ConnectionError::Closed);
+    core.handle_interrupt("late", Duration::ZERO);
+    core.handle_timeout(tether::worker::engine::Wait::Terminator, Duration::ZERO);
+    core.handle_stream_end();
     assert_eq!(
         core.terminal().map(|t| t.kind()),
         Some(TerminationKind::Finished)
@@ -448,9 +455,6 @@ fn udf_s015_each_terminal_kind_maps_one_to_one() {
     for (t, kind, salvageable) in cases {
         assert_eq!(t.kind(), kind);
         assert_eq!(t.is_salvageable(), salvageable, "{kind:?}");
-        let mut core = tether::worker::engine::EngineCore::new();
-        let _ = core.settle(t.clone());
-        assert_eq!(core.terminal().map(|t| t.kind()), Some(kind));
     }
 }
 

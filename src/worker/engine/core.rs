@@ -451,14 +451,16 @@ impl EngineCore {
 
     /// Settles `TransportFailed(failure)` unless already terminal (udf §4.4
     /// `transportFailed`).
-    pub fn fail(&mut self, failure: TransportFailure) {
+    fn fail(&mut self, failure: TransportFailure) {
         let _ = self.settle(Termination::TransportFailed(failure));
     }
 
     /// First-wins settlement (udf §4.2 `completeTerminal`): returns `true` only for the call
-    /// that settled. Clears queued requests.
+    /// that settled. Clears queued requests. Private: every terminal is reached through an
+    /// event (`handle_*`) or a call of the engine (`cancel`), so the rules that pick it live
+    /// here.
     #[must_use]
-    pub fn settle(&mut self, termination: Termination) -> bool {
+    fn settle(&mut self, termination: Termination) -> bool {
         if self.terminal.is_some() {
             return false;
         }
