@@ -191,6 +191,34 @@ enum State {
     Done,
 }
 
+/// What [`WorkerCore::send_data`] did with a batch (udf §1.4): queued as a `DataResponse`
+/// (its [`DataTicket`] tells later whether it reached the transport), or dropped at once —
+/// after the worker's own error, after a Cancel, or once done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum DataSent {
+    /// Queued; ask [`WorkerCore::delivery`] what became of it.
+    Queued(DataTicket),
+    /// Not queued: nothing will be sent for it.
+    Dropped,
+}
+
+/// Names one queued `DataResponse` (udf §1.4), for [`WorkerCore::delivery`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct DataTicket(u64);
+
+/// What became of a queued `DataResponse` (udf §1.4; [`WorkerCore::delivery`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delivery {
+    /// Still queued for [`WorkerCore::poll_transmit`].
+    Queued,
+    /// Handed to the driver by [`WorkerCore::poll_transmit`], in order.
+    Transmitted,
+    /// Dropped before it was handed over: a Cancel arrived (udf §2 R3), the engine broke
+    /// the protocol, or the connection failed (R8).
+    Dropped,
+}
+
 /// The worker side of one worker session, without I/O (udf §2, §2.1).
 ///
 /// Events go in — [`handle_request`](Self::handle_request) for each received `UdfRequest`,
@@ -250,6 +278,12 @@ pub struct WorkerCore {
     finish_received: bool,
     outcome: Option<EndpointOutcome>,
     stats: WorkerStats,
+    /// `DataResponse`s queued so far (the last ticket's number).
+    data_queued: u64,
+    /// `DataResponse`s handed over by `poll_transmit` (tickets up to this are transmitted).
+    data_transmitted: u64,
+    /// Set when queued data was dropped: every ticket after `data_transmitted` then is.
+    data_dropped: bool,
 }
 
 impl Default for WorkerCore {
@@ -287,6 +321,9 @@ impl WorkerCore {
             finish_received: false,
             outcome: None,
             stats: WorkerStats::default(),
+            data_queued: 0,
+            data_transmitted: 0,
+            data_dropped: false,
         }
     }
 
@@ -396,7 +433,36 @@ impl WorkerCore {
     /// (`InitResponse`, `DataResponse`s, at most one error, one terminator).
     #[must_use]
     pub fn poll_transmit(&mut self) -> Option<UdfResponse> {
-        self.outbox.pop_front()
+        let response = self.outbox.pop_front()?;
+        if is_data(&response) {
+            self.data_transmitted += 1;
+        }
+        Some(response)
+    }
+
+    /// What became of the `DataResponse` of `ticket` (from [`send_data`](Self::send_data)):
+    /// still queued, handed over by [`poll_transmit`](Self::poll_transmit), or dropped by a
+    /// Cancel, a violation or a failed connection (udf §2 R3, R6, R8).
+    /// The answer changes only from `Queued` to one of the others, once.
+    pub fn delivery(&self, ticket: DataTicket) -> Delivery {
+        if ticket.0 <= self.data_transmitted {
+            Delivery::Transmitted
+        } else if self.data_dropped {
+            Delivery::Dropped
+        } else {
+            Delivery::Queued
+        }
+    }
+
+    /// Drops every queued `DataResponse` (udf §2 R3, R6, R8), counting them.
+    fn drop_queued_data(&mut self) {
+        let before = self.outbox.len();
+        self.outbox.retain(|r| !is_data(r));
+        let dropped = before - self.outbox.len();
+        if dropped > 0 {
+            self.data_dropped = true;
+            self.stats.output_dropped += dropped as u64;
+        }
     }
 
     /// Whether responses (udf §2 order) are waiting for
@@ -448,7 +514,7 @@ impl WorkerCore {
             return;
         }
         tracing::debug!(%error, "worker session transport failed");
-        self.stats.output_dropped += self.outbox.iter().filter(|r| is_data(r)).count() as u64;
+        self.drop_queued_data();
         self.outbox.clear();
         self.discard_input();
         self.init = None;
@@ -487,9 +553,7 @@ impl WorkerCore {
 
     fn enter_cancelling(&mut self) {
         self.discard_input();
-        let before = self.outbox.len();
-        self.outbox.retain(|r| !is_data(r));
-        self.stats.output_dropped += (before - self.outbox.len()) as u64;
+        self.drop_queued_data();
         self.state = State::Cancelling;
     }
 
@@ -679,9 +743,7 @@ impl WorkerCore {
         tracing::debug!(violation = %violation.wire_message(), "engine protocol violation");
         self.init = None;
         self.discard_input();
-        let before = self.outbox.len();
-        self.outbox.retain(|r| !is_data(r));
-        self.stats.output_dropped += (before - self.outbox.len()) as u64;
+        self.drop_queued_data();
         let error = violation.to_execution_error();
         let mut cancel_response = CancelResponse::default();
         if self.cancel.is_some() {
@@ -772,21 +834,24 @@ impl WorkerCore {
         }
     }
 
-    /// Queues one `DataResponse` (udf §1.4). Returns `Ok(false)`, sending nothing, after
-    /// the worker's own error, after a Cancel, or once done.
+    /// Queues one `DataResponse` (udf §1.4) and returns its ticket
+    /// ([`delivery`](Self::delivery) then tells whether it reached the transport or was
+    /// dropped); or [`DataSent::Dropped`], queueing nothing, after the worker's own error,
+    /// after a Cancel, or once done.
     ///
     /// # Errors
     /// [`EndpointMisuse`] before the `InitResponse` (R2).
-    pub fn send_data(&mut self, data: Bytes) -> Result<bool, EndpointMisuse> {
+    pub fn send_data(&mut self, data: Bytes) -> Result<DataSent, EndpointMisuse> {
         match self.state {
             State::Data | State::Draining => {
                 self.stats.data_sent += 1;
                 self.outbox.push_back(UdfResponse::data(data));
-                Ok(true)
+                self.data_queued += 1;
+                Ok(DataSent::Queued(DataTicket(self.data_queued)))
             }
             State::PostError { .. } | State::Cancelling | State::Done => {
                 self.stats.output_dropped += 1;
-                Ok(false)
+                Ok(DataSent::Dropped)
             }
             State::AwaitingInit | State::AwaitingChunks { .. } | State::InitPending => {
                 Err(self.misuse("send_data"))

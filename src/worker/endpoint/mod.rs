@@ -62,7 +62,8 @@ mod violation;
 mod tests;
 
 pub use self::core::{
-    EndpointMisuse, EndpointOutcome, OutcomeKind, WorkerCore, WorkerPhase, WorkerStats,
+    DataSent, DataTicket, Delivery, EndpointMisuse, EndpointOutcome, OutcomeKind, WorkerCore,
+    WorkerPhase, WorkerStats,
 };
 pub use config::EndpointConfig;
 pub use serve::{ManageError, Udf, WorkerControl, handle_manage, serve};

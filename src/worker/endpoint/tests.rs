@@ -116,7 +116,7 @@ fn plain_init_waits_for_the_user_then_accept_sends_init_response() {
     );
     assert_eq!(c.phase(), WorkerPhase::Data);
     // Output before the first input is allowed (udf §1.4).
-    assert_eq!(c.send_data(b("gen")), Ok(true));
+    assert!(matches!(c.send_data(b("gen")), Ok(DataSent::Queued(_))));
     assert_eq!(drain(&mut c), [ResponseMessage::Data(b("gen"))]);
 }
 
@@ -445,7 +445,7 @@ fn check_violation(
     c.handle_request(UdfRequest::cancel(None));
     c.handle_request(UdfRequest::data(b("late")));
     c.handle_stream_end();
-    assert!(c.send_data(b("late")).is_ok_and(|sent| !sent));
+    assert_eq!(c.send_data(b("late")), Ok(DataSent::Dropped));
     assert!(!c.has_transmit());
     assert_violation(&c, &expected);
 }
@@ -744,7 +744,7 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
 #[test]
 fn a_violation_during_a_user_cancel_drops_queued_output() {
     let mut c = data_core();
-    c.send_data(b("queued")).unwrap();
+    assert!(matches!(c.send_data(b("queued")), Ok(DataSent::Queued(_))));
     c.handle_request(UdfRequest::init(init("again")));
     let out = drain(&mut c);
     assert_eq!(kinds(&out), [ResponseKind::Error, ResponseKind::Cancel]);
@@ -806,7 +806,7 @@ fn cancel_while_the_user_holds_the_init_sends_nothing_but_the_cancel_response() 
     c.handle_request(UdfRequest::cancel(None));
     assert_eq!(c.phase(), WorkerPhase::Cancelling);
     c.accept_init(Some(b("ignored"))).unwrap();
-    assert!(c.send_data(b("x")).is_ok_and(|sent| !sent));
+    assert_eq!(c.send_data(b("x")), Ok(DataSent::Dropped));
     assert!(!c.has_transmit(), "no InitResponse after Cancel");
     c.cancelled(CancelResponse::default()).unwrap();
     assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
@@ -822,17 +822,53 @@ fn cancel_while_the_user_holds_the_init_sends_nothing_but_the_cancel_response() 
     );
 }
 
+/// Whether a batch reached the transport is the core's typed answer (its ticket), never
+/// a counter the driver compares.
+#[test]
+fn each_batch_is_transmitted_or_dropped_by_its_ticket() {
+    let mut c = data_core();
+    let DataSent::Queued(first) = c.send_data(b("out1")).unwrap() else {
+        panic!("queued")
+    };
+    let DataSent::Queued(second) = c.send_data(b("out2")).unwrap() else {
+        panic!("queued")
+    };
+    assert_eq!(c.delivery(first), Delivery::Queued);
+    assert!(c.poll_transmit().is_some());
+    assert_eq!(c.delivery(first), Delivery::Transmitted);
+    assert_eq!(c.delivery(second), Delivery::Queued);
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(
+        c.delivery(first),
+        Delivery::Transmitted,
+        "already handed over"
+    );
+    assert_eq!(
+        c.delivery(second),
+        Delivery::Dropped,
+        "R3: dropped by the Cancel"
+    );
+
+    // A failed connection drops what is still queued (R8).
+    let mut c = data_core();
+    let DataSent::Queued(ticket) = c.send_data(b("out")).unwrap() else {
+        panic!("queued")
+    };
+    c.handle_connection_error(ConnectionError::Closed);
+    assert_eq!(c.delivery(ticket), Delivery::Dropped);
+}
+
 #[test]
 fn cancel_in_the_data_phase_drops_queued_output_and_unread_input() {
     let mut c = data_core();
     c.handle_request(UdfRequest::data(b("in1")));
     c.handle_request(UdfRequest::data(b("in2")));
-    c.send_data(b("out1")).unwrap();
+    assert!(matches!(c.send_data(b("out1")), Ok(DataSent::Queued(_))));
     c.handle_request(UdfRequest::cancel(Some("stop".into())));
     assert_eq!(c.phase(), WorkerPhase::Cancelling);
     assert_eq!(c.pop_input(), None);
     assert!(!c.has_transmit(), "queued DataResponse dropped");
-    assert_eq!(c.send_data(b("out2")), Ok(false));
+    assert_eq!(c.send_data(b("out2")), Ok(DataSent::Dropped));
     c.handle_request(UdfRequest::cancel(None));
     assert_eq!(c.stats().duplicate_cancels, 1);
     c.fail(ExecutionError::user("while cancelling", None))
@@ -852,7 +888,10 @@ fn cancel_in_the_data_phase_drops_queued_output_and_unread_input() {
 #[test]
 fn r5c_cancel_after_finish_before_the_finish_response_gets_a_cancel_response() {
     let mut c = draining();
-    c.send_data(b("trailing")).unwrap();
+    assert!(matches!(
+        c.send_data(b("trailing")),
+        Ok(DataSent::Queued(_))
+    ));
     c.handle_request(UdfRequest::cancel(None));
     assert_eq!(c.phase(), WorkerPhase::Cancelling);
     let mut metrics = BTreeMap::new();
@@ -889,10 +928,13 @@ fn r5c_cancel_after_the_finish_response_is_ignored() {
 fn post_error_ignores_racing_data_and_finish_until_the_cancel() {
     let mut c = data_core();
     c.handle_request(UdfRequest::data(b("unread")));
-    c.send_data(b("before error")).unwrap();
+    assert!(matches!(
+        c.send_data(b("before error")),
+        Ok(DataSent::Queued(_))
+    ));
     c.fail(ExecutionError::user("boom", Some("ValueError".into())))
         .unwrap();
-    assert_eq!(c.send_data(b("after error")), Ok(false));
+    assert_eq!(c.send_data(b("after error")), Ok(DataSent::Dropped));
     assert_eq!(
         c.fail(ExecutionError::user("second", None))
             .unwrap_err()
@@ -949,7 +991,7 @@ fn user_calls_out_of_phase_are_misuse() {
 #[test]
 fn transport_failure_ends_the_session_silently() {
     let mut c = data_core();
-    c.send_data(b("unsent")).unwrap();
+    assert!(matches!(c.send_data(b("unsent")), Ok(DataSent::Queued(_))));
     c.handle_connection_error(ConnectionError::Closed);
     assert!(!c.has_transmit());
     assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::TransportFailed);
@@ -1288,7 +1330,7 @@ proptest! {
         for batch in &batches {
             h.core.handle_request(UdfRequest::data(Bytes::from(batch.clone())));
             let input = h.core.pop_input().unwrap();
-            h.core.send_data(input).unwrap();
+            assert!(matches!(h.core.send_data(input), Ok(DataSent::Queued(_))));
         }
         h.core.handle_request(UdfRequest::finish());
         h.core.finish(FinishResponse::default()).unwrap();

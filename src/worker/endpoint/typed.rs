@@ -14,7 +14,7 @@ use crate::wire::{UdfRequest, UdfResponse};
 use crate::worker::state;
 
 use super::config::EndpointConfig;
-use super::core::{EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
+use super::core::{DataSent, Delivery, EndpointOutcome, WorkerCore, WorkerPhase, WorkerStats};
 use super::violation::{EngineViolation, InitRejection};
 
 /// Why an [`Endpoint`] operation could not go on: the engine cancelled (udf §2 R7), or the
@@ -235,24 +235,19 @@ where
             self.core.send_data(data).ok();
             return Err(e);
         }
-        match self.core.send_data(data) {
-            Ok(true) => {}
-            Ok(false) | Err(_) => {
+        let ticket = match self.core.send_data(data) {
+            Ok(DataSent::Queued(ticket)) => ticket,
+            Ok(DataSent::Dropped) | Err(_) => {
                 return Err(self.stop_error().unwrap_or(EndpointError::Ended));
             }
-        }
-        let dropped_before = self.core.stats().output_dropped;
-        self.drive(|s| {
-            let dropped = s.core.stats().output_dropped > dropped_before;
-            if !dropped && !s.core.has_transmit() {
-                // Handed to the transport before any Cancel or failure was seen.
-                return Some(Ok(()));
-            }
+        };
+        self.drive(|s| match s.core.delivery(ticket) {
+            // Handed to the transport before any Cancel or failure was seen.
+            Delivery::Transmitted => Some(Ok(())),
+            Delivery::Queued => None,
             // Cancelled or ended (once a violation's answer is out): the batch is dropped.
-            if !s.core.is_done() || s.settled() {
-                return s.stop_error().map(Err);
-            }
-            None
+            Delivery::Dropped if !s.core.is_done() || s.settled() => s.stop_error().map(Err),
+            Delivery::Dropped => None,
         })
         .await
     }
