@@ -71,55 +71,6 @@ pub fn default_timer() -> Option<Arc<dyn Timer>> {
     }
 }
 
-/// A restartable deadline over a [`Timer`]: `extend` moves it without re-arming the sleep
-/// (the sleep re-arms lazily when it fires early), so per-message restarts cost nothing.
-pub(crate) struct Deadline {
-    timer: Option<Arc<dyn Timer>>,
-    duration: Duration,
-    at: Option<Instant>,
-    sleep: Option<Pin<Box<dyn Future<Output = ()> + Send>>>,
-}
-
-impl Deadline {
-    pub(crate) fn new(timer: Option<Arc<dyn Timer>>, duration: Duration) -> Self {
-        let at = timer.as_ref().map(|t| t.now() + duration);
-        Self {
-            timer,
-            duration,
-            at,
-            sleep: None,
-        }
-    }
-
-    pub(crate) fn duration(&self) -> Duration {
-        self.duration
-    }
-
-    /// Restarts the full duration from now.
-    pub(crate) fn extend(&mut self) {
-        if let Some(t) = &self.timer {
-            self.at = Some(t.now() + self.duration);
-        }
-    }
-
-    /// Polls for expiry; registers the waker when not expired.
-    pub(crate) fn poll_expired(&mut self, cx: &mut std::task::Context<'_>) -> bool {
-        let (Some(timer), Some(at)) = (&self.timer, self.at) else {
-            return false;
-        };
-        loop {
-            let sleep = self.sleep.get_or_insert_with(|| timer.sleep_until(at));
-            if sleep.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-            self.sleep = None;
-            if timer.now() >= at {
-                return true;
-            }
-        }
-    }
-}
-
 /// A [`Timer`] whose time only moves with [`advance`](Self::advance) /
 /// [`set`](Self::set), like Spark's `ManualClock`: tests drive the udf §7 and rx §4.5
 /// deadlines without sleeping. Sleeps complete when the clock is moved past their

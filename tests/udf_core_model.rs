@@ -54,6 +54,16 @@ use tether::worker::engine::{
 };
 use tether::worker::state;
 
+/// Distinct lengths for the three udf §7 deadlines, so that the model can tell them apart.
+fn model_config() -> SessionConfig {
+    SessionConfig {
+        init_timeout: Duration::from_secs(30),
+        terminal_timeout: Duration::from_secs(20),
+        interrupt_cancel_timeout: Duration::from_secs(2),
+        ..SessionConfig::default()
+    }
+}
+
 fn init_message() -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
@@ -229,6 +239,8 @@ struct Model {
     data_accepted: u64,
     ignored_after_terminal: u64,
     duplicate_init_responses: u64,
+    /// The shutdown deadline after the terminal expired.
+    requests_abandoned: bool,
 }
 
 impl Model {
@@ -248,6 +260,7 @@ impl Model {
             data_accepted: 0,
             ignored_after_terminal: 0,
             duplicate_init_responses: 0,
+            requests_abandoned: false,
         }
     }
 
@@ -351,7 +364,46 @@ impl Model {
     }
 
     fn interrupt(&mut self) {
+        if self.terminal.is_some() {
+            return;
+        }
+        // The worker has not ended the session: a queued Cancel stays as a farewell.
+        let farewell: VecDeque<Req> = self
+            .outbox
+            .iter()
+            .filter(|r| **r == Req::Cancel)
+            .cloned()
+            .collect();
         self.settle(Outcome::Interrupted);
+        self.outbox = farewell;
+    }
+
+    /// The deadline table of udf §7 for the calls this model makes (no `close`, `interrupt`
+    /// or `drain`): the length of the deadline a wait beginning now arms, and the `Wait` its
+    /// expiry reports (`None`: the shutdown deadline after the terminal, which only drops
+    /// the queued farewell).
+    fn deadline(&self) -> Option<(Duration, Option<Wait>)> {
+        let cfg = model_config();
+        if self.terminal.is_some() {
+            return (!self.requests_abandoned).then_some((cfg.interrupt_cancel_timeout, None));
+        }
+        if self.init_failed {
+            return Some((cfg.terminal_timeout, Some(Wait::Terminator)));
+        }
+        match self.phase {
+            EnginePhase::Created | EnginePhase::Terminated => None,
+            EnginePhase::Initializing => Some((cfg.init_timeout, Some(Wait::InitResponse))),
+            EnginePhase::Cancelling => Some((cfg.terminal_timeout, Some(Wait::Terminator))),
+            EnginePhase::Streaming | EnginePhase::Finishing => {
+                Some((cfg.terminal_timeout, Some(Wait::Output)))
+            }
+        }
+    }
+
+    /// The shutdown deadline after the terminal expired: the farewell is dropped.
+    fn abandon_requests(&mut self) {
+        self.outbox.clear();
+        self.requests_abandoned = true;
     }
 
     fn connection_error(&mut self) {
@@ -588,12 +640,13 @@ enum Inject {
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// `start_init` with these chunks (`false` = an empty chunk, which the core skips).
-    StartInit(Vec<bool>),
+    /// `start_init` with this chunk size (`None`: the payload inline).
+    StartInit(Option<usize>),
     SendData,
     Finish,
     Cancel,
-    Timeout(Wait),
+    /// A wait begins, and time moves to its deadline (if the core armed one).
+    Timeout,
     Interrupt,
     ConnectionError,
     StreamEnd,
@@ -609,14 +662,6 @@ enum Op {
     DropReply,
     /// Swap the echo worker's next two replies.
     Reorder,
-}
-
-fn wait_strategy() -> impl Strategy<Value = Wait> {
-    prop_oneof![
-        Just(Wait::InitResponse),
-        Just(Wait::Output),
-        Just(Wait::Terminator)
-    ]
 }
 
 fn inject_strategy() -> impl Strategy<Value = Inject> {
@@ -636,11 +681,11 @@ fn inject_strategy() -> impl Strategy<Value = Inject> {
 
 fn op_strategy() -> impl Strategy<Value = Op> {
     prop_oneof![
-        2 => prop::collection::vec(prop::bool::weighted(0.8), 0..=3).prop_map(Op::StartInit),
+        2 => prop::option::weighted(0.6, 1usize..=4).prop_map(Op::StartInit),
         6 => Just(Op::SendData),
         3 => Just(Op::Finish),
         1 => Just(Op::Cancel),
-        1 => wait_strategy().prop_map(Op::Timeout),
+        1 => Just(Op::Timeout),
         1 => Just(Op::Interrupt),
         1 => Just(Op::ConnectionError),
         1 => Just(Op::StreamEnd),
@@ -670,15 +715,12 @@ fn personality_strategy() -> impl Strategy<Value = Personality> {
 fn schedule_strategy() -> impl Strategy<Value = (Personality, Vec<Op>)> {
     (
         personality_strategy(),
-        prop::option::weighted(
-            0.85,
-            prop::collection::vec(prop::bool::weighted(0.8), 0..=3),
-        ),
+        prop::option::weighted(0.85, prop::option::weighted(0.6, 1usize..=4)),
         prop::collection::vec(op_strategy(), 0..48),
     )
         .prop_map(|(personality, first_init, mut ops)| {
-            if let Some(chunks) = first_init {
-                ops.insert(0, Op::StartInit(chunks));
+            if let Some(chunk_size) = first_init {
+                ops.insert(0, Op::StartInit(chunk_size));
             }
             (personality, ops)
         })
@@ -687,6 +729,8 @@ fn schedule_strategy() -> impl Strategy<Value = (Personality, Vec<Op>)> {
 /// The harness: the core under test, the model, the echo worker and the transmitted wire.
 struct CoreRun {
     core: EngineCore,
+    /// The manual clock of the core's deadlines.
+    now: std::time::Instant,
     model: Model,
     worker: EchoWorker,
     ids: Ids,
@@ -701,7 +745,8 @@ struct CoreRun {
 impl CoreRun {
     fn new(personality: Personality) -> Self {
         CoreRun {
-            core: EngineCore::new(),
+            core: EngineCore::new(&model_config()),
+            now: std::time::Instant::now(),
             model: Model::new(),
             worker: EchoWorker::new(personality),
             ids: Ids::default(),
@@ -714,20 +759,15 @@ impl CoreRun {
 
     fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
         match op {
-            Op::StartInit(chunks) => {
-                let chunks: Vec<Bytes> = chunks
-                    .iter()
-                    .map(|nonempty| {
-                        if *nonempty {
-                            self.ids.bytes("chunk-")
-                        } else {
-                            Bytes::new()
-                        }
-                    })
-                    .collect();
-                let sent: Vec<Bytes> = chunks.iter().filter(|c| !c.is_empty()).cloned().collect();
+            Op::StartInit(chunk_size) => {
+                // The core cuts the payload (R1): pieces of at most `chunk_size` bytes.
+                let payload = init_message().udf.map(|u| u.payload).unwrap_or_default();
+                let sent: Vec<Bytes> = match chunk_size {
+                    Some(n) => payload.chunks(*n).map(Bytes::copy_from_slice).collect(),
+                    None => Vec::new(),
+                };
                 let expected = self.model.start_init(&sent);
-                let actual = self.core.start_init(init_message(), chunks);
+                let actual = self.core.start_init(init_message(), *chunk_size);
                 prop_assert_eq!(actual.is_ok(), expected.is_ok(), "start_init allowed");
             }
             Op::SendData => {
@@ -746,9 +786,33 @@ impl CoreRun {
                 let actual = self.core.cancel(Some("model cancel".into()));
                 prop_assert_eq!(actual, expected, "cancel");
             }
-            Op::Timeout(w) => {
-                self.model.timeout(*w);
-                self.core.handle_timeout(*w, Duration::from_secs(30));
+            Op::Timeout => {
+                let now = self.now;
+                self.core.begin_wait(now);
+                let expected = self.model.deadline();
+                let at = self.core.poll_timeout();
+                prop_assert_eq!(
+                    at.map(|at| at - now),
+                    expected.map(|(after, _)| after),
+                    "the deadline armed for a wait beginning now (udf §7)"
+                );
+                if let Some(at) = at {
+                    let before = self.core.terminal().map(Outcome::observed);
+                    self.core.handle_timeout(at - Duration::from_millis(1));
+                    prop_assert_eq!(
+                        self.core.terminal().map(Outcome::observed),
+                        before,
+                        "nothing expires a millisecond early"
+                    );
+                    prop_assert_eq!(self.core.poll_timeout(), Some(at));
+                    self.now = at;
+                    self.core.handle_timeout(at);
+                    match expected {
+                        Some((_, Some(waiting_for))) => self.model.timeout(waiting_for),
+                        Some((_, None)) => self.model.abandon_requests(),
+                        None => {}
+                    }
+                }
             }
             Op::Interrupt => {
                 self.model.interrupt();
@@ -843,11 +907,14 @@ impl CoreRun {
                 req
             );
         }
-        // After the terminal only a timeout's best-effort Cancel (behind its Init) goes out.
+        // After the terminal only a timeout's or an interrupt's best-effort Cancel (behind its
+        // Init) goes out.
         if let Some(t) = terminal_before {
             prop_assert!(
-                matches!(t, Outcome::TransportFailed(Cause::Timeout(_)))
-                    && matches!(req, Req::Init { .. } | Req::Cancel),
+                matches!(
+                    t,
+                    Outcome::TransportFailed(Cause::Timeout(_)) | Outcome::Interrupted
+                ) && matches!(req, Req::Init { .. } | Req::Cancel),
                 "{:?} transmitted after the terminal {:?}",
                 req,
                 t
@@ -963,7 +1030,9 @@ impl CoreRun {
             self.core.handle_stream_end();
             self.core
                 .handle_response(UdfResponse::cancel(CancelResponse::default()));
-            self.core.handle_timeout(Wait::Terminator, Duration::ZERO);
+            self.core.begin_wait(self.now);
+            self.core
+                .handle_timeout(self.now + Duration::from_secs(3600));
             let now = self.core.terminal().map(Outcome::observed);
             prop_assert_eq!(now, Some(first), "late events displaced the terminal");
             prop_assert_eq!(self.core.poll_transmit(), None, "sent after the terminal");
@@ -1800,11 +1869,14 @@ fn check_session(
             None => prop_assert_eq!(Some(format!("{e:?}")), fin_error.clone(), "init error"),
         }
     }
+    // A send fails with the worker's error while the session is not yet terminal, and with
+    // the terminal's error after (`EngineCore::error`, udf §4.7).
     for e in &obs.send_errors {
-        let ok = match &m.first_error {
-            Some(first) => e.execution_error() == Some(first),
-            None => Some(format!("{e:?}")) == fin_error || matches!(e, SessionError::Cancelled),
-        };
+        let ok = Some(format!("{e:?}")) == fin_error
+            || match &m.first_error {
+                Some(first) => e.execution_error() == Some(first),
+                None => matches!(e, SessionError::Cancelled),
+            };
         prop_assert!(ok, "send error {} (outcome {})", e, fin);
     }
     Ok(())
@@ -1963,8 +2035,8 @@ fn session_schedules_cover_every_outcome() {
 /// the batch is queued as output instead.
 #[test]
 fn regression_a_core_rejects_data_before_init_response() {
-    let mut core = EngineCore::new();
-    core.start_init(init_message(), []).expect("init");
+    let mut core = EngineCore::default();
+    core.start_init(init_message(), None).expect("init");
     assert!(core.poll_transmit().is_some());
     core.handle_response(UdfResponse::error(ExecutionError::worker("pre-init")));
     core.handle_response(UdfResponse::data(Bytes::from_static(b"early")));
@@ -2009,7 +2081,7 @@ fn regression_a_session_invalidates_a_worker_that_sent_data_before_init_response
 /// does not exist yet, so it is a violation: `TransportFailed`.
 #[test]
 fn regression_b_error_before_init_is_a_violation() {
-    let mut core = EngineCore::new();
+    let mut core = EngineCore::default();
     core.handle_response(UdfResponse::error(ExecutionError::worker("unsolicited")));
     assert_eq!(
         core.terminal().map(Outcome::observed),
@@ -2024,19 +2096,23 @@ fn regression_b_error_before_init_is_a_violation() {
 /// refuses `start_init` afterwards.
 #[test]
 fn regression_c_init_response_before_init_is_a_violation() {
-    let mut core = EngineCore::new();
+    let mut core = EngineCore::default();
     core.handle_response(UdfResponse::init(InitResponse::default()));
     assert_eq!(core.init_status(), InitStatus::Terminated);
-    assert!(core.start_init(init_message(), []).is_err());
+    assert!(core.start_init(init_message(), None).is_err());
     assert_eq!(core.poll_transmit(), None, "nothing goes on the wire");
 }
 
-/// (D) `EngineCore::handle_timeout` is documented to settle `TransportFailed(Timeout)`; in
-/// `Created` its internal `cancel` settles the synthetic `Cancelled` first.
+/// (D) `EngineCore::handle_timeout` is documented to settle `TransportFailed(Timeout)`; with
+/// the `Init` still queued (no stream yet) its internal `cancel` used to settle the
+/// synthetic `Cancelled` first.
 #[test]
 fn regression_d_timeout_before_init_settles_a_timeout() {
-    let mut core = EngineCore::new();
-    core.handle_timeout(Wait::InitResponse, Duration::from_secs(30));
+    let mut core = EngineCore::default();
+    core.start_init(init_message(), None).expect("init");
+    let now = std::time::Instant::now();
+    core.begin_wait(now);
+    core.handle_timeout(now + Duration::from_secs(30));
     assert_eq!(
         core.terminal().map(Outcome::observed),
         Some(Outcome::TransportFailed(Cause::Timeout(Wait::InitResponse)))

@@ -391,8 +391,8 @@ async fn udf_s012_release_is_called_exactly_once_even_when_it_fails() {
 #[test]
 fn udf_s013_first_terminal_wins() {
     // Reached through the core's events only: settling is the core's own business.
-    let mut core = tether::worker::engine::EngineCore::new();
-    core.start_init(init_msg(), []).unwrap();
+    let mut core = tether::worker::engine::EngineCore::default();
+    core.start_init(init_msg(), None).unwrap();
     while core.poll_transmit().is_some() {}
     core.handle_response(ok_init());
     assert!(core.finish().unwrap());
@@ -406,7 +406,9 @@ fn udf_s013_first_terminal_wins() {
     core.handle_response(UdfResponse::cancel(CancelResponse::default()));
     core.handle_connection_error(ConnectionError::Closed);
     core.handle_interrupt("late", Duration::ZERO);
-    core.handle_timeout(tether::worker::engine::Wait::Terminator, Duration::ZERO);
+    let now = std::time::Instant::now();
+    core.begin_wait(now);
+    core.handle_timeout(now + Duration::from_secs(3600));
     core.handle_stream_end();
     assert_eq!(
         core.terminal().map(|t| t.kind()),

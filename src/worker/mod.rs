@@ -17,6 +17,7 @@
 pub mod dispatcher;
 pub mod endpoint;
 pub mod engine;
+mod pump;
 pub mod state;
 
 /// Writes an error and its [`source`](std::error::Error::source) chain on one line,

@@ -2,7 +2,7 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
 
@@ -221,16 +221,31 @@ pub enum Delivery {
 
 /// The worker side of one worker session, without I/O (udf §2, §2.1).
 ///
-/// Events go in — [`handle_request`](Self::handle_request) for each received `UdfRequest`,
-/// [`handle_stream_end`](Self::handle_stream_end),
-/// [`handle_connection_error`](Self::handle_connection_error),
-/// [`handle_cancel_timeout`](Self::handle_cancel_timeout) — together with the user's
-/// answers ([`accept_init`](Self::accept_init), [`reject_init`](Self::reject_init),
-/// [`send_data`](Self::send_data), [`fail`](Self::fail), [`finish`](Self::finish),
-/// [`cancelled`](Self::cancelled)); `UdfResponse`s to send come out of
-/// [`poll_transmit`](Self::poll_transmit) and input batches out of
-/// [`pop_input`](Self::pop_input). No clock is read: the driver decides when the cancel
-/// timeout expired.
+/// # When to call what
+///
+/// - Events: [`handle_request`](Self::handle_request) for each received `UdfRequest`,
+///   [`handle_stream_end`](Self::handle_stream_end),
+///   [`handle_connection_error`](Self::handle_connection_error),
+///   [`handle_timeout`](Self::handle_timeout).
+/// - The user's answers: [`accept_init`](Self::accept_init),
+///   [`reject_init`](Self::reject_init), [`send_data`](Self::send_data),
+///   [`fail`](Self::fail), [`finish`](Self::finish), [`cancelled`](Self::cancelled).
+/// - [`poll_transmit`](Self::poll_transmit) should be polled (until `None`) after every
+///   event and every answer above: each may queue a response. Hand them to the transport in
+///   that order; once [`wants_half_close`](Self::wants_half_close), half-close the response
+///   side.
+/// - [`pop_input`](Self::pop_input) should be polled after `handle_request`;
+///   [`take_init`](Self::take_init) once the phase is
+///   [`InitPending`](WorkerPhase::InitPending).
+/// - [`begin_wait`](Self::begin_wait) when the driver is about to block (its poll returns
+///   `Pending`), with the current time: the only clock reading the core needs. Then
+///   [`poll_timeout`](Self::poll_timeout) gives the instant at which to call
+///   [`handle_timeout`](Self::handle_timeout); re-read it before each wait.
+///
+/// The one deadline is the R4 cancel timeout (udf §2 R4, §7): in
+/// [`PostError`](WorkerPhase::PostError), `cancel_timeout` in total from the first wait of
+/// that phase; expiry closes the stream as a protocol violation
+/// ([`EngineViolation::NoCancelAfterError`]).
 ///
 /// Rules enforced:
 /// - `Init` validation (udf §1.3): a `protocol_version` other than the configured one, a
@@ -284,6 +299,12 @@ pub struct WorkerCore {
     data_transmitted: u64,
     /// Set when queued data was dropped: every ticket after `data_transmitted` then is.
     data_dropped: bool,
+    /// The R4 cancel timeout (udf §2 R4); `None` waits indefinitely.
+    cancel_timeout: Option<Duration>,
+    /// The armed R4 deadline.
+    deadline: Option<Instant>,
+    /// Most input batches queued before the driver stops reading (at least 1).
+    input_buffer: usize,
 }
 
 impl Default for WorkerCore {
@@ -296,7 +317,8 @@ impl WorkerCore {
     /// A session in phase [`AwaitingInit`](WorkerPhase::AwaitingInit) that validates `Init`s
     /// against `config`: the `protocol_version` and `data_format` checks of udf §1.3 (a data
     /// format the config lists but cannot accept, such as `UNSPECIFIED`, is dropped), and
-    /// tether's bound on the payload size in bytes.
+    /// tether's bound on the payload size in bytes; with `config`'s R4 cancel timeout and
+    /// input bound (its `timer` is the driver's business).
     pub fn new(config: &EndpointConfig) -> Self {
         Self {
             state: State::AwaitingInit,
@@ -324,6 +346,9 @@ impl WorkerCore {
             data_queued: 0,
             data_transmitted: 0,
             data_dropped: false,
+            cancel_timeout: config.cancel_timeout,
+            deadline: None,
+            input_buffer: config.input_buffer.max(1),
         }
     }
 
@@ -522,11 +547,49 @@ impl WorkerCore {
         self.outcome = Some(EndpointOutcome::TransportFailed(error));
     }
 
-    /// The driver's cancel timeout expired while [`PostError`](WorkerPhase::PostError)
-    /// (waiting for the engine's mandatory Cancel, udf §2 R4): closes the stream as a
-    /// protocol violation (`CancelResponse(error = ProtocolError)`). Ignored in other phases.
-    pub fn handle_cancel_timeout(&mut self, after: Duration) {
-        if matches!(self.state, State::PostError { .. }) {
+    /// Whether the driver should take another request from the connection now: not done,
+    /// and fewer than `input_buffer` batches wait to be read (the back-pressure of udf §1.4).
+    pub fn wants_recv(&self) -> bool {
+        !self.is_done() && self.input.len() < self.input_buffer
+    }
+
+    /// Whether the response side may be half-closed now: done and the terminator handed
+    /// over (udf §2.1: the worker completes its stream after the terminator).
+    pub fn wants_half_close(&self) -> bool {
+        self.is_done() && self.outbox.is_empty()
+    }
+
+    /// A wait begins at `now` (udf §2 R4): in [`PostError`](WorkerPhase::PostError) arms the
+    /// cancel deadline (`cancel_timeout` after the first wait of that phase) unless it is armed.
+    /// Call it when the driver is about to block, not per message.
+    pub fn begin_wait(&mut self, now: Instant) {
+        match (&self.state, self.cancel_timeout) {
+            (State::PostError { .. }, Some(timeout)) => {
+                self.deadline.get_or_insert(now + timeout);
+            }
+            _ => self.deadline = None,
+        }
+    }
+
+    /// The caller's wait ended (udf §2 R4): nothing to do, the cancel deadline is total.
+    pub fn end_wait(&mut self) {}
+
+    /// The instant at which [`handle_timeout`](Self::handle_timeout) is due (udf §2 R4): the
+    /// cancel deadline while [`PostError`](WorkerPhase::PostError), else `None`.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.deadline
+            .filter(|_| matches!(self.state, State::PostError { .. }))
+    }
+
+    /// Time has reached `now`: once the R4 cancel deadline has passed while
+    /// [`PostError`](WorkerPhase::PostError) (no Cancel came after the worker's own error,
+    /// udf §2 R4), closes the stream as a protocol violation (`CancelResponse(error =
+    /// ProtocolError)`). Otherwise nothing happens.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.poll_timeout().is_some_and(|at| now >= at) {
+            self.deadline = None;
+            let after = self.cancel_timeout.unwrap_or_default();
             self.violation(EngineViolation::NoCancelAfterError { after });
         }
     }
@@ -953,3 +1016,10 @@ fn verify_payload(udf: &crate::wire::UdfPayload) -> Option<InitRejection> {
     }
     None
 }
+
+crate::worker::pump::forward_pump_core!(
+    WorkerCore,
+    tx = UdfResponse,
+    rx = UdfRequest,
+    handle_recv = handle_request
+);

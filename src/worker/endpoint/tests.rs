@@ -755,10 +755,18 @@ fn a_violation_during_a_user_cancel_drops_queued_output() {
 fn cancel_timeout_closes_a_post_error_session() {
     let mut c = post_data_error();
     drain(&mut c);
-    c.handle_cancel_timeout(Duration::from_secs(30));
-    let expected = V::NoCancelAfterError {
-        after: Duration::from_secs(30),
-    };
+    let t0 = std::time::Instant::now();
+    let timeout = Duration::from_secs(30);
+    c.begin_wait(t0);
+    let at = c.poll_timeout().expect("the R4 deadline runs in PostError");
+    assert_eq!(at, t0 + timeout);
+    // Total, not per wait: a later wait does not move it.
+    c.begin_wait(t0 + Duration::from_secs(10));
+    assert_eq!(c.poll_timeout(), Some(at));
+    c.handle_timeout(at - Duration::from_millis(1));
+    assert_eq!(c.phase(), WorkerPhase::PostError, "not yet due");
+    c.handle_timeout(at);
+    let expected = V::NoCancelAfterError { after: timeout };
     assert_violation(&c, &expected);
     let out = drain(&mut c);
     assert_eq!(kinds(&out), [ResponseKind::Cancel]);
@@ -767,9 +775,11 @@ fn cancel_timeout_closes_a_post_error_session() {
         Some(expected.wire_message().as_str())
     );
 
-    // Elsewhere it means nothing.
+    // Elsewhere no deadline runs.
     let mut c = data_core();
-    c.handle_cancel_timeout(Duration::from_secs(30));
+    c.begin_wait(t0);
+    assert_eq!(c.poll_timeout(), None);
+    c.handle_timeout(t0 + Duration::from_secs(3600));
     assert_eq!(c.phase(), WorkerPhase::Data);
 }
 
@@ -1186,7 +1196,14 @@ impl Harness {
                     self.connection_failed = true;
                 }
             }
-            Step::CancelTimeout => c.handle_cancel_timeout(Duration::from_secs(1)),
+            Step::CancelTimeout => {
+                // Let the R4 deadline (if one runs) expire.
+                let now = std::time::Instant::now();
+                c.begin_wait(now);
+                if let Some(at) = c.poll_timeout() {
+                    c.handle_timeout(at);
+                }
+            }
             Step::Transmit => self.transmit(),
             Step::Accept => drop(c.accept_init(Some(Bytes::from_static(b"i")))),
             Step::Reject => drop(c.reject_init(ExecutionError::worker("reject"))),

@@ -8,9 +8,9 @@ use bytes::Bytes;
 use futures::future::poll_fn;
 
 use crate::connection::{Connection, ConnectionError};
-use crate::time::Deadline;
 use crate::wire::{CancelResponse, ExecutionError, FinishResponse, Init};
 use crate::wire::{UdfRequest, UdfResponse};
+use crate::worker::pump::Pump;
 use crate::worker::state;
 
 use super::config::EndpointConfig;
@@ -65,17 +65,8 @@ impl EndpointError {
 
 struct Inner<C> {
     core: WorkerCore,
-    conn: C,
+    pump: Pump<C>,
     config: EndpointConfig,
-    needs_flush: bool,
-    /// The send side failed or must not be used any more (R8).
-    send_broken: bool,
-    recv_ended: bool,
-    /// The response side was half-closed.
-    closed: bool,
-    /// The running cancel timeout, armed when the worker starts waiting for the engine's
-    /// Cancel after its own error (kept across calls so repeated waits do not extend it).
-    cancel_deadline: Option<Deadline>,
     /// Best-effort, non-blocking close for `Drop` (chosen where the `Connection` bound is
     /// known, so `Drop` needs none).
     close_now: fn(&mut C),
@@ -83,11 +74,11 @@ struct Inner<C> {
 
 impl<C> Drop for Inner<C> {
     fn drop(&mut self) {
-        if !self.closed && !self.send_broken {
+        if !self.pump.send_done() {
             if !self.core.is_done() {
                 tracing::debug!(phase = ?self.core.phase(), "worker endpoint dropped before its terminator; closing the stream");
             }
-            (self.close_now)(&mut self.conn);
+            (self.close_now)(self.pump.connection_mut());
         }
     }
 }
@@ -102,151 +93,55 @@ impl<C> Inner<C>
 where
     C: Connection<UdfResponse, UdfRequest>,
 {
-    /// Moves queued responses to the connection, half-closes once done, and reads requests
-    /// into the core while the input buffer has room. Returns whether anything moved.
-    fn poll_io(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut progress = false;
-        while self.core.has_transmit() && !self.send_broken {
-            match self.conn.poll_ready(cx) {
-                Poll::Ready(Ok(())) => {
-                    let Some(msg) = self.core.poll_transmit() else {
-                        break;
-                    };
-                    match self.conn.start_send(msg) {
-                        Ok(()) => {
-                            self.needs_flush = true;
-                            progress = true;
-                        }
-                        Err(e) => self.transport_failed(e),
-                    }
-                }
-                Poll::Ready(Err(e)) => self.transport_failed(e),
-                Poll::Pending => break,
-            }
-        }
-        if self.needs_flush && !self.send_broken {
-            match self.conn.poll_flush(cx) {
-                Poll::Ready(Ok(())) => self.needs_flush = false,
-                Poll::Ready(Err(e)) => self.transport_failed(e),
-                Poll::Pending => {}
-            }
-        }
-        if self.core.is_done()
-            && !self.core.has_transmit()
-            && !self.needs_flush
-            && !self.send_broken
-            && !self.closed
-        {
-            // Half-close the response side once the terminator is out (udf §2.1).
-            if self.conn.poll_close(cx).is_ready() {
-                self.closed = true;
-                progress = true;
-            }
-        }
-        while !self.recv_ended
-            && !self.core.is_done()
-            && self.core.input_len() < self.config.input_buffer.max(1)
-        {
-            match self.conn.poll_recv(cx) {
-                Poll::Ready(Some(Ok(request))) => self.core.handle_request(request),
-                Poll::Ready(Some(Err(e))) => {
-                    self.recv_ended = true;
-                    self.transport_failed(e);
-                }
-                Poll::Ready(None) => {
-                    self.recv_ended = true;
-                    self.core.handle_stream_end();
-                }
-                Poll::Pending => break,
-            }
-            progress = true;
-        }
-        progress
-    }
-
-    fn transport_failed(&mut self, error: ConnectionError) {
-        self.send_broken = true;
-        self.core.handle_connection_error(error);
-    }
-
     /// Done, and the terminator handed over and the stream half-closed (or the transport
     /// gone): nothing is left to drive.
-    fn settled(&self) -> bool {
-        self.core.is_done() && !self.core.has_transmit() && (self.closed || self.send_broken)
+    fn settled(core: &WorkerCore, pump: &Pump<C>) -> bool {
+        core.is_done() && !core.has_transmit() && pump.send_done()
     }
 
-    /// Drives I/O until `check` yields a value. While the worker waits for the Cancel after
-    /// its own error, the cancel timeout runs.
-    async fn drive<T>(&mut self, mut check: impl FnMut(&mut Self) -> Option<T>) -> T {
-        poll_fn(|cx| {
-            loop {
-                let progress = self.poll_io(cx);
-                if let Some(v) = check(self) {
-                    return Poll::Ready(v);
-                }
-                if progress {
-                    continue;
-                }
-                if self.core.phase() == WorkerPhase::PostError
-                    && let Some(timeout) = self.config.cancel_timeout
-                {
-                    let timer = self.config.timer.clone();
-                    let d = self
-                        .cancel_deadline
-                        .get_or_insert_with(|| Deadline::new(timer, timeout));
-                    if d.poll_expired(cx) {
-                        let after = d.duration();
-                        self.core.handle_cancel_timeout(after);
-                        continue;
-                    }
-                }
-                return Poll::Pending;
-            }
-        })
-        .await
+    /// Drives I/O and the core's R4 deadline until `check` yields a value.
+    async fn drive<T>(&mut self, check: impl FnMut(&mut WorkerCore, &Pump<C>) -> Option<T>) -> T {
+        self.pump.drive(&mut self.core, check).await
     }
 
     /// Drives until every queued response is handed to the transport (or the session is
     /// settled).
     async fn flush(&mut self) {
-        self.drive(|s| (!s.core.has_transmit() || s.settled()).then_some(()))
+        self.drive(|core, pump| (!core.has_transmit() || Self::settled(core, pump)).then_some(()))
             .await
     }
 
     /// Drives until settled.
     async fn settle(&mut self) {
-        self.drive(|s| s.settled().then_some(())).await
+        self.drive(|core, pump| Self::settled(core, pump).then_some(()))
+            .await
     }
 
     /// The error for an operation that cannot go on (Cancel received or session ended).
-    fn stop_error(&self) -> Option<EndpointError> {
-        if let Some(outcome) = self.core.outcome() {
+    fn stop_error(core: &WorkerCore) -> Option<EndpointError> {
+        if let Some(outcome) = core.outcome() {
             return Some(EndpointError::from_outcome(outcome));
         }
-        self.core
-            .cancel_received()
-            .map(|c| EndpointError::Cancelled {
-                reason: c.reason.clone(),
-            })
+        core.cancel_received().map(|c| EndpointError::Cancelled {
+            reason: c.reason.clone(),
+        })
     }
 
     async fn send(&mut self, data: Bytes) -> Result<(), EndpointError> {
-        if let Some(e) = self.stop_error() {
-            self.core.send_data(data).ok();
-            return Err(e);
-        }
         let ticket = match self.core.send_data(data) {
             Ok(DataSent::Queued(ticket)) => ticket,
             Ok(DataSent::Dropped) | Err(_) => {
-                return Err(self.stop_error().unwrap_or(EndpointError::Ended));
+                return Err(Self::stop_error(&self.core).unwrap_or(EndpointError::Ended));
             }
         };
-        self.drive(|s| match s.core.delivery(ticket) {
+        self.drive(|core, pump| match core.delivery(ticket) {
             // Handed to the transport before any Cancel or failure was seen.
             Delivery::Transmitted => Some(Ok(())),
             Delivery::Queued => None,
             // Cancelled or ended (once a violation's answer is out): the batch is dropped.
-            Delivery::Dropped if !s.core.is_done() || s.settled() => s.stop_error().map(Err),
+            Delivery::Dropped if !core.is_done() || Self::settled(core, pump) => {
+                Self::stop_error(core).map(Err)
+            }
             Delivery::Dropped => None,
         })
         .await
@@ -364,13 +259,8 @@ where
     pub fn new(connection: C, config: EndpointConfig) -> Self {
         let inner = Inner {
             core: WorkerCore::new(&config),
-            conn: connection,
+            pump: Pump::new(connection, config.timer.clone()),
             config,
-            needs_flush: false,
-            send_broken: false,
-            recv_ended: false,
-            closed: false,
-            cancel_deadline: None,
             close_now: close_now::<C>,
         };
         Self {
@@ -400,11 +290,11 @@ where
     pub async fn recv_init(mut self) -> Result<InitRequest<C>, Endpoint<state::Terminated, C>> {
         let ready = self
             .inner
-            .drive(|s| {
-                if s.core.phase() == WorkerPhase::InitPending {
+            .drive(|core, pump| {
+                if core.phase() == WorkerPhase::InitPending {
                     Some(true)
                 } else {
-                    s.settled().then_some(false)
+                    Inner::settled(core, pump).then_some(false)
                 }
             })
             .await;
@@ -531,13 +421,13 @@ where
     /// Cancel-safe: a batch is only taken out of the buffer when it is returned.
     pub async fn recv(&mut self) -> Result<Option<Bytes>, EndpointError> {
         self.inner
-            .drive(|s| {
-                if let Some(batch) = s.core.pop_input() {
+            .drive(|core, pump| {
+                if let Some(batch) = core.pop_input() {
                     return Some(Ok(Some(batch)));
                 }
-                match s.core.phase() {
+                match core.phase() {
                     WorkerPhase::Data => None,
-                    WorkerPhase::Done => s.settled().then(|| match s.core.outcome() {
+                    WorkerPhase::Done => Inner::settled(core, pump).then(|| match core.outcome() {
                         Some(EndpointOutcome::Cancelled { .. }) | None => Ok(None),
                         Some(o) => Err(EndpointError::from_outcome(o)),
                     }),
@@ -574,11 +464,11 @@ where
     pub async fn end_of_input(mut self) -> InputEnd<C> {
         let phase = self
             .inner
-            .drive(|s| {
-                s.core.discard_input();
-                match s.core.phase() {
+            .drive(|core, pump| {
+                core.discard_input();
+                match core.phase() {
                     WorkerPhase::Data => None,
-                    WorkerPhase::Done => s.settled().then_some(WorkerPhase::Done),
+                    WorkerPhase::Done => Inner::settled(core, pump).then_some(WorkerPhase::Done),
                     phase => Some(phase),
                 }
             })
@@ -629,7 +519,8 @@ where
     ) -> Result<Endpoint<state::Terminated, C>, Endpoint<state::Cancelling, C>> {
         // One non-blocking I/O pass first, so a Cancel already delivered is honoured.
         poll_fn(|cx| {
-            self.inner.poll_io(cx);
+            let inner = &mut *self.inner;
+            inner.pump.poll_io(&mut inner.core, cx);
             Poll::Ready(())
         })
         .await;
@@ -665,10 +556,9 @@ where
     /// the ended endpoint.
     pub async fn wait_cancel(&mut self) -> Result<(), EndpointError> {
         self.inner
-            .drive(|s| match s.core.phase() {
+            .drive(|core, pump| match core.phase() {
                 WorkerPhase::Cancelling => Some(Ok(())),
-                WorkerPhase::Done if s.settled() => Some(Err(s
-                    .core
+                WorkerPhase::Done if Inner::settled(core, pump) => Some(Err(core
                     .outcome()
                     .map(EndpointError::from_outcome)
                     .unwrap_or(EndpointError::Ended))),

@@ -17,8 +17,8 @@ use crate::wire::{Init, InitResponse, UdfRequest, UdfResponse};
 use super::config::SessionConfig;
 use super::core::{EngineCore, EnginePhase, InitStatus};
 use super::handle::WorkerHandle;
-use super::termination::{SessionError, Termination, Wait};
-use crate::time::Deadline;
+use super::termination::{SessionError, Termination};
+use crate::worker::pump::Pump;
 
 use crate::worker::state::{self, State as _};
 
@@ -110,14 +110,10 @@ impl Activity {
 pub(crate) struct Inner<C> {
     id: uuid::Uuid,
     core: EngineCore,
-    conn: C,
+    pump: Pump<C>,
     handle: Arc<dyn WorkerHandle>,
-    config: SessionConfig,
     watch: TerminationWatch,
     activity: Activity,
-    needs_flush: bool,
-    send_broken: bool,
-    recv_ended: bool,
     finalized: bool,
 }
 
@@ -136,202 +132,48 @@ impl<C> Inner<C>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
-    /// Moves queued requests to the connection and received responses into the core.
-    /// Returns whether anything moved (a worker event, for per-poll deadlines).
-    fn poll_io(&mut self, cx: &mut Context<'_>) -> bool {
-        // Receive first: a terminator that is already here wins over requests still queued
-        // (nothing is sent after the terminal).
-        let mut progress = self.poll_receive(cx);
-        progress |= self.poll_transmit(cx);
-        progress
+    /// Drives I/O and the core's deadline until `check` yields a value.
+    async fn drive<T>(&mut self, check: impl FnMut(&mut EngineCore) -> Option<T>) -> T {
+        let mut check = check;
+        self.pump.drive(&mut self.core, |core, _| check(core)).await
     }
 
-    fn poll_receive(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut progress = false;
-        while !self.recv_ended
-            && !self.core.is_terminal()
-            && self.core.output_len() < self.config.output_buffer.max(1)
-        {
-            match self.conn.poll_recv(cx) {
-                Poll::Ready(Some(Ok(msg))) => {
-                    self.core.handle_response(msg);
-                    progress = true;
-                }
-                Poll::Ready(Some(Err(e))) => {
-                    self.recv_ended = true;
-                    self.core.handle_connection_error(e);
-                    progress = true;
-                }
-                Poll::Ready(None) => {
-                    self.recv_ended = true;
-                    self.core.handle_stream_end();
-                    progress = true;
-                }
-                Poll::Pending => break,
-            }
-        }
-        progress
-    }
-
-    fn poll_transmit(&mut self, cx: &mut Context<'_>) -> bool {
-        let mut progress = false;
-        while self.core.has_transmit() && !self.send_broken {
-            match self.conn.poll_ready(cx) {
-                Poll::Ready(Ok(())) => {
-                    let Some(req) = self.core.poll_transmit() else {
-                        break;
-                    };
-                    if let Err(e) = self.conn.start_send(req) {
-                        self.send_broken = true;
-                        self.core.handle_connection_error(e);
-                    } else {
-                        self.needs_flush = true;
-                        progress = true;
-                    }
-                }
-                Poll::Ready(Err(e)) => {
-                    self.send_broken = true;
-                    self.core.handle_connection_error(e);
-                }
-                Poll::Pending => break,
-            }
-        }
-        if self.needs_flush && !self.send_broken {
-            match self.conn.poll_flush(cx) {
-                Poll::Ready(Ok(())) => self.needs_flush = false,
-                Poll::Ready(Err(e)) => {
-                    self.send_broken = true;
-                    self.core.handle_connection_error(e);
-                }
-                Poll::Pending => {}
-            }
-        }
-        progress
-    }
-
-    /// Drives I/O until `check` yields a value. When `deadline` expires the core settles
-    /// `TransportFailed(Timeout(wait))`; `per_poll` restarts the deadline on every event.
-    async fn drive<T>(
-        &mut self,
-        wait: Wait,
-        timeout: Duration,
-        per_poll: bool,
-        mut check: impl FnMut(&mut Self) -> Option<T>,
-    ) -> T {
-        let mut deadline = Deadline::new(self.config.timer.clone(), timeout);
-        poll_fn(|cx| {
-            loop {
-                let progress = self.poll_io(cx);
-                if let Some(v) = check(self) {
-                    return Poll::Ready(v);
-                }
-                if progress {
-                    if per_poll {
-                        deadline.extend();
-                    }
-                    continue;
-                }
-                if deadline.poll_expired(cx) {
-                    self.core.handle_timeout(wait, deadline.duration());
-                    continue;
-                }
-                return Poll::Pending;
-            }
-        })
-        .await
-    }
-
-    /// Waits for the terminal, discarding output, within `timeout` (total).
-    async fn await_terminal(&mut self, timeout: Duration) {
+    /// Drives until the core has settled a terminal, discarding output (the core bounds the
+    /// wait: udf §5.2 step 3 in `close`, §4.9 for an interrupt, per poll otherwise).
+    async fn await_terminal(&mut self) {
         self.activity = Activity::AwaitingTerminator;
-        self.drive(Wait::Terminator, timeout, false, |s| {
-            let dropped = s.core.discard_output();
-            if dropped > 0 {
-                tracing::debug!(
-                    dropped,
-                    "discarding UDF output while waiting for the terminator"
-                );
-            }
-            s.core.is_terminal().then_some(())
-        })
-        .await;
+        self.core.drain();
+        self.drive(|core| core.is_terminal().then_some(())).await;
     }
 
-    /// Best-effort: hands still-queued requests (a timeout's Cancel) to the transport and
-    /// half-closes the request side (rule R9), bounded by the interrupt-cancel timeout.
+    /// After the terminal: hands a still-queued farewell Cancel to the transport and
+    /// half-closes the request side (udf §2 R9), within the core's shutdown deadline.
     async fn shutdown_request_side(&mut self) {
-        if self.send_broken {
-            return;
-        }
-        let timer = self.config.timer.clone();
-        let mut deadline = Deadline::new(timer, self.config.interrupt_cancel_timeout);
-        poll_fn(|cx| {
-            self.poll_io(cx);
-            if self.send_broken {
-                return Poll::Ready(());
-            }
-            if !self.core.has_transmit() {
-                match self.conn.poll_close(cx) {
-                    Poll::Ready(_) => {
-                        self.send_broken = true;
-                        return Poll::Ready(());
-                    }
-                    Poll::Pending => {}
-                }
-            }
-            if deadline.poll_expired(cx) {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await;
+        self.pump
+            .drive(&mut self.core, |core, pump| {
+                (pump.send_done() || core.requests_abandoned()).then_some(())
+            })
+            .await;
     }
 
     /// `close()` (udf §5.2): cancel if needed, wait for the terminal, half-close, finalize.
     async fn close(&mut self) -> Termination {
         if !self.core.is_terminal() {
-            let _ = self.core.cancel(Some("session closed".into()));
-            self.await_terminal(self.config.terminal_timeout).await;
+            self.core.close();
+            self.await_terminal().await;
         }
         self.shutdown_request_side().await;
         self.finalize()
     }
 
     /// Bounded cleanup of a dropped, non-terminal session (the Rust form of an interrupt,
-    /// udf §4.9): Cancel, then up to `interrupt_cancel_timeout` for the acknowledgement.
+    /// udf §4.9): the core sends Cancel and bounds the wait for its acknowledgement.
     #[cfg(feature = "tokio")]
     async fn interrupt(&mut self) -> Termination {
-        let context = self.activity.context();
-        let waited = self.config.interrupt_cancel_timeout;
-        if !self.core.is_terminal() {
-            let _ = self
-                .core
-                .cancel(Some(format!("interrupted while {context}")));
-            let ack = tokio::time::timeout(waited, self.drive_terminal_untimed()).await;
-            if ack.is_err() {
-                self.core.handle_interrupt(context, waited);
-            }
-        }
+        self.core.interrupt(self.activity.context());
+        self.await_terminal().await;
         self.shutdown_request_side().await;
         self.finalize()
-    }
-
-    #[cfg(feature = "tokio")]
-    async fn drive_terminal_untimed(&mut self) {
-        poll_fn(|cx| {
-            loop {
-                let progress = self.poll_io(cx);
-                self.core.discard_output();
-                if self.core.is_terminal() {
-                    return Poll::Ready(());
-                }
-                if !progress {
-                    return Poll::Pending;
-                }
-            }
-        })
-        .await
     }
 
     /// Runs the release protocol once (udf §5.1 step 5): observe, `mark_invalid` if
@@ -362,27 +204,19 @@ where
         termination
     }
 
-    fn terminal_error(&self) -> Option<SessionError> {
-        self.core.terminal().and_then(Termination::to_error)
-    }
-
-    /// The error to report for a call on a session that is cancelling or terminal.
-    fn cancelled_error(&self) -> SessionError {
-        if let Some(e) = self.core.execution_error() {
-            return SessionError::Execution(e.clone());
-        }
-        self.terminal_error().unwrap_or(SessionError::Cancelled)
+    /// The error the session reports now ([`EngineCore::error`]), `Cancelled` if none.
+    fn error(&self) -> SessionError {
+        self.core.error().unwrap_or(SessionError::Cancelled)
     }
 
     async fn recv(&mut self) -> Result<Option<Bytes>, SessionError> {
         self.activity = Activity::Receiving;
-        let timeout = self.config.terminal_timeout;
         let out = self
-            .drive(Wait::Output, timeout, true, |s| {
-                if let Some(b) = s.core.pop_output() {
+            .drive(|core| {
+                if let Some(b) = core.pop_output() {
                     return Some(Ok(Some(b)));
                 }
-                s.core.terminal().map(|t| match t.to_error() {
+                core.is_terminal().then(|| match core.error() {
                     None => Ok(None),
                     Some(e) => Err(e),
                 })
@@ -395,11 +229,8 @@ where
     /// Drives until the outbox is empty (everything handed to the transport) or terminal.
     async fn flush(&mut self, activity: Activity) {
         self.activity = activity;
-        let timeout = self.config.terminal_timeout;
-        self.drive(Wait::Output, timeout, true, |s| {
-            (!s.core.has_transmit() || s.core.is_terminal()).then_some(())
-        })
-        .await;
+        self.drive(|core| (!core.has_transmit() || core.is_terminal()).then_some(()))
+            .await;
         self.activity = Activity::Idle;
     }
 }
@@ -420,7 +251,9 @@ where
         return;
     }
     #[cfg(feature = "tokio")]
-    if let Ok(rt) = tokio::runtime::Handle::try_current() {
+    if inner.pump.has_timer()
+        && let Ok(rt) = tokio::runtime::Handle::try_current()
+    {
         // If the task never completes (the runtime shuts down, or aborts it mid-wait), the
         // guard still finalizes the session as `Interrupted`: the release is never lost.
         let mut guard = FinalizeGuard(Some(inner));
@@ -432,7 +265,8 @@ where
         });
         return;
     }
-    // No runtime to wait on: the worker cannot be proven healthy, so invalidate it now.
+    // No runtime or no timer to bound the wait: the worker cannot be proven healthy, so
+    // invalidate it now.
     let context = inner.activity.context();
     inner.core.handle_interrupt(context, Duration::ZERO);
     let _ = inner.finalize();
@@ -611,20 +445,16 @@ where
     /// then finalizes the worker handle (mark invalid if unsalvageable, release once) and
     /// returns the [`Termination`] (udf §5.3 case table). Never fails.
     pub async fn close(mut self) -> Termination {
-        let mut inner = self
-            .inner
-            .take()
-            .expect("a live session always holds its state");
-        inner.close().await
+        // The state stays in the session until finalized: dropping this future mid-wait
+        // runs the drop cleanup, so the release is never lost.
+        let termination = self.inner_mut().close().await;
+        self.inner.take();
+        termination
     }
 
     fn fail(self) -> SessionFailed<C> {
-        let error = self
-            .inner()
-            .terminal_error()
-            .unwrap_or(SessionError::Cancelled);
         SessionFailed {
-            error,
+            error: self.inner().error(),
             session: self.into_state(),
         }
     }
@@ -641,15 +471,11 @@ where
     pub fn new(connection: C, handle: Arc<dyn WorkerHandle>, config: SessionConfig) -> Self {
         let inner = Inner {
             id: uuid::Uuid::new_v4(),
-            core: EngineCore::new(),
-            conn: connection,
+            core: EngineCore::new(&config),
+            pump: Pump::new(connection, config.timer.clone()),
             handle,
-            config,
             watch: TerminationWatch::default(),
             activity: Activity::Idle,
-            needs_flush: false,
-            send_broken: false,
-            recv_ended: false,
             finalized: false,
         };
         Self {
@@ -679,7 +505,7 @@ where
         self,
         init: Init,
     ) -> Result<(Session<state::Streaming, C>, InitResponse), SessionFailed<C>> {
-        self.init_with_chunks(init, Vec::new()).await
+        self.start(init, None).await
     }
 
     /// Like [`init`](Self::init), but sends the UDF payload as `PayloadChunk`s of at most
@@ -688,74 +514,43 @@ where
     /// `udf.payload_size` is set to the total size if unset. An empty payload is sent inline.
     pub async fn init_chunked(
         self,
-        mut init: Init,
+        init: Init,
         chunk_size: usize,
     ) -> Result<(Session<state::Streaming, C>, InitResponse), SessionFailed<C>> {
-        let chunk_size = chunk_size.max(1);
-        let mut chunks = Vec::new();
-        if let Some(udf) = init.udf.as_mut() {
-            let payload = std::mem::take(&mut udf.payload);
-            if payload.is_empty() {
-                udf.payload = payload;
-            } else {
-                udf.payload_size.get_or_insert(payload.len() as i64);
-                let mut offset = 0;
-                while offset < payload.len() {
-                    let end = (offset + chunk_size).min(payload.len());
-                    chunks.push(payload.slice(offset..end));
-                    offset = end;
-                }
-            }
-        }
-        self.init_with_chunks(init, chunks).await
+        self.start(init, Some(chunk_size)).await
     }
 
-    async fn init_with_chunks(
+    async fn start(
         mut self,
         init: Init,
-        chunks: Vec<Bytes>,
+        chunk_size: Option<usize>,
     ) -> Result<(Session<state::Streaming, C>, InitResponse), SessionFailed<C>> {
         let inner = self.inner_mut();
         inner
             .core
-            .start_init(init, chunks)
+            .start_init(init, chunk_size)
             .expect("the Init typestate is the Created phase");
         inner.activity = Activity::AwaitingInit;
-        let timeout = inner.config.init_timeout;
         let status = inner
-            .drive(Wait::InitResponse, timeout, false, |s| {
-                match s.core.init_status() {
-                    InitStatus::Pending => None,
-                    status => Some(status),
-                }
+            .drive(|core| match core.init_status() {
+                InitStatus::Pending => None,
+                status => Some(status),
             })
             .await;
-        match status {
-            InitStatus::Accepted => {
-                inner.activity = Activity::Idle;
-                let response = inner.core.init_response().cloned().unwrap_or_default();
-                Ok((self.into_state(), response))
-            }
-            InitStatus::Failed => {
-                inner.await_terminal(inner.config.terminal_timeout).await;
-                inner.activity = Activity::Idle;
-                let error = inner
-                    .core
-                    .execution_error()
-                    .cloned()
-                    .map(SessionError::Execution)
-                    .or_else(|| inner.terminal_error())
-                    .unwrap_or(SessionError::Cancelled);
-                Err(SessionFailed {
-                    error,
-                    session: self.into_state(),
-                })
-            }
-            InitStatus::Pending | InitStatus::Terminated => {
-                inner.activity = Activity::Idle;
-                Err(self.fail())
-            }
+        if status == InitStatus::Failed {
+            // The Cancel is out; the core bounds the wait for its answer (udf §4.6 step 5).
+            inner.await_terminal().await;
         }
+        inner.activity = Activity::Idle;
+        if status == InitStatus::Accepted {
+            let response = inner.core.init_response().cloned().unwrap_or_default();
+            return Ok((self.into_state(), response));
+        }
+        let error = inner.core.init_error().unwrap_or(SessionError::Cancelled);
+        Err(SessionFailed {
+            error,
+            session: self.into_state(),
+        })
     }
 }
 
@@ -786,17 +581,17 @@ where
     /// (the data is not sent; nothing is sent after Cancel). Receiving stays possible.
     pub async fn send(&mut self, data: Bytes) -> Result<(), SessionError> {
         let inner = self.inner_mut();
-        if inner.core.cancel_requested() || inner.core.is_terminal() {
-            return Err(inner.cancelled_error());
-        }
-        inner
+        let queued = inner
             .core
             .send_data(data)
             .expect("the Streaming typestate allows data");
+        if !queued {
+            return Err(inner.error());
+        }
         inner.flush(Activity::Sending).await;
-        match inner.core.terminal() {
-            Some(_) => Err(inner.cancelled_error()),
-            None => Ok(()),
+        match inner.core.is_terminal() {
+            true => Err(inner.error()),
+            false => Ok(()),
         }
     }
 
@@ -821,7 +616,7 @@ where
             .finish()
             .expect("the Streaming typestate allows finish");
         inner.flush(Activity::Sending).await;
-        if inner.terminal_error().is_some() {
+        if inner.core.is_terminal() && inner.core.error().is_some() {
             return Err(self.fail());
         }
         Ok(self.into_state())
@@ -841,14 +636,11 @@ where
     where
         I: Stream<Item = Bytes> + Unpin,
     {
-        let timer = self.inner().config.timer.clone();
-        let timeout = self.inner().config.terminal_timeout;
         Process {
             session: self,
             input,
             input_done: false,
             done: false,
-            deadline: Deadline::new(timer, timeout),
         }
     }
 }
@@ -875,14 +667,7 @@ where
 {
     let inner = session.inner_mut();
     if !inner.core.is_terminal() {
-        inner.activity = Activity::AwaitingTerminator;
-        let timeout = inner.config.terminal_timeout;
-        inner
-            .drive(Wait::Terminator, timeout, true, |s| {
-                s.core.discard_output();
-                s.core.is_terminal().then_some(())
-            })
-            .await;
+        inner.await_terminal().await;
         inner.activity = Activity::Idle;
     }
     session.into_state()
@@ -962,7 +747,6 @@ pub struct Process<C, I> {
     input: I,
     input_done: bool,
     done: bool,
-    deadline: Deadline,
 }
 
 impl<C, I> fmt::Debug for Process<C, I> {
@@ -1009,23 +793,22 @@ where
             .as_deref_mut()
             .expect("a live session always holds its state");
         loop {
-            let progress = inner.poll_io(cx);
+            let progress = inner.pump.poll_io(&mut inner.core, cx);
             if let Some(batch) = inner.core.pop_output() {
-                this.deadline.extend();
+                inner.core.end_wait();
                 return Poll::Ready(Some(Ok(batch)));
             }
-            if let Some(t) = inner.core.terminal() {
+            if inner.core.is_terminal() {
                 this.done = true;
                 inner.activity = Activity::Idle;
-                return Poll::Ready(t.to_error().map(Err));
+                return Poll::Ready(inner.core.error().map(Err));
             }
             if progress {
-                this.deadline.extend();
                 continue;
             }
-            let may_send =
-                !inner.core.cancel_requested() && inner.core.phase() == EnginePhase::Streaming;
-            if may_send && !this.input_done && !inner.core.has_transmit() {
+            if inner.core.may_send() && !this.input_done && !inner.core.has_transmit() {
+                // Waiting on the caller's input, not on the worker.
+                inner.core.end_wait();
                 inner.activity = Activity::Sending;
                 match Pin::new(&mut this.input).poll_next(cx) {
                     Poll::Ready(Some(batch)) => {
@@ -1035,18 +818,15 @@ where
                     Poll::Ready(None) => {
                         this.input_done = true;
                         let _ = inner.core.finish();
-                        this.deadline.extend();
                         continue;
                     }
                     Poll::Pending => return Poll::Pending,
                 }
             }
-            // Waiting on the worker (output, terminator or transport capacity): per-poll timeout.
+            // Waiting on the worker (output, terminator or transport capacity): the core's
+            // per-poll deadline runs.
             inner.activity = Activity::Receiving;
-            if this.deadline.poll_expired(cx) {
-                inner
-                    .core
-                    .handle_timeout(Wait::Output, this.deadline.duration());
+            if inner.pump.poll_timer(&mut inner.core, cx) {
                 continue;
             }
             return Poll::Pending;

@@ -1,0 +1,288 @@
+//! The one I/O pump both worker-session drivers run on: the engine's
+//! [`Session`](super::engine::Session) and [`Process`](super::engine::Process), and the
+//! worker's [`Endpoint`](super::endpoint::Endpoint).
+//!
+//! A [`Pump`] moves messages between a sans-IO core ([`PumpCore`]: `EngineCore` or
+//! `WorkerCore`) and a [`Connection`], and mirrors the core's one deadline
+//! ([`PumpCore::poll_timeout`]) into one sleep on the session's [`Timer`]. It holds no queue
+//! of its own: outgoing messages wait in the core's outbox until the connection is ready
+//! (`poll_ready`), and incoming ones stay in the connection until the core has room
+//! (`wants_recv`), so backpressure is the connection's own bound plus the core's one queue
+//! per direction. It decides nothing: which deadline runs, and what its expiry means, is the
+//! core's (udf §7), and so is when the send side may be half-closed (udf §2 R9).
+//!
+//! The pump's flags, and the combinations that occur (as in tokio-util's `framed_impl.rs`):
+//!
+//! | situation                                 | needs_flush | send_broken | recv_ended | closed |
+//! |-------------------------------------------|-------------|-------------|------------|--------|
+//! | streaming, everything flushed             | false       | false       | false      | false  |
+//! | a message handed over, not yet flushed    | true        | false       | any        | false  |
+//! | the peer ended its side (EOF or error)    | any         | any         | true       | any    |
+//! | a send, flush or readiness poll failed    | any         | true        | any        | false  |
+//! | send side half-closed (the core said so)  | false       | false       | any        | true   |
+//!
+//! `send_broken` and `closed` never both hold: after either, nothing more is sent.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use futures::future::poll_fn;
+
+use crate::connection::{Connection, ConnectionError};
+use crate::time::Timer;
+
+/// What a [`Pump`] needs from a sans-IO core. Implemented by `EngineCore` and `WorkerCore`;
+/// every method forwards to the core's public method of the same purpose.
+pub(crate) trait PumpCore {
+    /// The message type the core sends.
+    type Tx;
+    /// The message type the core receives.
+    type Rx;
+    /// The next message to hand to the connection.
+    fn poll_transmit(&mut self) -> Option<Self::Tx>;
+    /// Whether messages wait for [`poll_transmit`](Self::poll_transmit).
+    fn has_transmit(&self) -> bool;
+    /// Whether the core takes another received message now (not done, room in its queue).
+    fn wants_recv(&self) -> bool;
+    /// One received message.
+    fn handle_recv(&mut self, message: Self::Rx);
+    /// The peer ended its side of the stream.
+    fn handle_stream_end(&mut self);
+    /// The connection failed (read, write, flush or readiness).
+    fn handle_connection_error(&mut self, error: ConnectionError);
+    /// Whether the send side should be half-closed now (nothing more will be sent).
+    fn wants_half_close(&self) -> bool;
+    /// A wait begins at `now`: the core arms the deadline its state calls for.
+    fn begin_wait(&mut self, now: Instant);
+    /// The caller's wait ended (it got what it waited for).
+    fn end_wait(&mut self);
+    /// The instant at which [`handle_timeout`](Self::handle_timeout) is due, if any.
+    fn poll_timeout(&self) -> Option<Instant>;
+    /// The deadline passed; `now` is the current time.
+    fn handle_timeout(&mut self, now: Instant);
+}
+
+/// A sleep of the session's [`Timer`].
+type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// Implements [`PumpCore`] for a core by forwarding to its inherent methods of the same
+/// names (`handle_recv` to the one named here).
+macro_rules! forward_pump_core {
+    ($core:ty, tx = $tx:ty, rx = $rx:ty, handle_recv = $handle:ident) => {
+        impl $crate::worker::pump::PumpCore for $core {
+            type Tx = $tx;
+            type Rx = $rx;
+            fn poll_transmit(&mut self) -> Option<$tx> {
+                Self::poll_transmit(self)
+            }
+            fn has_transmit(&self) -> bool {
+                Self::has_transmit(self)
+            }
+            fn wants_recv(&self) -> bool {
+                Self::wants_recv(self)
+            }
+            fn handle_recv(&mut self, message: $rx) {
+                self.$handle(message);
+            }
+            fn handle_stream_end(&mut self) {
+                Self::handle_stream_end(self);
+            }
+            fn handle_connection_error(&mut self, error: $crate::connection::ConnectionError) {
+                Self::handle_connection_error(self, error);
+            }
+            fn wants_half_close(&self) -> bool {
+                Self::wants_half_close(self)
+            }
+            fn begin_wait(&mut self, now: std::time::Instant) {
+                Self::begin_wait(self, now);
+            }
+            fn end_wait(&mut self) {
+                Self::end_wait(self);
+            }
+            fn poll_timeout(&self) -> Option<std::time::Instant> {
+                Self::poll_timeout(self)
+            }
+            fn handle_timeout(&mut self, now: std::time::Instant) {
+                Self::handle_timeout(self, now);
+            }
+        }
+    };
+}
+pub(crate) use forward_pump_core;
+
+/// The shared I/O pump over one [`Connection`] (see the module docs for its flags).
+pub(crate) struct Pump<C> {
+    conn: C,
+    timer: Option<Arc<dyn Timer>>,
+    /// The sleep mirroring the core's deadline, and the instant it was armed for. Kept while
+    /// the deadline only moves later: it then fires early and is re-armed, so a per-poll
+    /// deadline that moves on every message costs no new sleep per message.
+    sleep: Option<(Instant, Sleep)>,
+    needs_flush: bool,
+    send_broken: bool,
+    recv_ended: bool,
+    closed: bool,
+}
+
+impl<C> Pump<C> {
+    /// A pump over `conn` whose deadlines run on `timer` (`None`: the core's deadlines are
+    /// never armed, so no timeout fires).
+    pub(crate) fn new(conn: C, timer: Option<Arc<dyn Timer>>) -> Self {
+        Self {
+            conn,
+            timer,
+            sleep: None,
+            needs_flush: false,
+            send_broken: false,
+            recv_ended: false,
+            closed: false,
+        }
+    }
+
+    /// The connection, for a non-blocking close on drop.
+    pub(crate) fn connection_mut(&mut self) -> &mut C {
+        &mut self.conn
+    }
+
+    /// Whether the pump has a timer (deadlines can fire).
+    pub(crate) fn has_timer(&self) -> bool {
+        self.timer.is_some()
+    }
+
+    /// Whether nothing more can be sent: the send side was half-closed or failed.
+    pub(crate) fn send_done(&self) -> bool {
+        self.closed || self.send_broken
+    }
+}
+
+impl<C> Pump<C> {
+    /// Moves received messages into the core while it has room, queued messages to the
+    /// connection while it is ready, flushes, and half-closes the send side once the core
+    /// says so. Receiving comes first: a terminator that is already here wins over messages
+    /// still queued (nothing is sent after a terminal). Returns whether anything moved.
+    pub(crate) fn poll_io<K>(&mut self, core: &mut K, cx: &mut Context<'_>) -> bool
+    where
+        K: PumpCore,
+        C: Connection<K::Tx, K::Rx>,
+    {
+        let mut progress = false;
+        while !self.recv_ended && core.wants_recv() {
+            match self.conn.poll_recv(cx) {
+                Poll::Ready(Some(Ok(message))) => core.handle_recv(message),
+                Poll::Ready(Some(Err(e))) => {
+                    self.recv_ended = true;
+                    core.handle_connection_error(e);
+                }
+                Poll::Ready(None) => {
+                    self.recv_ended = true;
+                    core.handle_stream_end();
+                }
+                Poll::Pending => break,
+            }
+            progress = true;
+        }
+        while !self.send_done() && core.has_transmit() {
+            match self.conn.poll_ready(cx) {
+                Poll::Ready(Ok(())) => {
+                    let Some(message) = core.poll_transmit() else {
+                        break;
+                    };
+                    match self.conn.start_send(message) {
+                        Ok(()) => self.needs_flush = true,
+                        Err(e) => self.send_failed(core, e),
+                    }
+                    progress = true;
+                }
+                Poll::Ready(Err(e)) => {
+                    self.send_failed(core, e);
+                    progress = true;
+                }
+                Poll::Pending => break,
+            }
+        }
+        if self.needs_flush && !self.send_done() {
+            match self.conn.poll_flush(cx) {
+                Poll::Ready(Ok(())) => self.needs_flush = false,
+                Poll::Ready(Err(e)) => {
+                    self.send_failed(core, e);
+                    progress = true;
+                }
+                Poll::Pending => {}
+            }
+        }
+        if !self.send_done() && !self.needs_flush && core.wants_half_close() {
+            // A failed half-close leaves nothing to do: the send side is over either way.
+            if self.conn.poll_close(cx).is_ready() {
+                self.closed = true;
+                progress = true;
+            }
+        }
+        progress
+    }
+
+    fn send_failed<K: PumpCore>(&mut self, core: &mut K, error: ConnectionError) {
+        self.send_broken = true;
+        self.needs_flush = false;
+        core.handle_connection_error(error);
+    }
+
+    /// A wait begins: reads the clock once, lets the core arm its deadline, and mirrors the
+    /// deadline into the one sleep. Returns `true` when the deadline has passed and the
+    /// core handled it (the caller polls again), `false` when the waker is registered.
+    pub(crate) fn poll_timer<K: PumpCore>(&mut self, core: &mut K, cx: &mut Context<'_>) -> bool {
+        let Some(timer) = &self.timer else {
+            return false;
+        };
+        core.begin_wait(timer.now());
+        let Some(at) = core.poll_timeout() else {
+            return false;
+        };
+        loop {
+            if !matches!(&self.sleep, Some((armed, _)) if *armed <= at) {
+                self.sleep = Some((at, timer.sleep_until(at)));
+            }
+            let Some((_, sleep)) = self.sleep.as_mut() else {
+                return false;
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.sleep = None;
+            let now = timer.now();
+            if now >= at {
+                core.handle_timeout(now);
+                return true;
+            }
+            // Fired for an earlier deadline that has since moved: sleep again.
+        }
+    }
+
+    /// Drives I/O and the core's deadline until `check` yields a value, then ends the wait.
+    pub(crate) async fn drive<K, T>(
+        &mut self,
+        core: &mut K,
+        mut check: impl FnMut(&mut K, &Self) -> Option<T>,
+    ) -> T
+    where
+        K: PumpCore,
+        C: Connection<K::Tx, K::Rx>,
+    {
+        poll_fn(|cx| {
+            loop {
+                let progress = self.poll_io(core, cx);
+                if let Some(value) = check(core, self) {
+                    core.end_wait();
+                    return Poll::Ready(value);
+                }
+                if progress || self.poll_timer(core, cx) {
+                    continue;
+                }
+                return Poll::Pending;
+            }
+        })
+        .await
+    }
+}

@@ -1,0 +1,479 @@
+//! The deadline table of udf §7, checked by behaviour under a manual clock (no real sleeps).
+//!
+//! Each engine deadline (init total, per poll while streaming, the total terminator wait of
+//! `close`, the total wait after an init error, the interrupt's Cancel acknowledgement, the
+//! request side's shutdown after the terminal) and the worker's R4 cancel deadline is
+//! checked on the sans-IO cores: nothing at the deadline − 1 ms, the timeout at the
+//! deadline, and, where total and per-poll differ, a worker event in between that moves a
+//! per-poll deadline and leaves a total one where it is. Every length is distinct, so a
+//! change to any one policy in a core (its length, its kind or what its expiry settles)
+//! fails a test here. The last tests run the async drivers over the in-memory connection
+//! on a [`ManualClock`]: they show that the drivers take their deadlines from the cores.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use futures::future::poll_fn;
+use tether::connection::{Connection, MemoryConnection, pair};
+use tether::time::ManualClock;
+use tether::wire::{
+    ExecutionError, Init, InitResponse, RequestKind, UdfPayload, UdfRequest, UdfResponse,
+    UdfWorkerDataFormat,
+};
+use tether::worker::endpoint::{
+    EndpointConfig, EndpointOutcome, EngineViolation, WorkerCore, WorkerPhase,
+};
+use tether::worker::engine::{
+    CountingHandle, EngineCore, EnginePhase, Session, SessionConfig, SessionError, Termination,
+    TransportFailure, Wait,
+};
+
+const INIT: Duration = Duration::from_secs(30);
+const TERMINAL: Duration = Duration::from_secs(20);
+const INTERRUPT: Duration = Duration::from_secs(2);
+const R4_CANCEL: Duration = Duration::from_secs(25);
+const MS: Duration = Duration::from_millis(1);
+
+fn config() -> SessionConfig {
+    SessionConfig {
+        init_timeout: INIT,
+        terminal_timeout: TERMINAL,
+        interrupt_cancel_timeout: INTERRUPT,
+        ..SessionConfig::default()
+    }
+}
+
+fn init_msg() -> Init {
+    Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new("deadlines", Bytes::from_static(b"udf")),
+    )
+}
+
+fn data(s: &'static str) -> UdfResponse {
+    UdfResponse::data(Bytes::from_static(s.as_bytes()))
+}
+
+fn drain_requests(core: &mut EngineCore) -> Vec<RequestKind> {
+    std::iter::from_fn(|| core.poll_transmit())
+        .map(|r| r.kind().expect("a request"))
+        .collect()
+}
+
+/// A core whose `Init` is on the wire, waiting for the `InitResponse`.
+fn initializing() -> EngineCore {
+    let mut core = EngineCore::new(&config());
+    core.start_init(init_msg(), None).expect("init");
+    assert_eq!(drain_requests(&mut core), [RequestKind::Init]);
+    core
+}
+
+/// A core in `Streaming`.
+fn streaming() -> EngineCore {
+    let mut core = initializing();
+    core.handle_response(UdfResponse::init(InitResponse::default()));
+    assert_eq!(core.phase(), EnginePhase::Streaming);
+    core
+}
+
+fn timeout_of(core: &EngineCore) -> Option<(Wait, Duration)> {
+    match core.terminal() {
+        Some(Termination::TransportFailed(TransportFailure::Timeout { waiting_for, after })) => {
+            Some((*waiting_for, *after))
+        }
+        _ => None,
+    }
+}
+
+/// `handle_timeout` a millisecond before `at` changes nothing; at `at` the core settles.
+fn expires_exactly_at(core: &mut EngineCore, at: Instant) {
+    assert_eq!(core.poll_timeout(), Some(at), "the armed deadline");
+    core.handle_timeout(at - MS);
+    assert!(!core.is_terminal(), "nothing at the deadline - 1 ms");
+    assert_eq!(core.poll_timeout(), Some(at));
+    core.handle_timeout(at);
+    assert!(core.is_terminal(), "settled at the deadline");
+}
+
+#[test]
+fn init_deadline_is_total_from_the_first_wait() {
+    let mut core = initializing();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    // A worker event (a duplicate answer would do; here an ignored chunk of time passes and
+    // a new wait begins) does not move a total deadline.
+    core.begin_wait(t0 + Duration::from_secs(10));
+    expires_exactly_at(&mut core, t0 + INIT);
+    assert_eq!(timeout_of(&core), Some((Wait::InitResponse, INIT)));
+    // The worker learns about it: a best-effort Cancel stays queued behind the terminal.
+    assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
+}
+
+#[test]
+fn init_deadline_ignores_worker_events() {
+    let mut core = EngineCore::new(&config());
+    core.start_init(init_msg(), Some(1)).expect("init");
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    // Taking the chunks is a worker event; a per-poll deadline would restart, this one not.
+    let _ = drain_requests(&mut core);
+    core.begin_wait(t0 + Duration::from_secs(29));
+    expires_exactly_at(&mut core, t0 + INIT);
+    assert_eq!(timeout_of(&core), Some((Wait::InitResponse, INIT)));
+}
+
+#[test]
+fn streaming_deadline_is_per_poll() {
+    let mut core = streaming();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    assert_eq!(core.poll_timeout(), Some(t0 + TERMINAL));
+    // A DataResponse at t0 + 15 s ends that wait; the next one starts its own.
+    let t1 = t0 + Duration::from_secs(15);
+    core.handle_response(data("a"));
+    assert_eq!(core.poll_timeout(), None, "the event ended the wait");
+    core.begin_wait(t1);
+    core.handle_timeout(t0 + TERMINAL);
+    assert!(
+        !core.is_terminal(),
+        "a total deadline would have expired here"
+    );
+    expires_exactly_at(&mut core, t1 + TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Output, TERMINAL)));
+    assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
+}
+
+#[test]
+fn streaming_deadline_restarts_with_each_call() {
+    let mut core = streaming();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    // The caller got what it waited for (a queued batch): the next call waits afresh.
+    core.end_wait();
+    let t1 = t0 + Duration::from_secs(19);
+    core.begin_wait(t1);
+    expires_exactly_at(&mut core, t1 + TERMINAL);
+}
+
+#[test]
+fn streaming_deadline_counts_transport_progress_as_an_event() {
+    let mut core = streaming();
+    assert!(
+        core.send_data(Bytes::from_static(b"in"))
+            .expect("streaming")
+    );
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    let t1 = t0 + Duration::from_secs(5);
+    assert_eq!(drain_requests(&mut core), [RequestKind::Data]);
+    core.begin_wait(t1);
+    expires_exactly_at(&mut core, t1 + TERMINAL);
+}
+
+#[test]
+fn finishing_deadline_is_per_poll_and_reports_output() {
+    let mut core = streaming();
+    assert!(core.finish().expect("streaming"));
+    let _ = drain_requests(&mut core);
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    core.handle_response(data("trailing"));
+    let t1 = t0 + Duration::from_secs(7);
+    core.begin_wait(t1);
+    expires_exactly_at(&mut core, t1 + TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Output, TERMINAL)));
+}
+
+#[test]
+fn cancelling_wait_is_per_poll_and_reports_the_terminator() {
+    let mut core = streaming();
+    assert!(core.cancel(Some("user".into())));
+    let _ = drain_requests(&mut core);
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    core.handle_response(data("late"));
+    let t1 = t0 + Duration::from_secs(3);
+    core.begin_wait(t1);
+    expires_exactly_at(&mut core, t1 + TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TERMINAL)));
+    assert!(
+        drain_requests(&mut core).is_empty(),
+        "the Cancel is already out: no second one"
+    );
+}
+
+#[test]
+fn close_waits_for_the_terminator_in_total() {
+    let mut core = streaming();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    core.close();
+    assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
+    core.begin_wait(t0);
+    // Output keeps arriving (and is discarded): a per-poll wait would never end.
+    for s in 1..20 {
+        core.handle_response(data("ignored"));
+        core.begin_wait(t0 + Duration::from_secs(s));
+    }
+    assert_eq!(core.output_len(), 0, "close discards output");
+    expires_exactly_at(&mut core, t0 + TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TERMINAL)));
+}
+
+#[test]
+fn an_init_error_waits_for_the_cancel_answer_in_total() {
+    let mut core = initializing();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    core.handle_response(UdfResponse::init(InitResponse {
+        error: Some(ExecutionError::user("bad udf", None)),
+        ..InitResponse::default()
+    }));
+    assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
+    // The init deadline is over; the terminator wait (total) begins with the next wait.
+    let t1 = t0 + Duration::from_secs(1);
+    core.begin_wait(t1);
+    core.begin_wait(t1 + Duration::from_secs(10));
+    expires_exactly_at(&mut core, t1 + TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TERMINAL)));
+    // A failed init still reports the worker's error (udf §4.6 step 5), the data phase the
+    // terminal's.
+    assert!(
+        core.init_error()
+            .and_then(|e| e.execution_error().cloned())
+            .is_some()
+    );
+    assert!(matches!(core.error(), Some(SessionError::Transport(_))));
+}
+
+#[test]
+fn an_interrupt_waits_for_the_acknowledgement_in_total() {
+    let mut core = streaming();
+    let t0 = Instant::now();
+    core.interrupt("reading UDF result");
+    assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
+    core.begin_wait(t0);
+    core.handle_response(data("ignored"));
+    core.begin_wait(t0 + Duration::from_secs(1));
+    expires_exactly_at(&mut core, t0 + INTERRUPT);
+    match core.terminal() {
+        Some(Termination::Interrupted(i)) => {
+            assert_eq!(i.context, "reading UDF result");
+            assert_eq!(i.waited, INTERRUPT);
+        }
+        other => panic!("expected Interrupted, got {other:?}"),
+    }
+}
+
+#[test]
+fn an_acknowledged_interrupt_is_cancelled_not_interrupted() {
+    let mut core = streaming();
+    let t0 = Instant::now();
+    core.interrupt("sending UDF input");
+    let _ = drain_requests(&mut core);
+    core.begin_wait(t0);
+    core.handle_response(UdfResponse::cancel(Default::default()));
+    core.handle_timeout(t0 + INTERRUPT);
+    assert!(matches!(
+        core.terminal(),
+        Some(Termination::Cancelled { .. })
+    ));
+}
+
+#[test]
+fn the_request_side_shutdown_is_bounded_after_the_terminal() {
+    let mut core = streaming();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    core.handle_timeout(t0 + TERMINAL);
+    assert!(core.has_transmit(), "the farewell Cancel is queued");
+    assert!(!core.wants_half_close(), "the farewell goes first");
+    // The transport never takes it.
+    let t1 = t0 + TERMINAL + Duration::from_secs(1);
+    core.begin_wait(t1);
+    assert_eq!(core.poll_timeout(), Some(t1 + INTERRUPT));
+    core.handle_timeout(t1 + INTERRUPT - MS);
+    assert!(!core.requests_abandoned(), "nothing at the deadline - 1 ms");
+    core.handle_timeout(t1 + INTERRUPT);
+    assert!(core.requests_abandoned());
+    assert!(!core.has_transmit(), "the farewell is dropped");
+    assert_eq!(core.poll_timeout(), None, "no deadline after the shutdown");
+}
+
+#[test]
+fn no_deadline_before_init() {
+    let mut core = EngineCore::new(&config());
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    assert_eq!(core.poll_timeout(), None);
+    core.handle_timeout(t0 + Duration::from_secs(3600));
+    assert_eq!(core.phase(), EnginePhase::Created);
+}
+
+// --- the worker's R4 cancel deadline -------------------------------------------------------
+
+fn worker_config() -> EndpointConfig {
+    EndpointConfig {
+        cancel_timeout: Some(R4_CANCEL),
+        timer: None,
+        ..EndpointConfig::default()
+    }
+}
+
+/// A worker core that reported a data-phase error and waits for the engine's Cancel.
+fn post_error() -> WorkerCore {
+    let mut core = WorkerCore::new(&worker_config());
+    core.handle_request(UdfRequest::init(init_msg()));
+    let _ = core.take_init();
+    core.accept_init(None).expect("accept");
+    core.fail(ExecutionError::user("boom", None)).expect("fail");
+    while core.poll_transmit().is_some() {}
+    assert_eq!(core.phase(), WorkerPhase::PostError);
+    core
+}
+
+#[test]
+fn worker_r4_cancel_deadline_is_total() {
+    let mut core = post_error();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    // The engine's late data and Finish are ignored, and do not move the deadline.
+    core.handle_request(UdfRequest::data(Bytes::from_static(b"late")));
+    core.begin_wait(t0 + Duration::from_secs(20));
+    assert_eq!(core.poll_timeout(), Some(t0 + R4_CANCEL));
+    core.handle_timeout(t0 + R4_CANCEL - MS);
+    assert_eq!(core.phase(), WorkerPhase::PostError, "nothing at - 1 ms");
+    core.handle_timeout(t0 + R4_CANCEL);
+    match core.outcome() {
+        Some(EndpointOutcome::ProtocolViolation(v)) => {
+            assert_eq!(*v, EngineViolation::NoCancelAfterError { after: R4_CANCEL });
+        }
+        other => panic!("expected the R4 violation, got {other:?}"),
+    }
+}
+
+#[test]
+fn worker_r4_deadline_ends_with_the_cancel() {
+    let mut core = post_error();
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    core.handle_request(UdfRequest::cancel(Some("after your error".into())));
+    assert_eq!(core.poll_timeout(), None);
+    core.handle_timeout(t0 + R4_CANCEL);
+    assert_eq!(core.phase(), WorkerPhase::Cancelling);
+}
+
+// --- the drivers take their deadlines from the cores ---------------------------------------
+
+type EngineConn = MemoryConnection<UdfRequest, UdfResponse>;
+
+/// Polls the runtime until the driver has armed a sleep on `clock`.
+async fn until_armed(clock: &ManualClock) {
+    for _ in 0..1000 {
+        if clock.pending_sleeps() > 0 {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    panic!("the driver never armed its deadline");
+}
+
+async fn send(worker: &mut MemoryConnection<UdfResponse, UdfRequest>, message: UdfResponse) {
+    poll_fn(|cx| worker.poll_ready(cx)).await.expect("ready");
+    worker.start_send(message).expect("send");
+    poll_fn(|cx| worker.poll_flush(cx)).await.expect("flush");
+}
+
+async fn settle_a_little() {
+    for _ in 0..50 {
+        tokio::task::yield_now().await;
+    }
+}
+
+fn session_on(
+    clock: &ManualClock,
+) -> (
+    Session<tether::worker::state::Init, EngineConn>,
+    MemoryConnection<UdfResponse, UdfRequest>,
+) {
+    let (engine, worker) = pair::<UdfRequest, UdfResponse>(16);
+    let cfg = SessionConfig {
+        timer: Some(Arc::new(clock.clone())),
+        ..config()
+    };
+    let handle = Arc::new(CountingHandle::for_one_session());
+    (Session::new(engine, handle, cfg), worker)
+}
+
+#[tokio::test]
+async fn session_init_times_out_exactly_at_the_core_deadline() {
+    let clock = ManualClock::new();
+    let (session, _worker) = session_on(&clock);
+    let task = tokio::spawn(session.init(init_msg()));
+    until_armed(&clock).await;
+    clock.advance(INIT - MS);
+    settle_a_little().await;
+    assert!(!task.is_finished(), "nothing at the deadline - 1 ms");
+    clock.advance(MS);
+    let failed = match task.await.expect("task") {
+        Ok(_) => panic!("init cannot succeed against a silent worker"),
+        Err(failed) => failed,
+    };
+    let outcome = failed.session.close().await;
+    assert!(
+        matches!(
+            outcome,
+            Termination::TransportFailed(TransportFailure::Timeout {
+                waiting_for: Wait::InitResponse,
+                after: INIT
+            })
+        ),
+        "{outcome}"
+    );
+}
+
+#[tokio::test]
+async fn session_recv_deadline_is_per_poll() {
+    let clock = ManualClock::new();
+    let (session, mut worker) = session_on(&clock);
+    let init = tokio::spawn(session.init(init_msg()));
+    let _ = poll_fn(|cx| worker.poll_recv(cx)).await;
+    send(&mut worker, UdfResponse::init(InitResponse::default())).await;
+    let (mut session, _) = init.await.expect("task").expect("init ok");
+    let t0 = clock.now();
+    let task = tokio::spawn(async move {
+        let first = session.recv().await;
+        let second = session.recv().await;
+        (first, second, session)
+    });
+    until_armed(&clock).await;
+    clock.advance(Duration::from_secs(15));
+    send(&mut worker, data("a")).await;
+    settle_a_little().await;
+    // The second recv waits from t0 + 15 s: a total deadline would fire at t0 + 20 s.
+    clock.set(t0 + TERMINAL);
+    settle_a_little().await;
+    assert!(
+        !task.is_finished(),
+        "per poll: the event moved the deadline"
+    );
+    clock.set(t0 + Duration::from_secs(15) + TERMINAL - MS);
+    settle_a_little().await;
+    assert!(!task.is_finished(), "nothing at the deadline - 1 ms");
+    clock.set(t0 + Duration::from_secs(15) + TERMINAL);
+    let (first, second, session) = task.await.expect("task");
+    assert_eq!(first.expect("a batch"), Some(Bytes::from_static(b"a")));
+    assert!(second.is_err(), "the second read timed out");
+    let outcome = session.close().await;
+    assert!(
+        matches!(
+            outcome,
+            Termination::TransportFailed(TransportFailure::Timeout {
+                waiting_for: Wait::Output,
+                ..
+            })
+        ),
+        "{outcome}"
+    );
+}
