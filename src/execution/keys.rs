@@ -1,6 +1,7 @@
 //! The identities of sessions and executions (rx §5.1, §5.6), shared by the registry and
 //! the executions it holds.
 
+use std::borrow::Cow;
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -55,16 +56,17 @@ const SHOWN_MAX: usize = 128;
 /// A client-supplied id as error messages and logs show it: whole up to 128 bytes (every
 /// well-formed handle), else its first 64 bytes, `…` and its length. A hostile
 /// megabyte-long id then cannot make an error status too large for gRPC's metadata limits
-/// (16 KiB in grpc-core) or flood the log.
-pub(crate) fn shown(raw: &str) -> String {
+/// (16 KiB in grpc-core) or flood the log. Borrows (no allocation) when the id is shown
+/// whole.
+pub(crate) fn shown(raw: &str) -> Cow<'_, str> {
     if raw.len() <= SHOWN_MAX {
-        return raw.to_owned();
+        return Cow::Borrowed(raw);
     }
     let mut end = SHOWN_MAX / 2;
     while !raw.is_char_boundary(end) {
         end -= 1;
     }
-    format!("{}…({} bytes)", &raw[..end], raw.len())
+    Cow::Owned(format!("{}…({} bytes)", &raw[..end], raw.len()))
 }
 
 #[cfg(test)]
@@ -73,7 +75,7 @@ mod tests {
 
     #[test]
     fn long_ids_are_shown_cut() {
-        assert_eq!(shown("abc"), "abc");
+        assert!(matches!(shown("abc"), std::borrow::Cow::Borrowed("abc")));
         let long = "é".repeat(100_000);
         let s = shown(&long);
         assert!(s.len() < 100 && s.ends_with("…(200000 bytes)"), "{s}");

@@ -274,7 +274,7 @@ impl Registry {
         now: Instant,
     ) -> Result<&mut Session, ConnectError> {
         let not_found = || ConnectError::SessionNotFound {
-            handle: shown(raw_session_id),
+            handle: shown(raw_session_id).into_owned(),
         };
         let sid = parse_uuid(raw_session_id).ok_or_else(not_found)?;
         if self.session_mut(user, sid).is_none() {
@@ -284,7 +284,7 @@ impl Registry {
             };
             return Err(if self.closed_sessions.contains(&key) {
                 ConnectError::SessionClosed {
-                    handle: shown(raw_session_id),
+                    handle: shown(raw_session_id).into_owned(),
                 }
             } else {
                 not_found()
@@ -305,7 +305,7 @@ impl Registry {
     ) -> Result<&mut Session, ConnectError> {
         let Some(sid) = parse_uuid(raw_session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
-                handle: shown(raw_session_id),
+                handle: shown(raw_session_id).into_owned(),
             });
         };
         let exists = self
@@ -323,7 +323,7 @@ impl Registry {
             };
             if self.closed_sessions.contains(&key) {
                 return Err(ConnectError::SessionClosed {
-                    handle: shown(raw_session_id),
+                    handle: shown(raw_session_id).into_owned(),
                 });
             }
             let session = Session {
@@ -340,7 +340,7 @@ impl Registry {
         let s = self
             .session_mut(user, sid)
             .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: shown(raw_session_id),
+                handle: shown(raw_session_id).into_owned(),
             })?;
         s.last_access = now;
         Ok(s)
@@ -467,15 +467,17 @@ fn check_observed(
     raw: &str,
 ) -> Result<(), ConnectError> {
     match observed {
-        Some(o) if o != &*session.server_side => {
-            Err(ConnectError::SessionChanged { handle: shown(raw) })
-        }
+        Some(o) if o != &*session.server_side => Err(ConnectError::SessionChanged {
+            handle: shown(raw).into_owned(),
+        }),
         _ => Ok(()),
     }
 }
 
 fn parse_operation(raw: &str) -> Result<Uuid, ConnectError> {
-    parse_uuid(raw).ok_or_else(|| ConnectError::InvalidHandleFormat { handle: shown(raw) })
+    parse_uuid(raw).ok_or_else(|| ConnectError::InvalidHandleFormat {
+        handle: shown(raw).into_owned(),
+    })
 }
 
 fn validate_tag(tag: &str) -> Result<(), ConnectError> {
@@ -714,7 +716,7 @@ impl ExecutionManager {
             None => Uuid::new_v4(),
         };
         let sid = parse_uuid(raw_sid).ok_or_else(|| ConnectError::InvalidHandleFormat {
-            handle: shown(raw_sid),
+            handle: shown(raw_sid).into_owned(),
         })?;
         let key = ExecuteKey {
             user_id: session.user.clone(),
@@ -739,7 +741,7 @@ impl ExecutionManager {
         let session = reg
             .session_mut(user, sid)
             .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: shown(raw_sid),
+                handle: shown(raw_sid).into_owned(),
             })?;
         if let Some(at) = session.inactive.get(&op).copied() {
             if at + config.inactive_operation_expiry > now {
@@ -754,7 +756,7 @@ impl ExecutionManager {
         }
         if session.executions.len() >= config.max_executions_per_session {
             return Err(ConnectError::ExecutionLimitExceeded {
-                session: shown(raw_sid),
+                session: shown(raw_sid).into_owned(),
                 limit: config.max_executions_per_session,
             });
         }
@@ -809,7 +811,7 @@ impl ExecutionManager {
                 // Like Spark, an id that is no UUID names no execution (connect §2).
                 let Some(op) = parse_uuid(&request.operation_id) else {
                     return Err(ConnectError::OperationNotFound {
-                        handle: shown(&request.operation_id),
+                        handle: shown(&request.operation_id).into_owned(),
                     });
                 };
                 let found = session.executions.get(&op).cloned();

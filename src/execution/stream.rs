@@ -56,9 +56,10 @@ impl RegistryEvents {
         self.pending.store(true, Ordering::Release);
     }
 
-    /// The events pushed so far, oldest first (cheap when there are none).
+    /// The events pushed so far, oldest first. Cheap when there are none: one atomic load,
+    /// no write (it runs on every lock of the registry).
     pub(crate) fn take(&self) -> Vec<RegistryEvent> {
-        if !self.pending.swap(false, Ordering::Acquire) {
+        if !self.pending.load(Ordering::Acquire) || !self.pending.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
         std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner))

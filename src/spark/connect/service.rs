@@ -285,7 +285,7 @@ impl<E: QueryEngine> ConnectService<E> {
         use config_request::operation::OpType;
         let Some(key) = session_key(&session.user_id, &session.session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
-                handle: shown(&session.session_id),
+                handle: shown(&session.session_id).into_owned(),
             });
         };
         let mut pairs = Vec::new();
