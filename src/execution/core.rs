@@ -69,6 +69,21 @@ pub enum Removal {
     Abandoned,
 }
 
+/// How an execution's producer ended (the runner, rx §2.1 dimension 3):
+/// [`ExecutionCore::outcome`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RunOutcome {
+    /// It finished successfully (`ResultComplete` for a reattachable execution, rx §2.2 T7).
+    Completed,
+    /// It failed with this terminal error (rx §2.2 T8).
+    Failed(ConnectError),
+    /// It was interrupted, or released/abandoned before finishing (`OPERATION_CANCELED`,
+    /// rx §2.2 T9, T12).
+    Cancelled,
+    /// Its producer vanished without finishing (rx §2.2 T15).
+    Orphaned,
+}
+
 /// The coarse state of an execution, which the [`Execution`](super::Execution) typestates
 /// are views of (rx §2.3).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -238,6 +253,44 @@ impl ExecutionCore {
         self.orphaned
     }
 
+    /// Whether the producer must stop: the execution was interrupted (runner
+    /// `Interrupted` / `StartedInterrupted`, rx §2.2 T9) or left the registry (released or
+    /// abandoned, T12). What [`Producer::is_cancelled`](super::Producer::is_cancelled) and
+    /// [`Producer::cancelled`](super::Producer::cancelled) report.
+    pub fn producer_must_stop(&self) -> bool {
+        self.removed.is_some()
+            || matches!(
+                self.runner,
+                RunnerState::StartedInterrupted | RunnerState::Interrupted
+            )
+    }
+
+    /// How the runner ended (rx §2.1 dimension 3), once it has: runner `Interrupted` or
+    /// `Completed`, as in every execution in phase [`ExecutionPhase::Terminated`]. An
+    /// orphan is [`RunOutcome::Orphaned`] (T15); a stored `OPERATION_CANCELED`, or an end
+    /// with neither a terminal error nor a final index (released before it finished, T12),
+    /// is [`RunOutcome::Cancelled`]; another terminal error is [`RunOutcome::Failed`]
+    /// (T8); a fixed final index is [`RunOutcome::Completed`] (T7). `None` while the
+    /// runner has not started or may still produce.
+    pub fn outcome(&self) -> Option<RunOutcome> {
+        if !matches!(
+            self.runner,
+            RunnerState::Interrupted | RunnerState::Completed
+        ) {
+            return None;
+        }
+        Some(if self.orphaned {
+            RunOutcome::Orphaned
+        } else {
+            match self.log.terminal_error() {
+                Some(ConnectError::OperationCanceled) => RunOutcome::Cancelled,
+                Some(e) => RunOutcome::Failed(e.clone()),
+                None if self.log.is_finished() => RunOutcome::Completed,
+                None => RunOutcome::Cancelled,
+            }
+        })
+    }
+
     /// How many consumers attached so far: the initial stream (rx §2.2 T1) and every
     /// reattach (T5).
     pub fn attach_count(&self) -> u64 {
@@ -336,6 +389,49 @@ impl ExecutionCore {
         });
         self.detached_since = None;
         (id, preempted)
+    }
+
+    /// `ReattachExecute` on this execution (rx §5.5 steps 3–4), in Spark's order:
+    ///
+    /// 1. not reattachable, or its producer not started yet → `NOT_REATTACHABLE`, nothing
+    ///    changes (SPARK-49492: no hang);
+    /// 2. an orphan (its producer vanished, SPARK-50735) → the execution is closed as
+    ///    [`Removal::Released`] and the orphan error returned: the caller must remove it
+    ///    from its registry;
+    /// 3. `last_response_id` unknown → `POSITION_NOT_FOUND` (rx §3.5), before anything is
+    ///    preempted;
+    /// 4. a new consumer attaches at the resolved index, preempting the attached one
+    ///    (rx §2.2 T5, §4.4);
+    /// 5. that index was already released → `POSITION_NOT_AVAILABLE` after preempting, as
+    ///    Spark's sender fails on its first poll (rx §3.5); the new consumer is detached at
+    ///    `now`.
+    ///
+    /// Returns the new consumer (or the error) and the consumer this call preempted or
+    /// closed, if any: that one gets `DISCONNECTED` on its next poll, so wake it.
+    pub fn reattach(
+        &mut self,
+        last_response_id: Option<&str>,
+        now: Instant,
+    ) -> (Result<ConsumerId, ConnectError>, Option<ConsumerId>) {
+        if !self.reattachable || self.runner == RunnerState::NotStarted {
+            return (Err(ConnectError::NotReattachable), None);
+        }
+        if self.orphaned {
+            let preempted = self.close(Removal::Released);
+            let handle = self.log.stamp().operation_id.to_string();
+            return (Err(ConnectError::Orphaned { handle }), preempted);
+        }
+        let next = match self.position(last_response_id) {
+            Ok(next) => next,
+            Err(e) => return (Err(e), None),
+        };
+        let (id, preempted) = self.attach(next, now);
+        if !self.log.is_available(next) {
+            let e = self.log.not_available(next);
+            let _ = self.detach(id, now);
+            return (Err(e), preempted);
+        }
+        (Ok(id), preempted)
     }
 
     /// The index the consumer `id` will ask for next, if it is the attached one (the
@@ -804,5 +900,109 @@ mod tests {
             ConsumerEvent::End(StreamEnd::Complete)
         );
         assert_eq!(c.log().final_index(), Some(2));
+    }
+
+    /// rx §5.5 ReattachExecute step 3 and SPARK-49492 (scenario 17): refused before start,
+    /// and for a non-reattachable execution, with nothing preempted.
+    #[test]
+    fn reattach_refuses_unstarted_and_non_reattachable_first() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        assert_eq!(
+            c.reattach(Some("not-an-id"), t),
+            (Err(ConnectError::NotReattachable), None)
+        );
+        assert_eq!(c.attach_count(), 0);
+        let mut n = core(false, StreamLimits::default());
+        let _ = n.start();
+        let (a, _) = n.attach(1, t);
+        assert_eq!(
+            n.reattach(None, t),
+            (Err(ConnectError::NotReattachable), None)
+        );
+        assert!(n.is_current(a));
+    }
+
+    /// SPARK-50735: an orphan is closed as released (its consumer disconnected) before
+    /// its position is even looked at.
+    #[test]
+    fn reattach_closes_an_orphan_before_resolving_the_position() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        let _ = c.start();
+        let (a, _) = c.attach(1, t);
+        c.producer_gone();
+        let (r, preempted) = c.reattach(Some("unknown"), t);
+        assert!(matches!(r, Err(ConnectError::Orphaned { .. })), "{r:?}");
+        assert_eq!(preempted, Some(a));
+        assert_eq!(c.removal(), Some(Removal::Released));
+        assert_eq!(c.outcome(), Some(RunOutcome::Orphaned));
+    }
+
+    /// rx §3.5: an unknown position fails before preempting; a released one after.
+    #[test]
+    fn reattach_position_not_found_before_and_not_available_after_preempting() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        let _ = c.start();
+        let (a, _) = c.attach(1, t);
+        c.push(batch(1)).unwrap();
+        c.push(batch(1)).unwrap();
+        next(&mut c, a, t);
+        let second = next(&mut c, a, t).response_id;
+        let (r, preempted) = c.reattach(Some("unknown"), t);
+        assert!(
+            matches!(r, Err(ConnectError::PositionNotFound { .. })),
+            "{r:?}"
+        );
+        assert_eq!(preempted, None);
+        assert!(c.is_current(a), "nothing preempted");
+        c.release_until(&second).unwrap();
+        let later = t + Duration::from_secs(1);
+        let (r, preempted) = c.reattach(None, later);
+        assert!(
+            matches!(r, Err(ConnectError::PositionNotAvailable { .. })),
+            "{r:?}"
+        );
+        assert_eq!(preempted, Some(a));
+        assert!(!c.is_attached());
+        assert_eq!(c.detached_since(), Some(later));
+        let (r, preempted) = c.reattach(Some(&second), later);
+        assert!(r.is_ok() && preempted.is_none(), "{r:?}");
+    }
+
+    /// rx §2.2 T7–T9, T12, T15: the run outcome, and when the producer must stop.
+    #[test]
+    fn outcome_and_producer_must_stop() {
+        let t = Instant::now();
+        let mut c = core(true, StreamLimits::default());
+        assert_eq!((c.outcome(), c.producer_must_stop()), (None, false));
+        let _ = c.start();
+        assert_eq!((c.outcome(), c.producer_must_stop()), (None, false));
+        let mut done = core(true, StreamLimits::default());
+        let _ = done.start();
+        done.finish().unwrap();
+        assert_eq!(done.outcome(), Some(RunOutcome::Completed));
+        assert!(!done.producer_must_stop());
+        let mut failed = core(true, StreamLimits::default());
+        let _ = failed.start();
+        failed.fail(ConnectError::NotReattachable).unwrap();
+        assert_eq!(
+            failed.outcome(),
+            Some(RunOutcome::Failed(ConnectError::NotReattachable))
+        );
+        assert!(c.interrupt());
+        assert!(c.producer_must_stop());
+        assert_eq!(c.outcome(), None, "the producer has not stopped yet");
+        c.producer_gone();
+        assert_eq!(c.outcome(), Some(RunOutcome::Cancelled));
+        let mut released = core(true, StreamLimits::default());
+        let _ = released.start();
+        let _ = released.attach(1, t);
+        let _ = released.close(Removal::Abandoned);
+        assert!(released.producer_must_stop());
+        released.producer_gone();
+        assert_eq!(released.outcome(), Some(RunOutcome::Cancelled));
+        assert_eq!(released.phase(), ExecutionPhase::Terminated);
     }
 }

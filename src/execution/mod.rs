@@ -85,8 +85,8 @@ mod stream;
 mod typed;
 
 pub use self::core::{
-    ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, Removal, RunnerState,
-    StreamEnd, StreamLimits,
+    ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, Removal, RunOutcome,
+    RunnerState, StreamEnd, StreamLimits,
 };
 pub use error::{CONDITIONS, Code, ConnectError, SparkError};
 pub use keys::{ExecuteKey, SessionKey};
@@ -95,5 +95,4 @@ pub use manager::{ExecutionManager, MaintenanceReport, ManagerConfig, ManagerSta
 pub use stream::{ForwardError, Producer, ResponseStream};
 pub use typed::{
     AnyExecution, Execution, ExecutionOutcome, Kind, Lookup, NonReattachable, Reattachable,
-    RunOutcome,
 };

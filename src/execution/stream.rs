@@ -17,9 +17,7 @@ use std::time::Instant;
 use futures::future::poll_fn;
 use futures::{Sink, Stream};
 
-use super::core::{
-    ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, RunnerState, StreamEnd,
-};
+use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, StreamEnd};
 use super::error::ConnectError;
 use super::keys::ExecuteKey;
 use crate::time::Timer;
@@ -204,28 +202,20 @@ impl ExecShared {
         wakes: &mut Wakes,
     ) -> Result<ResponseStream, ConnectError> {
         let mut st = self.lock();
-        if !self.reattachable || st.core.runner() == RunnerState::NotStarted {
-            return Err(ConnectError::NotReattachable);
-        }
-        if st.core.is_orphan() {
-            drop(st);
-            self.close_into(Removal::Released, wakes);
-            return Err(ConnectError::Orphaned {
-                handle: self.operation_id.to_string(),
-            });
-        }
-        let next = st.core.position(last_response_id)?;
-        let (id, preempted) = st.core.attach(next, now);
+        let (attached, preempted) = st.core.reattach(last_response_id, now);
         if preempted.is_some() {
             wakes.push(st.take_consumer());
         }
-        if !st.core.log().is_available(next) {
-            let e = st.core.log().not_available(next);
-            let _ = st.core.detach(id, now);
-            return Err(e);
-        }
         drop(st);
-        Ok(ResponseStream::new(self.clone(), id))
+        match attached {
+            Ok(id) => Ok(ResponseStream::new(self.clone(), id)),
+            Err(e @ ConnectError::Orphaned { .. }) => {
+                // The core closed the orphan; it leaves the registry (SPARK-50735).
+                self.close_into(Removal::Released, wakes);
+                Err(e)
+            }
+            Err(e) => Err(e),
+        }
     }
 }
 
@@ -663,12 +653,7 @@ impl Producer {
     /// Whether the execution was interrupted, released or abandoned: stop producing
     /// (rx §2.2 T9, T12).
     pub fn is_cancelled(&self) -> bool {
-        let st = self.exec.lock();
-        st.core.removal().is_some()
-            || matches!(
-                st.core.runner(),
-                super::RunnerState::StartedInterrupted | super::RunnerState::Interrupted
-            )
+        self.exec.lock().core.producer_must_stop()
     }
 
     /// Resolves once the execution is interrupted, released or abandoned (rx §2.2 T9,
@@ -676,12 +661,7 @@ impl Producer {
     pub async fn cancelled(&self) {
         poll_fn(|cx| {
             let mut st = self.exec.lock();
-            let stop = st.core.removal().is_some()
-                || matches!(
-                    st.core.runner(),
-                    super::RunnerState::StartedInterrupted | super::RunnerState::Interrupted
-                );
-            if stop {
+            if st.core.producer_must_stop() {
                 Poll::Ready(())
             } else {
                 st.watch(cx.waker());

@@ -7,7 +7,7 @@ use std::task::Poll;
 
 use futures::future::poll_fn;
 
-use super::core::{ExecutionPhase, Removal};
+use super::core::{ExecutionPhase, Removal, RunOutcome};
 use super::error::ConnectError;
 use super::keys::ExecuteKey;
 use super::stream::{ExecShared, Producer, ResponseStream, Wakes};
@@ -45,20 +45,6 @@ impl Kind for NonReattachable {
 }
 
 use super::state::{self, State as _};
-
-/// How an execution's producer ended (the runner, rx §2.1 dimension 3).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RunOutcome {
-    /// It finished successfully (`ResultComplete` for a reattachable execution, rx §2.2 T7).
-    Completed,
-    /// It failed with this terminal error (rx §2.2 T8).
-    Failed(ConnectError),
-    /// It was interrupted, or released/abandoned before finishing (`OPERATION_CANCELED`,
-    /// rx §2.2 T9, T12).
-    Cancelled,
-    /// Its producer vanished without finishing (rx §2.2 T15).
-    Orphaned,
-}
 
 /// The final outcome of a [`state::Terminated`] execution: how its runner ended and how it
 /// left the registry (rx §2.1 dimensions 3 and 1).
@@ -362,20 +348,10 @@ impl<K: Kind> Execution<state::Terminated, K> {
     /// The final outcome: the runner's end and the removal (rx §2.1 dimensions 3 and 1).
     pub fn outcome(&self) -> ExecutionOutcome {
         let st = self.exec.lock();
-        let core = &st.core;
-        let run = if core.is_orphan() {
-            RunOutcome::Orphaned
-        } else {
-            match core.log().terminal_error() {
-                Some(ConnectError::OperationCanceled) => RunOutcome::Cancelled,
-                Some(e) => RunOutcome::Failed(e.clone()),
-                None if core.log().is_finished() => RunOutcome::Completed,
-                None => RunOutcome::Cancelled,
-            }
-        };
         ExecutionOutcome {
-            run,
-            removal: core.removal().unwrap_or(Removal::Released),
+            // A terminated execution's runner has ended, so the core always has an outcome.
+            run: st.core.outcome().unwrap_or(RunOutcome::Cancelled),
+            removal: st.core.removal().unwrap_or(Removal::Released),
         }
     }
 }
