@@ -1,6 +1,5 @@
 //! The execution registry and the sessions (reattach rx §5): [`ExecutionManager`].
 
-use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -9,9 +8,12 @@ use uuid::Uuid;
 
 use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
 use super::error::ConnectError;
-use super::keys::{ExecuteKey, SessionKey, parse_uuid, shown};
+use super::keys::{ExecuteKey, SessionKey, parse_uuid};
 use super::log::{LogConfig, Stamp};
-use super::lru::Lru;
+use super::registry::{
+    Admit, Admitted, InterruptTarget, Leave, MaintenanceReport, ManagerStats, NewExecution,
+    Registry, RegistryConfig,
+};
 use super::state;
 use super::stream::{ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
@@ -129,74 +131,13 @@ impl Submitted {
     }
 }
 
-/// What one maintenance pass did ([`ExecutionManager::maintain`]: Spark's
-/// `SparkConnectExecutionManager.periodicMaintenance`, rx §5.3, plus session expiry, rx §5.6).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct MaintenanceReport {
-    /// Executions abandoned because they were detached for `detached_timeout`.
-    pub abandoned: usize,
-    /// Sessions closed because they were idle for `session_timeout`.
-    pub sessions_expired: usize,
-    /// Executions abandoned because their session expired.
-    pub abandoned_with_sessions: usize,
-}
-
-/// Counters of an [`ExecutionManager`]: the sizes of the registry (rx §5.1) and of the
-/// tombstone caches (rx §5.4, §5.6), and lifetime totals.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct ManagerStats {
-    /// Live (registered) executions.
-    pub executions: usize,
-    /// Live sessions.
-    pub sessions: usize,
-    /// Entries in the abandoned-operation tombstones.
-    pub abandoned_tombstones: usize,
-    /// Entries in the closed-session tombstones.
-    pub closed_session_tombstones: usize,
-    /// Executions created so far.
-    pub created: u64,
-    /// Executions released so far.
-    pub released: u64,
-    /// Executions abandoned so far.
-    pub abandoned: u64,
-    /// Executions forgotten so far ([`ExecutionManager::forget_execution`]): fault
-    /// injection only. `created = executions + released + abandoned + forgotten`.
-    pub forgotten: u64,
-}
-
-struct Session {
-    user: Arc<str>,
-    echo_session_id: Arc<str>,
-    server_side: Arc<str>,
-    last_access: Instant,
-    executions: HashMap<Uuid, Arc<ExecShared>>,
-    inactive: Lru<Uuid, Instant>,
-}
-
-pub(crate) struct Registry {
-    users: HashMap<Arc<str>, HashMap<Uuid, Session>>,
-    closed_sessions: Lru<SessionKey, ()>,
-    abandoned: Lru<ExecuteKey, ()>,
-    live: usize,
-    sessions: usize,
-    created: u64,
-    released: u64,
-    abandoned_count: u64,
-    forgotten: u64,
-}
-
-/// How an execution leaves the registry: the core's [`Removal`], or forgotten as by a
-/// restarted server (no trace at all).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Leave {
-    Removed(Removal),
-    Forgotten,
-}
+/// The registry as the manager holds it: the pure rules of rx §5 over shared executions.
+type Reg = Registry<Arc<ExecShared>>;
 
 pub(crate) struct ManagerInner {
     config: ManagerConfig,
     clock: Arc<dyn Timer>,
-    registry: Mutex<Registry>,
+    registry: Mutex<Reg>,
     /// What executions report when they leave (applied at every lock of the registry).
     events: Arc<RegistryEvents>,
 }
@@ -248,256 +189,36 @@ impl fmt::Debug for ExecutionManager {
     }
 }
 
-fn canonical(id: Uuid) -> String {
-    id.hyphenated().to_string()
-}
-
 fn canonical_arc(id: Uuid) -> Arc<str> {
     let mut buf = Uuid::encode_buffer();
     Arc::from(&*id.hyphenated().encode_lower(&mut buf))
 }
 
-impl Registry {
-    fn session_mut(&mut self, user: &str, sid: Uuid) -> Option<&mut Session> {
-        self.users.get_mut(user)?.get_mut(&sid)
-    }
-
-    /// Looks a session up without creating it (rx §5.5), checks the client's observed
-    /// `server_side_session_id` (`SESSION_CHANGED` on a mismatch) and refreshes the idle
-    /// timer. ReattachExecute, ReleaseExecute (which passes no observed id, rx §1.5) and
-    /// Interrupt all go through here.
-    fn lookup_session(
-        &mut self,
-        user: &str,
-        raw_session_id: &str,
-        observed: Option<&str>,
-        now: Instant,
-    ) -> Result<&mut Session, ConnectError> {
-        let not_found = || ConnectError::SessionNotFound {
-            handle: shown(raw_session_id).into_owned(),
-        };
-        let sid = parse_uuid(raw_session_id).ok_or_else(not_found)?;
-        if self.session_mut(user, sid).is_none() {
-            let key = SessionKey {
-                user_id: Arc::from(user),
-                session_id: sid,
-            };
-            return Err(if self.closed_sessions.contains(&key) {
-                ConnectError::SessionClosed {
-                    handle: shown(raw_session_id).into_owned(),
-                }
-            } else {
-                not_found()
-            });
+impl From<&ManagerConfig> for RegistryConfig {
+    fn from(c: &ManagerConfig) -> Self {
+        Self {
+            detached_timeout: c.detached_timeout,
+            session_timeout: c.session_timeout,
+            abandoned_tombstones: c.abandoned_tombstones,
+            closed_session_tombstones: c.closed_session_tombstones,
+            max_executions_per_session: c.max_executions_per_session,
+            inactive_operation_expiry: c.inactive_operation_expiry,
+            inactive_operations_per_session: c.inactive_operations_per_session,
         }
-        let session = self.session_mut(user, sid).ok_or_else(not_found)?;
-        check_observed(session, observed, raw_session_id)?;
-        session.last_access = now;
-        Ok(session)
-    }
-
-    fn get_or_create_session(
-        &mut self,
-        config: &ManagerConfig,
-        user: &str,
-        raw_session_id: &str,
-        now: Instant,
-    ) -> Result<&mut Session, ConnectError> {
-        let Some(sid) = parse_uuid(raw_session_id) else {
-            return Err(ConnectError::InvalidHandleFormat {
-                handle: shown(raw_session_id).into_owned(),
-            });
-        };
-        let exists = self
-            .users
-            .get(user)
-            .is_some_and(|sessions| sessions.contains_key(&sid));
-        if !exists {
-            let user_arc: Arc<str> = match self.users.get_key_value(user) {
-                Some((k, _)) => k.clone(),
-                None => Arc::from(user),
-            };
-            let key = SessionKey {
-                user_id: user_arc.clone(),
-                session_id: sid,
-            };
-            if self.closed_sessions.contains(&key) {
-                return Err(ConnectError::SessionClosed {
-                    handle: shown(raw_session_id).into_owned(),
-                });
-            }
-            let session = Session {
-                user: user_arc.clone(),
-                echo_session_id: Arc::from(raw_session_id),
-                server_side: Arc::from(canonical(Uuid::new_v4())),
-                last_access: now,
-                executions: HashMap::new(),
-                inactive: Lru::new(config.inactive_operations_per_session),
-            };
-            self.users.entry(user_arc).or_default().insert(sid, session);
-            self.sessions += 1;
-        }
-        let s = self
-            .session_mut(user, sid)
-            .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: shown(raw_session_id).into_owned(),
-            })?;
-        s.last_access = now;
-        Ok(s)
-    }
-
-    /// Removes an execution (rx §5.1 `removeExecuteHolder`) and closes it. With `expect`,
-    /// only if the registered execution is that one. Returns whether it was removed.
-    fn remove_execution(
-        &mut self,
-        key: &ExecuteKey,
-        expect: Option<&Arc<ExecShared>>,
-        removal: Removal,
-        now: Instant,
-        wakes: &mut Wakes,
-    ) -> bool {
-        self.leave(key, expect, Leave::Removed(removal), now, wakes)
-    }
-
-    fn leave(
-        &mut self,
-        key: &ExecuteKey,
-        expect: Option<&Arc<ExecShared>>,
-        how: Leave,
-        now: Instant,
-        wakes: &mut Wakes,
-    ) -> bool {
-        let Some(session) = self.session_mut(&key.user_id, key.session_id) else {
-            return false;
-        };
-        match (session.executions.get(&key.operation_id), expect) {
-            (Some(found), Some(e)) if !Arc::ptr_eq(found, e) => return false,
-            (None, _) => return false,
-            _ => {}
-        }
-        let Some(exec) = session.executions.remove(&key.operation_id) else {
-            return false;
-        };
-        if matches!(how, Leave::Removed(_)) {
-            session.inactive.insert(key.operation_id, now);
-        }
-        self.live -= 1;
-        let removal = match how {
-            Leave::Removed(removal) => {
-                match removal {
-                    Removal::Abandoned => {
-                        self.abandoned.insert(key.clone(), ());
-                        self.abandoned_count += 1;
-                    }
-                    Removal::Released => self.released += 1,
-                }
-                removal
-            }
-            Leave::Forgotten => {
-                self.forgotten += 1;
-                Removal::Released
-            }
-        };
-        let mut st = exec.lock();
-        let _ = st.core.close(removal);
-        st.take_all(wakes);
-        true
-    }
-
-    /// Closes a session (rx §5.6): tombstone first (unless reconnect is allowed), then
-    /// every execution removed as abandoned. Returns its server-side id if it existed.
-    fn close_session(
-        &mut self,
-        user: &str,
-        sid: Uuid,
-        tombstone: bool,
-        wakes: &mut Wakes,
-    ) -> Option<(Arc<str>, usize)> {
-        let sessions = self.users.get_mut(user)?;
-        let session = sessions.remove(&sid)?;
-        if sessions.is_empty() {
-            self.users.remove(user);
-        }
-        self.sessions -= 1;
-        if tombstone {
-            self.closed_sessions.insert(
-                SessionKey {
-                    user_id: session.user.clone(),
-                    session_id: sid,
-                },
-                (),
-            );
-        }
-        let n = session.executions.len();
-        // Sorted, so tombstone order (and so LRU eviction) is deterministic.
-        let mut executions: Vec<_> = session.executions.into_iter().collect();
-        executions.sort_unstable_by_key(|(op, _)| *op);
-        for (op, exec) in executions {
-            self.live -= 1;
-            self.abandoned_count += 1;
-            self.abandoned.insert(
-                ExecuteKey {
-                    user_id: session.user.clone(),
-                    session_id: sid,
-                    operation_id: op,
-                },
-                (),
-            );
-            let mut st = exec.lock();
-            let _ = st.core.close(Removal::Abandoned);
-            st.take_all(wakes);
-        }
-        Some((session.server_side, n))
     }
 }
 
-/// What an admitted ExecutePlan is (rx §5.2): a duplicate of a live execution with the
-/// same plan, reattached from the start, or a new registered execution.
-enum Admitted {
-    Duplicate(Box<ResponseStream>),
-    New {
-        exec: Arc<ExecShared>,
-        reattachable: bool,
-    },
-}
-
-fn check_observed(
-    session: &Session,
-    observed: Option<&str>,
-    raw: &str,
-) -> Result<(), ConnectError> {
-    match observed {
-        Some(o) if o != &*session.server_side => Err(ConnectError::SessionChanged {
-            handle: shown(raw).into_owned(),
-        }),
-        _ => Ok(()),
-    }
-}
-
-fn parse_operation(raw: &str) -> Result<Uuid, ConnectError> {
-    parse_uuid(raw).ok_or_else(|| ConnectError::InvalidHandleFormat {
-        handle: shown(raw).into_owned(),
-    })
-}
-
-fn validate_tag(tag: &str) -> Result<(), ConnectError> {
-    let reason = if tag.is_empty() {
-        "a tag cannot be an empty string"
-    } else if tag.contains(',') {
-        "a tag cannot contain ','"
-    } else {
-        return Ok(());
-    };
-    Err(ConnectError::InvalidTag {
-        tag: tag.to_owned(),
-        reason,
-    })
+/// Closes an execution the registry removed (rx §2.2 T12) and collects its wake-ups.
+fn close(exec: &ExecShared, removal: Removal, wakes: &mut Wakes) {
+    let mut st = exec.lock();
+    let _ = st.core.close(removal);
+    st.take_all(wakes);
 }
 
 impl ManagerInner {
     /// Locks the registry, first applying what executions reported since the last lock
     /// (their removals, [`RegistryEvent`]): every answer reflects them.
-    fn lock(&self) -> MutexGuard<'_, Registry> {
+    fn lock(&self) -> MutexGuard<'_, Reg> {
         let mut reg = self.registry.lock().unwrap_or_else(|p| p.into_inner());
         let events = self.events.take();
         if !events.is_empty() {
@@ -505,7 +226,13 @@ impl ManagerInner {
             let mut wakes = Wakes::default();
             for RegistryEvent { exec, removal } in events {
                 if let Some(exec) = exec.upgrade() {
-                    reg.remove_execution(&exec.key, Some(&exec), removal, now, &mut wakes);
+                    let how = Leave::Removed(removal);
+                    if reg
+                        .remove(&exec.key, how, now, |e| Arc::ptr_eq(e, &exec))
+                        .is_some()
+                    {
+                        close(&exec, removal, &mut wakes);
+                    }
                 }
             }
             // The executions closed themselves and took their wake-ups already.
@@ -532,17 +259,7 @@ impl ExecutionManager {
     pub fn with_clock(config: ManagerConfig, clock: Arc<dyn Timer>) -> Self {
         Self {
             inner: Arc::new(ManagerInner {
-                registry: Mutex::new(Registry {
-                    users: HashMap::new(),
-                    closed_sessions: Lru::new(config.closed_session_tombstones),
-                    abandoned: Lru::new(config.abandoned_tombstones),
-                    live: 0,
-                    sessions: 0,
-                    created: 0,
-                    released: 0,
-                    abandoned_count: 0,
-                    forgotten: 0,
-                }),
+                registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
                 config,
                 clock,
                 events: Arc::default(),
@@ -566,98 +283,65 @@ impl ExecutionManager {
 
     /// Counters and sizes ([`ManagerStats`]: registry, rx §5.1; tombstones, rx §5.4, §5.6).
     pub fn stats(&self) -> ManagerStats {
-        let reg = self.inner.lock();
-        ManagerStats {
-            executions: reg.live,
-            sessions: reg.sessions,
-            abandoned_tombstones: reg.abandoned.len(),
-            closed_session_tombstones: reg.closed_sessions.len(),
-            created: reg.created,
-            released: reg.released,
-            abandoned: reg.abandoned_count,
-            forgotten: reg.forgotten,
-        }
+        self.inner.lock().stats()
     }
 
     /// Number of live (registered) executions (rx §2.1 dimension 1).
     pub fn execution_count(&self) -> usize {
-        self.inner.lock().live
+        self.inner.lock().len()
     }
 
     /// Whether the abandoned-operation tombstones hold `key` (does not refresh it; Spark's
     /// `getAbandonedTombstone`, rx §5.4).
     pub fn is_abandoned(&self, key: &ExecuteKey) -> bool {
-        self.inner.lock().abandoned.peek(key).is_some()
+        self.inner.lock().is_abandoned(key)
     }
 
     /// Whether the closed-session tombstones hold `key` (does not refresh it; rx §5.6).
     pub fn is_session_closed(&self, key: &SessionKey) -> bool {
-        self.inner.lock().closed_sessions.peek(key).is_some()
+        self.inner.lock().is_session_closed(key)
     }
 
     /// The `server_side_session_id` of a live session: server-generated, carried by every
     /// response of the session (rx §1.3, connect §3).
     pub fn server_side_session_id(&self, key: &SessionKey) -> Option<String> {
-        let mut reg = self.inner.lock();
-        reg.session_mut(&key.user_id, key.session_id)
-            .map(|s| s.server_side.to_string())
+        self.inner
+            .lock()
+            .session(key)
+            .map(|s| s.server_side().to_string())
     }
 
     /// When a live session was last accessed by an RPC (every RPC that resolves the
     /// session counts, rx §5.6).
     pub fn session_last_access(&self, key: &SessionKey) -> Option<Instant> {
-        let mut reg = self.inner.lock();
-        reg.session_mut(&key.user_id, key.session_id)
-            .map(|s| s.last_access)
+        self.inner.lock().session(key).map(|s| s.last_access())
     }
 
     /// The keys of every live execution (O(n); for tests and tooling; the registry of
     /// rx §5.1, as Spark's `listActiveExecutions` lists it).
     pub fn execution_keys(&self) -> Vec<ExecuteKey> {
         let reg = self.inner.lock();
-        let mut keys = Vec::with_capacity(reg.live);
-        for sessions in reg.users.values() {
-            for (sid, s) in sessions {
-                for op in s.executions.keys() {
-                    keys.push(ExecuteKey {
-                        user_id: s.user.clone(),
-                        session_id: *sid,
-                        operation_id: *op,
-                    });
-                }
-            }
-        }
+        let mut keys = Vec::with_capacity(reg.len());
+        keys.extend(reg.executions().map(|(key, _)| key));
         keys
     }
 
     /// The keys in the abandoned-operation tombstones (O(n); Spark's
     /// `listAbandonedExecutions`, rx §5.4).
     pub fn abandoned_keys(&self) -> Vec<ExecuteKey> {
-        self.inner.lock().abandoned.keys().cloned().collect()
+        self.inner.lock().abandoned_keys().cloned().collect()
     }
 
     /// A handle on a live execution, in the typestate matching its current phase (rx §2.3;
     /// Spark's `getExecuteHolder`).
     pub fn lookup(&self, key: &ExecuteKey) -> Option<super::typed::Lookup> {
-        let exec = {
-            let mut reg = self.inner.lock();
-            reg.session_mut(&key.user_id, key.session_id)?
-                .executions
-                .get(&key.operation_id)?
-                .clone()
-        };
+        let exec = self.inner.lock().get(key)?.clone();
         Some(super::typed::Lookup::from_shared(exec))
     }
 
     /// The coarse phase of a live execution (rx §2.3).
     pub fn phase(&self, key: &ExecuteKey) -> Option<ExecutionPhase> {
-        let exec = {
-            let mut reg = self.inner.lock();
-            reg.session_mut(&key.user_id, key.session_id)?
-                .executions
-                .get(&key.operation_id)?
-                .clone()
-        };
+        let exec = self.inner.lock().get(key)?.clone();
         let p = exec.lock().core.phase();
         Some(p)
     }
@@ -675,110 +359,51 @@ impl ExecutionManager {
     /// `EXECUTION_LIMIT_EXCEEDED`. On any error nothing is registered.
     pub fn execute_plan(&self, request: &ExecutePlanRequest) -> Result<Submitted, ConnectError> {
         let now = self.now();
+        let config = &self.inner.config;
         let mut wakes = Wakes::default();
         let result = {
-            let mut guard = self.inner.lock();
-            let reg = &mut *guard;
-            self.execute_plan_locked(reg, request, now, &mut wakes)
+            let mut reg = self.inner.lock();
+            let admit = Admit {
+                user: request.user_id(),
+                session_id: &request.session_id,
+                observed: request.client_observed_server_side_session_id.as_deref(),
+                operation_id: request.operation_id.as_deref(),
+                tags: &request.tags,
+            };
+            let reattachable = config.reattachable_enabled && request.is_reattachable();
+            let make = |new: NewExecution<'_>| {
+                let stamp = Stamp {
+                    session_id: new.session_id.clone(),
+                    server_side_session_id: new.server_side.clone(),
+                    operation_id: canonical_arc(new.key.operation_id),
+                };
+                let core = ExecutionCore::new(reattachable, config.log, config.stream, stamp);
+                Arc::new(ExecShared::new(
+                    new.key,
+                    core,
+                    request.tags.clone().into_boxed_slice(),
+                    request.plan.clone(),
+                    self.inner.clock.clone(),
+                    self.inner.events.clone(),
+                ))
+            };
+            match reg.admit(admit, now, |e| e.plan == request.plan, make) {
+                // A reattach from the start (rx §5.2, SPARK-52397), under the registry lock
+                // as every attach.
+                Ok(Admitted::Duplicate(existing)) => existing
+                    .attach(None, now, &mut wakes)
+                    .map(|stream| Submitted::Reattached(Box::new(stream))),
+                Ok(Admitted::New(exec)) if exec.reattachable => {
+                    Ok(Submitted::Reattachable(Execution::new_submitted(exec)))
+                }
+                Ok(Admitted::New(exec)) => {
+                    Ok(Submitted::NonReattachable(Execution::new_submitted(exec)))
+                }
+                Err(e) => Err(e),
+            }
         };
         wakes.wake();
-        Ok(match result? {
-            Admitted::Duplicate(stream) => Submitted::Reattached(stream),
-            Admitted::New {
-                exec,
-                reattachable: true,
-            } => Submitted::Reattachable(Execution::new_submitted(exec)),
-            Admitted::New {
-                exec,
-                reattachable: false,
-            } => Submitted::NonReattachable(Execution::new_submitted(exec)),
-        })
-    }
-
-    fn execute_plan_locked(
-        &self,
-        reg: &mut Registry,
-        request: &ExecutePlanRequest,
-        now: Instant,
-        wakes: &mut Wakes,
-    ) -> Result<Admitted, ConnectError> {
-        let config = &self.inner.config;
-        let user = request.user_id();
-        let raw_sid = request.session_id.as_str();
-        let session = reg.get_or_create_session(config, user, raw_sid, now)?;
-        check_observed(
-            session,
-            request.client_observed_server_side_session_id.as_deref(),
-            raw_sid,
-        )?;
-        let op = match &request.operation_id {
-            Some(raw) => parse_operation(raw)?,
-            None => Uuid::new_v4(),
-        };
-        let sid = parse_uuid(raw_sid).ok_or_else(|| ConnectError::InvalidHandleFormat {
-            handle: shown(raw_sid).into_owned(),
-        })?;
-        let key = ExecuteKey {
-            user_id: session.user.clone(),
-            session_id: sid,
-            operation_id: op,
-        };
-        if let Some(existing) = session.executions.get(&op).cloned() {
-            if existing.plan != request.plan {
-                return Err(ConnectError::OperationAlreadyExists {
-                    handle: canonical(op),
-                });
-            }
-            return existing
-                .attach(None, now, wakes)
-                .map(|stream| Admitted::Duplicate(Box::new(stream)));
-        }
-        if reg.abandoned.contains(&key) {
-            return Err(ConnectError::OperationAbandoned {
-                handle: canonical(op),
-            });
-        }
-        let session = reg
-            .session_mut(user, sid)
-            .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: shown(raw_sid).into_owned(),
-            })?;
-        if let Some(at) = session.inactive.get(&op).copied() {
-            if at + config.inactive_operation_expiry > now {
-                return Err(ConnectError::OperationAbandoned {
-                    handle: canonical(op),
-                });
-            }
-            session.inactive.remove(&op);
-        }
-        for tag in &request.tags {
-            validate_tag(tag)?;
-        }
-        if session.executions.len() >= config.max_executions_per_session {
-            return Err(ConnectError::ExecutionLimitExceeded {
-                session: shown(raw_sid).into_owned(),
-                limit: config.max_executions_per_session,
-            });
-        }
-        let reattachable = config.reattachable_enabled && request.is_reattachable();
-        let stamp = Stamp {
-            session_id: session.echo_session_id.clone(),
-            server_side_session_id: session.server_side.clone(),
-            operation_id: canonical_arc(op),
-        };
-        let core = ExecutionCore::new(reattachable, config.log, config.stream, stamp);
-        let exec = Arc::new(ExecShared::new(
-            key,
-            core,
-            request.tags.clone().into_boxed_slice(),
-            request.plan.clone(),
-            self.inner.clock.clone(),
-            self.inner.events.clone(),
-        ));
-        session.executions.insert(op, exec.clone());
-        reg.live += 1;
-        reg.created += 1;
-        Ok(Admitted::New { exec, reattachable })
+        result
     }
 
     /// `ReattachExecute` (rx §5.5): resumes a reattachable execution after
@@ -797,43 +422,17 @@ impl ExecutionManager {
     ) -> Result<ResponseStream, ConnectError> {
         let now = self.now();
         let mut wakes = Wakes::default();
-        let r = {
-            let mut guard = self.inner.lock();
-            let reg = &mut *guard;
-            (|| {
-                let raw_sid = request.session_id.as_str();
-                let session = reg.lookup_session(
-                    request.user_id(),
-                    raw_sid,
-                    request.client_observed_server_side_session_id.as_deref(),
-                    now,
-                )?;
-                // Like Spark, an id that is no UUID names no execution (connect §2).
-                let Some(op) = parse_uuid(&request.operation_id) else {
-                    return Err(ConnectError::OperationNotFound {
-                        handle: shown(&request.operation_id).into_owned(),
-                    });
-                };
-                let found = session.executions.get(&op).cloned();
-                let key = ExecuteKey {
-                    user_id: session.user.clone(),
-                    session_id: parse_uuid(raw_sid).unwrap_or_default(),
-                    operation_id: op,
-                };
-                let Some(exec) = found else {
-                    return Err(if reg.abandoned.contains(&key) {
-                        ConnectError::OperationAbandoned {
-                            handle: canonical(op),
-                        }
-                    } else {
-                        ConnectError::OperationNotFound {
-                            handle: canonical(op),
-                        }
-                    });
-                };
-                exec.attach(request.last_response_id.as_deref(), now, &mut wakes)
-            })()
-        };
+        let r = self
+            .inner
+            .lock()
+            .find(
+                request.user_id(),
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+                &request.operation_id,
+                now,
+            )
+            .and_then(|exec| exec.attach(request.last_response_id.as_deref(), now, &mut wakes));
         wakes.wake();
         r
     }
@@ -854,49 +453,45 @@ impl ExecutionManager {
     ) -> Result<ReleaseExecuteResponse, ConnectError> {
         let now = self.now();
         let mut wakes = Wakes::default();
-        let r = {
-            let mut guard = self.inner.lock();
-            let reg = &mut *guard;
-            (|| {
-                let raw_sid = request.session_id.as_str();
-                // Like Spark, ReleaseExecute does not validate the observed server-side
-                // session id (rx §1.5), so a release always reaches the execution.
-                let session = reg.lookup_session(request.user_id(), raw_sid, None, now)?;
-                let mut response = ReleaseExecuteResponse {
-                    session_id: request.session_id.clone(),
-                    server_side_session_id: session.server_side.to_string(),
-                    operation_id: None,
-                };
-                // An id that is no UUID names no execution, as an unknown one (Spark).
-                let Some((op, exec)) = parse_uuid(&request.operation_id)
-                    .and_then(|op| Some((op, session.executions.get(&op).cloned()?)))
-                else {
-                    return Ok(response);
-                };
-                if !exec.reattachable {
-                    return Err(ConnectError::NotReattachable);
-                }
-                match &request.release {
-                    None => return Err(ConnectError::UnknownReleaseType),
-                    Some(release_execute_request::Release::ReleaseAll(_)) => {
-                        reg.remove_execution(
-                            &exec.key,
-                            Some(&exec),
-                            Removal::Released,
-                            now,
-                            &mut wakes,
-                        );
-                    }
-                    Some(release_execute_request::Release::ReleaseUntil(until)) => {
-                        let mut st = exec.lock();
-                        st.core.release_until(&until.response_id)?;
-                        wakes.push(st.take_producer());
+        let r = (|| {
+            let mut reg = self.inner.lock();
+            // Like Spark, ReleaseExecute does not validate the observed server-side
+            // session id (rx §1.5), so a release always reaches the execution.
+            let session = reg.lookup_session(request.user_id(), &request.session_id, None, now)?;
+            let mut response = ReleaseExecuteResponse {
+                session_id: request.session_id.clone(),
+                server_side_session_id: session.server_side().to_string(),
+                operation_id: None,
+            };
+            // An id that is no UUID names no execution, as an unknown one (Spark).
+            let Some((op, exec)) = parse_uuid(&request.operation_id)
+                .and_then(|op| Some((op, session.get(&op)?.clone())))
+            else {
+                return Ok(response);
+            };
+            if !exec.reattachable {
+                return Err(ConnectError::NotReattachable);
+            }
+            match &request.release {
+                None => return Err(ConnectError::UnknownReleaseType),
+                Some(release_execute_request::Release::ReleaseAll(_)) => {
+                    let how = Leave::Removed(Removal::Released);
+                    if reg
+                        .remove(&exec.key, how, now, |e| Arc::ptr_eq(e, &exec))
+                        .is_some()
+                    {
+                        close(&exec, Removal::Released, &mut wakes);
                     }
                 }
-                response.operation_id = Some(canonical(op));
-                Ok(response)
-            })()
-        };
+                Some(release_execute_request::Release::ReleaseUntil(until)) => {
+                    let mut st = exec.lock();
+                    st.core.release_until(&until.response_id)?;
+                    wakes.push(st.take_producer());
+                }
+            }
+            response.operation_id = Some(op.hyphenated().to_string());
+            Ok(response)
+        })();
         wakes.wake();
         r
     }
@@ -919,9 +514,8 @@ impl ExecutionManager {
     ) -> Result<String, ConnectError> {
         let now = self.now();
         let mut reg = self.inner.lock();
-        let session = reg.get_or_create_session(&self.inner.config, user_id, session_id, now)?;
-        check_observed(session, observed, session_id)?;
-        Ok(session.server_side.to_string())
+        let session = reg.get_or_create_session(user_id, session_id, observed, now)?;
+        Ok(session.server_side().to_string())
     }
 
     /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
@@ -939,70 +533,55 @@ impl ExecutionManager {
     pub fn interrupt(&self, request: &InterruptRequest) -> Result<InterruptResponse, ConnectError> {
         let now = self.now();
         let mut wakes = Wakes::default();
-        let r = {
-            let mut guard = self.inner.lock();
-            let reg = &mut *guard;
-            (|| {
-                let raw_sid = request.session_id.as_str();
-                // Spark's Interrupt gets or creates its session (connect §3): an interrupt in
-                // a session that does not exist yet succeeds and interrupts nothing.
-                let session =
-                    reg.get_or_create_session(&self.inner.config, request.user_id(), raw_sid, now)?;
-                check_observed(
-                    session,
-                    request.client_observed_server_side_session_id.as_deref(),
-                    raw_sid,
-                )?;
-                let targets: Vec<Arc<ExecShared>> =
-                    match InterruptType::try_from(request.interrupt_type) {
-                        Ok(InterruptType::All) => session.executions.values().cloned().collect(),
-                        Ok(InterruptType::Tag) => {
-                            let Some(interrupt_request::Interrupt::OperationTag(tag)) =
-                                &request.interrupt
-                            else {
-                                return Err(ConnectError::InterruptTagRequiresTag);
-                            };
-                            session
-                                .executions
-                                .values()
-                                .filter(|e| e.tags.iter().any(|t| t == tag))
-                                .cloned()
-                                .collect()
-                        }
-                        Ok(InterruptType::OperationId) => {
-                            let Some(interrupt_request::Interrupt::OperationId(raw)) =
-                                &request.interrupt
-                            else {
-                                return Err(ConnectError::InterruptOperationIdRequiresId);
-                            };
-                            // An id that is no UUID interrupts nothing (Spark).
-                            parse_uuid(raw)
-                                .and_then(|op| session.executions.get(&op).cloned())
-                                .into_iter()
-                                .collect()
-                        }
-                        _ => {
-                            return Err(ConnectError::UnsupportedInterruptType {
-                                interrupt_type: request.interrupt_type,
-                            });
-                        }
-                    };
-                let mut interrupted_ids = Vec::new();
-                for exec in targets {
-                    let mut st = exec.lock();
-                    if st.core.interrupt() {
-                        interrupted_ids.push(exec.operation_id.to_string());
-                        st.take_all(&mut wakes);
-                    }
+        let r = (|| {
+            let mut reg = self.inner.lock();
+            // Spark's Interrupt gets or creates its session (connect §3): an interrupt in a
+            // session that does not exist yet succeeds and interrupts nothing.
+            let session = reg.get_or_create_session(
+                request.user_id(),
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+                now,
+            )?;
+            let target = match (
+                InterruptType::try_from(request.interrupt_type),
+                &request.interrupt,
+            ) {
+                (Ok(InterruptType::All), _) => InterruptTarget::All,
+                (Ok(InterruptType::Tag), Some(interrupt_request::Interrupt::OperationTag(tag))) => {
+                    InterruptTarget::Tag(tag)
                 }
-                interrupted_ids.sort();
-                Ok(InterruptResponse {
-                    session_id: request.session_id.clone(),
-                    interrupted_ids,
-                    server_side_session_id: session.server_side.to_string(),
-                })
-            })()
-        };
+                (Ok(InterruptType::Tag), _) => return Err(ConnectError::InterruptTagRequiresTag),
+                (
+                    Ok(InterruptType::OperationId),
+                    Some(interrupt_request::Interrupt::OperationId(raw)),
+                ) => InterruptTarget::Operation(raw),
+                (Ok(InterruptType::OperationId), _) => {
+                    return Err(ConnectError::InterruptOperationIdRequiresId);
+                }
+                _ => {
+                    return Err(ConnectError::UnsupportedInterruptType {
+                        interrupt_type: request.interrupt_type,
+                    });
+                }
+            };
+            let targets =
+                session.interrupt_targets(target, |e, tag| e.tags.iter().any(|t| t == tag));
+            let mut interrupted_ids = Vec::new();
+            for exec in targets {
+                let mut st = exec.lock();
+                if st.core.interrupt() {
+                    interrupted_ids.push(exec.operation_id.to_string());
+                    st.take_all(&mut wakes);
+                }
+            }
+            interrupted_ids.sort();
+            Ok(InterruptResponse {
+                session_id: request.session_id.clone(),
+                interrupted_ids,
+                server_side_session_id: session.server_side().to_string(),
+            })
+        })();
         wakes.wake();
         r
     }
@@ -1019,14 +598,17 @@ impl ExecutionManager {
             .map(|u| u.user_id.as_str())
             .unwrap_or("");
         let server_side = parse_uuid(&request.session_id).and_then(|sid| {
-            self.inner
-                .lock()
-                .close_session(user, sid, !request.allow_reconnect, &mut wakes)
+            let mut reg = self.inner.lock();
+            let closed = reg.close_session(user, sid, !request.allow_reconnect)?;
+            for exec in &closed.abandoned {
+                close(exec, Removal::Abandoned, &mut wakes);
+            }
+            Some(closed.server_side.to_string())
         });
         wakes.wake();
         ReleaseSessionResponse {
             session_id: request.session_id.clone(),
-            server_side_session_id: server_side.map(|(s, _)| s.to_string()).unwrap_or_default(),
+            server_side_session_id: server_side.unwrap_or_default(),
         }
     }
 
@@ -1041,10 +623,14 @@ impl ExecutionManager {
     pub fn forget_execution(&self, key: &ExecuteKey) -> bool {
         let now = self.now();
         let mut wakes = Wakes::default();
-        let forgotten = self
-            .inner
-            .lock()
-            .leave(key, None, Leave::Forgotten, now, &mut wakes);
+        let forgotten = {
+            let mut reg = self.inner.lock();
+            let forgotten = reg.remove(key, Leave::Forgotten, now, |_| true);
+            if let Some(exec) = &forgotten {
+                close(exec, Leave::Forgotten.closes_as(), &mut wakes);
+            }
+            forgotten.is_some()
+        };
         wakes.wake();
         forgotten
     }
@@ -1059,15 +645,11 @@ impl ExecutionManager {
         let mut n = 0;
         {
             let reg = self.inner.lock();
-            for sessions in reg.users.values() {
-                for s in sessions.values() {
-                    for exec in s.executions.values() {
-                        let mut st = exec.lock();
-                        if st.core.disconnect(now).is_some() {
-                            n += 1;
-                            wakes.push(st.take_consumer());
-                        }
-                    }
+            for (_, exec) in reg.executions() {
+                let mut st = exec.lock();
+                if st.core.disconnect(now).is_some() {
+                    n += 1;
+                    wakes.push(st.take_consumer());
                 }
             }
         }
@@ -1081,53 +663,15 @@ impl ExecutionManager {
     /// inactive operation ids. Attached executions are never abandoned, however old.
     pub fn maintain(&self) -> MaintenanceReport {
         let now = self.now();
-        let config = &self.inner.config;
-        let mut report = MaintenanceReport::default();
         let mut wakes = Wakes::default();
-        {
-            let mut guard = self.inner.lock();
-            let reg = &mut *guard;
-            if let Some(timeout) = config.session_timeout {
-                let mut expired: Vec<(Arc<str>, Uuid)> = reg
-                    .users
-                    .iter()
-                    .flat_map(|(u, sessions)| {
-                        sessions
-                            .iter()
-                            .filter(|(_, s)| s.last_access + timeout <= now)
-                            .map(|(sid, _)| (u.clone(), *sid))
-                    })
-                    .collect();
-                expired.sort_unstable();
-                for (user, sid) in expired {
-                    if let Some((_, n)) = reg.close_session(&user, sid, true, &mut wakes) {
-                        report.sessions_expired += 1;
-                        report.abandoned_with_sessions += n;
-                    }
-                }
+        let report = {
+            let mut reg = self.inner.lock();
+            let done = reg.maintain(now, |exec| exec.lock().core.detached_since());
+            for exec in done.with_sessions.iter().chain(&done.detached) {
+                close(exec, Removal::Abandoned, &mut wakes);
             }
-            let mut due = Vec::new();
-            for sessions in reg.users.values_mut() {
-                for s in sessions.values_mut() {
-                    for exec in s.executions.values() {
-                        let since = exec.lock().core.detached_since();
-                        if since.is_some_and(|t| t + config.detached_timeout <= now) {
-                            due.push(exec.clone());
-                        }
-                    }
-                    let expiry = config.inactive_operation_expiry;
-                    s.inactive.retain(|_, at| *at + expiry > now);
-                }
-            }
-            // Sorted, so tombstone order (and so LRU eviction) is deterministic.
-            due.sort_unstable_by(|a: &Arc<ExecShared>, b| a.key.cmp(&b.key));
-            for exec in due {
-                if reg.remove_execution(&exec.key, Some(&exec), Removal::Abandoned, now, &mut wakes)
-                {
-                    report.abandoned += 1;
-                }
-            }
-        }
+            done.report
+        };
         wakes.wake();
         report
     }

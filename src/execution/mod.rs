@@ -80,6 +80,7 @@ pub(crate) mod keys;
 mod log;
 mod lru;
 mod manager;
+mod registry;
 pub mod state;
 mod stream;
 mod typed;
@@ -91,7 +92,8 @@ pub use self::core::{
 pub use error::{CONDITIONS, Code, ConnectError, SparkError};
 pub use keys::{ExecuteKey, SessionKey};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
-pub use manager::{ExecutionManager, MaintenanceReport, ManagerConfig, ManagerStats, Submitted};
+pub use manager::{ExecutionManager, ManagerConfig, Submitted};
+pub use registry::{MaintenanceReport, ManagerStats};
 pub use stream::{ForwardError, Producer, ResponseStream};
 pub use typed::{
     AnyExecution, Execution, ExecutionOutcome, Kind, Lookup, NonReattachable, Reattachable,

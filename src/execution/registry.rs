@@ -1,0 +1,773 @@
+//! The rules of the execution registry and its sessions (reattach rx §5) as a pure state
+//! machine: [`Registry<E>`](Registry).
+//!
+//! Pure: it reads no clock (every call that depends on time takes `now`), takes no lock,
+//! wakes nothing and never touches an execution. It stores one value `E` per registered
+//! execution (the manager stores `Arc<ExecShared>`; the tests store plain numbers) and
+//! hands back the values it removes: the caller closes them (rx §2.2 T12) and wakes
+//! their tasks. Where a rule needs to know something about an execution (its plan, its
+//! tags, since when it is detached) the call takes a closure that answers it.
+//!
+//! When to call what (the manager holds the registry under its lock):
+//!
+//! - ExecutePlan → [`admit`](Registry::admit) (rx §5.5, §5.2, §5.1): either a new
+//!   execution, which `admit` registers with the value the caller builds, or a live
+//!   duplicate with the same plan, which the caller reattaches from the start.
+//! - ReattachExecute → [`find`](Registry::find) (rx §5.5 steps 1–2), then the execution's
+//!   own reattach order (`ExecutionCore::reattach`).
+//! - ReleaseExecute → [`lookup_session`](Registry::lookup_session) without the observed
+//!   server-side id, then [`remove`](Registry::remove) for ReleaseAll.
+//! - Interrupt, and every other RPC naming a session →
+//!   [`get_or_create_session`](Registry::get_or_create_session), then
+//!   [`Session::interrupt_targets`].
+//! - ReleaseSession → [`close_session`](Registry::close_session) (rx §5.6).
+//! - An execution that left by itself (its event: ReleaseAll through a handle, a dropped
+//!   unstarted handle, the end of a non-reattachable stream, an orphan) →
+//!   [`remove`](Registry::remove), before the registry answers anything else.
+//! - Every `maintenanceInterval` → [`maintain`](Registry::maintain) (rx §5.3, §5.6):
+//!   session expiry, detached-execution abandonment, inactive-id expiry.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use uuid::Uuid;
+
+use super::core::Removal;
+use super::error::ConnectError;
+use super::keys::{ExecuteKey, SessionKey, parse_uuid, shown};
+use super::lru::Lru;
+
+/// What one maintenance pass did ([`ExecutionManager::maintain`](super::ExecutionManager::maintain):
+/// Spark's `SparkConnectExecutionManager.periodicMaintenance`, rx §5.3, plus session
+/// expiry, rx §5.6).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MaintenanceReport {
+    /// Executions abandoned because they were detached for `detached_timeout`.
+    pub abandoned: usize,
+    /// Sessions closed because they were idle for `session_timeout`.
+    pub sessions_expired: usize,
+    /// Executions abandoned because their session expired.
+    pub abandoned_with_sessions: usize,
+}
+
+/// Counters of an [`ExecutionManager`](super::ExecutionManager): the sizes of the registry
+/// (rx §5.1) and of the tombstone caches (rx §5.4, §5.6), and lifetime totals.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ManagerStats {
+    /// Live (registered) executions.
+    pub executions: usize,
+    /// Live sessions.
+    pub sessions: usize,
+    /// Entries in the abandoned-operation tombstones.
+    pub abandoned_tombstones: usize,
+    /// Entries in the closed-session tombstones.
+    pub closed_session_tombstones: usize,
+    /// Executions created so far.
+    pub created: u64,
+    /// Executions released so far.
+    pub released: u64,
+    /// Executions abandoned so far.
+    pub abandoned: u64,
+    /// Executions forgotten so far
+    /// ([`ExecutionManager::forget_execution`](super::ExecutionManager::forget_execution)):
+    /// fault injection only. `created = executions + released + abandoned + forgotten`.
+    pub forgotten: u64,
+}
+
+/// The registry's bounds and timeouts: the rx §5 part of `ManagerConfig` (same meanings,
+/// same defaults there).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct RegistryConfig {
+    /// Detached executions are abandoned after this long (rx §5.3).
+    pub(crate) detached_timeout: Duration,
+    /// Idle sessions are closed after this long; `None` = never (rx §5.6).
+    pub(crate) session_timeout: Option<Duration>,
+    /// Capacity of the abandoned-operation tombstones, LRU (rx §5.4).
+    pub(crate) abandoned_tombstones: usize,
+    /// Capacity of the closed-session tombstones, LRU (rx §5.6).
+    pub(crate) closed_session_tombstones: usize,
+    /// Most live executions per session (tether's bound; `EXECUTION_LIMIT_EXCEEDED`).
+    pub(crate) max_executions_per_session: usize,
+    /// How long a released, completed or abandoned id is refused on re-submit (rx §5.2,
+    /// SPARK-53492).
+    pub(crate) inactive_operation_expiry: Duration,
+    /// Most remembered inactive ids per session, LRU (tether's bound on rx §5.2's cache).
+    pub(crate) inactive_operations_per_session: usize,
+}
+
+/// One session (rx §5.6): its identities, idle clock, live executions and the ids of its
+/// inactive operations (rx §5.2).
+pub(crate) struct Session<E> {
+    user: Arc<str>,
+    echo_session_id: Arc<str>,
+    server_side: Arc<str>,
+    last_access: Instant,
+    executions: HashMap<Uuid, E>,
+    inactive: Lru<Uuid, Instant>,
+}
+
+/// Which executions an Interrupt names (rx §5.7), once the manager has read the request.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum InterruptTarget<'a> {
+    /// `INTERRUPT_TYPE_ALL`: every execution of the session.
+    All,
+    /// `INTERRUPT_TYPE_TAG`: the executions whose tags contain this one.
+    Tag(&'a str),
+    /// `INTERRUPT_TYPE_OPERATION_ID`: that execution; an id that is no UUID names none.
+    Operation(&'a str),
+}
+
+impl<E> Session<E> {
+    /// The `server_side_session_id`, generated at creation (rx §1.3, connect §3).
+    pub(crate) fn server_side(&self) -> &Arc<str> {
+        &self.server_side
+    }
+
+    /// When an RPC last resolved the session (rx §5.6 idle expiry).
+    pub(crate) fn last_access(&self) -> Instant {
+        self.last_access
+    }
+
+    /// The live execution `op` of this session (rx §5.1).
+    pub(crate) fn get(&self, op: &Uuid) -> Option<&E> {
+        self.executions.get(op)
+    }
+
+    /// The executions an Interrupt of `target` reaches (rx §5.7), cloned, in no particular
+    /// order. `has_tag(e, tag)` tells whether execution `e` carries `tag`.
+    pub(crate) fn interrupt_targets(
+        &self,
+        target: InterruptTarget<'_>,
+        has_tag: impl Fn(&E, &str) -> bool,
+    ) -> Vec<E>
+    where
+        E: Clone,
+    {
+        match target {
+            InterruptTarget::All => self.executions.values().cloned().collect(),
+            InterruptTarget::Tag(tag) => self
+                .executions
+                .values()
+                .filter(|e| has_tag(e, tag))
+                .cloned()
+                .collect(),
+            InterruptTarget::Operation(raw) => parse_uuid(raw)
+                .and_then(|op| self.executions.get(&op).cloned())
+                .into_iter()
+                .collect(),
+        }
+    }
+
+    /// `SESSION_CHANGED` if the client observed another server-side id (rx §5.5).
+    fn check_observed(&self, observed: Option<&str>, raw: &str) -> Result<(), ConnectError> {
+        match observed {
+            Some(o) if o != &*self.server_side => Err(ConnectError::SessionChanged {
+                handle: shown(raw).into_owned(),
+            }),
+            _ => Ok(()),
+        }
+    }
+}
+
+/// An ExecutePlan as the registry sees it (rx §1.2): the raw ids, as on the wire, and the
+/// tags.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admit<'a> {
+    /// `UserContext.user_id`.
+    pub(crate) user: &'a str,
+    /// `session_id`, unparsed.
+    pub(crate) session_id: &'a str,
+    /// `client_observed_server_side_session_id`.
+    pub(crate) observed: Option<&'a str>,
+    /// `operation_id`, unparsed; `None` = the server generates one (rx §1.9).
+    pub(crate) operation_id: Option<&'a str>,
+    /// `tags` (validated, rx §1.2).
+    pub(crate) tags: &'a [String],
+}
+
+/// What [`Registry::admit`] gives the caller to build a new execution's value with.
+#[derive(Debug)]
+pub(crate) struct NewExecution<'a> {
+    /// Its key (rx §5.1).
+    pub(crate) key: ExecuteKey,
+    /// The session id as the client spelled it (echoed on every response, rx §1.3).
+    pub(crate) session_id: &'a Arc<str>,
+    /// The session's `server_side_session_id` (rx §1.3).
+    pub(crate) server_side: &'a Arc<str>,
+}
+
+/// What an admitted ExecutePlan is (rx §5.2).
+#[derive(Debug)]
+pub(crate) enum Admitted<E> {
+    /// A live execution with the same id and plan: reattach to it from the start
+    /// (SPARK-52397). Nothing was registered.
+    Duplicate(E),
+    /// A new execution, registered.
+    New(E),
+}
+
+/// How an execution leaves the registry: a removal of rx §2.1 dimension 1, or forgotten
+/// as by a restarted server (no tombstone, no inactive id: fault injection, rx §6.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Leave {
+    /// Released (no tombstone, inactive id) or abandoned (tombstoned, inactive id).
+    Removed(Removal),
+    /// No trace at all.
+    Forgotten,
+}
+
+impl Leave {
+    /// The removal to close the execution with (a forgotten one closes as released).
+    pub(crate) fn closes_as(self) -> Removal {
+        match self {
+            Self::Removed(r) => r,
+            Self::Forgotten => Removal::Released,
+        }
+    }
+}
+
+/// A session [`Registry::close_session`] closed (rx §5.6).
+#[derive(Debug)]
+pub(crate) struct ClosedSession<E> {
+    /// Its `server_side_session_id`.
+    pub(crate) server_side: Arc<str>,
+    /// Its executions, removed as abandoned (tombstoned), by operation id: close them.
+    pub(crate) abandoned: Vec<E>,
+}
+
+/// What [`Registry::maintain`] removed (rx §5.3, §5.6); close every value as abandoned.
+#[derive(Debug)]
+pub(crate) struct Maintenance<E> {
+    /// The counts.
+    pub(crate) report: MaintenanceReport,
+    /// Executions of the sessions that expired (attached or not), by session then id.
+    pub(crate) with_sessions: Vec<E>,
+    /// Executions detached for `detached_timeout`, by key.
+    pub(crate) detached: Vec<E>,
+}
+
+/// The registry of sessions and executions (Spark's `SparkConnectExecutionManager` and
+/// `SparkConnectSessionManager`, rx §5), pure (see the module docs).
+///
+/// Executions live inside their session (`(user_id, session_id)` → session →
+/// `operation_id` → `E`), so registration and removal are one map operation each and
+/// cannot leave an execution unreachable (rx §5.1 caution).
+pub(crate) struct Registry<E> {
+    config: RegistryConfig,
+    users: HashMap<Arc<str>, HashMap<Uuid, Session<E>>>,
+    closed_sessions: Lru<SessionKey, ()>,
+    abandoned: Lru<ExecuteKey, ()>,
+    live: usize,
+    sessions: usize,
+    created: u64,
+    released: u64,
+    abandoned_count: u64,
+    forgotten: u64,
+}
+
+/// `INVALID_TAG` unless `tag` is a valid user tag: not empty, no `,` (rx §1.2; Spark's
+/// `ProtoUtils.throwIfInvalidTag`).
+fn validate_tag(tag: &str) -> Result<(), ConnectError> {
+    let reason = if tag.is_empty() {
+        "a tag cannot be an empty string"
+    } else if tag.contains(',') {
+        "a tag cannot contain ','"
+    } else {
+        return Ok(());
+    };
+    Err(ConnectError::InvalidTag {
+        tag: tag.to_owned(),
+        reason,
+    })
+}
+
+fn canonical(id: Uuid) -> String {
+    id.hyphenated().to_string()
+}
+
+impl<E> Registry<E> {
+    /// An empty registry.
+    pub(crate) fn new(config: RegistryConfig) -> Self {
+        Self {
+            users: HashMap::new(),
+            closed_sessions: Lru::new(config.closed_session_tombstones),
+            abandoned: Lru::new(config.abandoned_tombstones),
+            config,
+            live: 0,
+            sessions: 0,
+            created: 0,
+            released: 0,
+            abandoned_count: 0,
+            forgotten: 0,
+        }
+    }
+
+    /// Counters and sizes (rx §5.1, §5.4, §5.6).
+    pub(crate) fn stats(&self) -> ManagerStats {
+        ManagerStats {
+            executions: self.live,
+            sessions: self.sessions,
+            abandoned_tombstones: self.abandoned.len(),
+            closed_session_tombstones: self.closed_sessions.len(),
+            created: self.created,
+            released: self.released,
+            abandoned: self.abandoned_count,
+            forgotten: self.forgotten,
+        }
+    }
+
+    /// Number of live executions (rx §5.1).
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    /// A live session, without refreshing it (rx §5.6).
+    pub(crate) fn session(&self, key: &SessionKey) -> Option<&Session<E>> {
+        self.users.get(&*key.user_id)?.get(&key.session_id)
+    }
+
+    /// A live execution (Spark's `getExecuteHolder`, rx §5.1).
+    pub(crate) fn get(&self, key: &ExecuteKey) -> Option<&E> {
+        self.session(&key.session())?
+            .executions
+            .get(&key.operation_id)
+    }
+
+    /// Every live execution with its key (O(n), in no particular order; rx §5.1).
+    pub(crate) fn executions(&self) -> impl Iterator<Item = (ExecuteKey, &E)> {
+        self.users.values().flat_map(|sessions| {
+            sessions.iter().flat_map(|(sid, s)| {
+                s.executions.iter().map(move |(op, e)| {
+                    let key = ExecuteKey {
+                        user_id: s.user.clone(),
+                        session_id: *sid,
+                        operation_id: *op,
+                    };
+                    (key, e)
+                })
+            })
+        })
+    }
+
+    /// The keys in the abandoned-operation tombstones (rx §5.4).
+    pub(crate) fn abandoned_keys(&self) -> impl Iterator<Item = &ExecuteKey> {
+        self.abandoned.keys()
+    }
+
+    /// Whether `key` is tombstoned as abandoned, without refreshing it (rx §5.4).
+    pub(crate) fn is_abandoned(&self, key: &ExecuteKey) -> bool {
+        self.abandoned.peek(key).is_some()
+    }
+
+    /// Whether `key` is tombstoned as closed, without refreshing it (rx §5.6).
+    pub(crate) fn is_session_closed(&self, key: &SessionKey) -> bool {
+        self.closed_sessions.peek(key).is_some()
+    }
+
+    fn session_mut(&mut self, user: &str, sid: Uuid) -> Option<&mut Session<E>> {
+        self.users.get_mut(user)?.get_mut(&sid)
+    }
+
+    /// Looks a session up without creating it (rx §5.5 ReattachExecute / ReleaseExecute
+    /// step 1), checks the client's observed `server_side_session_id` and refreshes the
+    /// idle clock to `now` (SPARK-46660). ReleaseExecute passes no `observed` (rx §1.5).
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND` (also for a session id that is no UUID), `SESSION_CLOSED` if
+    /// tombstoned, `SESSION_CHANGED` (the idle clock is then not refreshed).
+    pub(crate) fn lookup_session(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        now: Instant,
+    ) -> Result<&mut Session<E>, ConnectError> {
+        let not_found = || ConnectError::SessionNotFound {
+            handle: shown(raw_session_id).into_owned(),
+        };
+        let sid = parse_uuid(raw_session_id).ok_or_else(not_found)?;
+        if self.session_mut(user, sid).is_none() {
+            let key = SessionKey {
+                user_id: Arc::from(user),
+                session_id: sid,
+            };
+            return Err(if self.closed_sessions.contains(&key) {
+                ConnectError::SessionClosed {
+                    handle: shown(raw_session_id).into_owned(),
+                }
+            } else {
+                not_found()
+            });
+        }
+        let session = self.session_mut(user, sid).ok_or_else(not_found)?;
+        session.check_observed(observed, raw_session_id)?;
+        session.last_access = now;
+        Ok(session)
+    }
+
+    /// Gets or creates the session (Spark's `getOrCreateIsolatedSession`, rx §5.5
+    /// ExecutePlan, §5.7 Interrupt), refreshes its idle clock to `now`, then checks the
+    /// observed `server_side_session_id`.
+    ///
+    /// # Errors
+    /// `INVALID_HANDLE.FORMAT` (a session id that is no UUID), `SESSION_CLOSED` if
+    /// tombstoned, `SESSION_CHANGED` (the session exists and is refreshed all the same).
+    pub(crate) fn get_or_create_session(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        now: Instant,
+    ) -> Result<&mut Session<E>, ConnectError> {
+        let session = Self::session_entry(
+            &mut self.users,
+            &mut self.closed_sessions,
+            &mut self.sessions,
+            &self.config,
+            user,
+            raw_session_id,
+            now,
+        )?;
+        session.check_observed(observed, raw_session_id)?;
+        Ok(session)
+    }
+
+    /// [`get_or_create_session`](Self::get_or_create_session) without the observed check,
+    /// on the fields, so that the caller may use the other fields with the session.
+    fn session_entry<'a>(
+        users: &'a mut HashMap<Arc<str>, HashMap<Uuid, Session<E>>>,
+        closed_sessions: &mut Lru<SessionKey, ()>,
+        sessions: &mut usize,
+        config: &RegistryConfig,
+        user: &str,
+        raw_session_id: &str,
+        now: Instant,
+    ) -> Result<&'a mut Session<E>, ConnectError> {
+        let Some(sid) = parse_uuid(raw_session_id) else {
+            return Err(ConnectError::InvalidHandleFormat {
+                handle: shown(raw_session_id).into_owned(),
+            });
+        };
+        let exists = users.get(user).is_some_and(|s| s.contains_key(&sid));
+        if !exists {
+            let user_arc: Arc<str> = match users.get_key_value(user) {
+                Some((k, _)) => k.clone(),
+                None => Arc::from(user),
+            };
+            let key = SessionKey {
+                user_id: user_arc.clone(),
+                session_id: sid,
+            };
+            if closed_sessions.contains(&key) {
+                return Err(ConnectError::SessionClosed {
+                    handle: shown(raw_session_id).into_owned(),
+                });
+            }
+            let session = Session {
+                user: user_arc.clone(),
+                echo_session_id: Arc::from(raw_session_id),
+                server_side: Arc::from(canonical(Uuid::new_v4())),
+                last_access: now,
+                executions: HashMap::new(),
+                inactive: Lru::new(config.inactive_operations_per_session),
+            };
+            users.entry(user_arc).or_default().insert(sid, session);
+            *sessions += 1;
+        }
+        let s = users
+            .get_mut(user)
+            .and_then(|s| s.get_mut(&sid))
+            .ok_or_else(|| ConnectError::SessionNotFound {
+                handle: shown(raw_session_id).into_owned(),
+            })?;
+        s.last_access = now;
+        Ok(s)
+    }
+
+    /// ExecutePlan (rx §5.5): gets or creates the session, then Spark 4.3.0's rules in
+    /// order — the operation id (generated when absent, rx §1.9); a live execution with
+    /// that id (same plan per `same_plan`: [`Admitted::Duplicate`], SPARK-52397; else
+    /// `OPERATION_ALREADY_EXISTS`, rx §5.2); the abandoned tombstones (rx §5.4); the
+    /// session's inactive ids, refused for `inactive_operation_expiry` after the removal
+    /// (rx §5.2, SPARK-53492); the tags (rx §1.2); the per-session cap. Then registers the
+    /// value `make` builds ([`Admitted::New`]), all or nothing (rx §5.1).
+    ///
+    /// # Errors
+    /// As [`get_or_create_session`](Self::get_or_create_session), then
+    /// `INVALID_HANDLE.FORMAT` (an operation id that is no UUID),
+    /// `OPERATION_ALREADY_EXISTS`, `OPERATION_ABANDONED`, an invalid tag,
+    /// `EXECUTION_LIMIT_EXCEEDED`. Nothing is registered then (the session may have been
+    /// created).
+    pub(crate) fn admit(
+        &mut self,
+        request: Admit<'_>,
+        now: Instant,
+        same_plan: impl FnOnce(&E) -> bool,
+        make: impl FnOnce(NewExecution<'_>) -> E,
+    ) -> Result<Admitted<E>, ConnectError>
+    where
+        E: Clone,
+    {
+        let config = &self.config;
+        let raw_sid = request.session_id;
+        let session = Self::session_entry(
+            &mut self.users,
+            &mut self.closed_sessions,
+            &mut self.sessions,
+            config,
+            request.user,
+            raw_sid,
+            now,
+        )?;
+        session.check_observed(request.observed, raw_sid)?;
+        let op = match request.operation_id {
+            Some(raw) => parse_uuid(raw).ok_or_else(|| ConnectError::InvalidHandleFormat {
+                handle: shown(raw).into_owned(),
+            })?,
+            None => Uuid::new_v4(),
+        };
+        if let Some(existing) = session.executions.get(&op) {
+            return if same_plan(existing) {
+                Ok(Admitted::Duplicate(existing.clone()))
+            } else {
+                Err(ConnectError::OperationAlreadyExists {
+                    handle: canonical(op),
+                })
+            };
+        }
+        let sid = parse_uuid(raw_sid).ok_or_else(|| ConnectError::InvalidHandleFormat {
+            handle: shown(raw_sid).into_owned(),
+        })?;
+        let key = ExecuteKey {
+            user_id: session.user.clone(),
+            session_id: sid,
+            operation_id: op,
+        };
+        if self.abandoned.contains(&key) {
+            return Err(ConnectError::OperationAbandoned {
+                handle: canonical(op),
+            });
+        }
+        if let Some(at) = session.inactive.get(&op).copied() {
+            if at + config.inactive_operation_expiry > now {
+                return Err(ConnectError::OperationAbandoned {
+                    handle: canonical(op),
+                });
+            }
+            session.inactive.remove(&op);
+        }
+        for tag in request.tags {
+            validate_tag(tag)?;
+        }
+        if session.executions.len() >= config.max_executions_per_session {
+            return Err(ConnectError::ExecutionLimitExceeded {
+                session: shown(raw_sid).into_owned(),
+                limit: config.max_executions_per_session,
+            });
+        }
+        let exec = make(NewExecution {
+            key,
+            session_id: &session.echo_session_id,
+            server_side: &session.server_side,
+        });
+        session.executions.insert(op, exec.clone());
+        self.live += 1;
+        self.created += 1;
+        Ok(Admitted::New(exec))
+    }
+
+    /// ReattachExecute steps 1–2 (rx §5.5): the session (as
+    /// [`lookup_session`](Self::lookup_session)), then the execution.
+    ///
+    /// # Errors
+    /// As [`lookup_session`](Self::lookup_session), then `OPERATION_ABANDONED` if the id is
+    /// tombstoned (rx §5.4), else `OPERATION_NOT_FOUND` (released, forgotten, never
+    /// existed, or no UUID).
+    pub(crate) fn find(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        raw_operation_id: &str,
+        now: Instant,
+    ) -> Result<E, ConnectError>
+    where
+        E: Clone,
+    {
+        let session = self.lookup_session(user, raw_session_id, observed, now)?;
+        // Like Spark, an id that is no UUID names no execution (connect §2).
+        let Some(op) = parse_uuid(raw_operation_id) else {
+            return Err(ConnectError::OperationNotFound {
+                handle: shown(raw_operation_id).into_owned(),
+            });
+        };
+        if let Some(exec) = session.executions.get(&op) {
+            return Ok(exec.clone());
+        }
+        let key = ExecuteKey {
+            user_id: session.user.clone(),
+            session_id: parse_uuid(raw_session_id).unwrap_or_default(),
+            operation_id: op,
+        };
+        Err(if self.abandoned.contains(&key) {
+            ConnectError::OperationAbandoned {
+                handle: canonical(op),
+            }
+        } else {
+            ConnectError::OperationNotFound {
+                handle: canonical(op),
+            }
+        })
+    }
+
+    /// Removes the execution `key` if `is(value)` (Spark's `removeExecuteHolder`, rx §5.1):
+    /// an abandoned one is tombstoned (rx §5.4), a released or abandoned one's id becomes
+    /// inactive at `now` (rx §5.2), a forgotten one leaves no trace. Returns the value to
+    /// close (with [`Leave::closes_as`]), or `None` if `key` is not registered or `is`
+    /// refused it (an event about an execution already replaced).
+    pub(crate) fn remove(
+        &mut self,
+        key: &ExecuteKey,
+        how: Leave,
+        now: Instant,
+        is: impl FnOnce(&E) -> bool,
+    ) -> Option<E> {
+        let session = self.session_mut(&key.user_id, key.session_id)?;
+        let exec = match session.executions.entry(key.operation_id) {
+            Entry::Occupied(o) if is(o.get()) => o.remove(),
+            _ => return None,
+        };
+        if matches!(how, Leave::Removed(_)) {
+            session.inactive.insert(key.operation_id, now);
+        }
+        self.live -= 1;
+        match how {
+            Leave::Removed(Removal::Abandoned) => {
+                self.abandoned.insert(key.clone(), ());
+                self.abandoned_count += 1;
+            }
+            Leave::Removed(Removal::Released) => self.released += 1,
+            Leave::Forgotten => self.forgotten += 1,
+        }
+        Some(exec)
+    }
+
+    /// Closes a session (rx §5.6 ReleaseSession, idle expiry): a closed-session tombstone
+    /// first unless `tombstone` is false (`allow_reconnect`, SPARK-50710), then every
+    /// execution removed as abandoned (tombstoned, T13). `None` if there is no such session.
+    pub(crate) fn close_session(
+        &mut self,
+        user: &str,
+        sid: Uuid,
+        tombstone: bool,
+    ) -> Option<ClosedSession<E>> {
+        let sessions = self.users.get_mut(user)?;
+        let session = sessions.remove(&sid)?;
+        if sessions.is_empty() {
+            self.users.remove(user);
+        }
+        self.sessions -= 1;
+        if tombstone {
+            self.closed_sessions.insert(
+                SessionKey {
+                    user_id: session.user.clone(),
+                    session_id: sid,
+                },
+                (),
+            );
+        }
+        // Sorted, so tombstone order (and so LRU eviction) is deterministic.
+        let mut executions: Vec<_> = session.executions.into_iter().collect();
+        executions.sort_unstable_by_key(|(op, _)| *op);
+        let mut abandoned = Vec::with_capacity(executions.len());
+        for (op, exec) in executions {
+            self.live -= 1;
+            self.abandoned_count += 1;
+            self.abandoned.insert(
+                ExecuteKey {
+                    user_id: session.user.clone(),
+                    session_id: sid,
+                    operation_id: op,
+                },
+                (),
+            );
+            abandoned.push(exec);
+        }
+        Some(ClosedSession {
+            server_side: session.server_side,
+            abandoned,
+        })
+    }
+
+    /// One maintenance pass at `now` (rx §5.3, §5.6), in this order: closes every session
+    /// idle for `session_timeout` (`last_access + timeout <= now`) as
+    /// [`close_session`](Self::close_session) with a tombstone; abandons every execution
+    /// with `detached_since(e) + detached_timeout <= now` (tombstoned); forgets inactive
+    /// ids older than `inactive_operation_expiry`. `detached_since` answers `None` for an
+    /// attached execution, which is never abandoned for being old (rx §5.3).
+    pub(crate) fn maintain(
+        &mut self,
+        now: Instant,
+        mut detached_since: impl FnMut(&E) -> Option<Instant>,
+    ) -> Maintenance<E> {
+        let mut out = Maintenance {
+            report: MaintenanceReport::default(),
+            with_sessions: Vec::new(),
+            detached: Vec::new(),
+        };
+        if let Some(timeout) = self.config.session_timeout {
+            let mut expired: Vec<(Arc<str>, Uuid)> = self
+                .users
+                .iter()
+                .flat_map(|(u, sessions)| {
+                    sessions
+                        .iter()
+                        .filter(|(_, s)| s.last_access + timeout <= now)
+                        .map(|(sid, _)| (u.clone(), *sid))
+                })
+                .collect();
+            expired.sort_unstable();
+            for (user, sid) in expired {
+                if let Some(closed) = self.close_session(&user, sid, true) {
+                    out.report.sessions_expired += 1;
+                    out.report.abandoned_with_sessions += closed.abandoned.len();
+                    out.with_sessions.extend(closed.abandoned);
+                }
+            }
+        }
+        let (detached_timeout, expiry) = (
+            self.config.detached_timeout,
+            self.config.inactive_operation_expiry,
+        );
+        let mut due = Vec::new();
+        for sessions in self.users.values_mut() {
+            for (sid, s) in sessions.iter_mut() {
+                for (op, exec) in &s.executions {
+                    if detached_since(exec).is_some_and(|t| t + detached_timeout <= now) {
+                        due.push(ExecuteKey {
+                            user_id: s.user.clone(),
+                            session_id: *sid,
+                            operation_id: *op,
+                        });
+                    }
+                }
+                s.inactive.retain(|_, at| *at + expiry > now);
+            }
+        }
+        // Sorted, so tombstone order (and so LRU eviction) is deterministic.
+        due.sort_unstable();
+        for key in due {
+            if let Some(exec) = self.remove(&key, Leave::Removed(Removal::Abandoned), now, |_| true)
+            {
+                out.report.abandoned += 1;
+                out.detached.push(exec);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests;
