@@ -135,6 +135,13 @@ impl<S: state::State, K: Kind> Execution<S, K> {
         &self.exec.operation_id
     }
 
+    /// The shared execution behind this handle (for the manager's tests of rx §2.2
+    /// removals).
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> &Arc<ExecShared> {
+        &self.exec
+    }
+
     /// The execution's key `(user_id, session_id, operation_id)` (Spark's `ExecuteKey`,
     /// rx §5.1).
     pub fn key(&self) -> &ExecuteKey {
@@ -448,152 +455,5 @@ impl Lookup {
         } else {
             Self::NonReattachable(AnyExecution::from_phase(Execution::from_arc(exec), phase))
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use std::sync::Arc;
-
-    use bytes::Bytes;
-
-    use super::*;
-    use crate::execution::{ExecutionManager, ManagerConfig, Submitted};
-    use crate::time::ManualClock;
-    use crate::wire::connect::execute_plan_request::RequestOption;
-    use crate::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, Plan, UserContext};
-
-    fn manager() -> ExecutionManager {
-        ExecutionManager::with_clock(ManagerConfig::default(), Arc::new(ManualClock::new()))
-    }
-
-    fn submit(m: &ExecutionManager, reattachable: bool) -> Submitted {
-        m.execute_plan(&ExecutePlanRequest {
-            session_id: "6f1b7c4e-8a39-4d2c-9e51-0b3a2f7d8c91".into(),
-            user_context: Some(UserContext::new("u")),
-            plan: Some(Plan::root(Bytes::from_static(b"p"))),
-            request_options: vec![RequestOption::reattach(reattachable)],
-            ..Default::default()
-        })
-        .unwrap()
-    }
-
-    #[test]
-    fn reattachable_lifecycle_through_typestates() {
-        let m = manager();
-        let Submitted::Reattachable(init) = submit(&m, true) else {
-            panic!("reattachable")
-        };
-        assert_eq!(init.phase(), ExecutionPhase::Init);
-        let (streaming, mut producer, mut stream) = init.start();
-        producer
-            .try_push(ExecutePlanResponse::arrow_batch(
-                1,
-                Bytes::from_static(b"x"),
-            ))
-            .unwrap();
-        producer.finish().unwrap();
-        assert!(matches!(
-            stream.try_next(),
-            crate::execution::ConsumerEvent::Response(_)
-        ));
-        let AnyExecution::Finishing(finishing) = streaming.into_any() else {
-            panic!("finishing")
-        };
-        let terminated = finishing.release_all();
-        assert_eq!(
-            terminated.outcome(),
-            ExecutionOutcome {
-                run: RunOutcome::Completed,
-                removal: Removal::Released
-            }
-        );
-        assert_eq!(m.execution_count(), 0);
-    }
-
-    #[test]
-    fn release_while_running_is_cancelling_until_producer_stops() {
-        let m = manager();
-        let Submitted::Reattachable(init) = submit(&m, true) else {
-            panic!("reattachable")
-        };
-        let (streaming, producer, _stream) = init.start();
-        let cancelling = streaming.release_all();
-        assert_eq!(cancelling.phase(), ExecutionPhase::Cancelling);
-        assert!(!cancelling.release_all());
-        let cancelling = cancelling.try_terminated().unwrap_err();
-        drop(producer);
-        let terminated = futures::executor::block_on(cancelling.terminated());
-        assert_eq!(terminated.outcome().run, RunOutcome::Cancelled);
-    }
-
-    #[test]
-    fn interrupt_after_completion_returns_finishing() {
-        let m = manager();
-        let Submitted::NonReattachable(init) = submit(&m, false) else {
-            panic!("non-reattachable")
-        };
-        let (streaming, producer, stream) = init.start();
-        producer.finish().unwrap();
-        let finishing = streaming.interrupt().unwrap_err();
-        assert_eq!(finishing.phase(), ExecutionPhase::Finishing);
-        let finishing = finishing.try_terminated().unwrap_err();
-        drop(stream); // a non-reattachable execution is released when its stream ends
-        let terminated = finishing.try_terminated().unwrap();
-        assert_eq!(terminated.outcome().run, RunOutcome::Completed);
-    }
-
-    #[test]
-    fn erased_round_trip_and_init_interrupt() {
-        let m = manager();
-        let Submitted::Reattachable(init) = submit(&m, true) else {
-            panic!("reattachable")
-        };
-        let any = AnyExecution::from(init);
-        assert_eq!(any.state_name(), "Init");
-        let init = Execution::<state::Init, Reattachable>::try_from(any).unwrap();
-        let terminated = init.interrupt();
-        assert_eq!(terminated.outcome().run, RunOutcome::Cancelled);
-        assert_eq!(m.execution_count(), 0);
-    }
-
-    /// Removals reach the registry as events (no pointer back into it): the registry
-    /// applies them before it answers anything, so the counts are right at once.
-    #[test]
-    fn handle_removals_are_applied_before_the_registry_answers() {
-        let m = manager();
-        let Submitted::Reattachable(init) = submit(&m, true) else {
-            panic!("reattachable")
-        };
-        let (streaming, producer, _stream) = init.start();
-        assert_eq!(m.execution_count(), 1);
-        let cancelling = streaming.release_all();
-        assert_eq!(m.execution_count(), 0);
-        let stats = m.stats();
-        assert_eq!((stats.created, stats.released), (1, 1));
-        // An unstarted handle dropped leaves as well (rx §2.2 T2).
-        let again = submit(&m, true);
-        assert_eq!(m.execution_count(), 1);
-        drop(again);
-        assert_eq!(m.execution_count(), 0);
-        assert_eq!(m.stats().released, 2);
-        drop((cancelling, producer));
-    }
-
-    /// Handles outliving their manager still work, and nothing keeps an execution alive
-    /// once its handles are gone (the event queue holds executions weakly).
-    #[test]
-    fn handles_outlive_the_manager_without_keeping_executions_alive() {
-        let m = manager();
-        let Submitted::Reattachable(init) = submit(&m, true) else {
-            panic!("reattachable")
-        };
-        let (streaming, producer, stream) = init.start();
-        let exec = Arc::downgrade(&streaming.exec);
-        drop(m);
-        let cancelling = streaming.release_all();
-        assert!(!cancelling.release_all(), "already released");
-        drop((cancelling, producer, stream));
-        assert!(exec.upgrade().is_none(), "the execution was freed");
     }
 }
