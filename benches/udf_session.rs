@@ -42,6 +42,25 @@
 //!   rounds a pooled chunk follows a spawn-and-stop, whose process exit and reaping still
 //!   run in the background, so the pooled arm reads slower there.
 //!
+//! # Hops per batch round trip
+//!
+//! A hop is a queue a batch waits in. Since the cores own their deadlines, both tether
+//! drivers run on one pump that holds no queue of its own: between the caller and the
+//! `Connection` there is exactly one queue per direction, the core's (udf §7 deadlines are
+//! read from the clock only when a wait begins).
+//!
+//! - (a) tether, 6: engine outbox (`EngineCore`) → the in-memory connection's bounded channel
+//!   → worker input queue (`WorkerCore`) → the UDF → worker outbox → the channel back →
+//!   engine output queue. Bare, 2: one bounded channel each way.
+//! - (b) tether, 4 plus the socket: engine outbox → framed encoder buffer → socket → framed
+//!   read buffer → worker input queue, and the same back (worker outbox, encoder, socket,
+//!   read buffer, engine output queue). Bare: the socket each way, written with `writev` and
+//!   read straight into the output buffer.
+//! - (c) tether, 4 plus HTTP/2: engine outbox → the gRPC client's request channel (the body
+//!   tonic sends) → HTTP/2 → worker input queue, and back: worker outbox → the gRPC
+//!   server's response channel → HTTP/2 → engine output queue. Bare: the client's request
+//!   stream → HTTP/2 → the handler's inline map → HTTP/2.
+//!
 //! # How the ratios are computed
 //!
 //! `ratio = baseline time per iteration / tether time per iteration`, i.e. tether's throughput

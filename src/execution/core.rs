@@ -180,6 +180,27 @@ struct Cursor {
 /// [`Producer`]) wraps it in a mutex and wakes tasks after each call; the property tests
 /// drive it directly.
 ///
+/// # When to call what
+///
+/// - The producer: [`start`](Self::start) once the registry admitted the execution, then
+///   [`push`](Self::push) per response (after [`would_block`](Self::would_block) says there
+///   is room), and [`finish`](Self::finish) or [`fail`](Self::fail); check
+///   [`producer_must_stop`](Self::producer_must_stop) between responses, and call
+///   [`producer_gone`](Self::producer_gone) if it vanishes without either.
+/// - A consumer: [`attach`](Self::attach) for ExecutePlan,
+///   [`reattach`](Self::reattach) for ReattachExecute (it applies Spark's error order);
+///   then [`poll_consumer`](Self::poll_consumer) until it says to wait, and again after
+///   each `push`, `finish`, `fail`, `interrupt`, `close` or a preemption (the driver wakes
+///   the consumer then) and at the `wake_at` it returned (the rotation deadline, also
+///   [`deadline`](Self::deadline)). While the consumer cannot take a response (its
+///   transport is not writable), [`poll_interrupt`](Self::poll_interrupt) says whether it
+///   must stop. [`detach`](Self::detach) when the consumer's stream goes away.
+/// - ReleaseExecute: [`release_until`](Self::release_until); ReleaseAll, abandonment and
+///   session close: [`close`](Self::close). Interrupt: [`interrupt`](Self::interrupt).
+/// - After any of these, [`outcome`](Self::outcome) tells whether the run's result is
+///   final, and [`detached_since`](Self::detached_since) feeds the registry's abandonment
+///   pass (rx §5.3).
+///
 /// [`ResponseStream`]: super::ResponseStream
 /// [`Producer`]: super::Producer
 #[derive(Debug)]
