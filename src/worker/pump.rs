@@ -148,6 +148,7 @@ impl<C> Pump<C> {
     }
 
     /// Whether the pump has a timer (deadlines can fire).
+    #[cfg(feature = "tokio")]
     pub(crate) fn has_timer(&self) -> bool {
         self.timer.is_some()
     }
