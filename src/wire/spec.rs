@@ -157,6 +157,190 @@ pub struct ProcessCallable {
     pub environment_variables: BTreeMap<String, String>,
 }
 
+/// Chainable construction of the common case (udf §1.9): a direct worker on a Unix socket,
+/// ARROW data, bidirectional streaming, no environment callables, the engine's default
+/// timeouts. Every `with_*` method sets one field and leaves the rest as it is; the result
+/// is an ordinary message, so any field can still be set directly.
+///
+/// ```
+/// use std::time::Duration;
+/// use tether::wire::UdfWorkerSpecification;
+///
+/// let spec = UdfWorkerSpecification::direct_unix(["python3", "-m", "my_worker"])
+///     .with_arguments(["--verbose"])
+///     .with_env("PYTHONUNBUFFERED", "YES")
+///     .with_reuse(true)
+///     .with_initialization_timeout(Duration::from_secs(5));
+/// # let _ = spec;
+/// ```
+impl UdfWorkerSpecification {
+    /// A worker the engine spawns itself (`direct`, udf §6.1) with `command` (the
+    /// executable and any leading words, `ProcessCallable.command`), listening on the Unix
+    /// socket whose path the engine appends as `--connection` (`unix_domain_socket`, the
+    /// transport Spark's gRPC dispatcher requires, udf §6.4). Capabilities: `ARROW` and
+    /// `BIDIRECTIONAL_STREAMING`, the minimum a dispatcher accepts (udf §6.2); reuse and
+    /// concurrency unset (Spark's "not used yet"). An empty `WorkerEnvironment` and unset
+    /// timeouts (the engine's defaults, udf §7).
+    pub fn direct_unix<C, S>(command: C) -> Self
+    where
+        C: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let transport = worker_connection_spec::Transport::UnixDomainSocket(UnixDomainSocket {});
+        Self::direct(command, transport)
+    }
+
+    /// As [`direct_unix`](Self::direct_unix), but the worker listens on local TCP at the
+    /// port the engine appends as `--connection` (`tcp`, udf §1.9). Spark's gRPC dispatcher
+    /// refuses it (udf §6.4); tether's dispatcher takes it only with `allow_tcp`.
+    pub fn direct_tcp<C, S>(command: C) -> Self
+    where
+        C: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        Self::direct(
+            command,
+            worker_connection_spec::Transport::Tcp(LocalTcpConnection {}),
+        )
+    }
+
+    fn direct<C, S>(command: C, transport: worker_connection_spec::Transport) -> Self
+    where
+        C: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let pattern = crate::wire::UdfProtoCommunicationPattern::BidirectionalStreaming;
+        Self {
+            environment: Some(WorkerEnvironment::default()),
+            capabilities: Some(WorkerCapabilities {
+                supported_data_formats: vec![crate::wire::UdfWorkerDataFormat::Arrow as i32],
+                supported_communication_patterns: vec![pattern as i32],
+                supports_concurrent_udfs: None,
+                supports_reuse: None,
+            }),
+            worker: Some(udf_worker_specification::Worker::Direct(DirectWorker {
+                runner: Some(ProcessCallable {
+                    command: command.into_iter().map(Into::into).collect(),
+                    arguments: Vec::new(),
+                    environment_variables: BTreeMap::new(),
+                }),
+                properties: Some(UdfWorkerProperties {
+                    initialization_timeout_ms: None,
+                    graceful_termination_timeout_ms: None,
+                    connection: Some(WorkerConnectionSpec {
+                        transport: Some(transport),
+                    }),
+                }),
+            })),
+        }
+    }
+
+    /// Appends `arguments` to the runner's `ProcessCallable.arguments` (udf §1.9; they come
+    /// before the `--id` and `--connection` the engine appends, and may not contain them).
+    pub fn with_arguments<A, S>(mut self, arguments: A) -> Self
+    where
+        A: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let runner = self.runner_mut();
+        runner
+            .arguments
+            .extend(arguments.into_iter().map(Into::into));
+        self
+    }
+
+    /// Sets the environment variable `name` to `value` for the worker process (the runner's
+    /// `ProcessCallable.environment_variables`, udf §1.9).
+    pub fn with_env(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        let runner = self.runner_mut();
+        runner
+            .environment_variables
+            .insert(name.into(), value.into());
+        self
+    }
+
+    /// Replaces the declared data formats (`WorkerCapabilities.supported_data_formats`,
+    /// udf §1.9). The list must contain `ARROW` and not `UNSPECIFIED`, or a dispatcher
+    /// refuses the spec (udf §6.2).
+    pub fn with_data_formats<I>(mut self, formats: I) -> Self
+    where
+        I: IntoIterator<Item = crate::wire::UdfWorkerDataFormat>,
+    {
+        let capabilities = self.capabilities.get_or_insert_with(Default::default);
+        capabilities.supported_data_formats = formats.into_iter().map(|f| f as i32).collect();
+        self
+    }
+
+    /// Declares whether a worker may serve later sessions after its first
+    /// (`WorkerCapabilities.supports_reuse`, udf §1.9; a reuse pool needs it, udf §6.6).
+    pub fn with_reuse(mut self, supported: bool) -> Self {
+        let capabilities = self.capabilities.get_or_insert_with(Default::default);
+        capabilities.supports_reuse = Some(supported);
+        self
+    }
+
+    /// Declares whether one worker can run several sessions at once
+    /// (`WorkerCapabilities.supports_concurrent_udfs`, udf §1.9; not used by the engine yet).
+    pub fn with_concurrent_udfs(mut self, supported: bool) -> Self {
+        let capabilities = self.capabilities.get_or_insert_with(Default::default);
+        capabilities.supports_concurrent_udfs = Some(supported);
+        self
+    }
+
+    /// How long the engine waits for the worker to accept connections
+    /// (`UdfWorkerProperties.initialization_timeout_ms`, udf §1.9, §7): whole milliseconds,
+    /// rounded up, saturating at `i32::MAX`. Zero means the engine's default (10 s); the
+    /// engine caps values above its maximum (30 s).
+    pub fn with_initialization_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.properties_mut().initialization_timeout_ms = Some(millis(timeout));
+        self
+    }
+
+    /// How long the engine waits between SIGTERM and SIGKILL when it stops the worker
+    /// (`UdfWorkerProperties.graceful_termination_timeout_ms`, udf §1.9, §6.1, §7): whole
+    /// milliseconds, rounded up, saturating at `i32::MAX`. Zero means the engine's default
+    /// (5 s); the engine caps values above its maximum (30 s).
+    pub fn with_graceful_termination_timeout(mut self, timeout: std::time::Duration) -> Self {
+        self.properties_mut().graceful_termination_timeout_ms = Some(millis(timeout));
+        self
+    }
+
+    /// Sets the installation, verification and cleanup callables (`environment`, udf §1.9,
+    /// §6.3).
+    pub fn with_environment(mut self, environment: WorkerEnvironment) -> Self {
+        self.environment = Some(environment);
+        self
+    }
+
+    fn direct_mut(&mut self) -> &mut DirectWorker {
+        let worker = self.worker.get_or_insert_with(|| {
+            udf_worker_specification::Worker::Direct(DirectWorker::default())
+        });
+        match worker {
+            udf_worker_specification::Worker::Direct(direct) => direct,
+        }
+    }
+
+    fn runner_mut(&mut self) -> &mut ProcessCallable {
+        self.direct_mut()
+            .runner
+            .get_or_insert_with(Default::default)
+    }
+
+    fn properties_mut(&mut self) -> &mut UdfWorkerProperties {
+        self.direct_mut()
+            .properties
+            .get_or_insert_with(Default::default)
+    }
+}
+
+/// A duration as the spec's `int32` milliseconds (udf §1.9): rounded up, so that a
+/// non-zero duration never reads as "unset", and saturating.
+fn millis(duration: std::time::Duration) -> i32 {
+    let millis = duration.as_nanos().div_ceil(1_000_000);
+    i32::try_from(millis).unwrap_or(i32::MAX)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -211,6 +395,68 @@ mod tests {
                 }),
             })),
         }
+    }
+
+    #[test]
+    fn the_builder_writes_the_nested_messages_a_dispatcher_expects() {
+        use std::time::Duration;
+        let spec = UdfWorkerSpecification::direct_unix(["python3", "-m"])
+            .with_arguments(["worker"])
+            .with_arguments([String::from("-v")])
+            .with_env("PYTHONPATH", "/opt/w")
+            .with_reuse(true)
+            .with_concurrent_udfs(false)
+            .with_initialization_timeout(Duration::from_secs(5))
+            .with_graceful_termination_timeout(Duration::from_secs(10))
+            .with_environment(WorkerEnvironment {
+                installation: Some(callable("install")),
+                environment_verification: Some(callable("verify")),
+                environment_cleanup: Some(callable("cleanup")),
+            });
+        let mut expected = full_spec();
+        let Some(udf_worker_specification::Worker::Direct(direct)) = expected.worker.as_mut()
+        else {
+            unreachable!("full_spec is direct")
+        };
+        direct.runner.as_mut().unwrap().arguments = vec!["worker".into(), "-v".into()];
+        expected
+            .capabilities
+            .as_mut()
+            .unwrap()
+            .supports_concurrent_udfs = Some(false);
+        assert_eq!(spec, expected);
+
+        let minimal = UdfWorkerSpecification::direct_unix(["/bin/w"]);
+        let caps = minimal.capabilities.clone().unwrap();
+        assert_eq!(
+            caps.supported_data_formats,
+            vec![UdfWorkerDataFormat::Arrow as i32]
+        );
+        assert_eq!(caps.supports_reuse, None);
+        let tcp = UdfWorkerSpecification::direct_tcp(["/bin/w"])
+            .with_data_formats([UdfWorkerDataFormat::Arrow]);
+        let Some(udf_worker_specification::Worker::Direct(direct)) = tcp.worker else {
+            unreachable!("direct_tcp is direct")
+        };
+        let transport = direct.properties.unwrap().connection.unwrap().transport;
+        assert_eq!(
+            transport,
+            Some(worker_connection_spec::Transport::Tcp(
+                LocalTcpConnection {}
+            ))
+        );
+        // Setters also work on a spec that started empty.
+        let patched = UdfWorkerSpecification::default().with_arguments(["a"]);
+        assert!(patched.worker.is_some());
+    }
+
+    #[test]
+    fn builder_timeouts_round_up_and_saturate() {
+        use std::time::Duration;
+        assert_eq!(millis(Duration::ZERO), 0);
+        assert_eq!(millis(Duration::from_micros(1)), 1);
+        assert_eq!(millis(Duration::from_millis(1500)), 1500);
+        assert_eq!(millis(Duration::MAX), i32::MAX);
     }
 
     #[test]
