@@ -21,6 +21,12 @@
 //!
 //! # Worker side
 //!
+//! [`WorkerMain`] is a whole worker process: `WorkerMain::new(|| MyUdf).run()` in `main`
+//! parses the dispatcher's `--id` / `--connection` arguments ([`WorkerArgs`], udf §1.9),
+//! serves this service on the socket with one fresh [`Udf`](crate::worker::endpoint::Udf)
+//! per session, and stops gracefully on SIGTERM, on a `Manage` shutdown or when the engine
+//! that started it is gone. The rest of this section is what it is built from.
+//!
 //! Clients of a tether worker must send `:authority` `localhost` (as Spark's engine and
 //! [`GrpcChannel`] do). grpcio's default for a `unix:` target is the percent-encoded socket
 //! path, which the HTTP/2 layer rejects as a malformed authority (every stream is reset with
@@ -69,11 +75,13 @@
 
 mod client;
 mod server;
+mod worker_main;
 
 use std::time::Duration;
 
 pub use client::{GrpcChannel, GrpcEngineConnection, GrpcTransport, ManageCallError};
 pub use server::{GrpcWorkerConnection, ShutdownHandle, WorkerServer, WorkerService};
+pub use worker_main::{StopReason, USAGE, UsageError, WorkerArgs, WorkerMain, WorkerMainError};
 
 /// The fully qualified service name, `org.apache.spark.udf.worker.UdfWorker` (udf §1.1).
 pub const SERVICE_NAME: &str = "org.apache.spark.udf.worker.UdfWorker";
