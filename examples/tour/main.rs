@@ -1,10 +1,11 @@
 //! The tether tour: a Rust engine running UDF worker sessions on real worker processes, over
 //! real Unix sockets, on a real data set.
 //!
-//! Run: `cargo run --release --example tour`. For the official `UdfWorker` gRPC service
-//! instead of tether's framed transport:
-//! `cargo run --release --features grpc --example tour -- --grpc`. Exits non-zero if any
-//! check fails. Runs in well under a second on a laptop.
+//! Run: `cargo run --release --features grpc --example tour`. The sessions run over Spark's
+//! own transport, the official `UdfWorker` gRPC service on each worker's Unix socket (one
+//! HTTP/2 channel per worker, one `Execute` stream per session); with `-- --framed`, over
+//! tether's framed transport instead (one socket connection per session). Exits non-zero
+//! if any check fails. Runs in well under a second on a laptop.
 //!
 //! What it shows, with a summary table at the end (outcome, batches in → out, bytes, time,
 //! worker reused or invalidated):
@@ -27,10 +28,10 @@
 //! is left, and how each worker ended (exit on SIGTERM, or killed).
 //!
 //! The worker is this same executable: the dispatcher starts it as
-//! `tour --worker --id <uuid> --connection <socket>` (see `worker.rs`), so nothing needs
-//! building beforehand. It decodes each `DataRequest` as an Arrow IPC stream, applies the UDF
-//! named by the `Init` payload (`udf.rs`), and answers with Arrow IPC (`ipc.rs` documents
-//! the encoding).
+//! `tour --worker --id <uuid> --connection <socket>` (see `worker.rs`, a thin layer over
+//! tether's `WorkerMain`), so nothing needs building beforehand. It decodes each
+//! `DataRequest` as an Arrow IPC stream, applies the UDF named by the `Init` payload
+//! (`udf.rs`), and answers with Arrow IPC (`ipc.rs` documents the encoding).
 
 mod data;
 mod ipc;
@@ -44,11 +45,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use tether::wire::{
-    DirectWorker, ProcessCallable, UdfProtoCommunicationPattern, UdfWorkerDataFormat,
-    UdfWorkerProperties, UdfWorkerSpecification, UnixDomainSocket, WorkerCapabilities,
-    WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification, worker_connection_spec,
-};
+use tether::spark::udf_grpc::GrpcTransport;
+use tether::wire::UdfWorkerSpecification;
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::engine::{FramedTransport, WorkerTransport};
 
@@ -63,7 +61,14 @@ fn main() -> ExitCode {
     if args.iter().any(|a| a == "--worker") {
         return worker::main(&args);
     }
-    let grpc = args.iter().any(|a| a == "--grpc");
+    let framed = match &args[..] {
+        [] => false,
+        [flag] if flag == "--framed" => true,
+        _ => {
+            eprintln!("usage: tour [--framed]");
+            return ExitCode::from(2);
+        }
+    };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -74,7 +79,7 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(tour(grpc)) {
+    match runtime.block_on(tour(framed)) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -87,40 +92,16 @@ fn main() -> ExitCode {
 /// The worker specification: this executable in worker mode, Arrow, bidirectional
 /// streaming, a Unix socket, reuse as given.
 fn spec(exe: &Path, args: &[&str], journal: &Path, reuse: bool) -> UdfWorkerSpecification {
-    UdfWorkerSpecification {
-        environment: Some(WorkerEnvironment::default()),
-        capabilities: Some(WorkerCapabilities {
-            supported_data_formats: vec![UdfWorkerDataFormat::Arrow as i32],
-            supported_communication_patterns: vec![
-                UdfProtoCommunicationPattern::BidirectionalStreaming as i32,
-            ],
-            supports_concurrent_udfs: Some(true),
-            supports_reuse: Some(reuse),
-        }),
-        worker: Some(udf_worker_specification::Worker::Direct(DirectWorker {
-            runner: Some(ProcessCallable {
-                command: vec![exe.display().to_string()],
-                arguments: args.iter().map(|a| (*a).to_string()).collect(),
-                environment_variables: [(
-                    worker::JOURNAL_ENV.to_string(),
-                    journal.display().to_string(),
-                )]
-                .into(),
-            }),
-            properties: Some(UdfWorkerProperties {
-                initialization_timeout_ms: Some(10_000),
-                graceful_termination_timeout_ms: Some(2_000),
-                connection: Some(WorkerConnectionSpec {
-                    transport: Some(worker_connection_spec::Transport::UnixDomainSocket(
-                        UnixDomainSocket {},
-                    )),
-                }),
-            }),
-        })),
-    }
+    UdfWorkerSpecification::direct_unix([exe.display().to_string()])
+        .with_arguments(args.iter().copied())
+        .with_env(worker::JOURNAL_ENV, journal.display().to_string())
+        .with_concurrent_udfs(true)
+        .with_reuse(reuse)
+        .with_initialization_timeout(Duration::from_secs(10))
+        .with_graceful_termination_timeout(Duration::from_secs(2))
 }
 
-async fn tour(grpc: bool) -> TourResult<bool> {
+async fn tour(framed: bool) -> TourResult<bool> {
     let started = Instant::now();
     println!("tether tour: UDF worker sessions on real worker processes");
     let path = data::default_path();
@@ -147,14 +128,19 @@ async fn tour(grpc: bool) -> TourResult<bool> {
     let journal = scratch.join("workers.log");
     let exe = std::env::current_exe()?;
 
-    let result = if grpc {
-        run_grpc(&exe, &journal, &data).await
-    } else {
+    let result = if framed {
         println!(
             "transport: tether framed (length-delimited protobuf), one socket connection per session"
         );
+        let args = ["--worker", "--framed"];
+        run(FramedTransport::default(), &exe, &args, &journal, &data).await
+    } else {
+        println!(
+            "transport: gRPC (Spark's UdfWorker service), one HTTP/2 channel per worker, \
+             one Execute stream per session"
+        );
         run(
-            FramedTransport::default(),
+            GrpcTransport::default(),
             &exe,
             &["--worker"],
             &journal,
@@ -181,29 +167,6 @@ async fn tour(grpc: bool) -> TourResult<bool> {
         println!("  ✗ {failure}");
     }
     Ok(passed == total)
-}
-
-#[cfg(feature = "grpc")]
-async fn run_grpc(
-    exe: &Path,
-    journal: &Path,
-    data: &data::Dataset,
-) -> TourResult<(Report, WorkerEnds)> {
-    use tether::spark::udf_grpc::GrpcTransport;
-    println!("transport: gRPC (the official UdfWorker service), one HTTP/2 channel per worker");
-    run(
-        GrpcTransport::default(),
-        exe,
-        &["--worker", "--transport", "grpc"],
-        journal,
-        data,
-    )
-    .await
-}
-
-#[cfg(not(feature = "grpc"))]
-async fn run_grpc(_: &Path, _: &Path, _: &data::Dataset) -> TourResult<(Report, WorkerEnds)> {
-    Err("--grpc needs the `grpc` feature: cargo run --release --features grpc --example tour -- --grpc".into())
 }
 
 /// Runs the scenarios on two dispatchers (Spark's one-worker-per-session, and a reuse
