@@ -155,9 +155,7 @@ use tether::wire::{
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::endpoint::{EndpointConfig, OutcomeKind, Udf, serve};
 use tether::worker::engine::FramedTransport;
-use tether::worker::engine::{
-    CountingHandle, Session, SessionConfig, TerminationKind, WorkerHandle,
-};
+use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
@@ -814,7 +812,7 @@ impl Udf for Echo {
 fn init_message() -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("bench", Bytes::from_static(b"echo")),
+        UdfPayload::new(Bytes::from_static(b"echo"), "bench"),
     )
 }
 
@@ -823,7 +821,7 @@ async fn run_session<C>(conn: C, input: &[Bytes]) -> Vec<Bytes>
 where
     C: Connection<UdfRequest, UdfResponse> + std::fmt::Debug + Send + Unpin + 'static,
 {
-    let handle: Arc<dyn WorkerHandle> = Arc::new(CountingHandle::for_one_session());
+    let handle = Arc::new(CountingHandle::for_one_session());
     let session = Session::new(conn, handle, SessionConfig::default());
     let (session, _) = session.init(init_message()).await.expect("init");
     let mut output = session.process(futures::stream::iter(input.iter().cloned()));

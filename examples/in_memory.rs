@@ -48,9 +48,9 @@ impl Udf for TextUdf {
     fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
         self.rows_in += 1;
         if batch.as_ref() == b"1/0" {
-            return Err(ExecutionError::user(
+            return Err(ExecutionError::user_with_class(
                 "division by zero in row 1/0",
-                Some("DIVIDE_BY_ZERO".into()),
+                "DIVIDE_BY_ZERO",
             ));
         }
         out.push(Bytes::from(batch.to_ascii_uppercase()));
@@ -113,7 +113,7 @@ fn chain(error: &dyn std::error::Error) -> String {
 fn init(payload: &'static str) -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("text", Bytes::from_static(payload.as_bytes())),
+        UdfPayload::new(Bytes::from_static(payload.as_bytes()), "text"),
     )
 }
 

@@ -71,7 +71,7 @@ fn session_errors_keep_their_cause_as_the_source() {
         3,
     );
     check(
-        &SessionError::Execution(ExecutionError::user("boom", Some("UdfError".into()))),
+        &SessionError::Execution(ExecutionError::user_with_class("boom", "UdfError")),
         2,
     );
     check(

@@ -58,7 +58,7 @@ fn start() -> (
 fn init(text: &str, schema: Option<&arrow::datatypes::Schema>) -> Init {
     let mut init = Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(udf::PAYLOAD_FORMAT, Bytes::copy_from_slice(text.as_bytes())),
+        UdfPayload::new(Bytes::copy_from_slice(text.as_bytes()), udf::PAYLOAD_FORMAT),
     );
     init.input_schema = schema.map(|s| ipc::encode_schema(s).expect("schema encodes"));
     init

@@ -100,7 +100,7 @@ async fn messages_of_3_9_6_and_20_mib_cross_the_framed_transport_both_ways() {
     let payload = pattern(6 * 1024 * 1024, 7);
     let init = Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("bytes", payload),
+        UdfPayload::new(payload, "bytes"),
     );
     let (session, init_response) = session.init(init).await.map_err(|f| f.error).expect("init");
     assert_eq!(
@@ -152,7 +152,7 @@ async fn an_oversize_length_prefix_fails_the_session_without_allocating() {
     let session = Session::new(conn, handle.clone(), SessionConfig::default());
     let init = Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("x", Bytes::new()),
+        UdfPayload::new(Bytes::new(), "x"),
     );
     let failed = session.init(init).await.expect_err("oversize frame");
     let error = framed_error(&failed.error);
@@ -190,7 +190,7 @@ async fn a_frame_that_never_completes_times_out() {
     let session = Session::new(conn, handle.clone(), SessionConfig::default());
     let init = Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("x", Bytes::new()),
+        UdfPayload::new(Bytes::new(), "x"),
     );
     let failed = session.init(init).await.expect_err("trickling frame");
     let error = framed_error(&failed.error);

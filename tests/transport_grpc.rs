@@ -80,9 +80,9 @@ impl Udf for Echo {
     fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
         self.probe.lock().unwrap().batches += 1;
         if batch == "ERROR" {
-            return Err(ExecutionError::user(
+            return Err(ExecutionError::user_with_class(
                 "simulated user error",
-                Some("SimulatedError".into()),
+                "SimulatedError",
             ));
         }
         out.push(batch);
@@ -213,7 +213,7 @@ fn session_with(
 ) -> (GrpcSession, Arc<CountingHandle>) {
     let handle = Arc::new(CountingHandle::for_one_session());
     let connection = channel.open_session().expect("the channel is open");
-    let session = Session::new(connection, handle.clone() as Arc<dyn WorkerHandle>, config);
+    let session = Session::new(connection, handle.clone(), config);
     (session, handle)
 }
 
@@ -222,10 +222,7 @@ fn new_session(channel: &GrpcChannel) -> (GrpcSession, Arc<CountingHandle>) {
 }
 
 fn init(payload: impl Into<Bytes>) -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("echo", payload.into()),
-    )
+    Init::new(UdfWorkerDataFormat::Arrow, UdfPayload::new(payload, "echo"))
 }
 
 /// `len` deterministic bytes that differ per `seed`.
@@ -727,11 +724,7 @@ async fn grpc_transport_connects_opens_sessions_and_tracks_activity() {
         .await
         .unwrap();
     let handle = Arc::new(CountingHandle::for_one_session());
-    let session = Session::new(
-        connection,
-        handle.clone() as Arc<dyn WorkerHandle>,
-        SessionConfig::default(),
-    );
+    let session = Session::new(connection, handle.clone(), SessionConfig::default());
     let (streaming, _) = session.init(init("payload")).await.unwrap();
     let mut finishing = streaming.finish().await.unwrap();
     assert_eq!(finishing.recv().await.unwrap(), None);

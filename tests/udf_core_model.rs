@@ -67,7 +67,7 @@ fn model_config() -> SessionConfig {
 fn init_message() -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("model", Bytes::from_static(b"udf")),
+        UdfPayload::new(Bytes::from_static(b"udf"), "model"),
     )
 }
 
@@ -98,7 +98,7 @@ impl Ids {
     }
 
     fn error(&mut self) -> ExecutionError {
-        ExecutionError::user(self.next("error-"), Some("ModelError".into()))
+        ExecutionError::user_with_class(self.next("error-"), "ModelError")
     }
 
     fn finish_response(&mut self, with_error: bool) -> FinishResponse {
@@ -1528,7 +1528,7 @@ impl Observed {
 fn chunked_init() -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("model", Bytes::from_static(b"0123456789")),
+        UdfPayload::new(Bytes::from_static(b"0123456789"), "model"),
     )
 }
 

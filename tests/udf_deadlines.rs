@@ -47,7 +47,7 @@ fn config() -> SessionConfig {
 fn init_msg() -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("deadlines", Bytes::from_static(b"udf")),
+        UdfPayload::new(Bytes::from_static(b"udf"), "deadlines"),
     )
 }
 
@@ -227,7 +227,7 @@ fn an_init_error_waits_for_the_cancel_answer_in_total() {
     let t0 = Instant::now();
     core.begin_wait(t0);
     core.handle_response(UdfResponse::init(InitResponse {
-        error: Some(ExecutionError::user("bad udf", None)),
+        error: Some(ExecutionError::user("bad udf")),
         ..InitResponse::default()
     }));
     assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
@@ -327,7 +327,7 @@ fn post_error() -> WorkerCore {
     core.handle_request(UdfRequest::init(init_msg()));
     let _ = core.take_init();
     core.accept_init(None).expect("accept");
-    core.fail(ExecutionError::user("boom", None)).expect("fail");
+    core.fail(ExecutionError::user("boom")).expect("fail");
     while core.poll_transmit().is_some() {}
     assert_eq!(core.phase(), WorkerPhase::PostError);
     core

@@ -254,7 +254,7 @@ fn socket_of(endpoint: &WorkerEndpoint) -> PathBuf {
 fn init_msg(payload: &'static str) -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("test", Bytes::from_static(payload.as_bytes())),
+        UdfPayload::new(Bytes::from_static(payload.as_bytes()), "test"),
     )
 }
 

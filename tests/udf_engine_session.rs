@@ -56,7 +56,7 @@ impl Worker {
 fn init_msg() -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("test", Bytes::from_static(b"udf")),
+        UdfPayload::new(Bytes::from_static(b"udf"), "test"),
     )
 }
 
@@ -110,7 +110,7 @@ fn ok_init() -> UdfResponse {
 }
 
 fn user_error(msg: &str, class: &str) -> ExecutionError {
-    ExecutionError::user(msg, Some(class.to_string()))
+    ExecutionError::user_with_class(msg, class)
 }
 
 /// Worker that answers Init, echoes data, answers Finish and Cancel; records what it got.
@@ -309,7 +309,7 @@ async fn udf_s008_transport_failure_invalidates_once_and_releases_once() {
 
 #[test]
 fn udf_s009_failed_is_salvageable_and_carries_its_error() {
-    let t = Termination::Failed(ExecutionError::user("bad row", Some("UdfError".into())));
+    let t = Termination::Failed(ExecutionError::user_with_class("bad row", "UdfError"));
     assert!(t.is_salvageable());
     assert_eq!(
         t.execution_error().and_then(|e| e.error_class()),
@@ -365,6 +365,23 @@ async fn udf_s011_close_swallows_handle_failures_and_returns_the_outcome() {
             .release_calls
             .load(std::sync::atomic::Ordering::SeqCst),
         1
+    );
+}
+
+/// A typed handle stays inspectable: `Session::new` takes `Arc::clone(&handle)` as it is,
+/// with no coercion to `Arc<dyn WorkerHandle>` written out.
+#[tokio::test(start_paused = true)]
+async fn a_typed_handle_passes_without_coercion_and_stays_inspectable() {
+    let (engine, _worker) = pair::<UdfRequest, UdfResponse>(4);
+    let handle = Arc::new(CountingHandle::for_one_session());
+    let session = Session::new(engine, Arc::clone(&handle), config());
+    assert_eq!(session.worker().id(), handle.id());
+    let t = session.close().await;
+    assert_eq!(t.kind(), TerminationKind::Cancelled, "closed before init");
+    assert_eq!((handle.releases(), handle.active_sessions()), (1, 0));
+    assert_eq!(
+        handle.last_outcome().map(|t| t.kind()),
+        Some(TerminationKind::Cancelled)
     );
 }
 
@@ -570,11 +587,8 @@ async fn udf_s020_error_right_behind_init_response_fails_init_and_cancels() {
     let (res, h, worker) = init_against(huge_timeouts(), |mut w| async move {
         w.recv_kind().await;
         w.send(ok_init()).await;
-        w.send(UdfResponse::error(ExecutionError::user(
-            "generator failed",
-            None,
-        )))
-        .await;
+        w.send(UdfResponse::error(ExecutionError::user("generator failed")))
+            .await;
         assert_eq!(
             w.recv_kind().await,
             Some(RequestKind::Cancel),
@@ -985,7 +999,7 @@ async fn udf_s035_data_instead_of_init_response_fails_init() {
 async fn udf_s036_init_error_is_structured_and_cancel_is_on_the_wire() {
     let (res, h, worker) = init_against(config(), |mut w| async move {
         w.recv_kind().await;
-        let err = ExecutionError::user("cannot load", Some("InitError".into()));
+        let err = ExecutionError::user_with_class("cannot load", "InitError");
         w.send(UdfResponse::init(InitResponse {
             data: None,
             error: Some(err),

@@ -609,7 +609,7 @@ async fn udf_x_finish_callback_error_goes_into_the_finish_response() {
         }
         fn finish(&mut self, out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError> {
             out.push(b("trailing"));
-            Err(ExecutionError::user("flush failed", Some("IOError".into())))
+            Err(ExecutionError::user_with_class("flush failed", "IOError"))
         }
     }
     let (mut engine, task) = spawn_worker(FailingFinish, EndpointConfig::default());

@@ -327,7 +327,7 @@ where
 
     /// The `Init` for `udf`: Arrow data, the input schema, Spark-style context.
     fn init(&self, udf: &str) -> Init {
-        let mut payload = UdfPayload::new(PAYLOAD_FORMAT, Bytes::copy_from_slice(udf.as_bytes()));
+        let mut payload = UdfPayload::new(Bytes::copy_from_slice(udf.as_bytes()), PAYLOAD_FORMAT);
         payload.name = udf.split_once(':').map(|(kind, _)| format!("tour_{kind}"));
         let mut init = Init::new(UdfWorkerDataFormat::Arrow, payload);
         init.protocol_version = Some(1);

@@ -51,7 +51,7 @@ const DIVIDE_BY_ZERO_MESSAGE: &str = "Division by zero. Use `try_divide` to tole
      bypass this error. SQLSTATE: 22012";
 
 fn user(class: &str, message: impl Into<String>) -> ExecutionError {
-    ExecutionError::user(message, Some(class.to_string()))
+    ExecutionError::user_with_class(message, class)
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -196,7 +196,7 @@ mod tests {
     fn sample_requests() -> Vec<UdfRequest> {
         let mut init = Init::new(
             UdfWorkerDataFormat::Arrow,
-            UdfPayload::new("cloudpickle", Bytes::from_static(b"fn")),
+            UdfPayload::new(Bytes::from_static(b"fn"), "cloudpickle"),
         );
         init.timezone = Some("UTC".into());
         vec![

@@ -834,11 +834,20 @@ impl From<ResponseMessage> for UdfResponse {
 // ---------------------------------------------------------------------------------------------
 
 impl UdfPayload {
-    /// An inline payload: `payload` bytes encoded as the `format` tag; size, checksum, name
-    /// and eval type unset (udf §1.3).
-    pub fn new(format: impl Into<String>, payload: Bytes) -> Self {
+    /// An inline payload: the `payload` bytes (field 1), encoded as the `format` tag says
+    /// (field 2); size, checksum, name and eval type unset (udf §1.3). The arguments follow
+    /// the proto field order, as every message constructor of this module does.
+    ///
+    /// ```
+    /// use bytes::Bytes;
+    /// use tether::wire::UdfPayload;
+    ///
+    /// let udf = UdfPayload::new(Bytes::from_static(b"pickled"), "cloudpickle");
+    /// assert_eq!((&udf.payload[..], udf.format.as_str()), (&b"pickled"[..], "cloudpickle"));
+    /// ```
+    pub fn new(payload: impl Into<Bytes>, format: impl Into<String>) -> Self {
         Self {
-            payload,
+            payload: payload.into(),
             format: format.into(),
             ..Self::default()
         }
@@ -847,7 +856,8 @@ impl UdfPayload {
 
 impl Init {
     /// An `Init` for `udf` in `data_format`; every optional field unset and both maps empty
-    /// (udf §1.3).
+    /// (udf §1.3). The arguments follow the proto field order (`data_format` is field 2,
+    /// `udf` field 3).
     pub fn new(data_format: UdfWorkerDataFormat, udf: UdfPayload) -> Self {
         Self {
             data_format: data_format.into(),
@@ -855,17 +865,36 @@ impl Init {
             ..Self::default()
         }
     }
+
+    /// The UDF payload bytes, `udf.payload` (udf §1.3); empty when `udf` is unset. On the
+    /// worker side, after the endpoint assembled a chunked payload, these are the whole
+    /// payload: the inline part followed by every [`PayloadChunk`] in arrival order.
+    pub fn payload(&self) -> &Bytes {
+        static EMPTY: Bytes = Bytes::new();
+        self.udf.as_ref().map_or(&EMPTY, |udf| &udf.payload)
+    }
 }
 
 impl ExecutionError {
-    /// A [`UserError`] with `message` and an optional language error class; no traceback
-    /// (udf §1.5).
-    pub fn user(message: impl Into<String>, error_class: Option<String>) -> Self {
+    /// A [`UserError`] with `message`; no traceback, no error class (udf §1.5).
+    pub fn user(message: impl Into<String>) -> Self {
         Self {
             kind: Some(execution_error::Kind::User(UserError {
                 message: message.into(),
                 traceback: None,
-                error_class,
+                error_class: None,
+            })),
+        }
+    }
+
+    /// A [`UserError`] with `message` and the language's error class, e.g. `"ValueError"`
+    /// (fields 1 and 3, in proto order); no traceback (udf §1.5).
+    pub fn user_with_class(message: impl Into<String>, error_class: impl Into<String>) -> Self {
+        Self {
+            kind: Some(execution_error::Kind::User(UserError {
+                message: message.into(),
+                traceback: None,
+                error_class: Some(error_class.into()),
             })),
         }
     }
@@ -1633,12 +1662,12 @@ mod tests {
 
     #[test]
     fn execution_error_helpers_and_display() {
-        let user = ExecutionError::user("boom", Some("SimulatedError".into()));
+        let user = ExecutionError::user_with_class("boom", "SimulatedError");
         assert_eq!(user.message(), "boom");
         assert_eq!(user.error_class(), Some("SimulatedError"));
         assert_eq!(user.traceback(), None);
         assert_eq!(user.to_string(), "UserError[SimulatedError]: boom");
-        let bare = ExecutionError::user(String::from("bad input"), None);
+        let bare = ExecutionError::user(String::from("bad input"));
         assert_eq!(bare.error_class(), None);
         assert_eq!(bare.to_string(), "UserError: bad input");
         let worker = ExecutionError::worker("simulated init failure");
@@ -1669,7 +1698,7 @@ mod tests {
 
     #[test]
     fn constructors_fill_only_the_named_fields() {
-        let payload = UdfPayload::new("fmt", Bytes::from_static(b"body"));
+        let payload = UdfPayload::new(Bytes::from_static(b"body"), "fmt");
         assert_eq!(payload.format, "fmt");
         assert_eq!(payload.payload, Bytes::from_static(b"body"));
         assert_eq!(payload.payload_size, None);
@@ -1687,6 +1716,17 @@ mod tests {
                 ..Init::default()
             }
         );
+        assert_eq!(init.payload(), &Bytes::from_static(b"body"));
+        assert!(Init::default().payload().is_empty(), "no udf: no bytes");
+        // Any `Into<Bytes>` payload, any `Into<String>` format, in proto field order.
+        let owned = UdfPayload::new(b"body".to_vec(), String::from("fmt"));
+        assert_eq!(owned, UdfPayload::new(Bytes::from_static(b"body"), "fmt"));
+        let classed = ExecutionError::user_with_class("bad row", String::from("ValueError"));
+        assert_eq!(
+            (classed.message(), classed.error_class()),
+            ("bad row", Some("ValueError"))
+        );
+        assert_eq!(ExecutionError::user("bad row").error_class(), None);
         match UdfResponse::error(ExecutionError::worker("w")).into_message() {
             Ok(ResponseMessage::Error(response)) if response.error.is_some() => {
                 let e = response.error.unwrap_or_default();

@@ -79,9 +79,9 @@ impl Udf for EchoUdf {
     fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
         self.probe.lock().unwrap().batches += 1;
         if batch == "ERROR" {
-            return Err(ExecutionError::user(
+            return Err(ExecutionError::user_with_class(
                 "simulated user error",
-                Some(USER_ERROR_CLASS.into()),
+                USER_ERROR_CLASS,
             ));
         }
         out.push(batch);

@@ -119,7 +119,7 @@ pub fn b(s: &str) -> Bytes {
 pub fn init(payload: &str) -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("echo", b(payload)),
+        UdfPayload::new(b(payload), "echo"),
     )
 }
 

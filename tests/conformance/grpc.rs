@@ -173,11 +173,7 @@ type GrpcSession = Session<state::Init, GrpcEngineConnection>;
 fn new_session(channel: &GrpcChannel) -> (GrpcSession, Arc<CountingHandle>) {
     let handle = Arc::new(CountingHandle::for_one_session());
     let connection = channel.open_session().expect("the channel is open");
-    let session = Session::new(
-        connection,
-        handle.clone() as Arc<dyn WorkerHandle>,
-        SessionConfig::default(),
-    );
+    let session = Session::new(connection, handle.clone(), SessionConfig::default());
     (session, handle)
 }
 
@@ -203,7 +199,7 @@ fn rich_init(payload: impl Into<Bytes>, name: &str) -> Init {
                 payload_crc32: Some(crc32fast::hash(&payload)),
                 name: Some(name.to_owned()),
                 eval_type: Some("SQL_ARROW_BATCHED_UDF".to_owned()),
-                ..UdfPayload::new("echo", payload)
+                ..UdfPayload::new(payload, "echo")
             },
         )
     }
@@ -557,9 +553,9 @@ impl Udf for Echo {
         self.batches += 1;
         self.seen.lock().unwrap().batch_sizes.push(batch.len());
         if batch == "ERROR" {
-            return Err(ExecutionError::user(
+            return Err(ExecutionError::user_with_class(
                 "simulated user error",
-                Some("SimulatedError".into()),
+                "SimulatedError",
             ));
         }
         out.push(batch);

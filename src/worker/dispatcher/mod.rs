@@ -342,10 +342,9 @@ impl<T: WorkerTransport> Dispatcher<T> {
         {
             Ok(connection) => {
                 acquisition.0 = None;
-                let handle: Arc<dyn WorkerHandle> = worker;
                 Ok(Session::new(
                     connection,
-                    handle,
+                    worker,
                     shared.config.session.clone(),
                 ))
             }

@@ -40,7 +40,7 @@ fn b(s: &str) -> Bytes {
 fn init(payload: &str) -> Init {
     Init::new(
         UdfWorkerDataFormat::Arrow,
-        UdfPayload::new("test", b(payload)),
+        UdfPayload::new(b(payload), "test"),
     )
 }
 
@@ -485,7 +485,7 @@ fn post_init_error() -> WorkerCore {
 
 fn post_data_error() -> WorkerCore {
     let mut c = data_core();
-    c.fail(ExecutionError::user("boom", None)).unwrap();
+    c.fail(ExecutionError::user("boom")).unwrap();
     c
 }
 
@@ -731,7 +731,7 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
     );
     let mut finished_then_failed = draining();
     finished_then_failed
-        .fail(ExecutionError::user("late", None))
+        .fail(ExecutionError::user("late"))
         .unwrap();
     check_violation(
         finished_then_failed,
@@ -881,8 +881,7 @@ fn cancel_in_the_data_phase_drops_queued_output_and_unread_input() {
     assert_eq!(c.send_data(b("out2")), Ok(DataSent::Dropped));
     c.handle_request(UdfRequest::cancel(None));
     assert_eq!(c.stats().duplicate_cancels, 1);
-    c.fail(ExecutionError::user("while cancelling", None))
-        .unwrap();
+    c.fail(ExecutionError::user("while cancelling")).unwrap();
     c.cancelled(CancelResponse::default()).unwrap();
     let out = drain(&mut c);
     assert!(
@@ -942,13 +941,11 @@ fn post_error_ignores_racing_data_and_finish_until_the_cancel() {
         c.send_data(b("before error")),
         Ok(DataSent::Queued(_))
     ));
-    c.fail(ExecutionError::user("boom", Some("ValueError".into())))
+    c.fail(ExecutionError::user_with_class("boom", "ValueError"))
         .unwrap();
     assert_eq!(c.send_data(b("after error")), Ok(DataSent::Dropped));
     assert_eq!(
-        c.fail(ExecutionError::user("second", None))
-            .unwrap_err()
-            .call,
+        c.fail(ExecutionError::user("second")).unwrap_err().call,
         "fail"
     );
     assert_eq!(c.pop_input(), None, "unread input dropped");
@@ -1159,7 +1156,7 @@ impl Harness {
                 size,
                 crc,
             } => {
-                let mut udf = UdfPayload::new("t", Bytes::from(payload.clone()));
+                let mut udf = UdfPayload::new(Bytes::from(payload.clone()), "t");
                 udf.payload_size = size;
                 udf.payload_crc32 = crc.map(|ok| {
                     if ok {
@@ -1208,7 +1205,7 @@ impl Harness {
             Step::Accept => drop(c.accept_init(Some(Bytes::from_static(b"i")))),
             Step::Reject => drop(c.reject_init(ExecutionError::worker("reject"))),
             Step::Send(d) => drop(c.send_data(Bytes::from(d))),
-            Step::Fail => drop(c.fail(ExecutionError::user("fail", None))),
+            Step::Fail => drop(c.fail(ExecutionError::user("fail"))),
             Step::UserFinish => drop(c.finish(FinishResponse::default())),
             Step::UserCancelled => drop(c.cancelled(CancelResponse::default())),
         }

@@ -344,10 +344,9 @@ where
     }
 
     /// The assembled UDF payload bytes (`init().udf.payload`: the inline part followed by
-    /// the chunks, udf §1.3).
+    /// the chunks, udf §1.3); [`Init::payload`].
     pub fn payload(&self) -> &Bytes {
-        static EMPTY: Bytes = Bytes::new();
-        self.init.udf.as_ref().map(|u| &u.payload).unwrap_or(&EMPTY)
+        self.init.payload()
     }
 
     /// Whether the engine has already cancelled (then `accept` and `reject` send nothing and

@@ -124,7 +124,7 @@ pub struct Misuse {
 ///
 /// let config = SessionConfig::default();
 /// let mut core = EngineCore::new(&config);
-/// let udf = UdfPayload::new("f", Bytes::from_static(b"pickled"));
+/// let udf = UdfPayload::new(Bytes::from_static(b"pickled"), "f");
 /// core.start_init(Init::new(UdfWorkerDataFormat::Arrow, udf), None)?;
 /// while let Some(request) = core.poll_transmit() {
 ///     // write `request` to the worker

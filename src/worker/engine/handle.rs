@@ -1,8 +1,8 @@
 //! [`WorkerHandle`]: the engine's view of one worker process (udf §3, §6.1).
 
 use std::fmt;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use super::termination::Termination;
 
@@ -38,6 +38,43 @@ pub trait WorkerHandle: Send + Sync + fmt::Debug {
     /// (udf §3).
     fn session_terminated(&self, termination: &Termination) {
         let _ = termination;
+    }
+}
+
+/// What [`Session::new`](super::Session::new) accepts as a session's worker handle (udf §3
+/// `WorkerHandle`): an `Arc` of a concrete [`WorkerHandle`], or an `Arc<dyn WorkerHandle>`
+/// (what a dispatcher holds).
+///
+/// Keep a clone of a typed handle to inspect it after the session ended; no coercion to
+/// `Arc<dyn WorkerHandle>` is needed, `Arc::clone(&handle)` included (against a parameter of
+/// type `Arc<dyn WorkerHandle>`, type inference makes `Arc::clone` clone a trait object and
+/// rejects the typed reference):
+///
+/// ```
+/// # async fn demo(conn: tether::connection::MemoryConnection<tether::wire::UdfRequest, tether::wire::UdfResponse>) {
+/// use std::sync::Arc;
+/// use tether::worker::engine::{CountingHandle, Session, SessionConfig};
+///
+/// let handle = Arc::new(CountingHandle::for_one_session());
+/// let session = Session::new(conn, Arc::clone(&handle), SessionConfig::default());
+/// let _ = session.close().await;
+/// assert_eq!(handle.releases(), 1); // still typed: the counters are readable
+/// # }
+/// ```
+pub trait IntoWorkerHandle {
+    /// The handle as the trait object the session stores (udf §3 `WorkerHandle`).
+    fn into_worker_handle(self) -> Arc<dyn WorkerHandle>;
+}
+
+impl<H: WorkerHandle + 'static> IntoWorkerHandle for Arc<H> {
+    fn into_worker_handle(self) -> Arc<dyn WorkerHandle> {
+        self
+    }
+}
+
+impl IntoWorkerHandle for Arc<dyn WorkerHandle> {
+    fn into_worker_handle(self) -> Arc<dyn WorkerHandle> {
+        self
     }
 }
 

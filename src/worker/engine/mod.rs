@@ -19,7 +19,7 @@ mod transport;
 
 pub use self::config::SessionConfig;
 pub use self::core::{CoreStats, EngineCore, EnginePhase, InitStatus, Misuse};
-pub use self::handle::{CountingHandle, HandleError, WorkerHandle};
+pub use self::handle::{CountingHandle, HandleError, IntoWorkerHandle, WorkerHandle};
 pub use self::session::{AnySession, Process, Session, SessionFailed, TerminationWatch};
 pub use self::termination::{
     Interrupted, PeerViolation, SessionError, Termination, TerminationKind, TransportFailure, Wait,

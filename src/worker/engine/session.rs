@@ -16,7 +16,7 @@ use crate::wire::{Init, InitResponse, UdfRequest, UdfResponse};
 
 use super::config::SessionConfig;
 use super::core::{EngineCore, EnginePhase, InitStatus};
-use super::handle::WorkerHandle;
+use super::handle::{IntoWorkerHandle, WorkerHandle};
 use super::termination::{SessionError, Termination};
 use crate::worker::pump::Pump;
 
@@ -468,7 +468,11 @@ where
     /// count must already include this session: it is released once when the session ends;
     /// udf §6.2 steps 5–6, `acquireSession` then `newSession`). Nothing is sent until
     /// [`init`](Self::init) (udf §4.3 `doInit` opens the conversation).
-    pub fn new(connection: C, handle: Arc<dyn WorkerHandle>, config: SessionConfig) -> Self {
+    ///
+    /// `handle` is an `Arc` of a concrete handle or an `Arc<dyn WorkerHandle>`
+    /// ([`IntoWorkerHandle`]): keep a clone of a typed handle to inspect it afterwards.
+    pub fn new(connection: C, handle: impl IntoWorkerHandle, config: SessionConfig) -> Self {
+        let handle = handle.into_worker_handle();
         let inner = Inner {
             id: uuid::Uuid::new_v4(),
             core: EngineCore::new(&config),
