@@ -16,7 +16,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dispatcher = Dispatcher::new(spec, GrpcTransport::default(), DispatcherConfig::default())?;
     // Spawns `worker --id <uuid> --connection <socket>`, waits until it answers gRPC.
     let session = dispatcher.create_session().await?;
-    let udf = UdfPayload::new("echo", Bytes::new());
+    let udf = UdfPayload::new(Bytes::new(), "echo");
     let init = Init::new(UdfWorkerDataFormat::Arrow, udf);
     let (session, _init_response) = session.init(init).await?;
     let rows = ["hello", "world"].map(Bytes::from);
