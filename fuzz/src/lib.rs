@@ -72,7 +72,7 @@ pub fn worker_config(input_buffer: u8) -> EndpointConfig {
 /// An `Init` whose payload is `len` bytes (chunked by the engine when asked).
 pub fn init_message(len: u8) -> Init {
     let payload = Bytes::from(vec![0x5a; usize::from(len)]);
-    Init::new(UdfWorkerDataFormat::Arrow, UdfPayload::new("fuzz", payload))
+    Init::new(UdfWorkerDataFormat::Arrow, UdfPayload::new(payload, "fuzz"))
 }
 
 // -------------------------------------------------------------------------------------------
@@ -501,7 +501,7 @@ impl WorkerWatch {
                 Ok(())
             }
             UserAnswer::Accept => self.core.accept_init(Some(Bytes::from_static(b"ok"))),
-            UserAnswer::Reject => self.core.reject_init(ExecutionError::user("no", None)),
+            UserAnswer::Reject => self.core.reject_init(ExecutionError::user("no")),
             UserAnswer::Fail => self.core.fail(ExecutionError::worker("failed")),
             UserAnswer::Finish => self.core.finish(FinishResponse::default()),
             UserAnswer::Cancelled => self.core.cancelled(CancelResponse::default()),
@@ -591,11 +591,11 @@ impl FuzzResponse {
         match self {
             Self::Init { error: false } => UdfResponse::init(InitResponse::default()),
             Self::Init { error: true } => UdfResponse::init(InitResponse {
-                error: Some(ExecutionError::user("init failed", None)),
+                error: Some(ExecutionError::user("init failed")),
                 ..InitResponse::default()
             }),
             Self::Data => UdfResponse::data(tagged(tag)),
-            Self::Error => UdfResponse::error(ExecutionError::user("boom", None)),
+            Self::Error => UdfResponse::error(ExecutionError::user("boom")),
             Self::Finish => UdfResponse::finish(FinishResponse::default()),
             Self::Cancel => UdfResponse::cancel(CancelResponse::default()),
             Self::Empty => UdfResponse::default(),
