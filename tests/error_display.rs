@@ -159,3 +159,107 @@ fn grpc_errors_keep_their_cause_as_the_source() {
         2,
     );
 }
+
+/// Every text of `error`'s source chain, outermost first.
+#[cfg(feature = "tokio")]
+fn chain(error: &(dyn Error + 'static)) -> Vec<String> {
+    let mut texts = Vec::new();
+    let mut current = Some(error);
+    while let Some(e) = current {
+        texts.push(e.to_string());
+        current = e.source();
+    }
+    texts
+}
+
+/// A fresh socket path in a private scratch directory (removed on drop).
+#[cfg(feature = "tokio")]
+struct Scratch(std::path::PathBuf);
+
+#[cfg(feature = "tokio")]
+impl Scratch {
+    fn new() -> Self {
+        let dir = std::env::temp_dir().join(format!("tether-err-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir(&dir).expect("scratch directory");
+        Self(dir)
+    }
+
+    fn socket(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `error` keeps the OS error's kind, and its chain is exactly `expected`: the text naming
+/// the socket, then the OS error.
+#[cfg(feature = "tokio")]
+fn assert_names_the_socket(error: &io::Error, kind: io::ErrorKind, expected: &[String]) {
+    assert_eq!(error.kind(), kind);
+    assert_eq!(chain(error), expected);
+    check(error, 2);
+}
+
+/// The OS's text for `errno`, as `io::Error`'s `Display` prints it.
+#[cfg(feature = "tokio")]
+fn os_text(errno: i32) -> String {
+    io::Error::from_raw_os_error(errno).to_string()
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test]
+async fn a_missing_socket_names_its_path_and_keeps_the_os_error_as_the_source() {
+    use tether::connection::framed::{FramedConfig, connect_unix};
+    use tether::wire::{UdfRequest, UdfResponse};
+    let scratch = Scratch::new();
+    let missing = scratch.socket("w.sock");
+    let expected = vec![
+        format!("could not connect to the Unix socket {}", missing.display()),
+        os_text(nix::libc::ENOENT),
+    ];
+
+    let framed = connect_unix::<UdfRequest, UdfResponse>(&missing, &FramedConfig::default())
+        .await
+        .expect_err("nothing listens there");
+    assert_names_the_socket(&framed, io::ErrorKind::NotFound, &expected);
+
+    #[cfg(feature = "grpc")]
+    {
+        use tether::spark::udf_grpc::{GrpcChannel, GrpcConfig};
+        use tether::worker::engine::WorkerEndpoint;
+        let endpoint = WorkerEndpoint::Unix(missing.clone());
+        let grpc = GrpcChannel::connect(&endpoint, &GrpcConfig::default())
+            .await
+            .expect_err("nothing listens there");
+        assert_names_the_socket(&grpc, io::ErrorKind::NotFound, &expected);
+    }
+}
+
+#[cfg(feature = "tokio")]
+#[tokio::test]
+async fn an_address_in_use_names_the_socket_path_and_keeps_the_os_error_as_the_source() {
+    use tether::connection::framed::FramedListener;
+    let scratch = Scratch::new();
+    let path = scratch.socket("w.sock");
+    let _first = FramedListener::bind_unix(&path).expect("the first bind succeeds");
+    let expected = vec![
+        format!("could not bind the Unix socket {}", path.display()),
+        os_text(nix::libc::EADDRINUSE),
+    ];
+
+    let framed = FramedListener::bind_unix(&path).expect_err("the path is taken");
+    assert_names_the_socket(&framed, io::ErrorKind::AddrInUse, &expected);
+
+    #[cfg(feature = "grpc")]
+    {
+        use tether::spark::udf_grpc::{WorkerServer, WorkerService};
+        let service = WorkerService::new(drop);
+        let grpc = WorkerServer::bind_unix(&path, service).expect_err("the path is taken");
+        assert_names_the_socket(&grpc, io::ErrorKind::AddrInUse, &expected);
+    }
+}

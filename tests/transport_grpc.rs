@@ -14,8 +14,8 @@ use futures::StreamExt;
 use futures::future::poll_fn;
 use tether::connection::{Connection, ConnectionError};
 use tether::spark::udf_grpc::{
-    GrpcChannel, GrpcConfig, GrpcEngineConnection, GrpcTransport, ManageCallError, WorkerServer,
-    WorkerService,
+    GrpcChannel, GrpcConfig, GrpcEngineConnection, GrpcTransport, ManageCallError, StatusError,
+    WorkerServer, WorkerService,
 };
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, ResponseKind, ResponseMessage,
@@ -256,7 +256,7 @@ fn status_of(error: &SessionError) -> Option<tonic::Status> {
     else {
         return None;
     };
-    e.downcast_ref::<tonic::Status>().cloned()
+    e.downcast_ref::<StatusError>().map(|e| e.status().clone())
 }
 
 // Raw `Execute` stream helpers (for what a Session never does).

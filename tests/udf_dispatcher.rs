@@ -29,11 +29,13 @@ use tether::wire::{
 };
 use tether::worker::dispatcher::{
     DispatchError, Dispatcher, DispatcherConfig, EnvironmentError, EnvironmentState, ExitReason,
-    PoolConfig, SecurityScope, SpecError, validate_spec,
+    PoolConfig, SecurityScope, SpecError, WorkerInfo, WorkerLost, validate_spec,
 };
 use tether::worker::endpoint::serve;
 use tether::worker::engine::{FramedTransport, WorkerEndpoint, WorkerTransport};
-use tether::worker::engine::{HandleError, SessionConfig, SessionError, TerminationKind};
+use tether::worker::engine::{
+    HandleError, SessionConfig, SessionError, TerminationKind, WorkerHandle,
+};
 use tokio::sync::{Notify, Semaphore};
 
 use common::echo::{EchoUdf, INIT_FAILURE, USER_ERROR_CLASS, echo_config};
@@ -56,6 +58,15 @@ fn worker_mode() {
         .build()
         .expect("runtime");
     rt.block_on(async move {
+        #[cfg(feature = "grpc")]
+        if std::env::var_os("TETHER_TEST_WORKER_GRPC").is_some() {
+            use tether::spark::udf_grpc::{WorkerServer, WorkerService};
+            let service = WorkerService::for_udf(EchoUdf::default, echo_config());
+            let server = WorkerServer::bind_unix(&path, service).expect("bind the worker socket");
+            eprintln!("tether test worker {id} serving gRPC on {path}");
+            server.wait().await;
+            return;
+        }
         let listener = match path.parse::<u16>() {
             Ok(port) => FramedListener::bind_tcp(([127, 0, 0, 1], port).into()).await,
             Err(_) => FramedListener::bind_unix(&path),
@@ -156,6 +167,12 @@ fn stub_spec(mode: &str, env: &[(&str, &str)]) -> UdfWorkerSpecification {
 
 /// This test binary as a real tether echo worker.
 fn tether_spec() -> UdfWorkerSpecification {
+    tether_spec_with(&[])
+}
+
+/// [`tether_spec`] with environment variables for the worker (`TETHER_TEST_WORKER_GRPC=1`:
+/// serve gRPC instead of frames).
+fn tether_spec_with(env: &[(&str, &str)]) -> UdfWorkerSpecification {
     let exe = std::env::current_exe().expect("test binary path");
     spec_with(callable(
         &[
@@ -163,7 +180,7 @@ fn tether_spec() -> UdfWorkerSpecification {
             &support("tether-worker.sh"),
             exe.to_str().expect("utf-8 path"),
         ],
-        &[],
+        env,
     ))
 }
 
@@ -585,16 +602,23 @@ async fn udf_s082_concurrent_sessions_run_on_distinct_workers() {
     assert!(pids.iter().all(|p| !exists(*p)));
 }
 
-#[tokio::test]
-async fn udf_s083_killed_worker_fails_the_stream_and_is_invalidated() {
-    let d = framed_dispatcher(tether_spec(), config());
-    let (mut s, _) = d
-        .create_session()
-        .await
-        .unwrap()
-        .init(init_msg("udf"))
-        .await
-        .unwrap();
+/// Kills the worker of an open streaming session with SIGKILL and returns the error the
+/// session then reports, with the worker's pid.
+async fn kill_mid_stream<C>(
+    d: &Dispatcher<impl WorkerTransport<Connection = C>>,
+    session: tether::worker::engine::Session<tether::worker::state::Init, C>,
+) -> (
+    SessionError,
+    WorkerInfo,
+    tether::worker::engine::Termination,
+    Arc<dyn WorkerHandle>,
+)
+where
+    C: tether::connection::Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static,
+{
+    let Ok((mut s, _)) = session.init(init_msg("udf")).await else {
+        panic!("init failed");
+    };
     let info = d.worker(s.worker().id()).unwrap();
     s.send(Bytes::from_static(b"first")).await.unwrap();
     assert_eq!(s.recv().await.unwrap(), Some(Bytes::from_static(b"first")));
@@ -611,14 +635,100 @@ async fn udf_s083_killed_worker_fails_the_stream_and_is_invalidated() {
             Err(e) => break e,
         }
     };
-    assert!(matches!(err, SessionError::Transport(_)), "{err}");
     let handle = s.worker().clone();
-    assert_eq!(s.close().await.kind(), TerminationKind::TransportFailed);
+    let termination = s.close().await;
+    (err, info, termination, handle)
+}
+
+/// Every text of `error`'s source chain, outermost first.
+fn chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(error), |e| e.source())
+        .map(ToString::to_string)
+        .collect()
+}
+
+/// The texts of a session error for a worker killed with SIGKILL: what the session, the
+/// connection and the dispatcher say, then the transport's own errors (returned whole).
+fn killed_chain(error: &SessionError, pid: u32) -> Vec<String> {
+    let texts = chain(error);
+    assert_eq!(
+        texts[..3],
+        [
+            "UDF worker stream failed".to_string(),
+            "transport error".to_string(),
+            format!("the worker connection was lost (worker pid {pid} exited: SIGKILL)"),
+        ],
+        "{texts:?}"
+    );
+    texts
+}
+
+/// The [`WorkerLost`] inside a session's transport failure.
+fn worker_lost(error: &SessionError) -> &WorkerLost {
+    std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| {
+        e.source()
+    })
+    .find_map(|e| e.downcast_ref::<WorkerLost>())
+    .unwrap_or_else(|| panic!("no WorkerLost in {:?}", chain(error)))
+}
+
+#[tokio::test]
+async fn udf_s083_killed_worker_fails_the_stream_and_is_invalidated() {
+    let d = framed_dispatcher(tether_spec(), config());
+    let session = d.create_session().await.unwrap();
+    let (err, info, termination, handle) = kill_mid_stream(&d, session).await;
+    let pid = info.pid;
+    assert!(matches!(err, SessionError::Transport(_)), "{err}");
+    // The dispatcher names the process and how it ended; the socket's own error (a reset,
+    // a broken pipe), if the loss surfaced as one rather than as the stream's end, follows.
+    let texts = killed_chain(&err, pid);
+    assert!(
+        texts.len() == 3 || (texts.len() == 5 && texts[3] == "I/O error"),
+        "only the socket error may follow: {texts:?}"
+    );
+    let lost = worker_lost(&err);
+    assert_eq!((lost.pid, lost.exit), (pid, Some(ExitReason::Signal(9))));
+    assert_eq!(termination.kind(), TerminationKind::TransportFailed);
+    assert!(termination.to_string().contains(&texts[2]), "{termination}");
     assert!(handle.is_invalid());
     d.settle().await;
-    assert!(!exists(info.pid), "reaped");
+    assert!(!exists(pid), "reaped");
     assert!(!socket_of(&info.endpoint).exists());
     d.close().await;
+}
+
+/// The same over Spark's transport: gRPC over the worker's Unix socket. The HTTP/2 layer's
+/// error is the source, never a debug dump inside a message.
+#[cfg(feature = "grpc")]
+#[tokio::test]
+async fn udf_s083_grpc_killed_worker_reads_its_exit_status() {
+    use tether::spark::udf_grpc::{GrpcTransport, StatusError};
+    let spec = tether_spec_with(&[("TETHER_TEST_WORKER_GRPC", "1")]);
+    let d = Dispatcher::new(spec, GrpcTransport::default(), config()).expect("dispatcher");
+    let session = d.create_session().await.unwrap();
+    let (err, info, termination, handle) = kill_mid_stream(&d, session).await;
+    let pid = info.pid;
+    let texts = killed_chain(&err, pid);
+    // Then the gRPC status (its code, without the message that repeats its source), then
+    // hyper's and the socket's errors.
+    assert!(texts[3].starts_with("gRPC status "), "{texts:?}");
+    for (text, cause) in texts.iter().zip(texts.iter().skip(1)) {
+        assert!(!text.contains(cause.as_str()), "{text:?} repeats {cause:?}");
+        assert!(
+            !text.contains("hyper::Error") && !text.contains("kind:"),
+            "{texts:?}"
+        );
+    }
+    let status = std::iter::successors(Some(&err as &(dyn std::error::Error + 'static)), |e| {
+        e.source()
+    })
+    .find_map(|e| e.downcast_ref::<StatusError>());
+    assert!(status.is_some(), "{texts:?}");
+    assert_eq!(worker_lost(&err).exit, Some(ExitReason::Signal(9)));
+    assert_eq!(termination.kind(), TerminationKind::TransportFailed);
+    assert!(handle.is_invalid());
+    d.close().await;
+    assert!(!exists(pid), "reaped");
 }
 
 #[tokio::test]

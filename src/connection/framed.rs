@@ -13,9 +13,10 @@
 //! - a frame that has started must complete within [`FramedConfig::frame_timeout`] (30 s by
 //!   default), so a peer trickling bytes cannot hold a session forever.
 
+use std::fmt;
 use std::io;
 use std::marker::PhantomData;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -233,16 +234,81 @@ where
 
 use std::future::Future as _;
 
+/// An I/O error on a Unix socket that names the socket ("could not bind the Unix socket
+/// /tmp/w.sock"), with the OS error as its source. Carried inside an `io::Error` of the OS
+/// error's kind, so callers still match on `kind()` (`AddrInUse`, `NotFound`, …).
+#[derive(Debug)]
+pub(crate) struct SocketPathError {
+    action: &'static str,
+    path: PathBuf,
+    source: io::Error,
+}
+
+impl SocketPathError {
+    /// The socket the error is about.
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// What was being done: `"bind"` or `"connect to"`.
+    pub(crate) fn action(&self) -> &'static str {
+        self.action
+    }
+
+    /// A copy of the OS error (same kind, same text), for rebuilding the error from a
+    /// borrow of it.
+    pub(crate) fn os_error(&self) -> io::Error {
+        match self.source.raw_os_error() {
+            Some(code) => io::Error::from_raw_os_error(code),
+            None => io::Error::new(self.source.kind(), self.source.to_string()),
+        }
+    }
+}
+
+impl fmt::Display for SocketPathError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "could not {} the Unix socket {}",
+            self.action,
+            self.path.display()
+        )
+    }
+}
+
+impl std::error::Error for SocketPathError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.source)
+    }
+}
+
+/// `source`, from doing `action` (`"bind"`, `"connect to"`) on the Unix socket at `path`,
+/// as an `io::Error` of the same kind whose text names the path and whose source is
+/// `source` (udf §6.4: the socket path is the worker's address).
+pub(crate) fn socket_path_error(action: &'static str, path: &Path, source: io::Error) -> io::Error {
+    let kind = source.kind();
+    let error = SocketPathError {
+        action,
+        path: path.to_path_buf(),
+        source,
+    };
+    io::Error::new(kind, error)
+}
+
 /// Connects to a Unix-domain socket at `path` (engine side: one connection per session to the
 /// worker's `--connection` path, udf §1.9 `UnixDomainSocket`, §6.4).
 ///
 /// # Errors
-/// The socket error (no listener, permission…).
+/// The socket error (no listener, permission…), of the OS error's kind; its text names the
+/// path ("could not connect to the Unix socket /tmp/w.sock") and the OS error is its source.
 pub async fn connect_unix<Out, In>(
     path: impl AsRef<Path>,
     config: &FramedConfig,
 ) -> io::Result<FramedConnection<UnixStream, Out, In>> {
-    let io = UnixStream::connect(path).await?;
+    let path = path.as_ref();
+    let io = UnixStream::connect(path)
+        .await
+        .map_err(|e| socket_path_error("connect to", path, e))?;
     Ok(FramedConnection::new(io, config))
 }
 
@@ -275,9 +341,13 @@ impl FramedListener {
     /// `UnixDomainSocket`: the worker creates the socket file, udf §6.4).
     ///
     /// # Errors
-    /// The bind error (e.g. the path exists, or is longer than the platform limit).
+    /// The bind error (e.g. the path exists: `AddrInUse`; or is longer than the platform
+    /// limit), of the OS error's kind; its text names the path ("could not bind the Unix
+    /// socket /tmp/w.sock") and the OS error is its source.
     pub fn bind_unix(path: impl AsRef<Path>) -> io::Result<Self> {
-        Ok(Self::Unix(UnixListener::bind(path)?))
+        let path = path.as_ref();
+        let listener = UnixListener::bind(path).map_err(|e| socket_path_error("bind", path, e))?;
+        Ok(Self::Unix(listener))
     }
 
     /// Binds TCP on `addr` (use a loopback address: udf §1.9 `LocalTcpConnection` has the

@@ -27,10 +27,19 @@
 //! per session, and stops gracefully on SIGTERM, on a `Manage` shutdown or when the engine
 //! that started it is gone. The rest of this section is what it is built from.
 //!
-//! Clients of a tether worker must send `:authority` `localhost` (as Spark's engine and
-//! [`GrpcChannel`] do). grpcio's default for a `unix:` target is the percent-encoded socket
-//! path, which the HTTP/2 layer rejects as a malformed authority (every stream is reset with
-//! `PROTOCOL_ERROR`); set the channel option `grpc.default_authority` to `localhost`.
+//! Clients of a tether worker must send a valid `:authority` such as `localhost`, as
+//! Spark's engine and [`GrpcChannel`] do (udf §6.4). A stock gRPC client whose `:authority`
+//! is the socket path cannot reach a tonic server on a Unix socket: hyper's HTTP/2 layer
+//! rejects it as malformed before the service sees the request, resetting every stream with
+//! `PROTOCOL_ERROR` (hyperium/h2#487). grpcio, for one, sends the percent-encoded path for a
+//! `unix:` target. The one-line overrides:
+//!
+//! - grpcio (Python): the channel option `("grpc.default_authority", "localhost")`;
+//! - grpc-java: `overrideAuthority("localhost")` on the channel builder;
+//! - grpcurl: `-authority localhost` (with `-unix`).
+//!
+//! For tools that cannot set it, serve the service on loopback TCP as well
+//! ([`WorkerServer::bind_tcp`] on `127.0.0.1:0`).
 //!
 //! [`WorkerService`] is the service (a `tower::Service` with
 //! [`NamedService::NAME`](tonic::server::NamedService::NAME) = [`SERVICE_NAME`], so it also
@@ -96,6 +105,62 @@ pub const MANAGE_PATH: &str = "/org.apache.spark.udf.worker.UdfWorker/Manage";
 /// The `:authority` every request carries: `localhost` (udf §6.4; a Unix socket path is
 /// not a valid HTTP authority and strict HTTP/2 servers reject it).
 pub const AUTHORITY: &str = "localhost";
+
+/// A gRPC status that ended an `Execute` stream (a non-OK trailer, a reset stream, a broken
+/// connection): the transport error inside the [`ConnectionError`](crate::connection::ConnectionError)
+/// both sides' connections report, so a session settles `TransportFailed` (udf §4.5) or ends
+/// (udf §2 R8).
+///
+/// Its text is the status code and the worker's or engine's message, "gRPC status Aborted:
+/// the worker dropped the Execute stream without closing it". When the status came from the
+/// HTTP/2 layer, the underlying error (hyper's, h2's, the socket's) is the
+/// [`source`](std::error::Error::source) and the message repeating it is left out.
+#[derive(Debug, Clone)]
+pub struct StatusError(tonic::Status);
+
+impl StatusError {
+    /// The gRPC status as tonic reported it (udf §1.1 `Execute`).
+    pub fn status(&self) -> &tonic::Status {
+        &self.0
+    }
+
+    /// The status's code (udf §1.1 `Execute`; the codes of gRPC's status model).
+    pub fn code(&self) -> tonic::Code {
+        self.0.code()
+    }
+}
+
+impl From<tonic::Status> for StatusError {
+    fn from(status: tonic::Status) -> Self {
+        Self(status)
+    }
+}
+
+impl std::fmt::Display for StatusError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "gRPC status {:?}", self.0.code())?;
+        let message = self.0.message();
+        let repeats_source = std::error::Error::source(&self.0)
+            .is_some_and(|source| message.contains(&source.to_string()));
+        if !message.is_empty() && !repeats_source {
+            write!(f, ": {message}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for StatusError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        // Not the status itself: its own text repeats its source as a debug dump.
+        std::error::Error::source(&self.0)
+    }
+}
+
+impl From<StatusError> for crate::connection::ConnectionError {
+    fn from(error: StatusError) -> Self {
+        Self::transport(error)
+    }
+}
 
 /// Settings of the gRPC transport, shared by the engine channel and the worker server. The
 /// [`Default`] is what Spark's engine (`GrpcWorkerChannel`, udf §6.4) uses where Spark

@@ -25,11 +25,11 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
-use futures::future::poll_fn;
+use futures::future::{BoxFuture, poll_fn};
 
 use crate::connection::{Connection, ConnectionError};
 use crate::time::Timer;
@@ -53,6 +53,8 @@ pub(crate) trait PumpCore {
     fn handle_stream_end(&mut self);
     /// The connection failed (read, write, flush or readiness).
     fn handle_connection_error(&mut self, error: ConnectionError);
+    /// Whether the core has settled its outcome (a lost connection changes nothing then).
+    fn is_settled(&self) -> bool;
     /// Whether the send side should be half-closed now (nothing more will be sent).
     fn wants_half_close(&self) -> bool;
     /// A wait begins at `now`: the core arms the deadline its state calls for.
@@ -68,10 +70,24 @@ pub(crate) trait PumpCore {
 /// A sleep of the session's [`Timer`].
 type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
 
+/// Explains a lost connection before the core sees it: given the connection's error (`None`
+/// when the peer ended its side), a future of the error to report instead, or `None` to
+/// report the loss as it is. An engine session asks its worker handle
+/// (`WorkerHandle::explain_connection_loss`: a dispatcher knows the worker process).
+pub(crate) type LossExplainer = Arc<
+    dyn Fn(Option<&ConnectionError>) -> Option<BoxFuture<'static, ConnectionError>> + Send + Sync,
+>;
+
 /// Implements [`PumpCore`] for a core by forwarding to its inherent methods of the same
 /// names (`handle_recv` to the one named here).
 macro_rules! forward_pump_core {
-    ($core:ty, tx = $tx:ty, rx = $rx:ty, handle_recv = $handle:ident) => {
+    (
+        $core:ty,
+        tx = $tx:ty,
+        rx = $rx:ty,
+        handle_recv = $handle:ident,
+        is_settled = $settled:ident $(,)?
+    ) => {
         impl $crate::worker::pump::PumpCore for $core {
             type Tx = $tx;
             type Rx = $rx;
@@ -92,6 +108,9 @@ macro_rules! forward_pump_core {
             }
             fn handle_connection_error(&mut self, error: $crate::connection::ConnectionError) {
                 Self::handle_connection_error(self, error);
+            }
+            fn is_settled(&self) -> bool {
+                Self::$settled(self)
             }
             fn wants_half_close(&self) -> bool {
                 Self::wants_half_close(self)
@@ -121,6 +140,11 @@ pub(crate) struct Pump<C> {
     /// the deadline only moves later: it then fires early and is re-armed, so a per-poll
     /// deadline that moves on every message costs no new sleep per message.
     sleep: Option<(Instant, Sleep)>,
+    /// Asked once when the connection is lost before the core settled.
+    explainer: Option<LossExplainer>,
+    /// The explanation being awaited; the core hears of the loss when it resolves. In a
+    /// mutex only so that the pump stays `Sync` (it is reached through `get_mut`).
+    explaining: Option<Mutex<BoxFuture<'static, ConnectionError>>>,
     needs_flush: bool,
     send_broken: bool,
     recv_ended: bool,
@@ -135,11 +159,19 @@ impl<C> Pump<C> {
             conn,
             timer,
             sleep: None,
+            explainer: None,
+            explaining: None,
             needs_flush: false,
             send_broken: false,
             recv_ended: false,
             closed: false,
         }
+    }
+
+    /// Has `explainer` explain a connection lost before the core settled.
+    pub(crate) fn with_explainer(mut self, explainer: Option<LossExplainer>) -> Self {
+        self.explainer = explainer;
+        self
     }
 
     /// The connection, for a non-blocking close on drop.
@@ -170,20 +202,35 @@ impl<C> Pump<C> {
         C: Connection<K::Tx, K::Rx>,
     {
         let mut progress = false;
+        if let Some(explaining) = &mut self.explaining {
+            let explanation = explaining.get_mut().unwrap_or_else(PoisonError::into_inner);
+            match explanation.as_mut().poll(cx) {
+                Poll::Ready(error) => {
+                    self.explaining = None;
+                    core.handle_connection_error(error);
+                    progress = true;
+                }
+                // Nothing moves on a lost connection; the core's deadline still runs.
+                Poll::Pending => return false,
+            }
+        }
         while !self.recv_ended && core.wants_recv() {
             match self.conn.poll_recv(cx) {
                 Poll::Ready(Some(Ok(message))) => core.handle_recv(message),
                 Poll::Ready(Some(Err(e))) => {
                     self.recv_ended = true;
-                    core.handle_connection_error(e);
+                    self.lost(core, Some(e));
                 }
                 Poll::Ready(None) => {
                     self.recv_ended = true;
-                    core.handle_stream_end();
+                    self.lost(core, None);
                 }
                 Poll::Pending => break,
             }
             progress = true;
+        }
+        if self.explaining.is_some() {
+            return true;
         }
         while !self.send_done() && core.has_transmit() {
             match self.conn.poll_ready(cx) {
@@ -204,12 +251,15 @@ impl<C> Pump<C> {
                 Poll::Pending => break,
             }
         }
+        if self.explaining.is_some() {
+            return true;
+        }
         if self.needs_flush && !self.send_done() {
             match self.conn.poll_flush(cx) {
                 Poll::Ready(Ok(())) => self.needs_flush = false,
                 Poll::Ready(Err(e)) => {
                     self.send_failed(core, e);
-                    progress = true;
+                    return true;
                 }
                 Poll::Pending => {}
             }
@@ -227,7 +277,23 @@ impl<C> Pump<C> {
     fn send_failed<K: PumpCore>(&mut self, core: &mut K, error: ConnectionError) {
         self.send_broken = true;
         self.needs_flush = false;
-        core.handle_connection_error(error);
+        self.lost(core, Some(error));
+    }
+
+    /// The connection failed (`Some`) or the peer ended its side (`None`): tells the core, or,
+    /// with an explainer and an unsettled core, starts the explanation the core then gets.
+    fn lost<K: PumpCore>(&mut self, core: &mut K, error: Option<ConnectionError>) {
+        let explanation = match &self.explainer {
+            Some(explain) if !core.is_settled() && self.explaining.is_none() => {
+                explain(error.as_ref())
+            }
+            _ => None,
+        };
+        match (explanation, error) {
+            (Some(explanation), _) => self.explaining = Some(Mutex::new(explanation)),
+            (None, Some(error)) => core.handle_connection_error(error),
+            (None, None) => core.handle_stream_end(),
+        }
     }
 
     /// A wait begins: reads the clock once, lets the core arm its deadline, and mirrors the

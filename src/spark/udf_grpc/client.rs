@@ -19,7 +19,8 @@ use tonic::transport::{Channel, Endpoint};
 use tonic::{Code, Status, Streaming};
 use tonic_prost::ProstCodec;
 
-use super::{EXECUTE_PATH, GrpcConfig, MANAGE_PATH};
+use super::{EXECUTE_PATH, GrpcConfig, MANAGE_PATH, StatusError};
+use crate::connection::framed::{SocketPathError, socket_path_error};
 use crate::connection::{Connection, ConnectionError};
 use crate::wire::{
     Heartbeat, HeartbeatResponse, ShutdownRequest, ShutdownResponse, UdfRequest, UdfResponse,
@@ -99,7 +100,7 @@ impl GrpcChannel {
                 .connect_with_connector(connector(endpoint.clone()))
                 .await
                 .map_err(|e| {
-                    io_error(&e, &format!("cannot connect to the worker at {endpoint}"))
+                    io_error(e, format!("could not connect to the worker at {endpoint}"))
                 })?;
             let channel = Self::from_channel(channel, endpoint.clone(), config.clone());
             if config.readiness_heartbeat {
@@ -145,8 +146,8 @@ impl GrpcChannel {
             Ok(_) => Ok(()),
             Err(status) if status.code() == Code::Unimplemented => Ok(()),
             Err(status) => Err(io_error(
-                &status,
-                &format!(
+                StatusError::from(status),
+                format!(
                     "the worker at {} did not answer the readiness heartbeat",
                     self.inner.endpoint
                 ),
@@ -318,9 +319,11 @@ fn connector(
         let endpoint = endpoint.clone();
         let connect: BoxFuture<'static, io::Result<Socket>> = Box::pin(async move {
             let io: Box<dyn Io> = match &endpoint {
-                WorkerEndpoint::Unix(path) => {
-                    Box::new(tokio::net::UnixStream::connect(path).await?)
-                }
+                WorkerEndpoint::Unix(path) => Box::new(
+                    tokio::net::UnixStream::connect(path)
+                        .await
+                        .map_err(|e| socket_path_error("connect to", path, e))?,
+                ),
                 WorkerEndpoint::Tcp(addr) => {
                     let stream = tokio::net::TcpStream::connect(addr).await?;
                     stream.set_nodelay(true)?;
@@ -333,24 +336,52 @@ fn connector(
     })
 }
 
-/// An `io::Error` for `error`, keeping the kind of an `io::Error` found in its source chain.
-fn io_error(error: &(dyn StdError + 'static), context: &str) -> io::Error {
+/// An `io::Error` for `error`, of the kind of the first `io::Error` in its source chain:
+/// that socket error itself when it names the socket, else `context` with `error` as its
+/// source.
+fn io_error(error: impl Into<Box<dyn StdError + Send + Sync>>, context: String) -> io::Error {
+    let error = error.into();
     let mut kind = io::ErrorKind::Other;
-    let mut cause: Option<&(dyn StdError + 'static)> = Some(error);
+    let mut cause: Option<&(dyn StdError + 'static)> = Some(&*error);
     while let Some(e) = cause {
         if let Some(io) = e.downcast_ref::<io::Error>() {
+            let named = io
+                .get_ref()
+                .and_then(|e| e.downcast_ref::<SocketPathError>());
+            if let Some(named) = named {
+                return socket_path_error(named.action(), named.path(), named.os_error());
+            }
             kind = io.kind();
             break;
         }
         cause = e.source();
     }
-    let mut message = format!("{context}: {error}");
-    let mut source = error.source();
-    while let Some(e) = source {
-        message.push_str(&format!(": {e}"));
-        source = e.source();
+    io::Error::new(
+        kind,
+        ContextError {
+            context,
+            source: error,
+        },
+    )
+}
+
+/// What was being done, with the error that stopped it as the source.
+#[derive(Debug)]
+struct ContextError {
+    context: String,
+    source: Box<dyn StdError + Send + Sync>,
+}
+
+impl fmt::Display for ContextError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.context)
     }
-    io::Error::new(kind, message)
+}
+
+impl StdError for ContextError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
 }
 
 type ExecuteCall = BoxFuture<'static, Result<Streaming<UdfResponse>, Status>>;
@@ -462,7 +493,7 @@ impl GrpcEngineConnection {
 
     fn send_error(&self) -> ConnectionError {
         match &self.failure {
-            Some(status) => ConnectionError::transport(status.clone()),
+            Some(status) => ConnectionError::from(StatusError::from(status.clone())),
             None => ConnectionError::Closed,
         }
     }
@@ -491,7 +522,9 @@ impl Connection<UdfRequest, UdfResponse> for GrpcEngineConnection {
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
         self.drive_call(cx);
         if let Some(status) = &self.failure {
-            return Poll::Ready(Err(ConnectionError::transport(status.clone())));
+            return Poll::Ready(Err(ConnectionError::from(StatusError::from(
+                status.clone(),
+            ))));
         }
         Sink::poll_flush(Pin::new(&mut self.requests), cx).map_err(|_| self.send_error())
     }
@@ -515,7 +548,9 @@ impl Connection<UdfRequest, UdfResponse> for GrpcEngineConnection {
         }
         if let Some(status) = &self.failure {
             self.recv_ended = true;
-            return Poll::Ready(Some(Err(ConnectionError::transport(status.clone()))));
+            return Poll::Ready(Some(Err(ConnectionError::from(StatusError::from(
+                status.clone(),
+            )))));
         }
         let Responses::Open(stream) = &mut self.responses else {
             return Poll::Pending;
@@ -526,7 +561,7 @@ impl Connection<UdfRequest, UdfResponse> for GrpcEngineConnection {
                 self.recv_ended = true;
                 self.responses = Responses::Ended;
                 self.failure = Some(status.clone());
-                Poll::Ready(Some(Err(ConnectionError::transport(status))))
+                Poll::Ready(Some(Err(ConnectionError::from(StatusError::from(status)))))
             }
             Poll::Ready(None) => {
                 self.recv_ended = true;

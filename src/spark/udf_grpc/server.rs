@@ -26,7 +26,8 @@ use tonic::server::{Grpc, NamedService, StreamingService, UnaryService};
 use tonic::{Status, Streaming};
 use tonic_prost::ProstCodec;
 
-use super::{EXECUTE_PATH, GrpcConfig, MANAGE_PATH, SERVICE_NAME};
+use super::{EXECUTE_PATH, GrpcConfig, MANAGE_PATH, SERVICE_NAME, StatusError};
+use crate::connection::framed::socket_path_error;
 use crate::connection::{Connection, ConnectionError};
 use crate::wire::{ShutdownRequest, UdfRequest, UdfResponse, WorkerRequest, WorkerResponse};
 use crate::worker::endpoint::{
@@ -430,7 +431,7 @@ impl Connection<UdfResponse, UdfRequest> for GrpcWorkerConnection {
             Poll::Ready(Some(Ok(msg))) => Poll::Ready(Some(Ok(msg))),
             Poll::Ready(Some(Err(status))) => {
                 self.recv_ended = true;
-                Poll::Ready(Some(Err(ConnectionError::transport(status))))
+                Poll::Ready(Some(Err(ConnectionError::from(StatusError::from(status)))))
             }
             Poll::Ready(None) => {
                 self.recv_ended = true;
@@ -492,6 +493,11 @@ enum Listener {
 /// - Dropping the server (or [`abort`](Self::abort)) closes every connection at once, as a
 ///   killed worker process would: open sessions see a transport failure. The socket file is
 ///   left behind, as a killed process leaves it.
+/// - Clients must send a valid `:authority` (Spark's engine sends `localhost`, udf §6.4). A
+///   client that sends the socket path instead has every stream reset by the HTTP/2 layer
+///   (hyperium/h2#487): set `grpc.default_authority` (grpcio), `overrideAuthority`
+///   (grpc-java) or `-authority` (grpcurl) to `localhost`, or reach the worker on loopback
+///   TCP ([`bind_tcp`](Self::bind_tcp)). See the [module docs](super#worker-side).
 #[derive(Debug)]
 pub struct WorkerServer {
     path: Option<PathBuf>,
@@ -506,10 +512,13 @@ impl WorkerServer {
     /// (107 bytes on Linux). Must be called inside a tokio runtime.
     ///
     /// # Errors
-    /// The bind error (`AddrInUse` when the file exists, path too long, permissions…).
+    /// The bind error (`AddrInUse` when the file exists, path too long, permissions…), of
+    /// the OS error's kind; its text names the path ("could not bind the Unix socket
+    /// /tmp/w.sock") and the OS error is its source.
     pub fn bind_unix(path: impl AsRef<Path>, service: WorkerService) -> io::Result<Self> {
         let path = path.as_ref().to_path_buf();
-        let listener = UnixListener::bind(&path)?;
+        let listener =
+            UnixListener::bind(&path).map_err(|e| socket_path_error("bind", &path, e))?;
         Ok(Self::start(
             Listener::Unix(listener),
             Some(path),

@@ -8,6 +8,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::connection::ConnectionError;
 use crate::worker::engine::WorkerEndpoint;
 
 /// Why a [`UdfWorkerSpecification`](crate::wire::UdfWorkerSpecification) cannot be run by a
@@ -123,11 +124,80 @@ impl ExitReason {
     }
 }
 
+/// `code 42`, or the signal's name (`SIGKILL`; `signal 64` for a number without one).
 impl fmt::Display for ExitReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Code(c) => write!(f, "code {c}"),
-            Self::Signal(s) => write!(f, "signal {s}"),
+            Self::Signal(s) => match nix::sys::signal::Signal::try_from(*s) {
+                Ok(signal) => f.write_str(signal.as_str()),
+                Err(_) => write!(f, "signal {s}"),
+            },
+        }
+    }
+}
+
+/// The connection to a dispatcher's worker failed, or its response stream ended, before the
+/// session's outcome was settled: what an engine session on a
+/// [`Dispatcher`](super::Dispatcher)'s worker reports inside
+/// [`ConnectionError::Transport`] (so a session settles `TransportFailed` with it, udf §4.5,
+/// and the worker is invalidated, udf §6.5).
+///
+/// Its text names the process and how it ended, "the worker connection was lost (worker pid
+/// 4242 exited: SIGKILL)", or "(worker pid 4242: exit status not known yet)" when the
+/// process had not ended within [`DispatcherConfig::exit_status_wait`](super::DispatcherConfig::exit_status_wait).
+/// The transport's own error, if there was one (a stream that simply ended has none), is the
+/// [`source`](std::error::Error::source).
+#[derive(Debug, Clone)]
+pub struct WorkerLost {
+    /// The worker's id (`--id`, udf §6.1).
+    pub id: String,
+    /// Its process id.
+    pub pid: u32,
+    /// How the process ended; `None` when it had not ended (or had not been reaped) within
+    /// the wait.
+    pub exit: Option<ExitReason>,
+    cause: Option<ConnectionError>,
+}
+
+impl WorkerLost {
+    pub(crate) fn new(
+        id: String,
+        pid: u32,
+        exit: Option<ExitReason>,
+        cause: Option<ConnectionError>,
+    ) -> Self {
+        Self {
+            id,
+            pid,
+            exit,
+            cause,
+        }
+    }
+}
+
+impl fmt::Display for WorkerLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let pid = self.pid;
+        match &self.exit {
+            Some(reason) => write!(
+                f,
+                "the worker connection was lost (worker pid {pid} exited: {reason})"
+            ),
+            None => write!(
+                f,
+                "the worker connection was lost (worker pid {pid}: exit status not known yet)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for WorkerLost {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self.cause.as_ref()? {
+            // The transport's error itself, not the generic wrapper around it.
+            ConnectionError::Transport(error) => Some(&**error),
+            closed => Some(closed),
         }
     }
 }
@@ -310,4 +380,51 @@ pub enum DispatchError {
         /// The transport's error.
         source: io::Error,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use std::error::Error as _;
+
+    use super::*;
+
+    #[test]
+    fn exit_reasons_name_their_signal() {
+        assert_eq!(ExitReason::Code(3).to_string(), "code 3");
+        assert_eq!(ExitReason::Signal(9).to_string(), "SIGKILL");
+        assert_eq!(ExitReason::Signal(15).to_string(), "SIGTERM");
+        assert_eq!(ExitReason::Signal(1000).to_string(), "signal 1000");
+    }
+
+    #[test]
+    fn worker_lost_says_how_the_process_ended_and_keeps_the_transport_error_as_source() {
+        let reset = io::Error::from(io::ErrorKind::ConnectionReset);
+        let lost = WorkerLost::new(
+            "w".into(),
+            42,
+            Some(ExitReason::Code(1)),
+            Some(ConnectionError::transport(reset)),
+        );
+        assert_eq!(
+            lost.to_string(),
+            "the worker connection was lost (worker pid 42 exited: code 1)"
+        );
+        let source = lost.source().expect("the transport error");
+        assert_eq!(source.to_string(), "connection reset");
+
+        let unknown = WorkerLost::new("w".into(), 42, None, Some(ConnectionError::Closed));
+        assert_eq!(
+            unknown.to_string(),
+            "the worker connection was lost (worker pid 42: exit status not known yet)"
+        );
+        assert_eq!(
+            unknown.source().map(ToString::to_string).as_deref(),
+            Some("connection closed")
+        );
+        let ended = WorkerLost::new("w".into(), 42, Some(ExitReason::Signal(9)), None);
+        assert!(
+            ended.source().is_none(),
+            "a stream that just ended has no error"
+        );
+    }
 }

@@ -61,6 +61,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::wire::UdfWorkerSpecification;
+use crate::worker::Chain;
 use crate::worker::engine::Session;
 use crate::worker::engine::SessionConfig;
 use crate::worker::engine::WorkerHandle;
@@ -68,7 +69,9 @@ use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
 use crate::worker::state;
 
 pub use environment::EnvironmentState;
-pub use error::{CallableStage, DispatchError, EnvironmentError, ExitReason, SpecError};
+pub use error::{
+    CallableStage, DispatchError, EnvironmentError, ExitReason, SpecError, WorkerLost,
+};
 pub use process::{MAX_OUTPUT_SCAN_BYTES, OUTPUT_TAIL_LINES};
 pub use socket::MAX_SOCKET_PATH_BYTES;
 pub use validate::validate_spec;
@@ -128,6 +131,12 @@ pub struct DispatcherConfig {
     /// Wait for the kernel to reap a worker after SIGKILL before warning: 5 s
     /// (udf §6.1, §7 `SIGKILL_REAP_TIMEOUT_MS`).
     pub kill_reap_timeout: Duration,
+    /// When a session's connection to a worker is lost, how long to wait for the worker
+    /// process to end so that the error can name its exit status ([`WorkerLost`]): 500 ms
+    /// (tether's bound; a killed process closes its sockets a moment before it can be
+    /// reaped). Zero reports at once. The session waits this long at most, once, and only
+    /// while the process is still running (udf §6.1 `isAlive`).
+    pub exit_status_wait: Duration,
     /// The reuse pool; `None` (default) stops every worker after its session, as Spark does
     /// (its pool of size zero, udf §6.2 `onLastSessionReleased`).
     pub pool: Option<PoolConfig>,
@@ -157,6 +166,7 @@ impl Default for DispatcherConfig {
             callable_timeout: Duration::from_secs(120),
             ready_poll_interval: Duration::from_millis(50),
             kill_reap_timeout: Duration::from_secs(5),
+            exit_status_wait: Duration::from_millis(500),
             pool: None,
             socket_base_dir: None,
             allow_tcp: false,
@@ -407,14 +417,17 @@ impl<T: WorkerTransport> Dispatcher<T> {
         drop(log);
         shared.state.update(|st| st.stats.spawned += 1);
         tracing::debug!(worker = %id, pid = child.id(), %endpoint, "worker spawned");
-        let worker = Arc::new(Worker::new(
-            shared.clone(),
-            id,
-            endpoint,
-            socket_path,
-            log_path,
-            child,
-        ));
+        let worker = Arc::new_cyclic(|this| {
+            Worker::new(
+                shared.clone(),
+                this.clone(),
+                id,
+                endpoint,
+                socket_path,
+                log_path,
+                child,
+            )
+        });
         reservation.worker = Some(worker.clone());
 
         let mut closed = shared.closed_signal();
@@ -468,7 +481,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
                 };
                 let last = last_error.map_or_else(
                     || "no connection attempt completed".to_string(),
-                    |e: std::io::Error| format!("last connection error: {e}"),
+                    |e: std::io::Error| format!("last connection error: {}", Chain(&e)),
                 );
                 return Err(Failure::Timeout(format!("{socket}{last}")));
             }

@@ -13,15 +13,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
+use futures::future::BoxFuture;
 use tokio::sync::watch;
 
+use crate::connection::ConnectionError;
 use crate::wire::UdfWorkerSpecification;
 use crate::worker::engine::Termination;
 use crate::worker::engine::{HandleError, WorkerHandle};
 use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
 
 use super::environment::Environment;
-use super::error::{DispatchError, ExitReason};
+use super::error::{DispatchError, ExitReason, WorkerLost};
 use super::process;
 use super::sync::Monitor;
 use super::validate::Settings;
@@ -87,6 +89,9 @@ pub(crate) struct Worker<T: WorkerTransport> {
     invalid: AtomicBool,
     pub(crate) life: Mutex<Life>,
     shared: Arc<Shared<T>>,
+    /// This worker, for the futures that outlive a borrow of it (a connection loss
+    /// explanation).
+    this: Weak<Self>,
 }
 
 impl<T: WorkerTransport> fmt::Debug for Worker<T> {
@@ -228,6 +233,7 @@ fn start_all<T: WorkerTransport>(jobs: impl IntoIterator<Item = StopJob<T>>) {
 impl<T: WorkerTransport> Worker<T> {
     pub(crate) fn new(
         shared: Arc<Shared<T>>,
+        this: Weak<Self>,
         id: String,
         endpoint: WorkerEndpoint,
         socket_path: Option<PathBuf>,
@@ -245,7 +251,17 @@ impl<T: WorkerTransport> Worker<T> {
             invalid: AtomicBool::new(false),
             life: Mutex::new(Life::default()),
             shared,
+            this,
         }
+    }
+
+    /// How the process ended, if it has and that is known: peeked (not reaped, on Linux)
+    /// while the dispatcher holds the child, else what its stop recorded.
+    fn exit_status(&self) -> Option<ExitReason> {
+        if let Some(child) = lock(&self.child).as_mut() {
+            return process::peek_exit(child);
+        }
+        lock(&self.life).exit
     }
 
     /// How the process ended, if it has (without reaping it on Linux).
@@ -364,6 +380,38 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
     fn session_terminated(&self, termination: &Termination) {
         lock(&self.life).served += 1;
         tracing::debug!(worker = %self.id, outcome = %termination, "session on worker ended");
+    }
+
+    /// [`WorkerLost`] with the process's exit status, waiting for it up to
+    /// [`DispatcherConfig::exit_status_wait`] (polled 1 ms apart, doubling up to 20 ms; no
+    /// wait outside a tokio runtime).
+    fn explain_connection_loss(
+        &self,
+        cause: Option<&ConnectionError>,
+    ) -> Option<BoxFuture<'static, ConnectionError>> {
+        let worker = self.this.upgrade()?;
+        let cause = cause.cloned();
+        let wait = if tokio::runtime::Handle::try_current().is_ok() {
+            self.shared.config.exit_status_wait
+        } else {
+            Duration::ZERO
+        };
+        Some(Box::pin(async move {
+            let deadline = tokio::time::Instant::now() + wait;
+            let mut pause = Duration::from_millis(1);
+            let exit = loop {
+                let exit = worker.exit_status();
+                let now = tokio::time::Instant::now();
+                if exit.is_some() || now >= deadline {
+                    break exit;
+                }
+                tokio::time::sleep_until((now + pause).min(deadline)).await;
+                pause = (pause * 2).min(Duration::from_millis(20));
+            };
+            tracing::debug!(worker = %worker.id, ?exit, "connection to the worker lost");
+            let lost = WorkerLost::new(worker.id.clone(), worker.pid, exit, cause);
+            ConnectionError::transport(lost)
+        }))
     }
 }
 

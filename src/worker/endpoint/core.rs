@@ -1021,5 +1021,6 @@ crate::worker::pump::forward_pump_core!(
     WorkerCore,
     tx = UdfResponse,
     rx = UdfRequest,
-    handle_recv = handle_request
+    handle_recv = handle_request,
+    is_settled = is_done,
 );

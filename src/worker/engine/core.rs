@@ -821,5 +821,6 @@ crate::worker::pump::forward_pump_core!(
     EngineCore,
     tx = UdfRequest,
     rx = UdfResponse,
-    handle_recv = handle_response
+    handle_recv = handle_response,
+    is_settled = is_terminal,
 );

@@ -4,7 +4,10 @@ use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
+use futures::future::BoxFuture;
+
 use super::termination::Termination;
+use crate::connection::ConnectionError;
 
 /// The engine's view of a worker that serves sessions (udf §3 `WorkerHandle`).
 ///
@@ -38,6 +41,25 @@ pub trait WorkerHandle: Send + Sync + fmt::Debug {
     /// (udf §3).
     fn session_terminated(&self, termination: &Termination) {
         let _ = termination;
+    }
+
+    /// Explains a lost connection when the handle knows more than the transport does. A
+    /// session calls it once, when its connection failed (`cause`) or the worker's response
+    /// stream ended (`None`) before the outcome was settled; the future's error is what the
+    /// session then settles `TransportFailed` with (udf §4.5), and should keep `cause` as its
+    /// source. It must finish within a small bound: the session waits for it.
+    ///
+    /// The default returns `None`: the loss is reported as it is. The handle of a
+    /// `worker::dispatcher::Dispatcher` (feature `tokio`) waits, within a bound, for the
+    /// worker process's exit status and reports a `worker::dispatcher::WorkerLost`: "the
+    /// worker connection was lost (worker pid N exited: SIGKILL)". tether's hook: Spark's
+    /// engine reports the transport's own error (udf §4.5, §6.1 `isAlive`).
+    fn explain_connection_loss(
+        &self,
+        cause: Option<&ConnectionError>,
+    ) -> Option<BoxFuture<'static, ConnectionError>> {
+        let _ = cause;
+        None
     }
 }
 

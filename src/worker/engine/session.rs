@@ -11,14 +11,14 @@ use bytes::Bytes;
 use futures::Stream;
 use futures::future::poll_fn;
 
-use crate::connection::Connection;
+use crate::connection::{Connection, ConnectionError};
 use crate::wire::{Init, InitResponse, UdfRequest, UdfResponse};
 
 use super::config::SessionConfig;
 use super::core::{EngineCore, EnginePhase, InitStatus};
 use super::handle::{IntoWorkerHandle, WorkerHandle};
 use super::termination::{SessionError, Termination};
-use crate::worker::pump::Pump;
+use crate::worker::pump::{LossExplainer, Pump};
 
 use crate::worker::state::{self, State as _};
 
@@ -473,10 +473,14 @@ where
     /// ([`IntoWorkerHandle`]): keep a clone of a typed handle to inspect it afterwards.
     pub fn new(connection: C, handle: impl IntoWorkerHandle, config: SessionConfig) -> Self {
         let handle = handle.into_worker_handle();
+        let explainer: LossExplainer = {
+            let handle = handle.clone();
+            Arc::new(move |cause: Option<&ConnectionError>| handle.explain_connection_loss(cause))
+        };
         let inner = Inner {
             id: uuid::Uuid::new_v4(),
             core: EngineCore::new(&config),
-            pump: Pump::new(connection, config.timer.clone()),
+            pump: Pump::new(connection, config.timer.clone()).with_explainer(Some(explainer)),
             handle,
             watch: TerminationWatch::default(),
             activity: Activity::Idle,
