@@ -3,6 +3,52 @@
 //! Two of Apache Spark's session protocols — external UDF worker sessions and Spark Connect
 //! reattachable executions — as compile-time typestates over any transport.
 //!
+//! ## Where to start
+//!
+//! Each side's entry point (the items a feature gates carry its badge):
+//!
+#![cfg_attr(
+    feature = "tokio",
+    doc = "- **Engine** (runs UDFs on worker processes, as Spark's executor does, udf §6): a \
+      [`worker::dispatcher::Dispatcher`] spawns workers from a \
+      [`wire::UdfWorkerSpecification`] and \
+      [`create_session`](worker::dispatcher::Dispatcher::create_session) gives a \
+      [`worker::engine::Session`]: `init` → `process` (or `send`/`recv`) → `close`."
+)]
+#![cfg_attr(
+    not(feature = "tokio"),
+    doc = "- **Engine** (runs UDFs on worker processes, udf §6): `worker::dispatcher::Dispatcher` \
+      (feature `tokio`), or a [`worker::engine::Session`] on a connection of your own."
+)]
+//! - **Worker** (a UDF worker written in Rust, udf §2): implement [`worker::endpoint::Udf`]
+//!   and run [`worker::endpoint::serve`] on each session's connection (or drive the
+//!   [`worker::endpoint::Endpoint`] typestates yourself).
+#![cfg_attr(
+    feature = "grpc",
+    doc = "- **gRPC** (Spark's own transport, udf §1.1, §6.4): \
+      [`spark::udf_grpc::GrpcTransport`] for the engine's dispatcher, \
+      [`spark::udf_grpc::WorkerServer`] to serve a worker on its `--connection` socket."
+)]
+#![cfg_attr(
+    not(feature = "grpc"),
+    doc = "- **gRPC** (Spark's own transport, udf §1.1, §6.4): `spark::udf_grpc` (feature `grpc`)."
+)]
+//! - **Executions** (the server side of reattachable executions, rx §2–§5):
+//!   [`execution::ExecutionManager`].
+//! - **Client** (reads a reattachable execution, with Spark's retry policy, rx §6):
+//!   [`execution::client::ReattachingStream`] over any [`execution::client::ExecutionRpc`].
+#![cfg_attr(
+    feature = "spark-connect",
+    doc = "- **Spark Connect service** (connect §1–§4): \
+      [`spark::connect::ConnectService`] serves a query engine of yours; \
+      [`spark::connect::ConnectClient`] is the matching client."
+)]
+#![cfg_attr(
+    not(feature = "spark-connect"),
+    doc = "- **Spark Connect service** (connect §1–§4): `spark::connect::ConnectService` and \
+      `spark::connect::ConnectClient` (feature `spark-connect`)."
+)]
+//!
 //! ## Worker sessions (engine side, [`worker::engine::Session`])
 //!
 //! One UDF execution on an external worker process: `Init`, data streamed both ways, then
@@ -133,6 +179,7 @@
 //!   [`execution::ExecutionManager`] and a client for
 //!   [`execution::client::ReattachingStream`]. The messages themselves
 //!   ([`wire::connect`]) need no feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![forbid(unused_must_use)]
 #![deny(missing_docs)]
