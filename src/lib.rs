@@ -26,8 +26,9 @@
 #![cfg_attr(
     feature = "grpc",
     doc = "- **gRPC** (Spark's own transport, udf §1.1, §6.4): \
-      [`spark::udf_grpc::GrpcTransport`] for the engine's dispatcher, \
-      [`spark::udf_grpc::WorkerServer`] to serve a worker on its `--connection` socket."
+      [`spark::udf_grpc::GrpcTransport`] for the engine's dispatcher; \
+      [`spark::udf_grpc::WorkerMain`] is a whole worker process's `main` (arguments, \
+      socket, signals, graceful stop), built on [`spark::udf_grpc::WorkerServer`]."
 )]
 #![cfg_attr(
     not(feature = "grpc"),

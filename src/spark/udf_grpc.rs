@@ -140,8 +140,13 @@ impl std::fmt::Display for StatusError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "gRPC status {:?}", self.0.code())?;
         let message = self.0.message();
-        let repeats_source = std::error::Error::source(&self.0)
-            .is_some_and(|source| message.contains(&source.to_string()));
+        let repeats_source =
+            std::iter::successors(std::error::Error::source(&self.0), |e| e.source()).any(
+                |source| {
+                    let text = source.to_string();
+                    !text.is_empty() && (message.contains(&text) || text.contains(message))
+                },
+            );
         if !message.is_empty() && !repeats_source {
             write!(f, ": {message}")?;
         }

@@ -28,12 +28,54 @@ pub(crate) struct Chain<'a>(pub(crate) &'a (dyn std::error::Error + 'static));
 
 impl std::fmt::Display for Chain<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}", self.0)?;
+        // A source whose text the line already holds is left out: wrappers from other crates
+        // (tonic, hyper) often print their cause inside their own message.
+        let mut line = self.0.to_string();
         let mut source = self.0.source();
         while let Some(e) = source {
-            write!(f, ": {e}")?;
+            let text = e.to_string();
+            if !text.is_empty() && !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
             source = e.source();
         }
-        Ok(())
+        f.write_str(&line)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Chain;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{0}")]
+    struct Leaf(&'static str);
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Wrap {
+        text: &'static str,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    }
+
+    #[test]
+    fn chain_leaves_out_a_source_the_line_already_holds() {
+        // A foreign wrapper repeating its cause, as tonic's transport errors do.
+        let e = Wrap {
+            text: "status Unavailable: could not connect to /s",
+            source: Box::new(Wrap {
+                text: "transport error",
+                source: Box::new(Wrap {
+                    text: "could not connect to /s",
+                    source: Box::new(Leaf("Connection refused")),
+                }),
+            }),
+        };
+        assert_eq!(
+            Chain(&e).to_string(),
+            "status Unavailable: could not connect to /s: transport error: Connection refused"
+        );
     }
 }

@@ -574,16 +574,23 @@ impl<T: WorkerTransport> Shared<T> {
             }
             st.phase = PoolPhase::Closing;
             let all: Vec<_> = st.workers.values().cloned().collect();
-            Some(
-                all.iter()
-                    .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL))
-                    .collect::<Vec<_>>(),
-            )
+            let jobs = all
+                .iter()
+                .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL))
+                .collect::<Vec<_>>();
+            let idle = jobs.is_empty() && st.in_flight == 0 && st.stopping == 0;
+            Some((jobs, idle))
         });
-        let Some(jobs) = jobs else {
+        let Some((jobs, idle)) = jobs else {
             return;
         };
         self.closed.send_replace(true);
+        if idle {
+            // Nothing to wait for: clean up now, so that a dispatcher dropped just before
+            // the process exits (an engine's `?` on an error) leaves no socket directory.
+            self.finish_close();
+            return;
+        }
         start_all(jobs);
         let shared = self.clone();
         let closer = Arc::new(Mutex::new(Some(shared)));

@@ -640,6 +640,14 @@ where
     /// worker's output that pulls the next input batch only when no output is waiting, sends
     /// `Finish` once `input` ends, and ends after the terminator. A worker error or failure is
     /// the stream's last item. [`Process::close`] finalizes the session.
+    ///
+    /// Read-ahead: as in Spark, nothing but the connection's flow control bounds how far the
+    /// input runs ahead of the worker (the protocol has no acknowledgements, udf §1.4); over
+    /// gRPC that is the HTTP/2 stream window, so with small batches and a slow UDF thousands
+    /// of batches can be in flight. A Cancel travels in order behind them (udf §1.1), so
+    /// closing such a stream early waits until the worker has read them, up to
+    /// [`SessionConfig::terminal_timeout`]. Bound the backlog with the transport's window
+    /// (`GrpcConfig`) or by pacing the input stream.
     pub fn process<I>(self, input: I) -> Process<C, I>
     where
         I: Stream<Item = Bytes> + Unpin,
