@@ -680,7 +680,7 @@ impl EngineCore {
     pub fn handle_response(&mut self, response: UdfResponse) {
         if self.terminal.is_some() {
             self.stats.ignored_after_terminal += 1;
-            tracing::debug!(kind = ?response.kind(), "ignoring a worker message after the terminal");
+            tracing::warn!(kind = ?response.kind(), "ignoring a worker message after the terminal");
             return;
         }
         self.worker_event();
