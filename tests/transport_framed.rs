@@ -6,30 +6,17 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use tether::connection::ConnectionError;
 use tether::connection::framed::{FramedConfig, FramedError, FramedListener, connect_unix};
 use tether::wire::{
     ExecutionError, FinishResponse, FrameError, Init, UdfPayload, UdfRequest, UdfResponse,
     UdfWorkerDataFormat,
 };
 use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
-use tether::worker::engine::{
-    CountingHandle, Session, SessionConfig, SessionError, Termination, TransportFailure,
-    WorkerHandle,
-};
+use tether::worker::engine::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
 use tokio::io::AsyncWriteExt;
 
-/// The framed transport's error behind a session error (the connection error's source).
-fn framed_error(error: &SessionError) -> &FramedError {
-    match error {
-        SessionError::Transport(TransportFailure::Connection(ConnectionError::Transport(
-            cause,
-        ))) => cause
-            .downcast_ref::<FramedError>()
-            .unwrap_or_else(|| panic!("not a FramedError: {cause}")),
-        other => panic!("expected a transport error, got {other:?}"),
-    }
-}
+mod common;
+use common::framed_error;
 
 /// Echoes every batch; reports the init payload's length in `InitResponse.data`.
 struct Echo;

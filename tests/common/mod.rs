@@ -12,11 +12,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::future::poll_fn;
+use tether::connection::framed::FramedError;
 use tether::connection::{Connection, ConnectionError, MemoryConnection};
 use tether::wire::{
     ExecutionError, Init, ResponseKind, ResponseMessage, UdfPayload, UdfRequest, UdfResponse,
     UdfWorkerDataFormat, execution_error,
 };
+use tether::worker::engine::{SessionError, TransportFailure};
 
 /// How long a script waits for the next worker message before failing the test. Under
 /// `start_paused` tokio skips idle time, so this costs nothing when the worker is silent.
@@ -103,6 +105,19 @@ impl EngineScript {
     /// Drops both directions abruptly, like a crashed engine.
     pub fn abort(&mut self) {
         self.conn.abort();
+    }
+}
+
+/// The framed transport's error behind an engine session error (the connection error's
+/// source); panics on any other error.
+pub fn framed_error(error: &SessionError) -> &FramedError {
+    match error {
+        SessionError::Transport(TransportFailure::Connection(ConnectionError::Transport(
+            cause,
+        ))) => cause
+            .downcast_ref::<FramedError>()
+            .unwrap_or_else(|| panic!("not a FramedError: {cause}")),
+        other => panic!("expected a transport error, got {other:?}"),
     }
 }
 
