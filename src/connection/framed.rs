@@ -244,6 +244,8 @@ pub(crate) struct SocketPathError {
     source: io::Error,
 }
 
+// Read back only by the gRPC client, which rebuilds the error from a borrow of it.
+#[cfg_attr(not(feature = "grpc"), allow(dead_code))]
 impl SocketPathError {
     /// The socket the error is about.
     pub(crate) fn path(&self) -> &Path {
