@@ -500,7 +500,9 @@ impl<T: WorkerTransport> Dispatcher<T> {
 
     /// Closes the dispatcher (udf §6.2 `close`): refuses new sessions, stops every worker
     /// (SIGTERM, graceful timeout, SIGKILL, reap, socket removed; including workers whose
-    /// sessions are still open — those sessions then fail), waits for in-flight
+    /// sessions are still open: a worker that drains on SIGTERM, as `WorkerMain` does for its
+    /// shutdown grace, may still finish them, otherwise they fail; `close` waits for it up
+    /// to the graceful timeout), waits for in-flight
     /// `create_session` calls to give up, runs the cleanup callable once, removes the socket
     /// directory. Idempotent: a second call waits for the first to finish. Cancel-safe: the
     /// shutdown runs on a background thread and completes even if this future is dropped.
