@@ -180,6 +180,9 @@
 //!   [`execution::ExecutionManager`] and a client for
 //!   [`execution::client::ReattachingStream`]. The messages themselves
 //!   ([`wire::connect`]) need no feature.
+//! - `test-util`: [`testing`](mod@testing), the test-support layer tether's own suites use
+//!   (message fixtures, scripted peers, the engine × worker core pair, fault injection).
+//!   For tests only; not covered by semver.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![forbid(unused_must_use)]
@@ -230,6 +233,8 @@ pub mod execution;
 pub mod reference;
 #[cfg(any(feature = "grpc", feature = "spark-connect"))]
 pub mod spark;
+#[cfg(feature = "test-util")]
+pub mod testing;
 pub mod time;
 pub mod wire;
 pub mod worker;

@@ -1,0 +1,1 @@
+//! (filled in by the issue-11 work in progress)

@@ -1,0 +1,26 @@
+//! Test support for tether's own suites and for users testing code built on tether
+//! (feature `test-util`; not part of the protocol API and not covered by semver).
+//!
+//! One place for what a test of a session protocol needs, in the manner of h2's
+//! `h2-support` and `rustls-test`:
+//!
+//! - [`fixtures`]: the message fixtures of both protocols (an `Init`, an `InitResponse`,
+//!   tagged batches, the terminal responses, Spark Connect requests) and the assertions on
+//!   them. Every suite builds its messages here, so a fixture is written once.
+//! - [`script`]: scripted peers, an engine end and a worker end driven by an expect/reply
+//!   script over an in-memory [`Connection`](crate::connection::Connection), for the tests
+//!   that must send what no compliant peer sends (udf §8's scenarios).
+//! - [`pair`]: an [`EngineCore`](crate::worker::engine::EngineCore) ×
+//!   [`WorkerCore`](crate::worker::endpoint::WorkerCore) pair under simulated time, after
+//!   quinn-proto's `Pair`: both sides' udf §2 / §4 rules checked against each other with no
+//!   I/O and no clock.
+//! - [`fault`]: fault injection at the typed-message level (a `Connection` wrapper) and at
+//!   the byte level (an `AsyncRead` / `AsyncWrite` wrapper).
+//!
+//! Enable it only for tests: `tether = { version = "…", features = ["test-util"] }` under
+//! `[dev-dependencies]`.
+
+pub mod fault;
+pub mod fixtures;
+pub mod pair;
+pub mod script;
