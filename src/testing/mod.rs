@@ -24,3 +24,27 @@ pub mod fault;
 pub mod fixtures;
 pub mod pair;
 pub mod script;
+
+/// The environment variable that sets how many cases each model test runs: the property
+/// models of the engine and worker cores (udf §4, §8) and of the execution side (rx §3, §5,
+/// §7). Unset, each model runs its own default of a few hundred cases; `TETHER_MODEL_CASES=100000`
+/// runs them deep. Unlike `PROPTEST_CASES` it reaches tether's models only, not every
+/// proptest in the build.
+pub const MODEL_CASES_VAR: &str = "TETHER_MODEL_CASES";
+
+/// How many cases a model test runs: [`MODEL_CASES_VAR`] when it is set to a positive
+/// number, else `default` (the model's own few hundred cases; udf §8, rx §7).
+///
+/// # Panics
+///
+/// When the variable is set but is not a positive integer, so a typo never runs a deep
+/// model silently at its default depth.
+pub fn model_cases(default: u32) -> u32 {
+    match std::env::var(MODEL_CASES_VAR) {
+        Err(_) => default,
+        Ok(text) => match text.trim().parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => panic!("{MODEL_CASES_VAR}={text:?} is not a positive number of cases"),
+        },
+    }
+}
