@@ -112,11 +112,20 @@ catalog! {
         "a framed peer that trickles one byte per second"
         => "FramedError::FrameTimeout after FramedConfig::frame_timeout (30 s)",
         trickling_peer();
+    #[ignore = "needs a library change: GrpcConfig::default().max_concurrent_streams is None \
+                (unlimited, chosen so Manage stays serviceable, udf §1.1); the row wants a \
+                default of at least 256, then 10 000 Execute streams on one channel all \
+                complete and a raw HTTP/2 client past the limit gets REFUSED_STREAM"]
+    row_13_ten_thousand_concurrent_execute_streams_on_one_grpc_worker:
+        "10 000 concurrent Execute streams opened on one gRPC worker"
+        => "a default concurrent-stream limit (>= 256): a compliant client's streams queue, \
+            none is lost; memory bounded",
+        default_stream_limit();
 }
 
 #[test]
 fn the_catalog_states_every_row() {
-    assert_eq!(CATALOG.len(), 13);
+    assert_eq!(CATALOG.len(), 14);
     for row in CATALOG {
         assert!(row.test.starts_with("row_"), "{}", row.test);
         assert!(!row.input.is_empty() && !row.expected.is_empty());
@@ -628,4 +637,21 @@ async fn connect_client_stops_reading() {
     }
     p.try_push(batch(accepted))
         .expect("capacity is back once read");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Limits that need a library change
+// ---------------------------------------------------------------------------------------------
+
+/// Without the `grpc` feature there is no gRPC worker, and nothing to check.
+#[cfg(not(feature = "grpc"))]
+async fn default_stream_limit() {}
+
+#[cfg(feature = "grpc")]
+async fn default_stream_limit() {
+    let limit = tether::spark::udf_grpc::GrpcConfig::default().max_concurrent_streams;
+    assert!(
+        limit.is_some_and(|n| n >= 256),
+        "the gRPC worker's default concurrent-stream limit is {limit:?}"
+    );
 }
