@@ -112,14 +112,11 @@ catalog! {
         "a framed peer that trickles one byte per second"
         => "FramedError::FrameTimeout after FramedConfig::frame_timeout (30 s)",
         trickling_peer();
-    #[ignore = "needs a library change: GrpcConfig::default().max_concurrent_streams is None \
-                (unlimited, chosen so Manage stays serviceable, udf §1.1); the row wants a \
-                default of at least 256, then 10 000 Execute streams on one channel all \
-                complete and a raw HTTP/2 client past the limit gets REFUSED_STREAM"]
     row_13_ten_thousand_concurrent_execute_streams_on_one_grpc_worker:
         "10 000 concurrent Execute streams opened on one gRPC worker"
-        => "a default concurrent-stream limit (>= 256): a compliant client's streams queue, \
-            none is lost; memory bounded",
+        => "GrpcConfig::max_concurrent_streams (256 by default): a compliant engine's streams \
+            wait, none is lost and Manage still answers; a raw HTTP/2 client past the limit \
+            gets REFUSED_STREAM; the worker never serves more streams at once",
         default_stream_limit();
 }
 
@@ -639,19 +636,20 @@ async fn connect_client_stops_reading() {
         .expect("capacity is back once read");
 }
 
-// ---------------------------------------------------------------------------------------------
-// Limits that need a library change
-// ---------------------------------------------------------------------------------------------
+// -------------------------------------------------------------------------------------------
+// Rows on real sockets and the real clock (tests/hostile_inputs/limits.rs)
+// -------------------------------------------------------------------------------------------
 
-/// Without the `grpc` feature there is no gRPC worker, and nothing to check.
+#[path = "hostile_inputs/limits.rs"]
+mod limits;
+
+/// Without the `grpc` feature there is no gRPC worker: the row says so and checks nothing.
 #[cfg(not(feature = "grpc"))]
-async fn default_stream_limit() {}
+async fn default_stream_limit() {
+    eprintln!("row 13 needs the `grpc` feature (the README's test command enables it): not run");
+}
 
 #[cfg(feature = "grpc")]
 async fn default_stream_limit() {
-    let limit = tether::spark::udf_grpc::GrpcConfig::default().max_concurrent_streams;
-    assert!(
-        limit.is_some_and(|n| n >= 256),
-        "the gRPC worker's default concurrent-stream limit is {limit:?}"
-    );
+    limits::on_real_clock(limits::grpc::default_stream_limit).await;
 }
