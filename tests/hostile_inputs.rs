@@ -118,11 +118,17 @@ catalog! {
             wait, none is lost and Manage still answers; a raw HTTP/2 client past the limit \
             gets REFUSED_STREAM; the worker never serves more streams at once",
         default_stream_limit();
+    row_14_ten_thousand_idle_connections_to_a_framed_worker:
+        "10 000 idle connections to a framed worker (the worker in its own process)"
+        => "WorkerMain::with_max_framed_sessions (1024 by default; 256 here): the worker holds \
+            at most that many, the rest wait in the listen backlog or are refused; an existing \
+            session finishes with all its output; new sessions are served once they go",
+        idle_framed_connections();
 }
 
 #[test]
 fn the_catalog_states_every_row() {
-    assert_eq!(CATALOG.len(), 14);
+    assert_eq!(CATALOG.len(), 15);
     for row in CATALOG {
         assert!(row.test.starts_with("row_"), "{}", row.test);
         assert!(!row.input.is_empty() && !row.expected.is_empty());
@@ -652,4 +658,23 @@ async fn default_stream_limit() {
 #[cfg(feature = "grpc")]
 async fn default_stream_limit() {
     limits::on_real_clock(limits::grpc::default_stream_limit).await;
+}
+
+/// Without the `grpc` feature there is no `WorkerMain`: the row says so and checks nothing.
+#[cfg(not(feature = "grpc"))]
+async fn idle_framed_connections() {
+    eprintln!("row 14 needs the `grpc` feature (the README's test command enables it): not run");
+}
+
+#[cfg(feature = "grpc")]
+async fn idle_framed_connections() {
+    limits::on_real_clock(limits::framed::idle_connections).await;
+}
+
+/// Row 14's framed worker process: this test binary, re-executed by the row.
+#[cfg(feature = "grpc")]
+#[test]
+#[ignore = "worker mode: row 14 runs this binary as a framed worker process"]
+fn row_14_worker_process() {
+    limits::framed::worker_process();
 }

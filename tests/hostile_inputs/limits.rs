@@ -351,3 +351,214 @@ pub mod grpc {
         Some((header[3], header[4], stream, payload))
     }
 }
+
+#[cfg(feature = "grpc")]
+pub mod framed {
+    //! Row 14: 10 000 idle connections to a framed worker running in its own process.
+
+    use std::io;
+    use std::path::{Path, PathBuf};
+    use std::process::{Child, Command};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tether::connection::framed::{FramedConfig, connect_unix};
+    use tether::spark::udf_grpc::{WorkerArgs, WorkerMain};
+    use tether::wire::{UdfRequest, UdfResponse};
+    use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
+
+    use crate::common::echo::EchoUdf;
+    use crate::common::init;
+
+    /// The environment variable that makes this test binary a framed worker process.
+    pub const WORKER_SOCKET_VAR: &str = "TETHER_ROW14_WORKER_SOCKET";
+    /// The worker's accept limit in this row (the default, 1024, is documented on
+    /// `WorkerMain::with_max_framed_sessions`; a smaller one keeps the row quick).
+    const LIMIT: usize = 256;
+    /// Idle connections opened against the worker.
+    const IDLE: usize = 10_000;
+
+    /// The worker process's `main`: the echo UDF over the framed transport on the socket
+    /// named by [`WORKER_SOCKET_VAR`], with the accept limit [`LIMIT`].
+    pub fn worker_process() {
+        let socket = std::env::var(WORKER_SOCKET_VAR).expect("run by row 14 only");
+        let args = WorkerArgs::parse(["--id", "row-14", "--connection", &socket]).expect("args");
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(async {
+                WorkerMain::new(EchoUdf::default)
+                    .with_framed(FramedConfig::default())
+                    .with_max_framed_sessions(LIMIT)
+                    .serve(&args)
+                    .await
+                    .expect("the worker serves");
+            });
+    }
+
+    /// The worker process and its scratch directory, both gone on drop.
+    struct Worker {
+        child: Child,
+        socket: PathBuf,
+        dir: PathBuf,
+    }
+
+    impl Worker {
+        async fn start() -> Self {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let dir = std::env::temp_dir().join(format!("tether-row14-{}", &id[..12]));
+            std::fs::create_dir(&dir).expect("a scratch directory");
+            let socket = dir.join("w.sock");
+            let child = Command::new(std::env::current_exe().expect("the test binary"))
+                .args([
+                    "row_14_worker_process",
+                    "--exact",
+                    "--ignored",
+                    "--nocapture",
+                ])
+                .env(WORKER_SOCKET_VAR, &socket)
+                .spawn()
+                .expect("spawn the worker process");
+            let worker = Worker { child, socket, dir };
+            for _ in 0..200 {
+                if worker.socket.exists() {
+                    return worker;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            panic!(
+                "the worker did not bind {} within 5 s",
+                worker.socket.display()
+            );
+        }
+
+        /// Descriptors the worker process holds, counted from `/proc`.
+        fn descriptors(&self) -> usize {
+            std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+                .map(Iterator::count)
+                .unwrap_or(0)
+        }
+
+        /// The worker's open sessions: its Unix-socket descriptors other than the listener.
+        fn sockets(&self) -> usize {
+            std::fs::read_dir(format!("/proc/{}/fd", self.child.id()))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .filter(|fd| {
+                    std::fs::read_link(fd.path())
+                        .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"))
+                })
+                .count()
+        }
+    }
+
+    impl Drop for Worker {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    async fn open_session(
+        socket: &Path,
+    ) -> Session<
+        tether::worker::state::Init,
+        tether::connection::framed::FramedConnection<
+            tokio::net::UnixStream,
+            UdfRequest,
+            UdfResponse,
+        >,
+    > {
+        let connection = connect_unix::<UdfRequest, UdfResponse>(socket, &FramedConfig::default())
+            .await
+            .expect("connect");
+        Session::new(
+            connection,
+            std::sync::Arc::new(CountingHandle::for_one_session()),
+            SessionConfig::default(),
+        )
+    }
+
+    /// A session opened before the flood keeps working through it; the worker holds at
+    /// most its accept limit of connections; once the idle ones go, new sessions are served.
+    pub async fn idle_connections() {
+        let worker = Worker::start().await;
+        let (mut existing, _) = open_session(&worker.socket)
+            .await
+            .init(init("existing"))
+            .await
+            .expect("the existing session's init");
+        existing
+            .send(Bytes::from_static(b"before"))
+            .await
+            .expect("send");
+        let base = worker.descriptors();
+        // The listener, the existing session, and the runtime's own (signal) sockets.
+        let sockets_before = worker.sockets();
+
+        let mut idle = Vec::with_capacity(IDLE);
+        let mut refused = 0;
+        for _ in 0..IDLE {
+            match tokio::net::UnixStream::connect(&worker.socket).await {
+                Ok(stream) => idle.push(stream),
+                // The listen backlog is full: the kernel refuses the connection.
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => refused += 1,
+                Err(e) => panic!("connecting idle connection {}: {e}", idle.len()),
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let sockets = worker.sockets();
+        assert_eq!(
+            sockets - sockets_before,
+            LIMIT - 1,
+            "the worker accepts sessions up to its limit of {LIMIT} (the existing one included) \
+             and no further"
+        );
+        assert!(
+            worker.descriptors() <= base + LIMIT,
+            "the worker's descriptors grew from {base} to {}",
+            worker.descriptors()
+        );
+
+        existing
+            .send(Bytes::from_static(b"during"))
+            .await
+            .expect("send");
+        let mut finishing = existing.finish().await.expect("finish");
+        let mut output = Vec::new();
+        while let Some(batch) = finishing.recv().await.expect("recv") {
+            output.push(batch);
+        }
+        let termination = finishing.close().await;
+        assert_eq!(
+            termination.kind(),
+            TerminationKind::Finished,
+            "{termination}"
+        );
+        assert_eq!(
+            output,
+            [Bytes::from_static(b"before"), Bytes::from_static(b"during")]
+        );
+
+        drop(idle);
+        let (streaming, _) = tokio::time::timeout(
+            Duration::from_secs(20),
+            open_session(&worker.socket).await.init(init("after")),
+        )
+        .await
+        .expect("a new session is served once the idle connections are gone")
+        .expect("init");
+        let mut finishing = streaming.finish().await.expect("finish");
+        assert_eq!(finishing.recv().await.expect("recv"), None);
+        assert_eq!(finishing.close().await.kind(), TerminationKind::Finished);
+        eprintln!(
+            "row 14: {} idle connections accepted or queued, {refused} refused by the backlog; \
+             the worker held {LIMIT} sessions",
+            IDLE - refused
+        );
+    }
+}

@@ -330,7 +330,11 @@ pub struct WorkerMain<F> {
     served: Served,
     shutdown_grace: Duration,
     parent_poll: Option<Duration>,
+    max_framed_sessions: usize,
 }
+
+/// The default of [`WorkerMain::with_max_framed_sessions`]: framed sessions served at once.
+const DEFAULT_MAX_FRAMED_SESSIONS: usize = 1024;
 
 impl<F> fmt::Debug for WorkerMain<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -339,6 +343,7 @@ impl<F> fmt::Debug for WorkerMain<F> {
             .field("served", &self.served)
             .field("shutdown_grace", &self.shutdown_grace)
             .field("parent_poll", &self.parent_poll)
+            .field("max_framed_sessions", &self.max_framed_sessions)
             .finish_non_exhaustive()
     }
 }
@@ -358,6 +363,7 @@ where
             served: Served::Grpc(GrpcConfig::default()),
             shutdown_grace: GrpcConfig::default().shutdown_grace,
             parent_poll: Some(Duration::from_millis(500)),
+            max_framed_sessions: DEFAULT_MAX_FRAMED_SESSIONS,
         }
     }
 
@@ -381,6 +387,18 @@ where
     /// transport a worker speaks (udf §1.9).
     pub fn with_framed(mut self, config: FramedConfig) -> Self {
         self.served = Served::Framed(config);
+        self
+    }
+
+    /// The framed transport's accept limit: at most `max` session connections served at once
+    /// (at least 1; default 1024, tether's bound, since each holds
+    /// a descriptor and a task and udf §1.1 sets none). At the limit the worker stops
+    /// accepting until a session ends: further connections wait in the socket's listen
+    /// backlog (or are refused when it is full), and open sessions are unaffected. The gRPC
+    /// transport bounds its streams per connection instead
+    /// ([`GrpcConfig::max_concurrent_streams`]).
+    pub fn with_max_framed_sessions(mut self, max: usize) -> Self {
+        self.max_framed_sessions = max.max(1);
         self
     }
 
@@ -481,6 +499,7 @@ where
                     make_udf: self.make_udf,
                     endpoint_config: self.endpoint_config,
                     grace: self.shutdown_grace,
+                    max_sessions: self.max_framed_sessions,
                 };
                 Ok(framed.serve(&args.connection, stops).await)
             }
@@ -585,6 +604,7 @@ struct Framed<F> {
     make_udf: Arc<F>,
     endpoint_config: EndpointConfig,
     grace: Duration,
+    max_sessions: usize,
 }
 
 impl<F, U> Framed<F>
@@ -599,7 +619,9 @@ where
         let reason = loop {
             tokio::select! {
                 reason = stops.next() => break reason,
-                accepted = self.listener.accept::<UdfResponse, UdfRequest>(&self.config) => {
+                // At the accept limit, nothing is accepted until a session ends.
+                accepted = self.listener.accept::<UdfResponse, UdfRequest>(&self.config),
+                    if sessions.len() < self.max_sessions => {
                     match accepted {
                         Ok(connection) => {
                             let udf = (self.make_udf)();
