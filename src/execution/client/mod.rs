@@ -89,6 +89,8 @@ mod stream;
 pub use config::{ClientConfig, ReleaseMode};
 pub use core::{ClientPhase, ClientStats, Command, ReattachCore, ResponseId};
 pub use error::{ClientError, ReleaseError, RpcError, Violation, condition};
+/// The seeded SplitMix64 source, shared with the fault plans of the test-support layer.
+pub(crate) use retry::Jitter;
 pub use retry::{RetryDecision, RetryPolicy, Retrying};
 pub use rpc::ExecutionRpc;
 pub use stream::{ExecuteStream, ReattachingStream, ReleaseStats};
