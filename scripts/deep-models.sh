@@ -7,6 +7,8 @@
 #   bash scripts/deep-models.sh            # 100000 cases per model
 #   bash scripts/deep-models.sh 20000      # fewer
 #
+# The registry's model (a plain proptest inside the crate, no tally) runs last.
+#
 # On the shared 2-core machine, prefix cargo with the build lock as usual (the script does
 # when /work/.cargo-build.lock exists).
 set -euo pipefail
@@ -21,12 +23,16 @@ models=(
   "worker_core_model:worker_core_matches_reference_model"
   "rx_model:rx_model_server_matches_reference"
   "rx_client_model:client_core_matches_reference_model"
+  "lib:execution::registry::tests::registry_matches_the_model"
 )
 
-"${lock[@]}" cargo test --release --all-features --no-run \
-  $(for m in "${models[@]}"; do printf -- '--test %s ' "${m%%:*}"; done) >/dev/null 2>&1 ||
-  "${lock[@]}" cargo test --release --all-features --no-run \
-    $(for m in "${models[@]}"; do printf -- '--test %s ' "${m%%:*}"; done)
+targets() {
+  for m in "${models[@]}"; do
+    if [[ ${m%%:*} == lib ]]; then printf -- '--lib '; else printf -- '--test %s ' "${m%%:*}"; fi
+  done
+}
+# shellcheck disable=SC2046
+"${lock[@]}" cargo test --release --all-features --no-run $(targets)
 
 total_start=$(date +%s)
 log=$(mktemp)
@@ -35,7 +41,8 @@ for m in "${models[@]}"; do
   name="${m#*:}"
   start=$(date +%s)
   status=0
-  TETHER_MODEL_CASES="$cases" "${lock[@]}" cargo test --release --all-features --test "$target" \
+  if [[ $target == lib ]]; then sel=(--lib); else sel=(--test "$target"); fi
+  TETHER_MODEL_CASES="$cases" "${lock[@]}" cargo test --release --all-features "${sel[@]}" \
     -- --exact "$name" --nocapture >"$log" 2>&1 || status=$?
   grep -E '^model |test result|panicked' "$log" || cat "$log"
   echo "  $target::$name: $(( $(date +%s) - start )) s wall, loadavg $(cut -d' ' -f1-3 /proc/loadavg), exit $status"
