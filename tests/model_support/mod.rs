@@ -58,6 +58,9 @@ where
     let config = Config {
         cases: tether::testing::model_cases(default_cases),
         max_shrink_iters: 4096,
+        // A model with preconditions filters transitions; proptest counts every filtered
+        // one against a per-run limit (65 536 by default) that a deep run would exhaust.
+        max_local_rejects: u32::MAX,
         failure_persistence: None,
         ..Config::default()
     };
