@@ -112,11 +112,17 @@ catalog! {
         "a framed peer that trickles one byte per second"
         => "FramedError::FrameTimeout after FramedConfig::frame_timeout (30 s)",
         trickling_peer();
+    row_13_ten_thousand_concurrent_execute_streams_on_one_grpc_worker:
+        "10 000 concurrent Execute streams opened on one gRPC worker"
+        => "GrpcConfig::max_concurrent_streams (256 by default): a compliant engine's streams \
+            wait, none is lost and Manage still answers; a raw HTTP/2 client past the limit \
+            gets REFUSED_STREAM; the worker never serves more streams at once",
+        default_stream_limit();
 }
 
 #[test]
 fn the_catalog_states_every_row() {
-    assert_eq!(CATALOG.len(), 13);
+    assert_eq!(CATALOG.len(), 14);
     for row in CATALOG {
         assert!(row.test.starts_with("row_"), "{}", row.test);
         assert!(!row.input.is_empty() && !row.expected.is_empty());
@@ -628,4 +634,22 @@ async fn connect_client_stops_reading() {
     }
     p.try_push(batch(accepted))
         .expect("capacity is back once read");
+}
+
+// -------------------------------------------------------------------------------------------
+// Rows on real sockets and the real clock (tests/hostile_inputs/limits.rs)
+// -------------------------------------------------------------------------------------------
+
+#[path = "hostile_inputs/limits.rs"]
+mod limits;
+
+/// Without the `grpc` feature there is no gRPC worker: the row says so and checks nothing.
+#[cfg(not(feature = "grpc"))]
+async fn default_stream_limit() {
+    eprintln!("row 13 needs the `grpc` feature (the README's test command enables it): not run");
+}
+
+#[cfg(feature = "grpc")]
+async fn default_stream_limit() {
+    limits::on_real_clock(limits::grpc::default_stream_limit).await;
 }

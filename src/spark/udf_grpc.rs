@@ -17,7 +17,10 @@
 //! [`GrpcEngineConnection`]: a [`Connection<UdfRequest, UdfResponse>`](crate::connection::Connection)
 //! for [`Session::new`](crate::worker::engine::Session::new). [`GrpcTransport`] packages this as a
 //! [`WorkerTransport`](crate::worker::engine::WorkerTransport) for dispatchers.
-//! [`GrpcChannel::heartbeat`] and [`GrpcChannel::shutdown`] call `Manage`.
+//! [`GrpcChannel::heartbeat`] and [`GrpcChannel::shutdown`] call `Manage`, on a second
+//! connection of the channel, so they never wait behind the worker's concurrent-stream
+//! limit ([`GrpcConfig::max_concurrent_streams`], 256 by default; past it, further
+//! sessions' streams wait in the channel until one ends).
 //!
 //! # Worker side
 //!
@@ -201,9 +204,14 @@ pub struct GrpcConfig {
     /// HTTP/2 stream to take them (at least 1). Default 2 messages (back-pressure is HTTP/2
     /// flow control only, udf §1.4).
     pub response_buffer: usize,
-    /// Worker side: most concurrent streams per connection (`SETTINGS_MAX_CONCURRENT_STREAMS`);
-    /// `None` means no limit, so `Manage` stays serviceable however many `Execute` streams
-    /// are open (udf §1.1). Default `None`.
+    /// Worker side: most concurrent streams per HTTP/2 connection
+    /// (`SETTINGS_MAX_CONCURRENT_STREAMS`), which bounds the sessions, and so the memory, one
+    /// engine connection can open at once. A compliant engine's further streams wait in its
+    /// channel until a session ends (none is lost; each still counts against its session's
+    /// init timeout, udf §7); a client that ignores the setting gets `REFUSED_STREAM` for
+    /// each stream past it. tether's [`GrpcChannel`] sends `Manage` on a connection of its
+    /// own, so heartbeats never queue behind `Execute` streams (udf §1.7). `None` removes the
+    /// limit (Spark's worker sets none, udf §1.1). Default 256 (tether's bound).
     pub max_concurrent_streams: Option<u32>,
     /// Engine side: bound of one readiness attempt in [`GrpcChannel::connect`] (socket
     /// connect plus the readiness heartbeat). Default 2 s (tether's; the dispatcher retries
@@ -236,7 +244,7 @@ impl GrpcConfig {
             max_frame_size: None,
             request_buffer: 2,
             response_buffer: 2,
-            max_concurrent_streams: None,
+            max_concurrent_streams: Some(256),
             connect_timeout: Duration::from_secs(2),
             readiness_heartbeat: true,
             manage_timeout: Duration::from_secs(10),

@@ -1,1 +1,459 @@
-//! (filled in by the issue-11 work in progress)
+//! The UDF-protocol message fixtures and the assertions on them, written once for every
+//! suite (udf §1): an `Init` with its payload (inline or chunked, udf §1.3), the worker's
+//! answers (`InitResponse`, `DataResponse`, the terminal responses, udf §1.4–§1.5), tagged
+//! batches whose tag survives a round trip, the three kinds of `ExecutionError`, session
+//! and endpoint configurations with test timeouts (udf §7), and manual-clock helpers.
+//!
+//! The Spark Connect request builders live beside them in
+//! [`connect`](super::connect).
+//!
+//! ```
+//! use tether::testing::fixtures::{self, TEST_INIT, TEST_TERMINAL};
+//! use tether::wire::{RequestKind, ResponseKind};
+//!
+//! let init = fixtures::init_request("udf");
+//! assert_eq!(init.kind(), Some(RequestKind::Init));
+//! assert_eq!(fixtures::init_ok().kind(), Some(ResponseKind::Init));
+//!
+//! let batch = fixtures::tagged(7, 1024);
+//! assert_eq!(fixtures::tag_of(&batch), Some(7));
+//!
+//! let config = fixtures::session_config();
+//! assert_eq!((config.init_timeout, config.terminal_timeout), (TEST_INIT, TEST_TERMINAL));
+//! ```
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::time::ManualClock;
+use crate::wire::{
+    CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, ResponseKind,
+    ResponseMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, execution_error,
+};
+use crate::worker::endpoint::EndpointConfig;
+use crate::worker::engine::{CountingHandle, SessionConfig, WorkerHandle};
+
+// ---------------------------------------------------------------------------------------------
+// Requests (engine → worker)
+// ---------------------------------------------------------------------------------------------
+
+/// The format tag of every fixture `Init`'s `UdfPayload` (udf §1.3 `UdfPayload.format`).
+pub const INIT_FORMAT: &str = "echo";
+
+/// `Bytes` from a string: the payload of a data batch or an `Init` (udf §1.4).
+pub fn b(s: &str) -> Bytes {
+    Bytes::copy_from_slice(s.as_bytes())
+}
+
+/// An Arrow `Init` with `payload` inline (format tag [`INIT_FORMAT`]), nothing else set
+/// (udf §1.3).
+pub fn init(payload: impl Into<Bytes>) -> Init {
+    Init::new(
+        UdfWorkerDataFormat::Arrow,
+        UdfPayload::new(payload, INIT_FORMAT),
+    )
+}
+
+/// [`init`] in its request envelope (udf §1.2).
+pub fn init_request(payload: impl Into<Bytes>) -> UdfRequest {
+    UdfRequest::init(init(payload))
+}
+
+/// An `Init` that announces a chunked payload (udf §1.3: `is_chunking_payload`,
+/// `payload_size`, `payload_crc32` set, the inline payload empty), followed by `payload`
+/// split into `chunks` non-empty `PayloadChunk`s, the last with `last = true`.
+///
+/// # Panics
+///
+/// When `payload` does not split into exactly `chunks` non-empty pieces.
+pub fn chunked_init(payload: &str, chunks: usize) -> Vec<UdfRequest> {
+    assert!(
+        chunks >= 1 && payload.len() >= chunks,
+        "choose a payload of at least {chunks} bytes"
+    );
+    let mut init = init(Bytes::new());
+    init.is_chunking_payload = Some(true);
+    if let Some(udf) = init.udf.as_mut() {
+        udf.payload_size = Some(payload.len() as i64);
+        udf.payload_crc32 = Some(crc32fast::hash(payload.as_bytes()));
+    }
+    let size = payload.len().div_ceil(chunks);
+    let pieces: Vec<&[u8]> = payload.as_bytes().chunks(size).collect();
+    assert_eq!(
+        pieces.len(),
+        chunks,
+        "choose a payload that splits into {chunks} chunks"
+    );
+    let last = pieces.len() - 1;
+    std::iter::once(UdfRequest::init(init))
+        .chain(
+            pieces.into_iter().enumerate().map(|(k, piece)| {
+                UdfRequest::payload_chunk(Bytes::copy_from_slice(piece), k == last)
+            }),
+        )
+        .collect()
+}
+
+/// A `DataRequest` carrying `s` (udf §1.4).
+pub fn data_request(s: &str) -> UdfRequest {
+    UdfRequest::data(b(s))
+}
+
+/// The batches `items` as `Bytes`, in order (udf §1.4 `DataRequest.data`).
+pub fn batches(items: &[&str]) -> Vec<Bytes> {
+    items.iter().map(|s| b(s)).collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Tagged batches
+// ---------------------------------------------------------------------------------------------
+
+/// `len` deterministic bytes that differ per `seed`: large messages whose corruption,
+/// truncation or reordering a comparison sees (udf §1.4 batches of any size).
+pub fn pattern(len: usize, seed: u8) -> Bytes {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 13) as u8))
+        .collect::<Vec<u8>>()
+        .into()
+}
+
+/// A batch of `len` bytes (at least 8) that carries `tag` in its first eight bytes
+/// (big-endian) and a [`pattern`] after them: an echo's output names the input it came from,
+/// so a test sees a batch lost, duplicated or reordered (udf §2.1 echo order).
+///
+/// # Panics
+///
+/// When `len` is below 8.
+pub fn tagged(tag: u64, len: usize) -> Bytes {
+    assert!(len >= 8, "a tagged batch needs 8 bytes for its tag");
+    let mut out = Vec::with_capacity(len);
+    out.extend_from_slice(&tag.to_be_bytes());
+    out.extend_from_slice(&pattern(len - 8, tag as u8));
+    out.into()
+}
+
+/// The tag of a [`tagged`] batch: `None` when it is shorter than a tag or its body is not the
+/// tag's pattern (udf §2.1: the echo returns each batch unchanged).
+pub fn tag_of(batch: &[u8]) -> Option<u64> {
+    let (head, body) = batch.split_at_checked(8)?;
+    let tag = u64::from_be_bytes(head.try_into().ok()?);
+    (body == pattern(body.len(), tag as u8)).then_some(tag)
+}
+
+/// The tags of `batches`, in order; panics on a batch that is not [`tagged`] (udf §2.1).
+pub fn tags(batches: &[Bytes]) -> Vec<u64> {
+    batches
+        .iter()
+        .map(|b| tag_of(b).unwrap_or_else(|| panic!("not a tagged batch: {} bytes", b.len())))
+        .collect()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Responses (worker → engine) and errors
+// ---------------------------------------------------------------------------------------------
+
+/// An `InitResponse` without error or data: the worker accepted `Init` (udf §1.3).
+pub fn init_ok() -> UdfResponse {
+    UdfResponse::init(InitResponse::default())
+}
+
+/// An `InitResponse` that rejects `Init` with `error` (udf §1.3, §4.6).
+pub fn init_failed(error: ExecutionError) -> UdfResponse {
+    UdfResponse::init(InitResponse {
+        data: None,
+        error: Some(error),
+    })
+}
+
+/// A `DataResponse` carrying `s` (udf §1.4).
+pub fn data(s: &str) -> UdfResponse {
+    UdfResponse::data(b(s))
+}
+
+/// `{status = ok}`: the metrics of the reference echo worker's `FinishResponse` (udf §2.1).
+pub fn status_ok() -> BTreeMap<String, String> {
+    BTreeMap::from([("status".to_owned(), "ok".to_owned())])
+}
+
+/// The reference echo worker's `FinishResponse`: no data, metrics [`status_ok`] (udf §2.1).
+pub fn finish_ok() -> FinishResponse {
+    FinishResponse {
+        metrics: status_ok(),
+        ..FinishResponse::default()
+    }
+}
+
+/// [`finish_ok`] in its response envelope (udf §1.5).
+pub fn finish_response_ok() -> UdfResponse {
+    UdfResponse::finish(finish_ok())
+}
+
+/// An empty `CancelResponse` in its envelope: the acknowledgement of a `Cancel` (udf §1.5).
+pub fn cancel_ok() -> UdfResponse {
+    UdfResponse::cancel(CancelResponse::default())
+}
+
+/// An `ErrorResponse` carrying `error` (udf §1.5).
+pub fn error_response_of(error: ExecutionError) -> UdfResponse {
+    UdfResponse::error(error)
+}
+
+/// The message of the reference echo worker's init failure (udf §2.1, payload `"INIT_ERROR"`).
+pub const INIT_FAILURE: &str = "simulated init failure";
+/// The error class of the reference echo worker's data failure (udf §2.1, batch `"ERROR"`).
+pub const USER_ERROR_CLASS: &str = "SimulatedError";
+/// The message of the reference echo worker's data failure (udf §2.1).
+pub const USER_ERROR_MESSAGE: &str = "simulated user error";
+
+/// A `UserError` with `message` and `error_class` (udf §1.5: a failure of the user's code).
+pub fn user_error(message: &str, error_class: &str) -> ExecutionError {
+    ExecutionError::user_with_class(message, error_class)
+}
+
+/// The reference echo worker's data failure: [`USER_ERROR_MESSAGE`] of class
+/// [`USER_ERROR_CLASS`] (udf §2.1).
+pub fn simulated_user_error() -> ExecutionError {
+    user_error(USER_ERROR_MESSAGE, USER_ERROR_CLASS)
+}
+
+/// A `WorkerError` with `message` (udf §1.5: a failure of the worker itself).
+pub fn worker_error(message: &str) -> ExecutionError {
+    ExecutionError::worker(message)
+}
+
+/// A `ProtocolError` with `message` (udf §1.5: the peer broke a rule of udf §2).
+pub fn protocol_error(message: &str) -> ExecutionError {
+    ExecutionError::protocol(message)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Configurations and clocks
+// ---------------------------------------------------------------------------------------------
+
+/// The init deadline of [`session_config`] (udf §7 `initTimeout`), distinct from the others.
+pub const TEST_INIT: Duration = Duration::from_secs(30);
+/// The terminal deadline of [`session_config`] (udf §7, `close`'s terminator wait).
+pub const TEST_TERMINAL: Duration = Duration::from_secs(20);
+/// The interrupt's Cancel acknowledgement deadline of [`session_config`] (udf §4.9, §7).
+pub const TEST_INTERRUPT: Duration = Duration::from_secs(2);
+/// The worker's R4 cancel deadline of [`endpoint_config`] (udf §7: after its error the
+/// worker waits this long for the engine's Cancel).
+pub const TEST_CANCEL: Duration = Duration::from_secs(25);
+
+/// A session configuration whose udf §7 deadlines ([`TEST_INIT`], [`TEST_TERMINAL`],
+/// [`TEST_INTERRUPT`]) all differ, so a test can tell which one fired; everything else the
+/// default.
+pub fn session_config() -> SessionConfig {
+    SessionConfig {
+        init_timeout: TEST_INIT,
+        terminal_timeout: TEST_TERMINAL,
+        interrupt_cancel_timeout: TEST_INTERRUPT,
+        ..SessionConfig::default()
+    }
+}
+
+/// A session configuration whose init and terminal deadlines (udf §7) are ten minutes: for
+/// tests whose peer is slow on purpose and must not be cut short.
+pub fn huge_timeouts() -> SessionConfig {
+    SessionConfig {
+        init_timeout: Duration::from_secs(600),
+        terminal_timeout: Duration::from_secs(600),
+        ..SessionConfig::default()
+    }
+}
+
+/// [`session_config`] with its deadlines on `clock` instead of tokio's (udf §7 timers).
+pub fn session_config_on(clock: &ManualClock) -> SessionConfig {
+    SessionConfig {
+        timer: Some(Arc::new(clock.clone())),
+        ..session_config()
+    }
+}
+
+/// An endpoint configuration with the R4 cancel deadline [`TEST_CANCEL`] and no timer (the
+/// sans-IO worker core's caller drives time; udf §7).
+pub fn endpoint_config() -> EndpointConfig {
+    EndpointConfig {
+        cancel_timeout: Some(TEST_CANCEL),
+        timer: None,
+        ..EndpointConfig::default()
+    }
+}
+
+/// A millisecond: the step before and at a deadline (udf §7).
+pub const MS: Duration = Duration::from_millis(1);
+
+// ---------------------------------------------------------------------------------------------
+// Assertions
+// ---------------------------------------------------------------------------------------------
+
+/// The kinds of `messages`, in order (udf §1.2).
+pub fn kinds(messages: &[ResponseMessage]) -> Vec<ResponseKind> {
+    messages.iter().map(ResponseMessage::kind).collect()
+}
+
+/// The payloads of the `DataResponse`s among `messages`, as strings, in order (udf §1.4).
+pub fn data_strings(messages: &[ResponseMessage]) -> Vec<String> {
+    messages
+        .iter()
+        .filter_map(|m| match m {
+            ResponseMessage::Data(d) => Some(String::from_utf8_lossy(d).into_owned()),
+            _ => None,
+        })
+        .collect()
+}
+
+/// Asserts `msg` is an `InitResponse` without error (udf §1.3).
+pub fn assert_init_ok(msg: &ResponseMessage) {
+    match msg {
+        ResponseMessage::Init(r) => {
+            assert!(r.error.is_none(), "InitResponse carries an error: {r:?}")
+        }
+        other => panic!("expected InitResponse, got {other:?}"),
+    }
+}
+
+/// The error of an `InitResponse`; panics on anything else (udf §1.3).
+pub fn init_error(msg: &ResponseMessage) -> &ExecutionError {
+    match msg {
+        ResponseMessage::Init(r) => r.error.as_ref().expect("InitResponse without error"),
+        other => panic!("expected InitResponse(error), got {other:?}"),
+    }
+}
+
+/// The error of an `ErrorResponse`; panics on anything else (udf §1.5).
+pub fn error_response(msg: &ResponseMessage) -> &ExecutionError {
+    match msg {
+        ResponseMessage::Error(r) => r.error.as_ref().expect("ErrorResponse without error"),
+        other => panic!("expected ErrorResponse, got {other:?}"),
+    }
+}
+
+/// Asserts `msg` is a `CancelResponse` and returns it (udf §1.5).
+pub fn cancel_response(msg: &ResponseMessage) -> &CancelResponse {
+    match msg {
+        ResponseMessage::Cancel(r) => r,
+        other => panic!("expected CancelResponse, got {other:?}"),
+    }
+}
+
+/// Asserts `msg` is a `FinishResponse` and returns it (udf §1.5).
+pub fn finish_response(msg: &ResponseMessage) -> &FinishResponse {
+    match msg {
+        ResponseMessage::Finish(r) => r,
+        other => panic!("expected FinishResponse, got {other:?}"),
+    }
+}
+
+/// Asserts `msg` is the reference echo worker's `FinishResponse`: metrics [`status_ok`], no
+/// error (udf §2.1).
+pub fn assert_echo_finish(msg: &ResponseMessage) {
+    let finish = finish_response(msg);
+    assert_eq!(finish.metrics, status_ok(), "{finish:?}");
+    assert!(finish.error.is_none(), "{finish:?}");
+}
+
+/// Asserts `e` is a `ProtocolError` with exactly `message` (udf §1.5; what the engine
+/// receives: pass `EngineViolation::wire_message()` or `InitRejection::wire_message()`).
+pub fn assert_protocol_error(e: &ExecutionError, message: &str) {
+    match &e.kind {
+        Some(execution_error::Kind::Protocol(p)) => assert_eq!(p.message, message),
+        _ => panic!("expected ProtocolError({message:?}), got {e}"),
+    }
+}
+
+/// Asserts `e` is a `WorkerError` with exactly `message` (udf §1.5).
+pub fn assert_worker_error(e: &ExecutionError, message: &str) {
+    match &e.kind {
+        Some(execution_error::Kind::Worker(w)) => assert_eq!(w.message, message),
+        _ => panic!("expected WorkerError({message:?}), got {e}"),
+    }
+}
+
+/// Asserts `e` is a `UserError` with `error_class` (udf §1.5).
+pub fn assert_user_error(e: &ExecutionError, error_class: &str) {
+    match &e.kind {
+        Some(execution_error::Kind::User(u)) => {
+            assert_eq!(u.error_class.as_deref(), Some(error_class))
+        }
+        _ => panic!("expected UserError[{error_class}], got {e}"),
+    }
+}
+
+/// Asserts the session's handle was released exactly once, with one outcome observed and
+/// no session left open, and marked invalid exactly when `invalid` (udf §5.1, §6.5: the
+/// single finalizer releases once; a worker is invalidated iff it is unsafe to reuse).
+pub fn assert_released_once(handle: &CountingHandle, invalid: bool) {
+    assert_eq!(handle.releases(), 1, "handle released exactly once");
+    assert_eq!(handle.active_sessions(), 0, "no session left on the handle");
+    assert_eq!(
+        handle.is_invalid(),
+        invalid,
+        "mark_invalid iff unsalvageable"
+    );
+    assert_eq!(handle.outcomes().len(), 1, "one outcome observed");
+}
+
+#[cfg(feature = "tokio")]
+pub use self::framed::framed_error;
+
+#[cfg(feature = "tokio")]
+mod framed {
+    use crate::connection::ConnectionError;
+    use crate::connection::framed::FramedError;
+    use crate::worker::engine::{SessionError, TransportFailure};
+
+    /// The framed transport's error behind an engine session error (the connection error's
+    /// source; udf §4.10 transport failures); panics on any other error.
+    pub fn framed_error(error: &SessionError) -> &FramedError {
+        match error {
+            SessionError::Transport(TransportFailure::Connection(ConnectionError::Transport(
+                cause,
+            ))) => cause
+                .downcast_ref::<FramedError>()
+                .unwrap_or_else(|| panic!("not a FramedError: {cause}")),
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tag_survives_and_a_damaged_batch_loses_it() {
+        let batch = tagged(300, 64);
+        assert_eq!(tag_of(&batch), Some(300));
+        let mut damaged = batch.to_vec();
+        damaged[40] ^= 1;
+        assert_eq!(tag_of(&damaged), None);
+        assert_eq!(tag_of(&batch[..7]), None);
+        assert_eq!(tags(&[tagged(1, 8), tagged(2, 9)]), [1, 2]);
+    }
+
+    #[test]
+    fn chunked_init_announces_the_assembled_payload() {
+        let requests = chunked_init("abcdefg", 3);
+        assert_eq!(requests.len(), 4);
+        let crate::wire::RequestMessage::Init(init) = requests[0].clone().into_message().unwrap()
+        else {
+            panic!("Init first");
+        };
+        assert_eq!(init.is_chunking_payload, Some(true));
+        let udf = init.udf.unwrap();
+        assert_eq!(udf.payload_size, Some(7));
+        assert_eq!(udf.payload_crc32, Some(crc32fast::hash(b"abcdefg")));
+        let lasts: Vec<_> = requests[1..]
+            .iter()
+            .map(|r| match r.clone().into_message().unwrap() {
+                crate::wire::RequestMessage::PayloadChunk(c) => c.last == Some(true),
+                other => panic!("{other:?}"),
+            })
+            .collect();
+        assert_eq!(lasts, [false, false, true]);
+    }
+}

@@ -7,9 +7,12 @@
 //! - [`fixtures`]: the message fixtures of both protocols (an `Init`, an `InitResponse`,
 //!   tagged batches, the terminal responses, Spark Connect requests) and the assertions on
 //!   them. Every suite builds its messages here, so a fixture is written once.
+//! - [`connect`]: Spark Connect request builders for a user and a session, and an execution
+//!   manager on a manual clock.
 //! - [`script`]: scripted peers, an engine end and a worker end driven by an expect/reply
 //!   script over an in-memory [`Connection`](crate::connection::Connection), for the tests
 //!   that must send what no compliant peer sends (udf §8's scenarios).
+//! - [`echo`]: the reference echo worker of udf §2.1 as a `Udf`, for any transport.
 //! - [`pair`]: an [`EngineCore`](crate::worker::engine::EngineCore) ×
 //!   [`WorkerCore`](crate::worker::endpoint::WorkerCore) pair under simulated time, after
 //!   quinn-proto's `Pair`: both sides' udf §2 / §4 rules checked against each other with no
@@ -20,9 +23,12 @@
 //! Enable it only for tests: `tether = { version = "…", features = ["test-util"] }` under
 //! `[dev-dependencies]`.
 
+pub mod connect;
+pub mod echo;
 pub mod fault;
 pub mod fixtures;
 pub mod pair;
+#[cfg(feature = "tokio")]
 pub mod script;
 
 /// The environment variable that sets how many cases each model test runs: the property

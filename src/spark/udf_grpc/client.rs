@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use futures::channel::mpsc;
 use futures::future::BoxFuture;
-use futures::{Sink, Stream};
+use futures::stream::BoxStream;
+use futures::{Sink, Stream, StreamExt};
 use http::Uri;
 use http::uri::PathAndQuery;
 use hyper_util::rt::TokioIo;
@@ -53,7 +54,16 @@ pub enum ManageCallError {
 
 /// The engine's channel to one worker (udf §6.4 `GrpcWorkerChannel`): one HTTP/2 connection
 /// over the worker's Unix socket (or loopback TCP port), shared by all of the worker's
-/// sessions. Cheap to clone (clones share the connection).
+/// sessions' `Execute` streams, and a second one for `Manage` calls. Cheap to clone (clones
+/// share the connections).
+///
+/// `Manage` has its own connection because a worker limits its concurrent streams per
+/// connection ([`GrpcConfig::max_concurrent_streams`], 256 by default): once that many
+/// sessions are open, a further `Execute` stream waits in the channel for one to end, and a
+/// heartbeat sharing their connection would wait behind it and time out although the worker
+/// is alive (udf §1.7: heartbeats prove liveness). Spark's engine uses one connection
+/// against a worker without a limit (udf §1.1); the split keeps its behaviour and adds the
+/// bound. The `Manage` connection is made on the first `Manage` call.
 ///
 /// Requests carry `:authority` `localhost`; messages up to [`GrpcConfig::max_message_size`]
 /// pass both ways; the HTTP/2 windows are [`GrpcConfig::stream_window`] and
@@ -67,9 +77,18 @@ pub struct GrpcChannel {
 }
 
 struct ChannelInner {
-    channel: Mutex<Option<Channel>>,
+    /// `None` once closed.
+    channels: Mutex<Option<Channels>>,
     endpoint: WorkerEndpoint,
     config: GrpcConfig,
+}
+
+/// The two HTTP/2 connections of a [`GrpcChannel`]: `Execute` streams on one, `Manage` calls
+/// on the other (so they never queue behind the worker's concurrent-stream limit).
+#[derive(Clone)]
+struct Channels {
+    execute: Channel,
+    manage: Channel,
 }
 
 impl fmt::Debug for GrpcChannel {
@@ -120,29 +139,38 @@ impl GrpcChannel {
 
     /// A channel that connects on first use, without the readiness check of udf §6.4 (a
     /// missing worker then surfaces as a transport failure of the first session). Must be
-    /// called inside a tokio runtime.
+    /// called inside a tokio runtime. Without the check, sessions opened in a burst before
+    /// the worker's HTTP/2 settings arrive may exceed its concurrent-stream limit; the
+    /// streams past it are refused (`REFUSED_STREAM`: never seen by the worker, safe to run
+    /// again) and those sessions fail as transport failures. [`connect`](Self::connect)
+    /// waits for the settings.
     pub fn connect_lazy(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> Self {
         let channel =
             tonic_endpoint(config).connect_with_connector_lazy(connector(endpoint.clone()));
         Self::from_channel(channel, endpoint.clone(), config.clone())
     }
 
-    fn from_channel(channel: Channel, endpoint: WorkerEndpoint, config: GrpcConfig) -> Self {
+    fn from_channel(execute: Channel, endpoint: WorkerEndpoint, config: GrpcConfig) -> Self {
+        let manage =
+            tonic_endpoint(&config).connect_with_connector_lazy(connector(endpoint.clone()));
         Self {
             inner: Arc::new(ChannelInner {
-                channel: Mutex::new(Some(channel)),
+                channels: Mutex::new(Some(Channels { execute, manage })),
                 endpoint,
                 config,
             }),
         }
     }
 
-    /// One readiness round trip: any answer from the worker is readiness.
+    /// One readiness round trip: any answer from the worker is readiness. It runs on the
+    /// `Execute` connection, so that the worker's HTTP/2 `SETTINGS` (its concurrent-stream
+    /// limit among them) have arrived before the first session opens a stream: a burst of
+    /// streams sent before them could exceed the limit and be refused.
     async fn probe(&self) -> io::Result<()> {
         let heartbeat = WorkerRequest {
             manage: Some(worker_request::Manage::Heartbeat(Heartbeat {})),
         };
-        match self.manage(heartbeat).await {
+        match self.call_manage(|c| &c.execute, heartbeat).await {
             Ok(_) => Ok(()),
             Err(status) if status.code() == Code::Unimplemented => Ok(()),
             Err(status) => Err(io_error(
@@ -172,21 +200,26 @@ impl GrpcChannel {
     }
 
     /// Closes the channel: no new session or `Manage` call can use it. Idempotent. Sessions
-    /// already open keep their streams until they end; the HTTP/2 connection closes when the
-    /// last one is gone. This is the first step of Spark's `GrpcWorkerChannel.close()`
+    /// already open keep their streams until they end; each HTTP/2 connection closes when the
+    /// last call on it is gone. This is the first step of Spark's `GrpcWorkerChannel.close()`
     /// (gRPC `shutdown`, udf §6.4), without its forced `shutdownNow`.
     pub fn close(&self) {
         self.lock().take();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Channel>> {
-        self.inner.channel.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Channels>> {
+        self.inner
+            .channels
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
     }
 
-    fn grpc(&self) -> Result<Grpc<Channel>, Status> {
+    /// A gRPC client on the `Execute` or the `Manage` connection.
+    fn grpc(&self, pick: fn(&Channels) -> &Channel) -> Result<Grpc<Channel>, Status> {
         let channel = self
             .lock()
-            .clone()
+            .as_ref()
+            .map(|channels| pick(channels).clone())
             .ok_or_else(|| Status::unavailable("the worker channel is closed"))?;
         let max = self.inner.config.max_message_size;
         Ok(Grpc::new(channel)
@@ -203,20 +236,29 @@ impl GrpcChannel {
     /// `NotConnected` after [`close`](Self::close).
     pub fn open_session(&self) -> io::Result<GrpcEngineConnection> {
         let grpc = self
-            .grpc()
+            .grpc(|c| &c.execute)
             .map_err(|s| io::Error::new(io::ErrorKind::NotConnected, s.message().to_owned()))?;
         Ok(GrpcEngineConnection::open(grpc, &self.inner.config))
     }
 
-    /// Calls `Manage` once with `request` as given (udf §1.7), without a deadline and
-    /// without checking the response branch; see [`heartbeat`](Self::heartbeat) and
+    /// Calls `Manage` once with `request` as given (udf §1.7), on the channel's `Manage`
+    /// connection, without a deadline and without checking the response branch; see [`heartbeat`](Self::heartbeat) and
     /// [`shutdown`](Self::shutdown) for the checked forms.
     ///
     /// # Errors
     /// The gRPC status: the worker's (an empty `WorkerRequest` gives `INVALID_ARGUMENT`) or
     /// the channel's (`UNAVAILABLE` when the worker cannot be reached; closed channel).
     pub async fn manage(&self, request: WorkerRequest) -> Result<WorkerResponse, Status> {
-        let mut grpc = self.grpc()?;
+        self.call_manage(|c| &c.manage, request).await
+    }
+
+    /// One `Manage` call on the connection `pick` chooses.
+    async fn call_manage(
+        &self,
+        pick: fn(&Channels) -> &Channel,
+        request: WorkerRequest,
+    ) -> Result<WorkerResponse, Status> {
+        let mut grpc = self.grpc(pick)?;
         grpc.ready()
             .await
             .map_err(|e| Status::from_error(Box::new(e)))?;
@@ -408,19 +450,37 @@ enum Responses {
 ///   trailers, a reset stream, a broken connection) is a transport failure
 ///   ([`ConnectionError::Transport`] holding the [`Status`]); a clean end of the response
 ///   stream (OK trailers) is `Ready(None)`, the stream end.
+/// - A stream the worker refuses (`REFUSED_STREAM`, which it sends for a stream past its
+///   concurrent-stream limit, [`GrpcConfig::max_concurrent_streams`]) was not processed at
+///   all (RFC 9113 §8.7), so it is opened again with the requests sent so far, as gRPC's own
+///   clients retry such streams transparently (up to 64 times per session; then the
+///   refusal is the session's transport failure). The requests are kept only until the
+///   worker's response headers arrive.
 /// - `poll_close` half-closes the request side cleanly (`END_STREAM`, udf §2 R9). Dropping the
 ///   connection without closing it cancels the stream (`RST_STREAM(CANCEL)`), so the worker
 ///   stops sending to it. A tonic worker sees that reset as a plain end of the request
 ///   stream, which is why only an explicit `Finish` message finishes a session and a
 ///   [`Session`](crate::worker::engine::Session) sends `Cancel` before it lets go of the stream.
 pub struct GrpcEngineConnection {
+    grpc: Grpc<Channel>,
     requests: mpsc::Sender<UdfRequest>,
     responses: Responses,
+    /// Every request sent while the call is being set up: what a refused stream's new
+    /// attempt sends again. Emptied once the response headers arrive.
+    replay: Vec<UdfRequest>,
+    /// Streams of this session the worker refused so far.
+    refusals: u32,
+    request_buffer: usize,
     failure: Option<Status>,
     cancel: Option<tonic::CancellationHandle>,
+    aborted: bool,
     send_closed: bool,
     recv_ended: bool,
 }
+
+/// The most times one session's `Execute` stream is opened again after the worker refused it
+/// (`REFUSED_STREAM`); the next refusal fails the session as a transport failure.
+const MAX_REFUSALS: u32 = 64;
 
 impl fmt::Debug for GrpcEngineConnection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -431,6 +491,7 @@ impl fmt::Debug for GrpcEngineConnection {
         };
         f.debug_struct("GrpcEngineConnection")
             .field("responses", &state)
+            .field("refusals", &self.refusals)
             .field("failure", &self.failure)
             .field("send_closed", &self.send_closed)
             .field("recv_ended", &self.recv_ended)
@@ -439,9 +500,30 @@ impl fmt::Debug for GrpcEngineConnection {
 }
 
 impl GrpcEngineConnection {
-    fn open(mut grpc: Grpc<Channel>, config: &GrpcConfig) -> Self {
-        // futures' bounded channel admits `buffer + senders` messages; one sender.
-        let (requests, body) = mpsc::channel(config.request_buffer.max(1) - 1);
+    fn open(grpc: Grpc<Channel>, config: &GrpcConfig) -> Self {
+        let request_buffer = config.request_buffer.max(1);
+        let (requests, body) = mpsc::channel(request_buffer - 1);
+        let (call, cancel) = Self::call(grpc.clone(), body.boxed());
+        Self {
+            grpc,
+            requests,
+            responses: Responses::Opening(call),
+            replay: Vec::new(),
+            refusals: 0,
+            request_buffer,
+            failure: None,
+            cancel: Some(cancel),
+            aborted: false,
+            send_closed: false,
+            recv_ended: false,
+        }
+    }
+
+    /// Starts one `Execute` call whose request body is `body`.
+    fn call(
+        mut grpc: Grpc<Channel>,
+        body: BoxStream<'static, UdfRequest>,
+    ) -> (ExecuteCall, tonic::CancellationHandle) {
         let mut request = tonic::Request::new(body);
         let cancel = request.cancellation_handle();
         let call: ExecuteCall = Box::pin(async move {
@@ -454,14 +536,25 @@ impl GrpcEngineConnection {
                 .await?;
             Ok(response.into_inner())
         });
-        Self {
-            requests,
-            responses: Responses::Opening(call),
-            failure: None,
-            cancel: Some(cancel),
-            send_closed: false,
-            recv_ended: false,
+        (call, cancel)
+    }
+
+    /// Opens the stream again after the worker refused it: a new call whose body first
+    /// sends every request sent so far, then whatever the session sends next.
+    fn reopen(&mut self) {
+        let (requests, body) = mpsc::channel(self.request_buffer - 1);
+        let body = futures::stream::iter(self.replay.clone())
+            .chain(body)
+            .boxed();
+        let (call, cancel) = Self::call(self.grpc.clone(), body);
+        self.requests = requests;
+        if self.send_closed {
+            self.requests.close_channel();
+            self.cancel = None;
+        } else {
+            self.cancel = Some(cancel);
         }
+        self.responses = Responses::Opening(call);
     }
 
     /// Cancels the stream at once (`RST_STREAM(CANCEL)`) unless the request side was already
@@ -473,20 +566,39 @@ impl GrpcEngineConnection {
         if let Some(cancel) = self.cancel.take() {
             cancel.cancel();
         }
+        self.aborted = true;
         self.send_closed = true;
     }
 
-    /// Drives the call set-up; records a set-up failure.
+    /// Drives the call set-up; records a set-up failure. A stream the worker refused
+    /// (`REFUSED_STREAM`: it processed nothing of it, RFC 9113 §8.7) is opened again with the
+    /// requests sent so far, up to [`MAX_REFUSALS`] times: a worker at its concurrent-stream
+    /// limit ([`GrpcConfig::max_concurrent_streams`]) may count a stream the engine already
+    /// saw end, and refuse the next one.
     fn drive_call(&mut self, cx: &mut Context<'_>) {
-        if let Responses::Opening(call) = &mut self.responses {
+        while let Responses::Opening(call) = &mut self.responses {
             match call.as_mut().poll(cx) {
-                Poll::Ready(Ok(stream)) => self.responses = Responses::Open(Box::new(stream)),
+                Poll::Ready(Ok(stream)) => {
+                    self.responses = Responses::Open(Box::new(stream));
+                    self.replay = Vec::new();
+                }
+                Poll::Ready(Err(status))
+                    if is_refused(&status) && !self.aborted && self.refusals < MAX_REFUSALS =>
+                {
+                    self.refusals += 1;
+                    tracing::debug!(
+                        refusals = self.refusals,
+                        "the worker refused the Execute stream; opening it again"
+                    );
+                    self.reopen();
+                }
                 Poll::Ready(Err(status)) => {
                     tracing::debug!(%status, "Execute call failed");
                     self.failure = Some(status);
                     self.responses = Responses::Ended;
+                    self.replay = Vec::new();
                 }
-                Poll::Pending => {}
+                Poll::Pending => return,
             }
         }
     }
@@ -515,6 +627,10 @@ impl Connection<UdfRequest, UdfResponse> for GrpcEngineConnection {
     fn start_send(&mut self, msg: UdfRequest) -> Result<(), ConnectionError> {
         if self.send_closed {
             return Err(self.send_error());
+        }
+        if matches!(self.responses, Responses::Opening(_)) {
+            // Cheap: a request's payloads are reference-counted `Bytes`.
+            self.replay.push(msg.clone());
         }
         Sink::start_send(Pin::new(&mut self.requests), msg).map_err(|_| self.send_error())
     }
@@ -584,6 +700,19 @@ impl Drop for GrpcEngineConnection {
             cancel.cancel();
         }
     }
+}
+
+/// Whether `status` is the worker's refusal of a stream it did not process
+/// (`RST_STREAM(REFUSED_STREAM)`, RFC 9113 §8.7), found in its chain of sources.
+fn is_refused(status: &Status) -> bool {
+    let mut source: Option<&(dyn StdError + 'static)> = StdError::source(status);
+    while let Some(error) = source {
+        if let Some(h2) = error.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        source = error.source();
+    }
+    false
 }
 
 /// The gRPC transport for dispatchers (udf §6.4): one [`GrpcChannel`] per worker, one

@@ -1,0 +1,353 @@
+//! Catalog rows that need real sockets and the real clock: many streams or connections at
+//! once against a worker. Each row runs on a runtime of its own (multi-threaded, real time),
+//! because the catalog's paused clock would jump past every timeout while the runtime waits
+//! on socket I/O.
+
+use std::future::Future;
+
+/// Runs `row` on a fresh multi-threaded runtime with the real clock, on a thread of its own,
+/// and waits for it without blocking the calling (paused-clock) runtime.
+pub async fn on_real_clock<F, Fut>(row: F)
+where
+    F: FnOnce() -> Fut + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    let thread = std::thread::spawn(move || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("a runtime")
+            .block_on(row())
+    });
+    let joined = tokio::task::spawn_blocking(move || thread.join())
+        .await
+        .expect("the joining task ran");
+    if let Err(panic) = joined {
+        std::panic::resume_unwind(panic);
+    }
+}
+
+#[cfg(feature = "grpc")]
+pub mod grpc {
+    //! Row 13: 10 000 concurrent `Execute` streams on one gRPC worker.
+
+    use std::io;
+    use std::path::PathBuf;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use bytes::Bytes;
+    use tether::spark::udf_grpc::{
+        GrpcChannel, GrpcConfig, GrpcEngineConnection, WorkerServer, WorkerService,
+    };
+    use tether::worker::endpoint::serve;
+    use tether::worker::engine::{
+        CountingHandle, Session, SessionConfig, TerminationKind, WorkerEndpoint, WorkerHandle,
+    };
+    use tether::worker::state;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::UnixStream;
+
+    use crate::common::echo::{EchoUdf, echo_config};
+    use crate::common::init;
+
+    /// Sessions the compliant engine opens at once on one channel.
+    const SESSIONS: usize = 10_000;
+    /// HTTP/2 `SETTINGS_MAX_CONCURRENT_STREAMS` (RFC 9113 §6.5.2).
+    const SETTINGS_MAX_CONCURRENT_STREAMS: u16 = 0x3;
+    /// HTTP/2 error code `REFUSED_STREAM` (RFC 9113 §7).
+    const REFUSED_STREAM: u32 = 0x7;
+
+    /// A worker serving the echo UDF on a Unix socket with the default [`GrpcConfig`], and
+    /// the most `Execute` streams it ever served at once.
+    struct Worker {
+        _server: WorkerServer,
+        socket: PathBuf,
+        _dir: TempDir,
+        open: Arc<AtomicUsize>,
+        most_open: Arc<AtomicUsize>,
+    }
+
+    impl Worker {
+        fn start() -> Self {
+            let dir = TempDir::new();
+            let socket = dir.0.join("w.sock");
+            let open = Arc::new(AtomicUsize::new(0));
+            let most_open = Arc::new(AtomicUsize::new(0));
+            let service = {
+                let (open, most_open) = (open.clone(), most_open.clone());
+                WorkerService::new(move |connection| {
+                    let now = open.fetch_add(1, Ordering::SeqCst) + 1;
+                    most_open.fetch_max(now, Ordering::SeqCst);
+                    let open = open.clone();
+                    tokio::spawn(async move {
+                        let _outcome = serve(connection, EchoUdf::default(), echo_config()).await;
+                        open.fetch_sub(1, Ordering::SeqCst);
+                    });
+                })
+            };
+            let server = WorkerServer::bind_unix(&socket, service).expect("bind the worker");
+            Worker {
+                _server: server,
+                socket,
+                _dir: dir,
+                open,
+                most_open,
+            }
+        }
+
+        async fn channel(&self) -> GrpcChannel {
+            GrpcChannel::connect(
+                &WorkerEndpoint::Unix(self.socket.clone()),
+                &GrpcConfig::new(),
+            )
+            .await
+            .expect("the worker is ready")
+        }
+    }
+
+    /// A private directory for the socket, removed on drop.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new() -> Self {
+            let id = uuid::Uuid::new_v4().simple().to_string();
+            let path = std::env::temp_dir().join(format!("tether-row13-{}", &id[..12]));
+            std::fs::create_dir(&path).expect("a scratch directory");
+            TempDir(path)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    /// The default limit is set, a compliant engine's sessions past it wait (none is lost,
+    /// the worker never serves more at once), `Manage` is answered while they wait, and a
+    /// raw HTTP/2 client that ignores the limit has its extra streams refused.
+    pub async fn default_stream_limit() {
+        let limit = GrpcConfig::default()
+            .max_concurrent_streams
+            .expect("the gRPC worker sets a default concurrent-stream limit");
+        assert!(limit >= 256, "the default limit {limit} is below 256");
+        let worker = Worker::start();
+        heartbeats_do_not_queue_behind_held_sessions(&worker, limit as usize).await;
+        every_queued_session_finishes(&worker, limit as usize).await;
+        streams_past_the_limit_are_refused(&worker, limit).await;
+    }
+
+    /// `limit` sessions held open in `Streaming`: the next one's init waits for a free
+    /// stream, a heartbeat does not; once one held session ends the waiting init completes.
+    async fn heartbeats_do_not_queue_behind_held_sessions(worker: &Worker, limit: usize) {
+        let channel = worker.channel().await;
+        let mut held = Vec::with_capacity(limit);
+        for _ in 0..limit {
+            let session = Session::new(
+                channel.open_session().expect("open"),
+                Arc::new(CountingHandle::for_one_session()),
+                SessionConfig::default(),
+            );
+            let (streaming, _) = session.init(init("held")).await.expect("init");
+            held.push(streaming);
+        }
+        assert_eq!(worker.open.load(Ordering::SeqCst), limit);
+
+        let waiting = Session::new(
+            channel.open_session().expect("open"),
+            Arc::new(CountingHandle::for_one_session()),
+            SessionConfig::default(),
+        );
+        let mut waiting = tokio::spawn(waiting.init(init("waiting")));
+        assert!(
+            tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+                .await
+                .is_err(),
+            "a session past the worker's limit of {limit} streams was served at once"
+        );
+        let started = tokio::time::Instant::now();
+        channel
+            .heartbeat()
+            .await
+            .expect("Manage is answered while every stream slot is taken");
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "the heartbeat waited {:?}",
+            started.elapsed()
+        );
+
+        finish(held.pop().expect("held sessions")).await;
+        let (streaming, _) = tokio::time::timeout(Duration::from_secs(10), waiting)
+            .await
+            .expect("the waiting session is served once a stream ends")
+            .expect("the init task ran")
+            .expect("init");
+        held.push(streaming);
+        for streaming in held {
+            finish(streaming).await;
+        }
+        assert_eq!(worker.most_open.load(Ordering::SeqCst), limit);
+    }
+
+    /// Finishes a session that sent no data: no output, `Finished`.
+    async fn finish(streaming: Session<state::Streaming, GrpcEngineConnection>) {
+        let mut finishing = streaming.finish().await.expect("finish");
+        assert_eq!(finishing.recv().await.expect("recv"), None);
+        let termination = finishing.close().await;
+        assert_eq!(
+            termination.kind(),
+            TerminationKind::Finished,
+            "{termination}"
+        );
+    }
+
+    /// 10 000 sessions started at once on one channel: each echoes its own batch and
+    /// finishes; the worker serves no more than `limit` at once (plus a few whose streams
+    /// have just closed).
+    async fn every_queued_session_finishes(worker: &Worker, limit: usize) {
+        let channel = worker.channel().await;
+        let mut tasks = tokio::task::JoinSet::new();
+        for n in 0..SESSIONS {
+            let connection = channel.open_session().expect("open");
+            tasks.spawn(async move {
+                let handle = Arc::new(CountingHandle::for_one_session());
+                let session = Session::new(connection, handle.clone(), SessionConfig::default());
+                let batch = Bytes::from(format!("batch {n}"));
+                let (mut streaming, _) = session.init(init("row 13")).await.expect("init");
+                streaming.send(batch.clone()).await.expect("send");
+                let mut finishing = streaming.finish().await.expect("finish");
+                let mut output = Vec::new();
+                while let Some(out) = finishing.recv().await.expect("recv") {
+                    output.push(out);
+                }
+                let termination = finishing.close().await;
+                assert_eq!(
+                    termination.kind(),
+                    TerminationKind::Finished,
+                    "{termination}"
+                );
+                assert_eq!(output, vec![batch], "session {n} lost or duplicated output");
+                assert!(!handle.is_invalid());
+            });
+        }
+        let mut finished = 0;
+        while let Some(done) = tasks.join_next().await {
+            done.expect("a session task");
+            finished += 1;
+        }
+        assert_eq!(finished, SESSIONS);
+        // The worker counts a session until its task returns, a moment after its stream
+        // has closed and freed the slot; a few finishing sessions may overlap the next ones.
+        let most = worker.most_open.load(Ordering::SeqCst);
+        let slack = limit / 16;
+        assert!(
+            most <= limit + slack,
+            "the worker served {most} sessions at once (limit {limit} streams + {slack} finishing)"
+        );
+    }
+
+    /// A hand-written HTTP/2 client that opens `limit + 44` `Execute` streams without waiting
+    /// for any: the worker announces the limit and refuses each stream past it with
+    /// `RST_STREAM(REFUSED_STREAM)`, and only those.
+    async fn streams_past_the_limit_are_refused(worker: &Worker, limit: u32) {
+        let extra = 44;
+        let mut io = UnixStream::connect(&worker.socket).await.expect("connect");
+        io.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
+            .await
+            .unwrap();
+        write_frame(&mut io, 0x4, 0, 0, &[]).await; // SETTINGS
+        // The server's SETTINGS: acknowledge them and read the limit.
+        let announced = loop {
+            let (kind, flags, _, payload) = read_frame(&mut io).await.expect("server SETTINGS");
+            if kind == 0x4 && flags & 0x1 == 0 {
+                write_frame(&mut io, 0x4, 0x1, 0, &[]).await;
+                break payload.chunks(6).find_map(|s| {
+                    (u16::from_be_bytes([s[0], s[1]]) == SETTINGS_MAX_CONCURRENT_STREAMS)
+                        .then(|| u32::from_be_bytes([s[2], s[3], s[4], s[5]]))
+                });
+            }
+        };
+        assert_eq!(announced, Some(limit), "SETTINGS_MAX_CONCURRENT_STREAMS");
+        let headers = execute_headers();
+        for n in 0..limit + extra {
+            // END_HEADERS, no END_STREAM: every stream stays open.
+            write_frame(&mut io, 0x1, 0x4, 2 * n + 1, &headers).await;
+        }
+        let mut refused = Vec::new();
+        let read_all = async {
+            while refused.len() < extra as usize {
+                let Some((kind, _, stream, payload)) = read_frame(&mut io).await else {
+                    break;
+                };
+                if kind == 0x3 {
+                    let code = u32::from_be_bytes(payload[..4].try_into().unwrap());
+                    assert_eq!(code, REFUSED_STREAM, "RST_STREAM code on stream {stream}");
+                    refused.push(stream);
+                }
+                assert_ne!(
+                    kind, 0x7,
+                    "the worker sent GOAWAY instead of refusing streams"
+                );
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), read_all)
+            .await
+            .expect("the worker refused the streams past its limit in time");
+        let first_refused = 2 * limit + 1;
+        assert_eq!(
+            refused,
+            (0..extra)
+                .map(|k| first_refused + 2 * k)
+                .collect::<Vec<_>>(),
+            "exactly the streams past the limit are refused"
+        );
+    }
+
+    /// The request headers of an `Execute` call, HPACK-encoded without Huffman coding or
+    /// the dynamic table (RFC 7541 §6.1, §6.2.2).
+    fn execute_headers() -> Vec<u8> {
+        fn string(block: &mut Vec<u8>, text: &str) {
+            block.push(u8::try_from(text.len()).expect("a short string"));
+            block.extend_from_slice(text.as_bytes());
+        }
+        let mut block = vec![0x83, 0x86]; // :method POST, :scheme http (static table)
+        block.push(0x04); // :path, literal value
+        string(&mut block, "/org.apache.spark.udf.worker.UdfWorker/Execute");
+        block.push(0x01); // :authority, literal value
+        string(&mut block, "localhost");
+        block.extend_from_slice(&[0x0f, 0x10]); // content-type (static index 31)
+        string(&mut block, "application/grpc");
+        block.push(0x00); // a literal name and value
+        string(&mut block, "te");
+        string(&mut block, "trailers");
+        block
+    }
+
+    async fn write_frame(io: &mut UnixStream, kind: u8, flags: u8, stream: u32, payload: &[u8]) {
+        let len = u32::try_from(payload.len()).unwrap().to_be_bytes();
+        let mut frame = vec![len[1], len[2], len[3], kind, flags];
+        frame.extend_from_slice(&stream.to_be_bytes());
+        frame.extend_from_slice(payload);
+        io.write_all(&frame).await.expect("write a frame");
+    }
+
+    /// One frame: (type, flags, stream id, payload); `None` at the end of the connection.
+    async fn read_frame(io: &mut UnixStream) -> Option<(u8, u8, u32, Vec<u8>)> {
+        let mut header = [0u8; 9];
+        match io.read_exact(&mut header).await {
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::UnexpectedEof => return None,
+            Err(e) => panic!("reading a frame: {e}"),
+        }
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let stream = u32::from_be_bytes(header[5..9].try_into().unwrap()) & 0x7fff_ffff;
+        let mut payload = vec![0u8; len];
+        io.read_exact(&mut payload)
+            .await
+            .expect("a frame's payload");
+        Some((header[3], header[4], stream, payload))
+    }
+}
