@@ -1711,7 +1711,7 @@ fn check_releases(o: &Outcome) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(tether::testing::model_cases(256)))]
 
     /// Retryable cuts and errors only (at most 12, fewer than the 15 retries of a scope):
     /// every response is delivered exactly once and in order, each reattach names the last

@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-use proptest_state_machine::{ReferenceStateMachine, StateMachineTest, prop_state_machine};
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::execution::{
     AnyExecution, ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, LogConfig, Lookup,
     ManagerConfig, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd, StreamLimits,
@@ -39,6 +39,8 @@ use tether::wire::connect::{
     execute_plan_request::RequestOption, interrupt_request, release_execute_request,
 };
 use uuid::Uuid;
+
+mod model_support;
 
 // ---------------------------------------------------------------------------------------------
 // World
@@ -914,6 +916,9 @@ struct Client {
     ids: Vec<String>,
     by_id: HashMap<String, u64>,
     last: u64,
+    /// After a successful attach at an older position (rx §3.5: the server resumes after
+    /// the id named), the index the replay delivers next; `None` when not replaying.
+    next_replay: Option<u64>,
 }
 
 impl Client {
@@ -922,11 +927,21 @@ impl Client {
             ids: Vec::new(),
             by_id: HashMap::new(),
             last: 0,
+            next_replay: None,
         }
     }
 
     fn id(&self, k: u64) -> String {
         self.ids[(k - 1) as usize].clone()
+    }
+
+    /// A stream attached after `target` (rx §3.5): what it delivers first is the next index.
+    fn attached_at(&mut self, target: Target) {
+        self.next_replay = match target {
+            Target::None => Some(1),
+            Target::Index(k) => Some(k + 1),
+            Target::Unknown | Target::Empty => None,
+        };
     }
 }
 
@@ -937,6 +952,11 @@ struct Sut {
     streams: [Option<ResponseStream>; 3],
     clients: [Client; 3],
     unknown_id: String,
+    /// Responses delivered to the clients, and those found lost (a gap) or duplicated
+    /// (an index delivered again that no reattach asked to replay), over the whole case.
+    delivered: u64,
+    lost: u64,
+    duplicated: u64,
 }
 
 fn user() -> Option<UserContext> {
@@ -1001,6 +1021,19 @@ impl Sut {
     /// Checks one delivered response against the model's index; records new ids.
     fn check_response(&mut self, op: usize, r: &ExecutePlanResponse, k: u64) {
         let c = &mut self.clients[op];
+        // the tally of rx §3: counted before the assertions below fail the case
+        self.delivered += 1;
+        if k > c.last + 1 {
+            self.lost += k - c.last - 1;
+        } else if k <= c.last {
+            if c.next_replay == Some(k) {
+                c.next_replay = Some(k + 1);
+            } else {
+                self.duplicated += 1;
+            }
+        } else {
+            c.next_replay = None;
+        }
         assert_eq!(r.operation_id, OPS[op]);
         match c.by_id.get(&r.response_id) {
             Some(&known) => assert_eq!(known, k, "response re-delivered at another index"),
@@ -1045,6 +1078,9 @@ impl StateMachineTest for Harness {
             streams: [None, None, None],
             clients: [Client::new(), Client::new(), Client::new()],
             unknown_id: Uuid::new_v4().to_string(),
+            delivered: 0,
+            lost: 0,
+            duplicated: 0,
         }
     }
 
@@ -1072,7 +1108,9 @@ impl StateMachineTest for Harness {
                     }
                     (
                         Expect::Attach {
-                            result, preempted, ..
+                            target,
+                            result,
+                            preempted,
                         },
                         got,
                     ) => {
@@ -1080,7 +1118,10 @@ impl StateMachineTest for Harness {
                             sut.expect_preempted(op);
                         }
                         match (result, got) {
-                            (Ok(()), Ok(Submitted::Reattached(s))) => sut.streams[op] = Some(*s),
+                            (Ok(()), Ok(Submitted::Reattached(s))) => {
+                                sut.streams[op] = Some(*s);
+                                sut.clients[op].attached_at(*target);
+                            }
                             (Err(e), Err(got)) => {
                                 assert_eq!(got, sut.expected_error(op, e));
                                 sut.streams[op] = None;
@@ -1185,7 +1226,10 @@ impl StateMachineTest for Harness {
                     sut.expect_preempted(op);
                 }
                 match (result, got) {
-                    (Ok(()), Ok(s)) => sut.streams[op] = Some(s),
+                    (Ok(()), Ok(s)) => {
+                        sut.streams[op] = Some(s);
+                        sut.clients[op].attached_at(*target);
+                    }
                     (Err(e), Err(got)) => {
                         assert_eq!(got, sut.expected_error(op, e));
                         if matches!(e, E::Orphaned(_)) {
@@ -1269,6 +1313,10 @@ impl StateMachineTest for Harness {
         sut
     }
 
+    fn teardown(sut: Sut, _model: Model) {
+        DELIVERY.record("responses", sut.delivered, sut.lost, sut.duplicated);
+    }
+
     fn check_invariants(sut: &Sut, model: &Model) {
         // the registry holds exactly the live executions
         let live: BTreeSet<ExecuteKey> = (0..OPS.len())
@@ -1328,16 +1376,18 @@ impl StateMachineTest for Harness {
     }
 }
 
-prop_state_machine! {
-    #![proptest_config(ProptestConfig {
-        cases: 256,
-        max_shrink_iters: 4096,
-        failure_persistence: None,
-        .. ProptestConfig::default()
-    })]
+/// Every response delivered over every case of [`rx_model_server_matches_reference`].
+static DELIVERY: model_support::Tally = model_support::Tally::new();
 
-    #[test]
-    fn rx_model_server_matches_reference(sequential 1..120 => Harness);
+#[test]
+fn rx_model_server_matches_reference() {
+    model_support::run::<Harness>(
+        "rx server (ExecutionCore/ResponseLog)",
+        "responses",
+        256,
+        1..120,
+        &DELIVERY,
+    );
 }
 
 #[test]

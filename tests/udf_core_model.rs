@@ -1,6 +1,8 @@
 //! Model-based tests of the engine side of a worker session (udf §4.5, §4.11).
 //!
-//! - [`core_matches_reference_model`] drives the sans-IO [`EngineCore`] with random schedules:
+//! - [`engine_core_matches_reference_model`] drives the sans-IO [`EngineCore`] with random
+//!   schedules, as a proptest-state-machine test (the reference machine [`EngineReference`],
+//!   the test [`EngineCoreTest`]; depth `TETHER_MODEL_CASES`, default 512):
 //!   engine calls (`start_init` with 0..3 chunks, `send_data`, `finish`, `cancel`, timeouts,
 //!   interrupts, connection errors, stream end), transmit-draining steps, and worker messages
 //!   from two sources: arbitrary injected responses (any kind, malformed envelopes) and a
@@ -43,6 +45,7 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::future::poll_fn;
 use proptest::prelude::*;
+use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::connection::{self, Connection, ConnectionError, MemoryConnection};
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
@@ -53,6 +56,8 @@ use tether::worker::engine::{
     SessionError, Termination, TerminationKind, TransportFailure, Wait, WorkerHandle,
 };
 use tether::worker::state;
+
+mod model_support;
 
 /// Distinct lengths for the three udf §7 deadlines, so that the model can tell them apart.
 fn model_config() -> SessionConfig {
@@ -84,7 +89,7 @@ fn empty_control() -> UdfResponse {
 }
 
 /// Mints unique payloads and errors so that order and identity can be checked.
-#[derive(Debug, Default)]
+#[derive(Debug, Clone, Default)]
 struct Ids(u32);
 
 impl Ids {
@@ -219,7 +224,7 @@ impl Outcome {
 ///   everything is ignored (first wins, udf §4.2);
 /// - a timeout queues a best-effort Cancel and settles `TransportFailed(Timeout)` (udf §4.6 step
 ///   4, §5.2 step 3); an interrupt settles `Interrupted` (udf §4.9).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct Model {
     phase: EnginePhase,
     terminal: Option<Outcome>,
@@ -537,7 +542,7 @@ enum EchoState {
 
 /// The reference worker of udf §2.1: its replies queue up in `pending`, and the schedule
 /// decides when (and whether, and in which order) the engine receives them.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 struct EchoWorker {
     personality: Personality,
     state: EchoState,
@@ -567,44 +572,43 @@ impl EchoWorker {
         }
     }
 
-    fn receive(&mut self, request: &UdfRequest, ids: &mut Ids) {
-        let Ok(message) = request.clone().into_message() else {
-            return self.protocol_error_close(ids);
-        };
-        match (self.state, message) {
+    /// Takes one request the engine transmitted (as the model predicted it: the test side
+    /// checks that the core sent exactly that).
+    fn receive(&mut self, request: &Req, ids: &mut Ids) {
+        match (self.state, request) {
             (EchoState::Done, _) => {}
-            (_, RequestMessage::Cancel(_)) => {
+            (_, Req::Cancel) => {
                 self.state = EchoState::Done;
                 let r = ids.cancel_response(self.personality.callback_error);
                 self.pending.push_back(UdfResponse::cancel(r));
             }
-            (EchoState::AwaitingInit, RequestMessage::Init(init)) => {
-                if init.is_chunking_payload == Some(true) {
+            (EchoState::AwaitingInit, Req::Init { chunking }) => {
+                if *chunking {
                     self.state = EchoState::AwaitingChunks;
                 } else {
                     self.finalize_init(ids);
                 }
             }
-            (EchoState::AwaitingChunks, RequestMessage::PayloadChunk(c)) => {
-                if c.last == Some(true) {
+            (EchoState::AwaitingChunks, Req::Chunk { last, .. }) => {
+                if *last {
                     self.finalize_init(ids);
                 }
             }
-            (EchoState::Data(n), RequestMessage::Data(d)) => {
+            (EchoState::Data(n), Req::Data(d)) => {
                 if self.personality.fail_on_data == Some(n) {
                     self.state = EchoState::PostError;
                     self.pending.push_back(UdfResponse::error(ids.error()));
                 } else {
                     self.state = EchoState::Data(n.saturating_add(1));
-                    self.pending.push_back(UdfResponse::data(d));
+                    self.pending.push_back(UdfResponse::data(d.clone()));
                 }
             }
-            (EchoState::Data(_), RequestMessage::Finish(_)) => {
+            (EchoState::Data(_), Req::Finish) => {
                 self.state = EchoState::Done;
                 let r = ids.finish_response(self.personality.callback_error);
                 self.pending.push_back(UdfResponse::finish(r));
             }
-            (EchoState::PostError, RequestMessage::Finish(_)) => {}
+            (EchoState::PostError, Req::Finish) => {}
             _ => self.protocol_error_close(ids),
         }
     }
@@ -712,157 +716,84 @@ fn personality_strategy() -> impl Strategy<Value = Personality> {
         })
 }
 
-fn schedule_strategy() -> impl Strategy<Value = (Personality, Vec<Op>)> {
+/// The opening `start_init` most schedules begin with (`None`: none forced), and the worker.
+fn initial_strategy() -> impl Strategy<Value = EngineRef> {
     (
         personality_strategy(),
         prop::option::weighted(0.85, prop::option::weighted(0.6, 1usize..=4)),
-        prop::collection::vec(op_strategy(), 0..48),
     )
-        .prop_map(|(personality, first_init, mut ops)| {
-            if let Some(chunk_size) = first_init {
-                ops.insert(0, Op::StartInit(chunk_size));
-            }
-            (personality, ops)
-        })
-}
-
-/// The harness: the core under test, the model, the echo worker and the transmitted wire.
-struct CoreRun {
-    core: EngineCore,
-    /// The manual clock of the core's deadlines.
-    now: std::time::Instant,
-    model: Model,
-    worker: EchoWorker,
-    ids: Ids,
-    wire: Vec<Req>,
-    last_delivered: Option<UdfResponse>,
-    first_terminal: Option<Outcome>,
-    /// Wire length when a worker error was taken: from there only `Cancel` (behind a
-    /// still-queued `Init`) may go out.
-    cancel_due_from: Option<usize>,
-}
-
-impl CoreRun {
-    fn new(personality: Personality) -> Self {
-        CoreRun {
-            core: EngineCore::new(&model_config()),
-            now: std::time::Instant::now(),
+        .prop_map(|(personality, first_init)| EngineRef {
+            first_init,
             model: Model::new(),
             worker: EchoWorker::new(personality),
             ids: Ids::default(),
-            wire: Vec::new(),
             last_delivered: None,
-            first_terminal: None,
-            cancel_due_from: None,
-        }
-    }
+            accepted: Vec::new(),
+            expect: Expect::Nothing,
+        })
+}
 
-    fn step(&mut self, op: &Op) -> Result<(), TestCaseError> {
-        match op {
-            Op::StartInit(chunk_size) => {
-                // The core cuts the payload (R1): pieces of at most `chunk_size` bytes.
-                let payload = init_message().udf.map(|u| u.payload).unwrap_or_default();
-                let sent: Vec<Bytes> = match chunk_size {
-                    Some(n) => payload.chunks(*n).map(Bytes::copy_from_slice).collect(),
-                    None => Vec::new(),
-                };
-                let expected = self.model.start_init(&sent);
-                let actual = self.core.start_init(init_message(), *chunk_size);
-                prop_assert_eq!(actual.is_ok(), expected.is_ok(), "start_init allowed");
-            }
-            Op::SendData => {
-                let data = self.ids.bytes("in-");
-                let expected = self.model.send_data(data.clone());
-                let actual = self.core.send_data(data).map_err(|_| ());
-                prop_assert_eq!(actual, expected, "send_data");
-            }
-            Op::Finish => {
-                let expected = self.model.finish();
-                let actual = self.core.finish().map_err(|_| ());
-                prop_assert_eq!(actual, expected, "finish");
-            }
-            Op::Cancel => {
-                let expected = self.model.cancel();
-                let actual = self.core.cancel(Some("model cancel".into()));
-                prop_assert_eq!(actual, expected, "cancel");
-            }
-            Op::Timeout => {
-                let now = self.now;
-                self.core.begin_wait(now);
-                let expected = self.model.deadline();
-                let at = self.core.poll_timeout();
-                prop_assert_eq!(
-                    at.map(|at| at - now),
-                    expected.map(|(after, _)| after),
-                    "the deadline armed for a wait beginning now (udf §7)"
-                );
-                if let Some(at) = at {
-                    let before = self.core.terminal().map(Outcome::observed);
-                    self.core.handle_timeout(at - Duration::from_millis(1));
-                    prop_assert_eq!(
-                        self.core.terminal().map(Outcome::observed),
-                        before,
-                        "nothing expires a millisecond early"
-                    );
-                    prop_assert_eq!(self.core.poll_timeout(), Some(at));
-                    self.now = at;
-                    self.core.handle_timeout(at);
-                    match expected {
-                        Some((_, Some(waiting_for))) => self.model.timeout(waiting_for),
-                        Some((_, None)) => self.model.abandon_requests(),
-                        None => {}
-                    }
-                }
-            }
-            Op::Interrupt => {
-                self.model.interrupt();
-                self.core
-                    .handle_interrupt("model interrupt", Duration::ZERO);
-            }
-            Op::ConnectionError => {
-                self.model.connection_error();
-                self.core
-                    .handle_connection_error(ConnectionError::transport("model connection error"));
-            }
-            Op::StreamEnd => {
-                self.model.stream_end();
-                self.core.handle_stream_end();
-            }
-            Op::Transmit(n) => {
-                for _ in 0..*n {
-                    if !self.transmit_one()? {
-                        break;
-                    }
-                }
-            }
-            Op::PopOutput => {
-                let expected = self.model.output.pop_front();
-                prop_assert_eq!(self.core.pop_output(), expected, "pop_output");
-            }
-            Op::Inject(kind) => {
-                let response = self.injected(*kind);
-                self.deliver(response)?;
-            }
-            Op::Deliver => {
-                if let Some(response) = self.worker.pending.pop_front() {
-                    self.deliver(response)?;
-                }
-            }
-            Op::Repeat => {
-                if let Some(response) = self.last_delivered.clone() {
-                    self.deliver(response)?;
-                }
-            }
-            Op::DropReply => {
-                self.worker.pending.pop_front();
-            }
-            Op::Reorder => {
-                if self.worker.pending.len() >= 2 {
-                    self.worker.pending.swap(0, 1);
-                }
-            }
+/// What the reference machine predicts for the transition it has just applied; the test
+/// side compares the core's answer with it.
+#[derive(Debug, Clone)]
+enum Expect {
+    /// No answer to compare (an event the core only absorbs, or nothing to deliver).
+    Nothing,
+    /// `start_init` is allowed.
+    StartInit(bool),
+    /// The batch handed to `send_data`, and its result.
+    SendData(Bytes, Result<bool, ()>),
+    Finish(Result<bool, ()>),
+    Cancel(bool),
+    /// The deadline a wait beginning now arms (udf §7), see [`Model::deadline`].
+    Timeout(Option<(Duration, Option<Wait>)>),
+    /// The requests the transport gets, in order (fewer than asked: then the core has none).
+    Transmit(Vec<Req>),
+    PopOutput(Option<Bytes>),
+    /// A worker message delivered; whether it reports an error the engine must answer
+    /// with a Cancel (udf §2 R4).
+    Deliver {
+        response: UdfResponse,
+        reports_error: bool,
+    },
+}
+
+/// The reference state: the model of the engine core, the echo worker that answers what the
+/// model says the core transmits, the id source, and the prediction of the last step.
+#[derive(Debug, Clone)]
+struct EngineRef {
+    /// The opening `start_init`, until the first transition.
+    first_init: Option<Option<usize>>,
+    model: Model,
+    worker: EchoWorker,
+    ids: Ids,
+    last_delivered: Option<UdfResponse>,
+    /// Every `DataResponse` the model accepted, in order: what must come out of the core's
+    /// `pop_output`, each exactly once.
+    accepted: Vec<Bytes>,
+    expect: Expect,
+}
+
+impl EngineRef {
+    fn deliver(&mut self, response: UdfResponse) {
+        // The first InitResponse is taken; later ones are ignored (udf §10 gap 13).
+        let first_init = !self.model.init_answered && !self.model.init_failed;
+        let reports_error = match response.clone().into_message() {
+            Ok(tether::wire::ResponseMessage::Error(_)) => true,
+            Ok(tether::wire::ResponseMessage::Init(r)) => r.error.is_some() && first_init,
+            _ => false,
+        };
+        let before = self.model.data_accepted;
+        self.model.receive(&response);
+        if self.model.data_accepted > before {
+            self.accepted
+                .push(self.model.output.back().cloned().unwrap_or_default());
         }
-        self.check()
+        self.last_delivered = Some(response.clone());
+        self.expect = Expect::Deliver {
+            response,
+            reports_error,
+        };
     }
 
     fn injected(&mut self, kind: Inject) -> UdfResponse {
@@ -886,11 +817,225 @@ impl CoreRun {
             Inject::EmptyControl => empty_control(),
         }
     }
+}
 
-    /// Hands one request to the transport; checks it against the model and the wire rules.
-    fn transmit_one(&mut self) -> Result<bool, TestCaseError> {
+/// The reference state machine of [`EngineCore`] (udf §2, §4.5, §4.8, §5.3, §7).
+struct EngineReference;
+
+impl ReferenceStateMachine for EngineReference {
+    type State = EngineRef;
+    type Transition = Op;
+
+    fn init_state() -> BoxedStrategy<EngineRef> {
+        initial_strategy().boxed()
+    }
+
+    fn transitions(state: &EngineRef) -> BoxedStrategy<Op> {
+        match state.first_init {
+            Some(chunk_size) => Just(Op::StartInit(chunk_size)).boxed(),
+            None => op_strategy().boxed(),
+        }
+    }
+
+    fn apply(mut r: EngineRef, op: &Op) -> EngineRef {
+        r.first_init = None;
+        r.expect = Expect::Nothing;
+        match op {
+            Op::StartInit(chunk_size) => {
+                // The core cuts the payload (R1): pieces of at most `chunk_size` bytes.
+                let payload = init_message().udf.map(|u| u.payload).unwrap_or_default();
+                let sent: Vec<Bytes> = match chunk_size {
+                    Some(n) => payload.chunks(*n).map(Bytes::copy_from_slice).collect(),
+                    None => Vec::new(),
+                };
+                r.expect = Expect::StartInit(r.model.start_init(&sent).is_ok());
+            }
+            Op::SendData => {
+                let data = r.ids.bytes("in-");
+                let result = r.model.send_data(data.clone());
+                r.expect = Expect::SendData(data, result);
+            }
+            Op::Finish => r.expect = Expect::Finish(r.model.finish()),
+            Op::Cancel => r.expect = Expect::Cancel(r.model.cancel()),
+            Op::Timeout => {
+                let expected = r.model.deadline();
+                match expected {
+                    Some((_, Some(waiting_for))) => r.model.timeout(waiting_for),
+                    Some((_, None)) => r.model.abandon_requests(),
+                    None => {}
+                }
+                r.expect = Expect::Timeout(expected);
+            }
+            Op::Interrupt => r.model.interrupt(),
+            Op::ConnectionError => r.model.connection_error(),
+            Op::StreamEnd => r.model.stream_end(),
+            Op::Transmit(n) => {
+                let mut sent = Vec::new();
+                while sent.len() < *n {
+                    let Some(req) = r.model.transmit() else { break };
+                    r.worker.receive(&req, &mut r.ids);
+                    sent.push(req);
+                }
+                r.expect = Expect::Transmit(sent);
+            }
+            Op::PopOutput => r.expect = Expect::PopOutput(r.model.output.pop_front()),
+            Op::Inject(kind) => {
+                let response = r.injected(*kind);
+                r.deliver(response);
+            }
+            Op::Deliver => {
+                if let Some(response) = r.worker.pending.pop_front() {
+                    r.deliver(response);
+                }
+            }
+            Op::Repeat => {
+                if let Some(response) = r.last_delivered.clone() {
+                    r.deliver(response);
+                }
+            }
+            Op::DropReply => {
+                r.worker.pending.pop_front();
+            }
+            Op::Reorder => {
+                if r.worker.pending.len() >= 2 {
+                    r.worker.pending.swap(0, 1);
+                }
+            }
+        }
+        r
+    }
+}
+
+/// The system under test: the core, its manual clock, and what it transmitted and output.
+struct EngineSut {
+    core: EngineCore,
+    /// The manual clock of the core's deadlines.
+    now: std::time::Instant,
+    wire: Vec<Req>,
+    first_terminal: Option<Outcome>,
+    /// Wire length when a worker error was taken: from there only `Cancel` (behind a
+    /// still-queued `Init`) may go out.
+    cancel_due_from: Option<usize>,
+    /// Every batch `pop_output` handed out, in order.
+    popped: Vec<Bytes>,
+}
+
+/// Turns a failed check into the panic the state-machine runner reports and shrinks.
+fn or_panic(result: Result<(), TestCaseError>) {
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+/// Counts, value by value, what `accepted` holds that `popped` lacks (lost) and what
+/// `popped` holds beyond `accepted` (duplicated).
+fn lost_and_duplicated(accepted: &[Bytes], popped: &[Bytes]) -> (u64, u64) {
+    let mut balance: std::collections::HashMap<&Bytes, i64> = std::collections::HashMap::new();
+    for b in accepted {
+        *balance.entry(b).or_default() += 1;
+    }
+    for b in popped {
+        *balance.entry(b).or_default() -= 1;
+    }
+    let lost = balance
+        .values()
+        .filter(|v| **v > 0)
+        .map(|v| *v as u64)
+        .sum();
+    let duplicated = balance
+        .values()
+        .filter(|v| **v < 0)
+        .map(|v| v.unsigned_abs())
+        .sum();
+    (lost, duplicated)
+}
+
+/// Every batch of every case of [`engine_core_matches_reference_model`].
+static ENGINE_OUTPUT: model_support::Tally = model_support::Tally::new();
+
+impl EngineSut {
+    fn step(&mut self, r: &EngineRef, op: &Op) -> Result<(), TestCaseError> {
+        match (op, &r.expect) {
+            (Op::StartInit(chunk_size), Expect::StartInit(allowed)) => {
+                let actual = self.core.start_init(init_message(), *chunk_size);
+                prop_assert_eq!(actual.is_ok(), *allowed, "start_init allowed");
+            }
+            (Op::SendData, Expect::SendData(data, expected)) => {
+                let actual = self.core.send_data(data.clone()).map_err(|_| ());
+                prop_assert_eq!(actual, *expected, "send_data");
+            }
+            (Op::Finish, Expect::Finish(expected)) => {
+                let actual = self.core.finish().map_err(|_| ());
+                prop_assert_eq!(actual, *expected, "finish");
+            }
+            (Op::Cancel, Expect::Cancel(expected)) => {
+                let actual = self.core.cancel(Some("model cancel".into()));
+                prop_assert_eq!(actual, *expected, "cancel");
+            }
+            (Op::Timeout, Expect::Timeout(expected)) => {
+                let now = self.now;
+                self.core.begin_wait(now);
+                let at = self.core.poll_timeout();
+                prop_assert_eq!(
+                    at.map(|at| at - now),
+                    expected.map(|(after, _)| after),
+                    "the deadline armed for a wait beginning now (udf §7)"
+                );
+                if let Some(at) = at {
+                    let before = self.core.terminal().map(Outcome::observed);
+                    self.core.handle_timeout(at - Duration::from_millis(1));
+                    prop_assert_eq!(
+                        self.core.terminal().map(Outcome::observed),
+                        before,
+                        "nothing expires a millisecond early"
+                    );
+                    prop_assert_eq!(self.core.poll_timeout(), Some(at));
+                    self.now = at;
+                    self.core.handle_timeout(at);
+                }
+            }
+            (Op::Interrupt, Expect::Nothing) => {
+                self.core
+                    .handle_interrupt("model interrupt", Duration::ZERO);
+            }
+            (Op::ConnectionError, Expect::Nothing) => {
+                self.core
+                    .handle_connection_error(ConnectionError::transport("model connection error"));
+            }
+            (Op::StreamEnd, Expect::Nothing) => self.core.handle_stream_end(),
+            (Op::Transmit(n), Expect::Transmit(expected)) => {
+                for i in 0..*n {
+                    if !self.transmit_one(r, expected.get(i).cloned())? {
+                        break;
+                    }
+                }
+            }
+            (Op::PopOutput, Expect::PopOutput(expected)) => {
+                let got = self.core.pop_output();
+                self.popped.extend(got.clone());
+                prop_assert_eq!(got, expected.clone(), "pop_output");
+            }
+            (
+                Op::Inject(_) | Op::Deliver | Op::Repeat,
+                Expect::Deliver {
+                    response,
+                    reports_error,
+                },
+            ) => self.deliver(r, response.clone(), *reports_error)?,
+            (Op::Deliver | Op::Repeat | Op::DropReply | Op::Reorder, Expect::Nothing) => {}
+            (op, expect) => panic!("the reference predicted {expect:?} for {op:?}"),
+        }
+        self.check(r)
+    }
+
+    /// Hands one request to the transport; checks it against the model's `expected` and
+    /// the wire rules.
+    fn transmit_one(
+        &mut self,
+        r: &EngineRef,
+        expected: Option<Req>,
+    ) -> Result<bool, TestCaseError> {
         let terminal_before = self.core.terminal().map(Outcome::observed);
-        let expected = self.model.transmit();
         let Some(request) = self.core.poll_transmit() else {
             prop_assert_eq!(None, expected, "the core has nothing to transmit");
             return Ok(false);
@@ -902,7 +1047,7 @@ impl CoreRun {
         // No Data/Finish before an InitResponse was accepted (R3).
         if matches!(req, Req::Data(_) | Req::Finish) {
             prop_assert!(
-                self.model.init_ok.is_some(),
+                r.model.init_ok.is_some(),
                 "{:?} before the InitResponse",
                 req
             );
@@ -929,22 +1074,17 @@ impl CoreRun {
         }
         self.wire.push(req);
         check_wire(&self.wire)?;
-        self.worker.receive(&request, &mut self.ids);
         Ok(true)
     }
 
-    fn deliver(&mut self, response: UdfResponse) -> Result<(), TestCaseError> {
-        // The first InitResponse is taken; later ones are ignored (udf §10 gap 13).
-        let first_init = !self.model.init_answered && !self.model.init_failed;
-        let reports_error = match response.clone().into_message() {
-            Ok(tether::wire::ResponseMessage::Error(_)) => true,
-            Ok(tether::wire::ResponseMessage::Init(r)) => r.error.is_some() && first_init,
-            _ => false,
-        };
+    fn deliver(
+        &mut self,
+        r: &EngineRef,
+        response: UdfResponse,
+        reports_error: bool,
+    ) -> Result<(), TestCaseError> {
         let live_stream = !self.core.is_terminal() && self.core.phase() != EnginePhase::Created;
-        self.model.receive(&response);
-        self.core.handle_response(response.clone());
-        self.last_delivered = Some(response);
+        self.core.handle_response(response);
         // R4: a worker error is answered by a Cancel (unless the session ended on it).
         if reports_error && live_stream && !self.core.is_terminal() {
             prop_assert!(
@@ -952,7 +1092,7 @@ impl CoreRun {
                 "no Cancel after a worker error"
             );
             let cancel_out =
-                self.wire.contains(&Req::Cancel) || self.model.outbox.back() == Some(&Req::Cancel);
+                self.wire.contains(&Req::Cancel) || r.model.outbox.back() == Some(&Req::Cancel);
             prop_assert!(cancel_out, "no Cancel queued after a worker error");
             self.cancel_due_from.get_or_insert(self.wire.len());
         }
@@ -960,9 +1100,9 @@ impl CoreRun {
     }
 
     /// Compares the core with the model; checks first-wins.
-    fn check(&mut self) -> Result<(), TestCaseError> {
+    fn check(&mut self, r: &EngineRef) -> Result<(), TestCaseError> {
         let core = &self.core;
-        let model = &self.model;
+        let model = &r.model;
         let terminal = core.terminal().map(Outcome::observed);
         prop_assert_eq!(&terminal, &model.terminal, "terminal");
         if let Some(first) = &self.first_terminal {
@@ -1014,16 +1154,23 @@ impl CoreRun {
         Ok(())
     }
 
-    /// Drains everything, then checks delivery and that nothing can displace the terminal.
-    fn finish_run(&mut self) -> Result<(), TestCaseError> {
-        while self.transmit_one()? {}
+    /// Drains everything, then checks delivery (every accepted batch out of `pop_output`
+    /// exactly once, in order) and that nothing can displace the terminal.
+    fn finish_run(&mut self, mut r: EngineRef) -> Result<(), TestCaseError> {
+        loop {
+            let expected = r.model.transmit();
+            if !self.transmit_one(&r, expected)? {
+                break;
+            }
+        }
         let mut delivered = Vec::new();
         while let Some(b) = self.core.pop_output() {
             delivered.push(b);
         }
-        let expected: Vec<Bytes> = self.model.output.drain(..).collect();
+        self.popped.extend(delivered.iter().cloned());
+        let expected: Vec<Bytes> = r.model.output.drain(..).collect();
         prop_assert_eq!(delivered, expected, "accepted output, in order");
-        self.check()?;
+        self.check(&r)?;
         if let Some(first) = self.first_terminal.clone() {
             self.core.handle_interrupt("late", Duration::ZERO);
             self.core.handle_connection_error(ConnectionError::Closed);
@@ -1038,8 +1185,97 @@ impl CoreRun {
             prop_assert_eq!(self.core.poll_transmit(), None, "sent after the terminal");
             prop_assert_eq!(self.core.pop_output(), None, "output after the terminal");
         }
+        let (lost, duplicated) = lost_and_duplicated(&r.accepted, &self.popped);
+        ENGINE_OUTPUT.record("batches", self.popped.len() as u64, lost, duplicated);
+        prop_assert_eq!(
+            &self.popped,
+            &r.accepted,
+            "every accepted batch once, in order"
+        );
         Ok(())
     }
+}
+
+/// The state-machine test of [`EngineCore`] against [`EngineReference`].
+struct EngineCoreTest;
+
+impl StateMachineTest for EngineCoreTest {
+    type SystemUnderTest = EngineSut;
+    type Reference = EngineReference;
+
+    fn init_test(r: &EngineRef) -> EngineSut {
+        let mut sut = EngineSut {
+            core: EngineCore::new(&model_config()),
+            now: std::time::Instant::now(),
+            wire: Vec::new(),
+            first_terminal: None,
+            cancel_due_from: None,
+            popped: Vec::new(),
+        };
+        or_panic(sut.check(r));
+        sut
+    }
+
+    fn apply(mut sut: EngineSut, r: &EngineRef, op: Op) -> EngineSut {
+        or_panic(sut.step(r, &op));
+        sut
+    }
+
+    fn teardown(mut sut: EngineSut, r: EngineRef) {
+        or_panic(sut.finish_run(r));
+    }
+}
+
+#[test]
+fn engine_core_matches_reference_model() {
+    model_support::run::<EngineCoreTest>(
+        "engine core (EngineCore)",
+        "batches",
+        512,
+        1..49,
+        &ENGINE_OUTPUT,
+    );
+}
+
+/// Runs one generated schedule and returns the end states (for the coverage check).
+fn replay(initial: EngineRef, ops: &[Op]) -> (EngineSut, EngineRef) {
+    let mut r = initial;
+    let mut sut = EngineCoreTest::init_test(&r);
+    for op in ops {
+        r = EngineReference::apply(r, op);
+        sut = EngineCoreTest::apply(sut, &r, op.clone());
+    }
+    (sut, r)
+}
+
+/// The schedules reach the interesting outcomes (guards against a generator that only ever
+/// produces early failures).
+#[test]
+fn core_schedules_cover_every_outcome() {
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let mut seen = std::collections::BTreeSet::new();
+    let mut chunked_init_answered = false;
+    for _ in 0..512 {
+        let (initial, ops, _) = EngineReference::sequential_strategy(1..49)
+            .new_tree(&mut runner)
+            .expect("strategy")
+            .current();
+        let (sut, r) = replay(initial, &ops);
+        if let Some(t) = sut.core.terminal() {
+            seen.insert(format!("{:?}", t.kind()));
+        }
+        chunked_init_answered |= sut
+            .wire
+            .iter()
+            .any(|r| matches!(r, Req::Chunk { last: true, .. }))
+            && r.model.init_ok.is_some();
+    }
+    for kind in ["Finished", "Cancelled", "TransportFailed", "Interrupted"] {
+        assert!(seen.contains(kind), "no schedule settled {kind}: {seen:?}");
+    }
+    assert!(chunked_init_answered, "no chunked init was ever accepted");
 }
 
 /// Rules on the transmitted sequence alone (udf §2, R1, R3, §4.8).
@@ -1097,62 +1333,6 @@ fn check_wire(wire: &[Req]) -> Result<(), TestCaseError> {
         );
     }
     Ok(())
-}
-
-fn run_core(personality: Personality, ops: &[Op]) -> Result<(), TestCaseError> {
-    let mut run = CoreRun::new(personality);
-    run.check()?;
-    for op in ops {
-        run.step(op)?;
-    }
-    run.finish_run()
-}
-
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 512,
-        max_shrink_iters: 4096,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
-
-    #[test]
-    fn core_matches_reference_model((personality, ops) in schedule_strategy()) {
-        run_core(personality, &ops)?;
-    }
-}
-
-/// The schedules reach the interesting outcomes (guards against a generator that only ever
-/// produces early failures).
-#[test]
-fn core_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
-    let mut seen = std::collections::BTreeSet::new();
-    let mut chunked_init_answered = false;
-    for _ in 0..512 {
-        let (personality, ops) = schedule_strategy()
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
-        let mut run = CoreRun::new(personality);
-        for op in &ops {
-            run.step(op).expect("schedule");
-        }
-        if let Some(t) = run.core.terminal() {
-            seen.insert(format!("{:?}", t.kind()));
-        }
-        chunked_init_answered |= run
-            .wire
-            .iter()
-            .any(|r| matches!(r, Req::Chunk { last: true, .. }))
-            && run.model.init_ok.is_some();
-    }
-    for kind in ["Finished", "Cancelled", "TransportFailed", "Interrupted"] {
-        assert!(seen.contains(kind), "no schedule settled {kind}: {seen:?}");
-    }
-    assert!(chunked_init_answered, "no chunked init was ever accepted");
 }
 
 // =============================================================================================
@@ -1947,7 +2127,7 @@ fn run_session(script: Script, plan: &Plan) -> Result<(), TestCaseError> {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 192,
+        cases: tether::testing::model_cases(192),
         max_shrink_iters: 2048,
         failure_persistence: None,
         ..ProptestConfig::default()

@@ -798,8 +798,22 @@ fn run(steps: Vec<Step>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// The model's depth: `TETHER_MODEL_CASES` when set (the variable of the crate's
+/// `testing::model_cases`, read here directly because the layer order keeps `execution`
+/// from importing `testing`), else `default`. A malformed value fails rather than running
+/// at the default depth.
+fn model_cases(default: u32) -> u32 {
+    match std::env::var("TETHER_MODEL_CASES") {
+        Err(_) => default,
+        Ok(text) => match text.trim().parse::<u32>() {
+            Ok(n) if n > 0 => n,
+            _ => panic!("TETHER_MODEL_CASES={text:?} is not a positive number of cases"),
+        },
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    #![proptest_config(ProptestConfig::with_cases(model_cases(256)))]
 
     /// Random ExecutePlan / ReattachExecute / ReleaseAll / forget / attach-detach /
     /// ReleaseSession / maintenance sequences with random clock advances, against a model
