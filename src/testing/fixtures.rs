@@ -255,6 +255,43 @@ pub fn session_config() -> SessionConfig {
     }
 }
 
+/// A valid direct worker specification (udf §1.9, §6.2): `runner` over a Unix domain
+/// socket, Arrow data, bidirectional streaming; `reuse` declares `supports_reuse` (udf §6.6),
+/// so a dispatcher with a pool may keep the worker for further sessions.
+pub fn direct_worker_spec(
+    runner: crate::wire::ProcessCallable,
+    reuse: bool,
+) -> crate::wire::UdfWorkerSpecification {
+    use crate::wire::{
+        DirectWorker, UdfProtoCommunicationPattern, UdfWorkerProperties, UnixDomainSocket,
+        WorkerCapabilities, WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification,
+        worker_connection_spec,
+    };
+    crate::wire::UdfWorkerSpecification {
+        environment: Some(WorkerEnvironment::default()),
+        capabilities: Some(WorkerCapabilities {
+            supported_data_formats: vec![UdfWorkerDataFormat::Arrow as i32],
+            supported_communication_patterns: vec![
+                UdfProtoCommunicationPattern::BidirectionalStreaming as i32,
+            ],
+            supports_concurrent_udfs: None,
+            supports_reuse: reuse.then_some(true),
+        }),
+        worker: Some(udf_worker_specification::Worker::Direct(DirectWorker {
+            runner: Some(runner),
+            properties: Some(UdfWorkerProperties {
+                initialization_timeout_ms: None,
+                graceful_termination_timeout_ms: None,
+                connection: Some(WorkerConnectionSpec {
+                    transport: Some(worker_connection_spec::Transport::UnixDomainSocket(
+                        UnixDomainSocket {},
+                    )),
+                }),
+            }),
+        })),
+    }
+}
+
 /// A session configuration whose init and terminal deadlines (udf §7) are ten minutes: for
 /// tests whose peer is slow on purpose and must not be cut short.
 pub fn huge_timeouts() -> SessionConfig {
