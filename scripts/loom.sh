@@ -13,7 +13,7 @@ cd "$(dirname "$0")/.."
 
 export RUSTFLAGS="${RUSTFLAGS:-} --cfg tether_loom"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR_LOOM:-$PWD/target/loom}"
-export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-2}"
+export LOOM_MAX_PREEMPTIONS="${LOOM_MAX_PREEMPTIONS:-3}"
 
 run() {
   if [[ -n "${CARGO_BUILD_LOCK:-}" ]]; then

@@ -44,7 +44,7 @@ use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, TerminationKind, WorkerHandle,
 };
 
-/// Runs `f` under loom with the bounds of the environment (`LOOM_MAX_PREEMPTIONS`, set by
+/// Runs `f` under loom with the bounds of the environment (`LOOM_MAX_PREEMPTIONS`, 3 in
 /// `scripts/loom.sh`; `LOOM_MAX_BRANCHES` raised for the manager's many lock steps), and
 /// prints how many interleavings it explored (seen with `--nocapture`).
 fn model(name: &str, f: impl Fn() + Sync + Send + 'static) {
