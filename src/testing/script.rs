@@ -781,4 +781,24 @@ mod tests {
         );
         assert_eq!(probe.lock().unwrap().batches, 2);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reactive_echo_acknowledges_a_cancel_once() {
+        use crate::testing::fixtures::{assert_released_once, init, session_config};
+        use crate::worker::engine::TerminationKind;
+        let (session, worker, handle) = engine_session(session_config());
+        let worker = worker.spawn_echo();
+        let (streaming, _) = session.init(init("udf")).await.expect("init");
+        let termination = streaming.close().await;
+        assert_eq!(
+            termination.kind(),
+            TerminationKind::Cancelled,
+            "{termination}"
+        );
+        assert_released_once(&handle, false);
+        assert_eq!(
+            worker.await.unwrap(),
+            [RequestKind::Init, RequestKind::Cancel]
+        );
+    }
 }
