@@ -36,7 +36,8 @@ use tether::worker::engine::{
 };
 use tokio::sync::{Notify, Semaphore};
 
-use tether::testing::echo::{EchoUdf, INIT_FAILURE, USER_ERROR_CLASS, echo_config};
+use tether::testing::echo::{EchoUdf, echo_config};
+use tether::testing::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
 use tether::testing::fixtures::{ScratchDir, error_chain, init};
 
 // ---------------------------------------------------------------------------------------

@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use tether::connection::pair;
-use tether::testing::echo::{EchoControl, INIT_FAILURE, USER_ERROR_CLASS};
+use tether::testing::echo::EchoControl;
 use tether::testing::fixtures::*;
+use tether::testing::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
 use tether::testing::script::{
     EngineScript, RECV_TIMEOUT, SplitEngine, spawn_echo, spawn_echo_split, spawn_worker,
 };

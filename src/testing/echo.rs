@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-pub use super::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
+use super::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
 use super::fixtures::{finish_ok, simulated_user_error};
 use crate::wire::{CancelResponse, ExecutionError, FinishResponse, Init, ShutdownRequest};
 use crate::worker::endpoint::{EndpointConfig, Udf, WorkerControl};
