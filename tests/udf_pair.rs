@@ -561,14 +561,7 @@ enum Op {
 }
 
 fn op() -> impl Strategy<Value = Op> {
-    let answer = prop_oneof![
-        Just(UserAnswer::TakeInit),
-        Just(UserAnswer::Accept),
-        Just(UserAnswer::Reject),
-        Just(UserAnswer::Fail),
-        Just(UserAnswer::Finish),
-        Just(UserAnswer::Cancelled),
-    ];
+    let answer = proptest::sample::select(UserAnswer::ALL.to_vec());
     prop_oneof![
         2 => (proptest::option::of(1usize..8), 0usize..12)
             .prop_map(|(chunk, len)| Op::StartInit { chunk, len }),

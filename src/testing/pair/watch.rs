@@ -350,6 +350,18 @@ pub enum UserAnswer {
     Cancelled,
 }
 
+impl UserAnswer {
+    /// Every answer, for a fuzzer or a strategy to pick from by index (udf §2.1).
+    pub const ALL: [Self; 6] = [
+        Self::TakeInit,
+        Self::Accept,
+        Self::Reject,
+        Self::Fail,
+        Self::Finish,
+        Self::Cancelled,
+    ];
+}
+
 impl WorkerWatch {
     /// A fresh core with `config` (the reference worker's `AwaitingInit`, udf §2.1).
     pub fn new(config: &EndpointConfig) -> Self {
