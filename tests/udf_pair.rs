@@ -10,10 +10,9 @@ use std::time::{Duration, Instant};
 
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
+use tether::testing::fixtures::{init, tagged};
 use tether::testing::model_cases;
-use tether::testing::pair::{
-    Pair, UserAnswer, WorkerUser, engine_config, init_message, tagged, worker_config,
-};
+use tether::testing::pair::{Pair, UserAnswer, WorkerUser, engine_config, worker_config};
 use tether::wire::{ExecutionError, RequestKind, ResponseKind};
 use tether::worker::endpoint::{EndpointOutcome, EngineViolation, OutcomeKind, WorkerPhase};
 use tether::worker::engine::{
@@ -115,16 +114,16 @@ fn udf_s052_three_batches_echoed_in_order() -> Check {
 fn udf_s053_batches_sent_while_responses_are_in_flight() -> Check {
     // Init + 5 Data + Finish queued before any answer is delivered.
     let mut pair = Pair::default();
-    pair.start_init(init_message("udf"), None)?;
+    pair.start_init(init("udf"), None)?;
     pair.deliver_to_worker(1);
     pair.deliver_to_engine(1);
     for n in 0..5 {
-        pair.send(tagged(n))?;
+        pair.send(tagged(n, 8))?;
     }
     pair.finish()?;
     assert_eq!(pair.in_flight().0, 6);
     pair.drive();
-    assert_eq!(pair.output(), (0..5).map(tagged).collect::<Vec<_>>());
+    assert_eq!(pair.output(), (0..5).map(|n| tagged(n, 8)).collect::<Vec<_>>());
     assert_eq!(engine_kind(&pair), TerminationKind::Finished);
     Ok(())
 }
@@ -133,7 +132,7 @@ fn udf_s053_batches_sent_while_responses_are_in_flight() -> Check {
 fn udf_s055_chunked_payload_assembles() -> Check {
     for chunk in [1, 3, 64] {
         let mut pair = Pair::default();
-        pair.start_init(init_message("abcdefghi"), Some(chunk))?;
+        pair.start_init(init("abcdefghi"), Some(chunk))?;
         let chunks = pair.engine().sent.len() - 1;
         assert_eq!(chunks, 9usize.div_ceil(chunk), "chunk size {chunk}");
         pair.drive();
@@ -160,7 +159,7 @@ fn udf_s056_generator_with_zero_inputs() -> Check {
 
     // A generator worker emits its rows after Finish, before the FinishResponse.
     let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
-    pair.start_init(init_message("udf"), None)?;
+    pair.start_init(init("udf"), None)?;
     pair.drive();
     pair.worker_accept_init()?;
     pair.drive();
@@ -198,7 +197,7 @@ fn cancel_before_init_opens_no_stream() {
 fn cancel_while_init_is_in_flight() -> Check {
     // The worker gets Init then Cancel before its user saw the Init: it answers itself.
     let mut pair = Pair::default();
-    pair.start_init(init_message("udf"), None)?;
+    pair.start_init(init("udf"), None)?;
     assert!(pair.cancel("changed my mind"));
     pair.drive();
     assert_eq!(engine_kind(&pair), TerminationKind::Cancelled);
@@ -210,7 +209,7 @@ fn cancel_while_init_is_in_flight() -> Check {
 #[test]
 fn udf_s065_cancel_after_a_non_final_chunk() -> Check {
     let mut pair = Pair::default();
-    pair.start_init(init_message("abcdef"), Some(2))?;
+    pair.start_init(init("abcdef"), Some(2))?;
     pair.deliver_to_worker(2); // Init and the first chunk
     assert_eq!(pair.worker().core.phase(), WorkerPhase::AwaitingChunks);
     // The engine's Cancel drops its unsent chunks... which the pair has already put on the
@@ -226,7 +225,7 @@ fn udf_s065_cancel_after_a_non_final_chunk() -> Check {
 #[test]
 fn cancel_while_the_worker_user_holds_the_init() -> Check {
     let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
-    pair.start_init(init_message("udf"), None)?;
+    pair.start_init(init("udf"), None)?;
     pair.drive();
     assert_eq!(pair.worker().core.phase(), WorkerPhase::InitPending);
     pair.worker_user(UserAnswer::TakeInit)?; // the user is now running the UDF's setup
@@ -298,7 +297,7 @@ trait ConnectManually {
 
 impl ConnectManually for Pair {
     fn connect_manually(&mut self) -> Check {
-        self.start_init(init_message("udf"), None)?;
+        self.start_init(init("udf"), None)?;
         self.drive();
         self.worker_accept_init()?;
         self.drive();
@@ -364,7 +363,7 @@ fn user_error_at_finish_is_answered_by_cancel_after_finish() -> Check {
 #[test]
 fn udf_s061_init_failure() -> Check {
     let mut pair = Pair::default();
-    pair.start_init(init_message("INIT_ERROR"), None)?;
+    pair.start_init(init("INIT_ERROR"), None)?;
     pair.drive();
     assert_eq!(pair.engine().core.init_status(), InitStatus::Failed);
     assert_eq!(engine_kind(&pair), TerminationKind::Cancelled);
@@ -382,7 +381,7 @@ fn udf_s061_init_failure() -> Check {
 fn udf_s062_init_failure_from_a_chunked_payload() -> Check {
     for chunk in [10, 3] {
         let mut pair = Pair::default();
-        pair.start_init(init_message("INIT_ERROR"), Some(chunk))?;
+        pair.start_init(init("INIT_ERROR"), Some(chunk))?;
         pair.drive();
         assert_eq!(engine_kind(&pair), TerminationKind::Cancelled);
         assert_eq!(
@@ -401,7 +400,7 @@ fn udf_s062_init_failure_from_a_chunked_payload() -> Check {
 fn init_timeout() -> Check {
     let config = engine_config();
     let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
-    pair.start_init(init_message("udf"), None)?;
+    pair.start_init(init("udf"), None)?;
     pair.drive();
     pair.worker_user(UserAnswer::TakeInit)?; // the user's setup never ends
     pair.drive();
@@ -500,7 +499,7 @@ fn interrupt_acknowledged_ends_cancelled() {
 fn udf_s048_interrupt_of_a_silent_worker_ends_interrupted() -> Check {
     let config = engine_config();
     let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
-    pair.start_init(init_message("udf"), None)?;
+    pair.start_init(init("udf"), None)?;
     pair.drive();
     pair.worker_user(UserAnswer::TakeInit)?;
     pair.interrupt("initializing");
@@ -603,11 +602,11 @@ fn run_schedule(echo: bool, buffers: (usize, usize), ops: &[Op]) -> Pair {
     for op in ops {
         match op {
             Op::StartInit { chunk, len } => {
-                let _ = pair.start_init(init_message(vec![0x5a; *len]), *chunk);
+                let _ = pair.start_init(init(vec![0x5a; *len]), *chunk);
             }
             Op::Send => {
                 data += 1;
-                let _ = pair.send(tagged(data));
+                let _ = pair.send(tagged(u64::from(data), 8));
             }
             Op::Finish => {
                 let _ = pair.finish();
@@ -627,7 +626,7 @@ fn run_schedule(echo: bool, buffers: (usize, usize), ops: &[Op]) -> Pair {
             }
             Op::WorkerSend => {
                 out += 1;
-                let _ = pair.worker_send(tagged(out));
+                let _ = pair.worker_send(tagged(u64::from(out), 8));
             }
             Op::WorkerRead => {
                 pair.worker_read();

@@ -10,8 +10,9 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use tether::testing::fixtures::tagged;
+use tether::testing::pair::{CoreWatch, EngineWatch, conn_error};
 use tether::worker::engine::EnginePhase;
-use tether::testing::pair::{CoreWatch, EngineWatch, conn_error, tagged};
 use tether_fuzz::{FuzzResponse, engine_config, init_message};
 
 #[derive(Arbitrary, Debug)]
@@ -66,7 +67,7 @@ fuzz_target!(|input: Input| {
             Op::SendData => {
                 data_tag += 1;
                 let may = w.core.may_send();
-                if let Ok(queued) = w.core.send_data(tagged(data_tag)) {
+                if let Ok(queued) = w.core.send_data(tagged(u64::from(data_tag), 8)) {
                     assert_eq!(queued, may, "send_data queues iff may_send");
                 }
             }

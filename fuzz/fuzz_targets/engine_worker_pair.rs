@@ -18,7 +18,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tether::testing::pair::{Pair, WorkerUser, tagged};
+use tether::testing::fixtures::tagged;
+use tether::testing::pair::{Pair, WorkerUser};
 use tether_fuzz::{Answer, engine_config, init_message, worker_config};
 
 #[derive(Arbitrary, Debug)]
@@ -67,7 +68,7 @@ fuzz_target!(|input: Input| {
             }
             Op::SendData => {
                 data_tag += 1;
-                let _ = p.send(tagged(data_tag));
+                let _ = p.send(tagged(u64::from(data_tag), 8));
             }
             Op::Finish => {
                 let _ = p.finish();
@@ -87,7 +88,7 @@ fuzz_target!(|input: Input| {
             }
             Op::WorkerSend => {
                 out_tag += 1;
-                let _ = p.worker_send(tagged(out_tag));
+                let _ = p.worker_send(tagged(u64::from(out_tag), 8));
             }
             Op::WorkerPop => {
                 p.worker_read();

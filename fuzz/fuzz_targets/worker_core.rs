@@ -11,9 +11,10 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use tether::testing::fixtures::tagged;
+use tether::testing::pair::{CoreWatch, WorkerWatch, conn_error};
 use tether::wire::{CancelResponse, FinishResponse, UdfRequest};
 use tether::worker::endpoint::WorkerPhase;
-use tether::testing::pair::{CoreWatch, WorkerWatch, conn_error, tagged};
 use tether_fuzz::{Answer, FuzzRequest, worker_config};
 
 #[derive(Arbitrary, Debug)]
@@ -51,7 +52,7 @@ fuzz_target!(|input: Input| {
             }
             Op::SendData => {
                 out_tag += 1;
-                let _ = w.send_data(tagged(out_tag));
+                let _ = w.send_data(tagged(u64::from(out_tag), 8));
             }
             Op::Transmit => {
                 w.transmit();

@@ -5,7 +5,8 @@
 
 use arbitrary::Arbitrary;
 use bytes::Bytes;
-use tether::testing::pair::{self, UserAnswer, tagged};
+use tether::testing::fixtures::tagged;
+use tether::testing::pair::UserAnswer;
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, UdfRequest, UdfResponse,
 };
@@ -16,7 +17,7 @@ use tether::worker::engine::SessionConfig;
 pub fn engine_config(output_buffer: u8) -> SessionConfig {
     SessionConfig {
         output_buffer: usize::from(output_buffer % 8) + 1,
-        ..pair::engine_config()
+        ..tether::testing::pair::engine_config()
     }
 }
 
@@ -24,13 +25,13 @@ pub fn engine_config(output_buffer: u8) -> SessionConfig {
 pub fn worker_config(input_buffer: u8) -> EndpointConfig {
     EndpointConfig {
         input_buffer: usize::from(input_buffer % 8) + 1,
-        ..pair::worker_config()
+        ..tether::testing::pair::worker_config()
     }
 }
 
 /// An `Init` whose payload is `len` bytes (chunked by the engine when asked).
 pub fn init_message(len: u8) -> Init {
-    pair::init_message(vec![0x5a; usize::from(len)])
+    tether::testing::fixtures::init(vec![0x5a; usize::from(len)])
 }
 
 /// One answer of the worker's user code (udf §2.1), as a fuzzer picks it: an index into
@@ -70,7 +71,7 @@ impl FuzzResponse {
                 error: Some(ExecutionError::user("init failed")),
                 ..InitResponse::default()
             }),
-            Self::Data => UdfResponse::data(tagged(tag)),
+            Self::Data => UdfResponse::data(tagged(u64::from(tag), 8)),
             Self::Error => UdfResponse::error(ExecutionError::user("boom")),
             Self::Finish => UdfResponse::finish(FinishResponse::default()),
             Self::Cancel => UdfResponse::cancel(CancelResponse::default()),
@@ -121,7 +122,7 @@ impl FuzzRequest {
             Self::Chunk { last, len } => {
                 UdfRequest::payload_chunk(Bytes::from(vec![1; usize::from(*len)]), *last)
             }
-            Self::Data => UdfRequest::data(tagged(tag)),
+            Self::Data => UdfRequest::data(tagged(u64::from(tag), 8)),
             Self::Finish => UdfRequest::finish(),
             Self::Cancel => UdfRequest::cancel(Some("fuzz".into())),
             Self::Empty => UdfRequest::default(),

@@ -47,7 +47,7 @@
 //!
 //! // A worker whose user never answers the Init: the engine's own init deadline fires.
 //! let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
-//! pair.start_init(tether::testing::pair::init_message("udf"), None)?;
+//! pair.start_init(tether::testing::fixtures::init("udf"), None)?;
 //! pair.drive(); // the Init is delivered; the worker's user now holds the turn
 //! pair.advance(Duration::from_secs(10));
 //! assert!(matches!(
@@ -70,7 +70,7 @@ use bytes::Bytes;
 use crate::connection::ConnectionError;
 use crate::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, RequestMessage, ResponseKind,
-    ResponseMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
+    ResponseMessage, UdfRequest, UdfResponse,
 };
 use crate::worker::endpoint::{
     EndpointConfig, EndpointMisuse, EndpointOutcome, EngineViolation, OutcomeKind, WorkerPhase,
@@ -80,25 +80,6 @@ use crate::worker::engine::{
 };
 
 pub use watch::{CoreWatch, EngineWatch, UserAnswer, WorkerWatch, engine_gave_up};
-
-/// A batch whose bytes are its sequence number, so that order and duplicates can be
-/// checked as batches cross (udf §1.4).
-pub fn tagged(n: u32) -> Bytes {
-    Bytes::copy_from_slice(&n.to_be_bytes())
-}
-
-/// The sequence number of a [`tagged`] batch (udf §1.4).
-///
-/// # Panics
-/// When `b` is not 4 bytes long (not a tagged batch).
-pub fn tag_of(b: &Bytes) -> u32 {
-    try_tag(b).expect("a tagged batch has 4 bytes")
-}
-
-fn try_tag(b: &Bytes) -> Option<u32> {
-    let a: [u8; 4] = b.as_ref().try_into().ok()?;
-    Some(u32::from_be_bytes(a))
-}
 
 /// The flattened view of a request the engine core produced; it never sends an empty
 /// oneof (udf §1.2).
@@ -142,15 +123,6 @@ pub fn worker_config() -> EndpointConfig {
         timer: None,
         ..EndpointConfig::new()
     }
-}
-
-/// An ARROW `Init` carrying `payload` (udf §1.3); the reference worker rejects the payload
-/// `INIT_ERROR` (udf §2.1).
-pub fn init_message(payload: impl Into<Bytes>) -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(payload.into(), "pair"),
-    )
 }
 
 /// Who answers for the worker's user code (udf §2.1).
@@ -325,7 +297,7 @@ impl Pair {
     /// Unless the engine then streams (a manual worker must have accepted in between: use
     /// [`start_init`](Self::start_init) for it).
     pub fn connect(&mut self) {
-        if let Err(e) = self.start_init(init_message("udf"), None) {
+        if let Err(e) = self.start_init(crate::testing::fixtures::init("udf"), None) {
             panic!("pair: connect: {e}");
         }
         self.drive();

@@ -19,7 +19,8 @@ use crate::worker::engine::{
     EngineCore, EnginePhase, SessionConfig, Termination, TerminationKind, TransportFailure,
 };
 
-use super::{req_msg, resp_msg, try_tag};
+use super::{req_msg, resp_msg};
+use crate::testing::fixtures::tag_of;
 
 /// What both watchers share: the wait of udf §7 on a simulated clock. A driver about to
 /// block calls `begin_wait(now)`, sleeps until `poll_timeout()` (or until a message comes)
@@ -236,7 +237,9 @@ impl EngineWatch {
     /// udf §4.7. Batches made by [`tagged`](super::tagged) must come out in increasing order.
     pub fn pop_all(&mut self) {
         while let Some(b) = self.core.pop_output() {
-            if let (Some(prev), Some(next)) = (self.output.last().and_then(try_tag), try_tag(&b)) {
+            if let (Some(prev), Some(next)) =
+                (self.output.last().and_then(|last| tag_of(last)), tag_of(&b))
+            {
                 assert!(
                     prev < next,
                     "engine (udf §4.7): output out of order or duplicated: {prev} then {next}"
@@ -576,7 +579,9 @@ impl WorkerWatch {
     pub fn pop_all(&mut self) -> Vec<Bytes> {
         let mut read = Vec::new();
         while let Some(b) = self.core.pop_input() {
-            if let (Some(prev), Some(next)) = (self.input.last().and_then(try_tag), try_tag(&b)) {
+            if let (Some(prev), Some(next)) =
+                (self.input.last().and_then(|last| tag_of(last)), tag_of(&b))
+            {
                 assert!(
                     prev < next,
                     "worker (udf §1.4): input out of order or duplicated: {prev} then {next}"
