@@ -22,54 +22,31 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion};
 use tether::execution::{ConsumerEvent, ExecutionManager, ManagerConfig, Producer, ResponseStream};
-use tether::time::ManualClock;
+use tether::testing::connect::{Caller, ManualManager, start};
 use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, Plan, ReattachExecuteRequest, ReleaseExecuteRequest,
-    UserContext, execute_plan_request::RequestOption, release_execute_request,
+    ExecutePlanRequest, ExecutePlanResponse, ReattachExecuteRequest, ReleaseExecuteRequest,
 };
 use uuid::Uuid;
 
 const USER: &str = "bench-user";
 
 fn manager() -> ExecutionManager {
-    ExecutionManager::with_clock(
-        ManagerConfig {
-            max_executions_per_session: usize::MAX,
-            // ids are cycled: let a released id be submitted again at once (its inactive
-            // record is still written and checked, so the cost is unchanged)
-            inactive_operation_expiry: Duration::ZERO,
-            ..ManagerConfig::default()
-        },
-        Arc::new(ManualClock::new()),
-    )
+    ManualManager::new(ManagerConfig {
+        max_executions_per_session: usize::MAX,
+        // ids are cycled: let a released id be submitted again at once (its inactive
+        // record is still written and checked, so the cost is unchanged)
+        inactive_operation_expiry: Duration::ZERO,
+        ..ManagerConfig::default()
+    })
+    .manager
 }
 
 fn execute_request(session: &str, op: &str) -> ExecutePlanRequest {
-    ExecutePlanRequest {
-        session_id: session.to_owned(),
-        user_context: Some(UserContext::new(USER)),
-        plan: Some(Plan::root(Bytes::from_static(b"bench relation"))),
-        request_options: vec![RequestOption::reattach(true)],
-        operation_id: Some(op.to_owned()),
-        ..Default::default()
-    }
+    Caller::new(USER, session).execute(op)
 }
 
 fn release_all(session: &str, op: &str) -> ReleaseExecuteRequest {
-    ReleaseExecuteRequest {
-        session_id: session.to_owned(),
-        user_context: Some(UserContext::new(USER)),
-        operation_id: op.to_owned(),
-        release: Some(release_execute_request::Release::ReleaseAll(
-            release_execute_request::ReleaseAll {},
-        )),
-        ..Default::default()
-    }
-}
-
-fn start(m: &ExecutionManager, req: &ExecutePlanRequest) -> (Producer, ResponseStream) {
-    let (p, s) = m.execute_plan(req).expect("execute_plan").start();
-    (p.expect("new execution"), s)
+    Caller::new(USER, session).release_all(op)
 }
 
 /// An execution that produced and delivered `n` responses; returns the reattach request
@@ -90,13 +67,7 @@ fn produced(m: &ExecutionManager, n: usize) -> (ReattachExecuteRequest, Producer
             other => panic!("{other:?}"),
         }
     }
-    let req = ReattachExecuteRequest {
-        session_id: session,
-        user_context: Some(UserContext::new(USER)),
-        operation_id: op,
-        last_response_id: Some(last),
-        ..Default::default()
-    };
+    let req = Caller::new(USER, &session).reattach(&op, Some(&last));
     (req, p)
 }
 

@@ -146,14 +146,16 @@ use futures::{SinkExt, StreamExt};
 use tether::connection::Connection;
 use tether::connection::framed::{FramedConfig, connect_unix};
 use tether::connection::pair;
+use tether::testing::echo::EchoUdf;
+use tether::testing::fixtures::{ScratchDir, init, pattern};
 use tether::wire::{
-    DirectWorker, ExecutionError, FinishResponse, Init, ProcessCallable, UdfPayload,
-    UdfProtoCommunicationPattern, UdfRequest, UdfResponse, UdfWorkerDataFormat,
-    UdfWorkerProperties, UdfWorkerSpecification, UnixDomainSocket, WorkerCapabilities,
-    WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification, worker_connection_spec,
+    DirectWorker, ProcessCallable, UdfProtoCommunicationPattern, UdfRequest, UdfResponse,
+    UdfWorkerDataFormat, UdfWorkerProperties, UdfWorkerSpecification, UnixDomainSocket,
+    WorkerCapabilities, WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification,
+    worker_connection_spec,
 };
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
-use tether::worker::endpoint::{EndpointConfig, OutcomeKind, Udf, serve};
+use tether::worker::endpoint::{EndpointConfig, OutcomeKind, serve};
 use tether::worker::engine::FramedTransport;
 use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -204,7 +206,7 @@ fn main() {
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("bench");
     let mut bench = Bench {
         c: Criterion::default()
             .warm_up_time(Duration::from_secs(1))
@@ -779,41 +781,8 @@ fn env_usize(name: &str, default: usize) -> usize {
 /// `n` distinct 64 KiB batches.
 fn batches(n: usize) -> Vec<Bytes> {
     (0..n)
-        .map(|i| {
-            let seed = u8::try_from(i % 251).unwrap_or_default();
-            Bytes::from(
-                (0..BATCH_LEN)
-                    .map(|j| seed.wrapping_add(u8::try_from(j % 256).unwrap_or_default()))
-                    .collect::<Vec<u8>>(),
-            )
-        })
+        .map(|i| pattern(BATCH_LEN, u8::try_from(i % 251).unwrap_or_default()))
         .collect()
-}
-
-/// Echoes every batch unchanged.
-#[derive(Debug, Clone, Copy, Default)]
-struct Echo;
-
-impl Udf for Echo {
-    fn init(&mut self, _init: &Init) -> Result<Option<Bytes>, ExecutionError> {
-        Ok(None)
-    }
-
-    fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
-        out.push(batch);
-        Ok(())
-    }
-
-    fn finish(&mut self, _out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError> {
-        Ok(FinishResponse::default())
-    }
-}
-
-fn init_message() -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(Bytes::from_static(b"echo"), "bench"),
-    )
 }
 
 /// One whole session on `conn`: `init`, `process(input)` collecting the output, `close`.
@@ -823,7 +792,7 @@ where
 {
     let handle = Arc::new(CountingHandle::for_one_session());
     let session = Session::new(conn, handle, SessionConfig::default());
-    let (session, _) = session.init(init_message()).await.expect("init");
+    let (session, _) = session.init(init("echo")).await.expect("init");
     let mut output = session.process(futures::stream::iter(input.iter().cloned()));
     let mut out = Vec::with_capacity(input.len());
     while let Some(batch) = output.next().await {
@@ -866,7 +835,7 @@ fn memory_case(bench: &mut Bench) {
 
 async fn memory_session(input: &[Bytes]) -> Vec<Bytes> {
     let (engine, worker) = pair::<UdfRequest, UdfResponse>(MEMORY_CAPACITY);
-    let worker = tokio::spawn(serve(worker, Echo, EndpointConfig::default()));
+    let worker = tokio::spawn(serve(worker, EchoUdf::default(), EndpointConfig::default()));
     let out = run_session(engine, input).await;
     let outcome = worker.await.expect("worker task");
     assert_eq!(outcome.kind(), OutcomeKind::Finished, "{outcome}");
@@ -905,7 +874,7 @@ async fn memory_baseline(input: &[Bytes]) -> Vec<Bytes> {
 // ---------------------------------------------------------------------------------------------
 // (b) framed Unix-socket connection vs a bare length-prefixed UnixStream, two processes.
 
-fn socket_case(bench: &mut Bench, scratch: &Scratch) {
+fn socket_case(bench: &mut Bench, scratch: &ScratchDir) {
     let spec = Spec {
         group: "udf_unix_socket",
         throughput: Throughput::Bytes((bench.input.len() * BATCH_LEN) as u64),
@@ -1023,11 +992,11 @@ mod grpc {
     use tonic_prost::ProstCodec;
 
     use super::{
-        Against, BATCH_LEN, Bench, Echo, GrpcChannel, ROLE_GRPC, ROLE_TONIC, Scratch, Spec,
+        Against, BATCH_LEN, Bench, EchoUdf, GrpcChannel, ROLE_GRPC, ROLE_TONIC, ScratchDir, Spec,
         WorkerProcess, WorkerServer, WorkerService, arm, run_session,
     };
 
-    pub(super) fn case(bench: &mut Bench, scratch: &Scratch) {
+    pub(super) fn case(bench: &mut Bench, scratch: &ScratchDir) {
         let spec = Spec {
             group: "udf_grpc",
             throughput: Throughput::Bytes((bench.input.len() * BATCH_LEN) as u64),
@@ -1118,7 +1087,7 @@ mod grpc {
 
     /// Worker role `grpc-echo`: tether's gRPC worker server running the echo UDF.
     pub(super) async fn tether_worker(path: &Path) {
-        let service = WorkerService::for_udf(|| Echo, EndpointConfig::default());
+        let service = WorkerService::for_udf(EchoUdf::default, EndpointConfig::default());
         let server = WorkerServer::bind_unix(path, service).expect("bind the gRPC worker");
         server.wait().await;
     }
@@ -1194,7 +1163,7 @@ mod grpc {
 // ---------------------------------------------------------------------------------------------
 // (d) session setup + teardown through the dispatcher: pooled vs a process per session.
 
-fn setup_teardown_case(bench: &mut Bench, scratch: &Scratch) {
+fn setup_teardown_case(bench: &mut Bench, scratch: &ScratchDir) {
     let spec = Spec {
         group: "udf_setup_teardown",
         throughput: Throughput::Elements(1),
@@ -1238,7 +1207,7 @@ fn setup_teardown_case(bench: &mut Bench, scratch: &Scratch) {
 }
 
 fn dispatcher(
-    scratch: &Scratch,
+    scratch: &ScratchDir,
     pool: Option<PoolConfig>,
     poll: Option<Duration>,
 ) -> Dispatcher<FramedTransport> {
@@ -1273,7 +1242,7 @@ fn dispatcher(
     };
     let mut config = DispatcherConfig {
         pool,
-        socket_base_dir: Some(scratch.0.clone()),
+        socket_base_dir: Some(scratch.path().to_path_buf()),
         ..DispatcherConfig::default()
     };
     if let Some(poll) = poll {
@@ -1286,7 +1255,7 @@ fn dispatcher(
 /// any worker stop it caused.
 async fn setup_teardown(d: &Dispatcher<FramedTransport>) -> Vec<Bytes> {
     let session = d.create_session().await.expect("create_session");
-    let (session, _) = session.init(init_message()).await.expect("init");
+    let (session, _) = session.init(init("echo")).await.expect("init");
     let mut finishing = session.finish().await.expect("finish");
     assert!(finishing.recv().await.expect("finished").is_none());
     let termination = finishing.close().await;
@@ -1302,23 +1271,6 @@ async fn setup_teardown(d: &Dispatcher<FramedTransport>) -> Vec<Bytes> {
 // ---------------------------------------------------------------------------------------------
 // Worker processes.
 
-/// A private scratch directory for sockets, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("tether-bench-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).expect("scratch directory");
-        Scratch(dir)
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// This binary re-executed as a worker in `role`, listening on a socket in the scratch
 /// directory; killed and reaped on drop.
 struct WorkerProcess {
@@ -1327,8 +1279,8 @@ struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    fn spawn(role: &str, scratch: &Scratch) -> Self {
-        let path = scratch.0.join(format!("{role}.sock"));
+    fn spawn(role: &str, scratch: &ScratchDir) -> Self {
+        let path = scratch.join(&format!("{role}.sock"));
         let _ = std::fs::remove_file(&path);
         let child = Command::new(std::env::current_exe().expect("bench binary path"))
             .env(ROLE_ENV, role)
@@ -1372,7 +1324,7 @@ mod worker {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::{UnixListener, UnixStream};
 
-    use super::{Echo, ROLE_FRAMED, ROLE_RAW};
+    use super::{EchoUdf, ROLE_FRAMED, ROLE_RAW};
 
     /// The worker process: serves `role` on the `--connection` path until killed, or until
     /// its parent (the benchmark, or the dispatcher's process) goes away.
@@ -1420,7 +1372,7 @@ mod worker {
                 .accept::<UdfResponse, UdfRequest>(&config)
                 .await
                 .expect("accept");
-            tokio::spawn(serve(conn, Echo, EndpointConfig::default()));
+            tokio::spawn(serve(conn, EchoUdf::default(), EndpointConfig::default()));
         }
     }
 

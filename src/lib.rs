@@ -233,6 +233,7 @@ pub mod execution;
 pub mod reference;
 #[cfg(any(feature = "grpc", feature = "spark-connect"))]
 pub mod spark;
+pub(crate) mod sync;
 #[cfg(feature = "test-util")]
 pub mod testing;
 pub mod time;

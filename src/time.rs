@@ -11,9 +11,13 @@ use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
+
+// The manual clock's lock is the facade's: its sleeps clone and drop wakers under it, which
+// the loom tests' wakers make points where loom switches threads (tests/loom.rs).
+use crate::sync::{Mutex, MutexGuard};
 
 /// A source of time for every deadline of both protocols: the worker-session timeouts of
 /// udf §7, the execution timers of rx §4.5 and the client backoff of rx §6.1 (Spark's
@@ -105,7 +109,7 @@ impl ManualClock {
     }
 
     fn lock(&self) -> MutexGuard<'_, ManualInner> {
-        self.inner.lock().unwrap_or_else(|p| p.into_inner())
+        self.inner.lock()
     }
 
     /// The current reading (Spark's `ManualClock.getTimeMillis`, as an [`Instant`]).

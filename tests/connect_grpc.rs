@@ -15,15 +15,13 @@ use tether::spark::connect::{
     ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION,
     SessionContext,
 };
+use tether::testing::connect::{Caller, SESSION_ID};
 use tether::wire::connect::{
-    AnalyzePlanRequest, ConfigRequest, ExecutePlanRequest, ExecutePlanResponse, InterruptRequest,
-    InterruptType, KeyValue, Plan, ReattachExecuteRequest, UserContext, analyze_plan_request,
-    analyze_plan_response, config_request,
+    AnalyzePlanRequest, ConfigRequest, ExecutePlanRequest, ExecutePlanResponse, InterruptType,
+    KeyValue, Plan, analyze_plan_request, analyze_plan_response, config_request,
 };
 use tokio::net::TcpListener;
 use tonic::transport::server::TcpIncoming;
-
-const SESSION: &str = "00112233-4455-6677-8899-aabbccddeeff";
 
 /// Interprets a plan whose root bytes are a decimal row count: one batch per row, whose
 /// data is the row number; `fail` fails after the rows.
@@ -89,15 +87,6 @@ async fn serve(limits: StreamLimits, token: Option<&str>) -> Server {
     Server { address, manager }
 }
 
-fn request(plan: &str) -> ExecutePlanRequest {
-    ExecutePlanRequest {
-        session_id: SESSION.into(),
-        user_context: Some(UserContext::new("alice")),
-        plan: Some(Plan::root(plan.as_bytes().to_vec())),
-        ..Default::default()
-    }
-}
-
 async fn read_all(
     client: ConnectClient,
     plan: &str,
@@ -106,8 +95,12 @@ async fn read_all(
     Option<tether::execution::client::ClientError>,
     u64,
 ) {
-    let mut stream =
-        ReattachingStream::new(Arc::new(client), request(plan), ClientConfig::default()).unwrap();
+    let mut stream = ReattachingStream::new(
+        Arc::new(client),
+        Caller::default().plan(plan.as_bytes().to_vec()),
+        ClientConfig::default(),
+    )
+    .unwrap();
     let mut rows = Vec::new();
     let mut error = None;
     while let Some(item) = stream.next().await {
@@ -177,10 +170,10 @@ async fn an_engine_error_reaches_the_client_after_the_rows() {
 async fn every_response_carries_the_sessions_one_server_side_id() {
     let server = serve(StreamLimits::default(), None).await;
     let client = ConnectClient::connect(&server.address, None).await.unwrap();
-    let user = Some(UserContext::new("alice"));
+    let user = Caller::default().user_context();
     let config = client
         .config(ConfigRequest {
-            session_id: SESSION.into(),
+            session_id: SESSION_ID.into(),
             user_context: user.clone(),
             operation: Some(config_request::Operation {
                 op_type: Some(config_request::operation::OpType::Get(
@@ -193,7 +186,7 @@ async fn every_response_carries_the_sessions_one_server_side_id() {
         })
         .await
         .unwrap();
-    assert_eq!(config.session_id, SESSION);
+    assert_eq!(config.session_id, SESSION_ID);
     assert_eq!(
         config.pairs,
         vec![KeyValue::new("spark.sql.session.timeZone", "Etc/UTC")]
@@ -203,7 +196,7 @@ async fn every_response_carries_the_sessions_one_server_side_id() {
 
     let version = client
         .analyze_plan(AnalyzePlanRequest {
-            session_id: SESSION.into(),
+            session_id: SESSION_ID.into(),
             user_context: user.clone(),
             analyze: Some(analyze_plan_request::Analyze::SparkVersion(
                 analyze_plan_request::SparkVersion {},
@@ -222,17 +215,20 @@ async fn every_response_carries_the_sessions_one_server_side_id() {
         ))
     );
 
-    let mut responses = client.execute_plan(request("3")).await.unwrap();
+    let mut responses = client
+        .execute_plan(Caller::default().plan("3"))
+        .await
+        .unwrap();
     while let Some(r) = responses.next().await {
         let r = r.unwrap();
         assert_eq!(r.server_side_session_id, server_side);
-        assert_eq!(r.session_id, SESSION);
+        assert_eq!(r.session_id, SESSION_ID);
     }
 
     // An unknown key is Spark's SQL_CONF_NOT_FOUND.
     let missing = client
         .config(ConfigRequest {
-            session_id: SESSION.into(),
+            session_id: SESSION_ID.into(),
             user_context: user,
             operation: Some(config_request::Operation {
                 op_type: Some(config_request::operation::OpType::Get(
@@ -255,12 +251,7 @@ async fn every_response_carries_the_sessions_one_server_side_id() {
 async fn errors_carry_sparks_condition_in_the_rich_status() {
     let server = serve(StreamLimits::default(), None).await;
     let client = ConnectClient::connect(&server.address, None).await.unwrap();
-    let reattach = ReattachExecuteRequest {
-        session_id: SESSION.into(),
-        user_context: Some(UserContext::new("alice")),
-        operation_id: "8a2f6c1e-0c5e-4b7e-9a4f-2d3c4b5a6978".into(),
-        ..Default::default()
-    };
+    let reattach = Caller::default().reattach("8a2f6c1e-0c5e-4b7e-9a4f-2d3c4b5a6978", None);
     // No session yet: SESSION_NOT_FOUND (ReattachExecute never creates one, rx §5.5).
     let Err(e) = client.reattach_execute(reattach.clone()).await else {
         panic!("a reattach without a session must fail");
@@ -269,12 +260,7 @@ async fn errors_carry_sparks_condition_in_the_rich_status() {
     assert_eq!(e.code(), tether::execution::Code::Internal);
     // Interrupt gets or creates the session and interrupts nothing (connect §3).
     let interrupted = client
-        .interrupt(InterruptRequest {
-            session_id: SESSION.into(),
-            user_context: Some(UserContext::new("alice")),
-            interrupt_type: InterruptType::All as i32,
-            ..Default::default()
-        })
+        .interrupt(Caller::default().interrupt(InterruptType::All, None))
         .await
         .unwrap();
     assert!(interrupted.interrupted_ids.is_empty());
@@ -296,7 +282,7 @@ async fn the_token_is_required_and_checked() {
         let client = ConnectClient::connect(&server.address, token)
             .await
             .unwrap();
-        let Err(e) = client.execute_plan(request("1")).await else {
+        let Err(e) = client.execute_plan(Caller::default().plan("1")).await else {
             panic!("an unauthenticated call must fail");
         };
         assert_eq!(e.code(), tether::execution::Code::Unauthenticated);

@@ -10,6 +10,8 @@ use bytes::BytesMut;
 use tether::connection::ConnectionError;
 use tether::execution::ForwardError;
 use tether::execution::client::{ClientError, RpcError, Violation};
+#[cfg(feature = "tokio")]
+use tether::testing::fixtures::{ScratchDir, error_chain};
 use tether::wire::{ExecutionError, FrameCodec, MalformedMessage, UdfResponse};
 use tether::worker::endpoint::{EndpointError, EngineViolation};
 use tether::worker::engine::{Interrupted, PeerViolation, SessionError, TransportFailure};
@@ -160,48 +162,12 @@ fn grpc_errors_keep_their_cause_as_the_source() {
     );
 }
 
-/// Every text of `error`'s source chain, outermost first.
-#[cfg(feature = "tokio")]
-fn chain(error: &(dyn Error + 'static)) -> Vec<String> {
-    let mut texts = Vec::new();
-    let mut current = Some(error);
-    while let Some(e) = current {
-        texts.push(e.to_string());
-        current = e.source();
-    }
-    texts
-}
-
-/// A fresh socket path in a private scratch directory (removed on drop).
-#[cfg(feature = "tokio")]
-struct Scratch(std::path::PathBuf);
-
-#[cfg(feature = "tokio")]
-impl Scratch {
-    fn new() -> Self {
-        let dir = std::env::temp_dir().join(format!("tether-err-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir(&dir).expect("scratch directory");
-        Self(dir)
-    }
-
-    fn socket(&self, name: &str) -> std::path::PathBuf {
-        self.0.join(name)
-    }
-}
-
-#[cfg(feature = "tokio")]
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// `error` keeps the OS error's kind, and its chain is exactly `expected`: the text naming
 /// the socket, then the OS error.
 #[cfg(feature = "tokio")]
 fn assert_names_the_socket(error: &io::Error, kind: io::ErrorKind, expected: &[String]) {
     assert_eq!(error.kind(), kind);
-    assert_eq!(chain(error), expected);
+    assert_eq!(error_chain(error), expected);
     check(error, 2);
 }
 
@@ -216,8 +182,8 @@ fn os_text(errno: i32) -> String {
 async fn a_missing_socket_names_its_path_and_keeps_the_os_error_as_the_source() {
     use tether::connection::framed::{FramedConfig, connect_unix};
     use tether::wire::{UdfRequest, UdfResponse};
-    let scratch = Scratch::new();
-    let missing = scratch.socket("w.sock");
+    let scratch = ScratchDir::new("err");
+    let missing = scratch.join("w.sock");
     let expected = vec![
         format!("could not connect to the Unix socket {}", missing.display()),
         os_text(nix::libc::ENOENT),
@@ -244,8 +210,8 @@ async fn a_missing_socket_names_its_path_and_keeps_the_os_error_as_the_source() 
 #[tokio::test]
 async fn an_address_in_use_names_the_socket_path_and_keeps_the_os_error_as_the_source() {
     use tether::connection::framed::FramedListener;
-    let scratch = Scratch::new();
-    let path = scratch.socket("w.sock");
+    let scratch = ScratchDir::new("err");
+    let path = scratch.join("w.sock");
     let _first = FramedListener::bind_unix(&path).expect("the first bind succeeds");
     let expected = vec![
         format!("could not bind the Unix socket {}", path.display()),

@@ -35,9 +35,8 @@ use tether::worker::engine::{
 };
 use tokio::task::JoinHandle;
 
-mod common;
-use common::echo::EchoUdf;
-use common::{framed_error, init};
+use tether::testing::echo::EchoUdf;
+use tether::testing::fixtures::{framed_error, init};
 
 /// The input of every session: six batches of different sizes.
 fn batches() -> Vec<Bytes> {

@@ -4,23 +4,16 @@
 //! asserted through buffer capacities and the counters the API exposes, never process RSS.
 //! Time is tokio's paused clock or a `ManualClock`; nothing sleeps for real.
 
-mod common;
-
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use bytes::{Bytes, BytesMut};
+use bytes::BytesMut;
 use futures::StreamExt;
 use tether::connection::framed::{FramedConfig, FramedConnection, FramedError};
-use tether::execution::{
-    ConnectError, ExecutionManager, LogConfig, ManagerConfig, ProduceError, Producer,
-    ResponseStream,
-};
-use tether::time::ManualClock;
-use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptType, Plan,
-    ReattachExecuteRequest, ReleaseExecuteRequest, UserContext,
-    execute_plan_request::RequestOption, interrupt_request, release_execute_request,
+use tether::execution::{ConnectError, ExecutionManager, LogConfig, ManagerConfig, ProduceError};
+use tether::testing::connect::{
+    Caller, ManualManager, assert_batch, batch, condition, execute, next, op_id, reattach,
+    release_all, start,
 };
 use tether::wire::{
     FinishResponse, FrameCodec, FrameError, InitResponse, MalformedMessage, ResponseMessage,
@@ -32,10 +25,9 @@ use tether::worker::engine::{
     TerminationKind, TransportFailure, WorkerHandle,
 };
 use tokio::io::AsyncWriteExt;
-use uuid::Uuid;
 
-use common::echo::{SplitEngine, spawn_echo_split};
-use common::{assert_init_ok, b, data_strings, framed_error, init};
+use tether::testing::fixtures::{assert_init_ok, b, data_strings, framed_error, init};
+use tether::testing::script::{SplitEngine, spawn_echo_split};
 
 /// One row of the catalog: the hostile input and the outcome it must have.
 struct Row {
@@ -366,85 +358,14 @@ async fn finish_response_before_finish() {
 // Spark Connect executions (rx)
 // ---------------------------------------------------------------------------------------------
 
-const SID: &str = "8c1f1ad6-0b5a-4c3a-9f39-5d0c1b0e7a11";
-const OWNER: &str = "alice";
-const OTHER: &str = "mallory";
-
 fn manager(config: ManagerConfig) -> ExecutionManager {
-    ExecutionManager::with_clock(config, Arc::new(ManualClock::new()))
-}
-
-fn execute(user: &str, op: &str) -> ExecutePlanRequest {
-    ExecutePlanRequest {
-        session_id: SID.into(),
-        user_context: Some(UserContext::new(user)),
-        plan: Some(Plan::root(b("relation"))),
-        request_options: vec![RequestOption::reattach(true)],
-        operation_id: Some(op.into()),
-        ..Default::default()
-    }
-}
-
-fn reattach_as(user: &str, op: &str, last: Option<&str>) -> ReattachExecuteRequest {
-    ReattachExecuteRequest {
-        session_id: SID.into(),
-        user_context: Some(UserContext::new(user)),
-        operation_id: op.into(),
-        last_response_id: last.map(str::to_owned),
-        ..Default::default()
-    }
-}
-
-fn release_as(user: &str, op: &str) -> ReleaseExecuteRequest {
-    ReleaseExecuteRequest {
-        session_id: SID.into(),
-        user_context: Some(UserContext::new(user)),
-        operation_id: op.into(),
-        release: Some(release_execute_request::Release::ReleaseAll(
-            release_execute_request::ReleaseAll {},
-        )),
-        ..Default::default()
-    }
-}
-
-fn interrupt_as(user: &str, op: &str) -> InterruptRequest {
-    InterruptRequest {
-        session_id: SID.into(),
-        user_context: Some(UserContext::new(user)),
-        interrupt_type: InterruptType::OperationId as i32,
-        interrupt: Some(interrupt_request::Interrupt::OperationId(op.into())),
-        ..Default::default()
-    }
-}
-
-fn started(m: &ExecutionManager, request: &ExecutePlanRequest) -> (Producer, ResponseStream) {
-    let (p, s) = m.execute_plan(request).expect("execute_plan").start();
-    (p.expect("a new execution"), s)
-}
-
-fn batch(i: u8) -> ExecutePlanResponse {
-    ExecutePlanResponse::arrow_batch(i64::from(i), Bytes::from(vec![i; 32]))
-}
-
-fn next(s: &mut ResponseStream) -> ExecutePlanResponse {
-    match s.try_next() {
-        tether::execution::ConsumerEvent::Response(r) => r,
-        other => panic!("expected a response, got {other:?}"),
-    }
-}
-
-fn condition(e: &ConnectError) -> &'static str {
-    e.condition().unwrap_or("<none>")
-}
-
-fn op() -> String {
-    Uuid::new_v4().to_string()
+    ManualManager::new(config).manager
 }
 
 async fn non_uuid_operation_id() {
     let m = manager(ManagerConfig::default());
     for bad in ["not-a-uuid", "", "{8c1f1ad6-0b5a-4c3a-9f39-5d0c1b0e7a11}"] {
-        let e = m.execute_plan(&execute(OWNER, bad)).expect_err(bad);
+        let e = m.execute_plan(&execute(bad)).expect_err(bad);
         assert_eq!(condition(&e), "INVALID_HANDLE.FORMAT", "{bad:?}");
     }
     assert_eq!(m.execution_count(), 0, "nothing registered");
@@ -452,40 +373,28 @@ async fn non_uuid_operation_id() {
 
 async fn upper_case_uuid() {
     let m = manager(ManagerConfig::default());
-    let lower = op();
+    let lower = op_id();
     let upper = lower.to_uppercase();
-    let (mut p, mut s) = started(&m, &execute(OWNER, &upper));
+    let (mut p, mut s) = start(&m, &execute(&upper));
     p.try_push(batch(1)).expect("push");
     p.try_push(batch(2)).expect("push");
     let first = next(&mut s);
     assert_eq!(first.operation_id, lower, "normalised to lower case");
     let mut again = m
-        .reattach_execute(&reattach_as(OWNER, &upper, Some(&first.response_id)))
+        .reattach_execute(&reattach(&upper, Some(&first.response_id)))
         .expect("the reattach works");
     let second = next(&mut again);
     assert_eq!(second.operation_id, lower);
     assert_batch(&second, 2);
 }
 
-/// Asserts `r` is batch `i` (its ids aside): nothing lost, nothing altered.
-fn assert_batch(r: &ExecutePlanResponse, i: u8) {
-    let want = ExecutePlanResponse {
-        session_id: r.session_id.clone(),
-        server_side_session_id: r.server_side_session_id.clone(),
-        operation_id: r.operation_id.clone(),
-        response_id: r.response_id.clone(),
-        ..batch(i)
-    };
-    assert_eq!(*r, want);
-}
-
 async fn empty_last_response_id() {
     let m = manager(ManagerConfig::default());
-    let o = op();
-    let (mut p, mut s) = started(&m, &execute(OWNER, &o));
+    let o = op_id();
+    let (mut p, mut s) = start(&m, &execute(&o));
     p.try_push(batch(1)).expect("push");
     let e = m
-        .reattach_execute(&reattach_as(OWNER, &o, Some("")))
+        .reattach_execute(&reattach(&o, Some("")))
         .expect_err("empty cursor");
     assert_eq!(condition(&e), "INVALID_CURSOR.POSITION_NOT_FOUND");
     assert_batch(&next(&mut s), 1);
@@ -493,27 +402,23 @@ async fn empty_last_response_id() {
 
 async fn another_users_ids() {
     let m = manager(ManagerConfig::default());
-    let o = op();
-    let (mut p, mut s) = started(&m, &execute(OWNER, &o));
+    let mallory = Caller::other_user();
+    let o = op_id();
+    let (mut p, mut s) = start(&m, &execute(&o));
     let no_session =
         |e: ConnectError| assert_eq!(condition(&e), "INVALID_HANDLE.SESSION_NOT_FOUND");
-    no_session(
-        m.reattach_execute(&reattach_as(OTHER, &o, None))
-            .unwrap_err(),
-    );
-    no_session(m.release_execute(&release_as(OTHER, &o)).unwrap_err());
+    no_session(m.reattach_execute(&mallory.reattach(&o, None)).unwrap_err());
+    no_session(m.release_execute(&mallory.release_all(&o)).unwrap_err());
     // Interrupt gets or creates the other user's session and interrupts nothing.
     let r = m
-        .interrupt(&interrupt_as(OTHER, &o))
+        .interrupt(&mallory.interrupt_op(&o))
         .expect("interrupt succeeds");
     assert!(r.interrupted_ids.is_empty());
     // Now that user has a session of the same id: the operation is not found in it.
-    let e = m
-        .reattach_execute(&reattach_as(OTHER, &o, None))
-        .unwrap_err();
+    let e = m.reattach_execute(&mallory.reattach(&o, None)).unwrap_err();
     assert_eq!(condition(&e), "INVALID_HANDLE.OPERATION_NOT_FOUND");
     let r = m
-        .release_execute(&release_as(OTHER, &o))
+        .release_execute(&mallory.release_all(&o))
         .expect("release succeeds");
     assert_eq!(r.operation_id, None, "nothing released");
     // The owner is unaffected.
@@ -524,10 +429,8 @@ async fn another_users_ids() {
 
 async fn release_of_unknown_operation() {
     let m = manager(ManagerConfig::default());
-    let _own = started(&m, &execute(OWNER, &op()));
-    let r = m
-        .release_execute(&release_as(OWNER, &op()))
-        .expect("success");
+    let _own = start(&m, &execute(&op_id()));
+    let r = m.release_execute(&release_all(&op_id())).expect("success");
     assert_eq!(r.operation_id, None);
     assert_eq!(m.execution_count(), 1);
 }
@@ -538,7 +441,7 @@ async fn ten_thousand_executions() {
     assert_eq!(cap, 1_000, "the documented default");
     let mut live = Vec::with_capacity(cap);
     for i in 0..10_000 {
-        match m.execute_plan(&execute(OWNER, &op())) {
+        match m.execute_plan(&execute(&op_id())) {
             Ok(submitted) => {
                 assert!(i < cap, "execution {i} accepted past the cap");
                 live.push(submitted.start());
@@ -616,20 +519,16 @@ async fn connect_client_stops_reading() {
         },
         ..ManagerConfig::default()
     });
-    let (mut p, mut s) = started(&m, &execute(OWNER, &op()));
-    let mut accepted = 0u8;
-    for i in 0..100u8 {
+    let (mut p, mut s) = start(&m, &execute(&op_id()));
+    let mut accepted = 0i64;
+    for i in 0..100i64 {
         match p.try_push(batch(i)) {
             Ok(_) => accepted += 1,
             Err(ProduceError::WouldBlock(_)) => break,
             Err(e) => panic!("{e}"),
         }
     }
-    assert_eq!(
-        usize::from(accepted),
-        MAX,
-        "the producer stops at the bound"
-    );
+    assert_eq!(accepted as usize, MAX, "the producer stops at the bound");
     let blocked = tokio::time::timeout(Duration::from_secs(60), p.push(batch(accepted))).await;
     assert!(
         blocked.is_err(),

@@ -7,77 +7,28 @@ use std::time::Duration;
 use bytes::Bytes;
 use futures::StreamExt;
 use tether::connection::framed::{FramedConfig, FramedError, FramedListener, connect_unix};
-use tether::wire::{
-    ExecutionError, FinishResponse, FrameError, Init, UdfPayload, UdfRequest, UdfResponse,
-    UdfWorkerDataFormat,
-};
-use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
+use tether::wire::{FrameError, Init, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat};
+use tether::worker::endpoint::{EndpointOutcome, serve};
 use tether::worker::engine::{CountingHandle, Session, SessionConfig, Termination, WorkerHandle};
 use tokio::io::AsyncWriteExt;
 
-mod common;
-use common::framed_error;
-
-/// Echoes every batch; reports the init payload's length in `InitResponse.data`.
-struct Echo;
-
-impl Udf for Echo {
-    fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError> {
-        let len = init.udf.as_ref().map_or(0, |u| u.payload.len());
-        Ok(Some(Bytes::from(len.to_string())))
-    }
-    fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
-        out.push(batch);
-        Ok(())
-    }
-    fn finish(&mut self, _out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError> {
-        Ok(FinishResponse::default())
-    }
-}
-
-fn socket_path(name: &str) -> (tempdir::Dir, std::path::PathBuf) {
-    let dir = tempdir::Dir::new();
-    let path = dir.0.join(name);
-    (dir, path)
-}
-
-/// A private temporary directory removed on drop (no extra dependency needed).
-mod tempdir {
-    pub struct Dir(pub std::path::PathBuf);
-    impl Dir {
-        pub fn new() -> Self {
-            let p = std::env::temp_dir().join(format!("tether-framed-{}", uuid::Uuid::new_v4()));
-            std::fs::create_dir_all(&p).expect("temp dir");
-            Dir(p)
-        }
-    }
-    impl Drop for Dir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
-        }
-    }
-}
-
-fn pattern(len: usize, seed: u8) -> Bytes {
-    Bytes::from(
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect::<Vec<_>>(),
-    )
-}
+use tether::testing::echo::{EchoUdf, echo_config};
+use tether::testing::fixtures::{ScratchDir, framed_error, init, pattern};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_of_3_9_6_and_20_mib_cross_the_framed_transport_both_ways() {
-    let (_dir, path) = socket_path("w.sock");
+    let dir = ScratchDir::new("framed");
+    let path = dir.join("w.sock");
     let config = FramedConfig::default();
     let listener = FramedListener::bind_unix(&path).expect("bind");
     let worker_config = config.clone();
+    let (echo, probe) = EchoUdf::with_probe();
     let worker = tokio::spawn(async move {
         let conn = listener
             .accept::<UdfResponse, UdfRequest>(&worker_config)
             .await
             .expect("accept");
-        serve(conn, Echo, EndpointConfig::default()).await
+        serve(conn, echo, echo_config()).await
     });
     let conn = connect_unix::<UdfRequest, UdfResponse>(&path, &config)
         .await
@@ -85,15 +36,14 @@ async fn messages_of_3_9_6_and_20_mib_cross_the_framed_transport_both_ways() {
     let handle = std::sync::Arc::new(CountingHandle::for_one_session());
     let session = Session::new(conn, handle.clone(), SessionConfig::default());
     let payload = pattern(6 * 1024 * 1024, 7);
-    let init = Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(payload, "bytes"),
-    );
-    let (session, init_response) = session.init(init).await.map_err(|f| f.error).expect("init");
-    assert_eq!(
-        init_response.data.as_deref(),
-        Some(b"6291456".as_slice()),
-        "6 MiB Init arrived"
+    let (session, _) = session
+        .init(init(payload.clone()))
+        .await
+        .map_err(|f| f.error)
+        .expect("init");
+    assert!(
+        probe.lock().unwrap().init_payloads == [payload],
+        "the 6 MiB Init payload arrived unaltered"
     );
     let sizes = [3_900 * 1024, 6 * 1024 * 1024, 20 * 1024 * 1024];
     let batches: Vec<Bytes> = sizes
@@ -124,7 +74,8 @@ async fn messages_of_3_9_6_and_20_mib_cross_the_framed_transport_both_ways() {
 
 #[tokio::test]
 async fn an_oversize_length_prefix_fails_the_session_without_allocating() {
-    let (_dir, path) = socket_path("w.sock");
+    let dir = ScratchDir::new("framed");
+    let path = dir.join("w.sock");
     let listener = tokio::net::UnixListener::bind(&path).expect("bind");
     let hostile = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");
@@ -156,7 +107,8 @@ async fn an_oversize_length_prefix_fails_the_session_without_allocating() {
 
 #[tokio::test(start_paused = true)]
 async fn a_frame_that_never_completes_times_out() {
-    let (_dir, path) = socket_path("w.sock");
+    let dir = ScratchDir::new("framed");
+    let path = dir.join("w.sock");
     let listener = tokio::net::UnixListener::bind(&path).expect("bind");
     let hostile = tokio::spawn(async move {
         let (mut s, _) = listener.accept().await.expect("accept");

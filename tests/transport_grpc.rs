@@ -1,11 +1,10 @@
 //! The gRPC transport end to end: a tether engine [`Session`] drives a tether worker
-//! ([`serve`] with the small echo UDF below) through the official `UdfWorker` service over a
+//! ([`serve`] with the reference echo UDF of udf §2.1, `tether::testing::echo`) through the official `UdfWorker` service over a
 //! real Unix socket in a private temporary directory (udf §1.1, §1.7, §6.4). Tests that
 //! port a scenario of udf §8.4 are named `udf_sNNN_…`.
 #![cfg(feature = "grpc")]
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -17,13 +16,14 @@ use tether::spark::udf_grpc::{
     GrpcChannel, GrpcConfig, GrpcEngineConnection, GrpcTransport, ManageCallError, StatusError,
     WorkerServer, WorkerService,
 };
+use tether::testing::echo::{Calls, EchoUdf, Probe};
+use tether::testing::fixtures::{ScratchDir, init, pattern};
 use tether::wire::{
-    CancelResponse, ExecutionError, FinishResponse, Init, ResponseKind, ResponseMessage,
-    ShutdownRequest, ShutdownResponse, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
-    WorkerRequest, WorkerResponse, execution_error, worker_response,
+    ExecutionError, ResponseKind, ResponseMessage, ShutdownRequest, ShutdownResponse, UdfRequest,
+    UdfResponse, WorkerRequest, WorkerResponse, execution_error, worker_response,
 };
 use tether::worker::endpoint::{
-    EndpointConfig, EndpointOutcome, EngineViolation, OutcomeKind, Udf, WorkerControl, serve,
+    EndpointConfig, EndpointOutcome, EngineViolation, OutcomeKind, WorkerControl, serve,
 };
 use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, SessionError, Termination, TerminationKind,
@@ -41,102 +41,16 @@ const PROMPT: Duration = Duration::from_secs(20);
 // The echo worker
 // -------------------------------------------------------------------------------------------
 
-/// What the echo UDFs and the `Execute` callback saw.
-#[derive(Debug, Default)]
-struct Calls {
-    init_payload_lens: Vec<usize>,
-    batches: usize,
-    finishes: usize,
-    cancels: usize,
-    authorities: Vec<Option<String>>,
-}
-
-type Probe = Arc<Mutex<Calls>>;
-
-/// Echoes every batch; `"ERROR"` fails with a user error, an `"INIT_ERROR"` payload fails
-/// init with a worker error; finish reports `{status = ok}`.
-struct Echo {
-    probe: Probe,
-}
-
-impl Udf for Echo {
-    fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError> {
-        let payload = init
-            .udf
-            .as_ref()
-            .map(|u| u.payload.clone())
-            .unwrap_or_default();
-        self.probe
-            .lock()
-            .unwrap()
-            .init_payload_lens
-            .push(payload.len());
-        if payload == "INIT_ERROR" {
-            return Err(ExecutionError::worker("simulated init failure"));
-        }
-        Ok(None)
-    }
-
-    fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
-        self.probe.lock().unwrap().batches += 1;
-        if batch == "ERROR" {
-            return Err(ExecutionError::user_with_class(
-                "simulated user error",
-                "SimulatedError",
-            ));
-        }
-        out.push(batch);
-        Ok(())
-    }
-
-    fn finish(&mut self, _out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError> {
-        self.probe.lock().unwrap().finishes += 1;
-        Ok(FinishResponse {
-            metrics: BTreeMap::from([("status".to_owned(), "ok".to_owned())]),
-            ..FinishResponse::default()
-        })
-    }
-
-    fn cancel(&mut self) -> CancelResponse {
-        self.probe.lock().unwrap().cancels += 1;
-        CancelResponse::default()
-    }
-}
-
-/// A private socket directory (mode 0700, as udf §6.4), removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        use std::os::unix::fs::DirBuilderExt;
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let path = std::env::temp_dir().join(format!("tether-grpc-{}", &id[..16]));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .unwrap();
-        TempDir(path)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("w.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// A tether worker serving the echo UDF on a Unix socket, and what it observed.
 struct Worker {
     server: Option<WorkerServer>,
     endpoint: WorkerEndpoint,
     config: GrpcConfig,
     probe: Probe,
+    /// The `:authority` of every `Execute` stream (udf §6.4).
+    authorities: Arc<Mutex<Vec<Option<String>>>>,
     outcomes: mpsc::UnboundedReceiver<EndpointOutcome>,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl Worker {
@@ -149,20 +63,18 @@ impl Worker {
         config: GrpcConfig,
         customize: impl FnOnce(WorkerService) -> WorkerService,
     ) -> Self {
-        let dir = TempDir::new();
-        let probe = Probe::default();
+        let dir = ScratchDir::new("grpc");
+        let (echo, probe) = EchoUdf::with_probe();
+        let authorities = Arc::<Mutex<Vec<Option<String>>>>::default();
         let (tx, outcomes) = mpsc::unbounded_channel();
         let service = {
-            let probe = probe.clone();
+            let authorities = authorities.clone();
             WorkerService::new(move |connection| {
-                probe
+                authorities
                     .lock()
                     .unwrap()
-                    .authorities
                     .push(connection.authority().map(str::to_owned));
-                let udf = Echo {
-                    probe: probe.clone(),
-                };
+                let udf = echo.clone();
                 let tx = tx.clone();
                 tokio::spawn(async move {
                     let _ = tx.send(serve(connection, udf, EndpointConfig::default()).await);
@@ -170,12 +82,13 @@ impl Worker {
             })
         };
         let service = customize(service.with_config(config.clone()));
-        let server = WorkerServer::bind_unix(dir.socket(), service).unwrap();
+        let server = WorkerServer::bind_unix(dir.join("w.sock"), service).unwrap();
         Worker {
             server: Some(server),
-            endpoint: WorkerEndpoint::Unix(dir.socket()),
+            endpoint: WorkerEndpoint::Unix(dir.join("w.sock")),
             config,
             probe,
+            authorities,
             outcomes,
             dir,
         }
@@ -199,6 +112,10 @@ impl Worker {
         self.probe.lock().unwrap()
     }
 
+    fn authorities(&self) -> Vec<Option<String>> {
+        self.authorities.lock().unwrap().clone()
+    }
+
     /// Drops the server: every connection closes at once, like a killed worker process.
     fn kill(&mut self) {
         drop(self.server.take());
@@ -219,18 +136,6 @@ fn session_with(
 
 fn new_session(channel: &GrpcChannel) -> (GrpcSession, Arc<CountingHandle>) {
     session_with(channel, SessionConfig::default())
-}
-
-fn init(payload: impl Into<Bytes>) -> Init {
-    Init::new(UdfWorkerDataFormat::Arrow, UdfPayload::new(payload, "echo"))
-}
-
-/// `len` deterministic bytes that differ per `seed`.
-fn pattern(len: usize, seed: u8) -> Bytes {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 13) as u8))
-        .collect::<Vec<u8>>()
-        .into()
 }
 
 fn assert_finished_ok(termination: &Termination) {
@@ -451,7 +356,7 @@ async fn udf_s087_messages_of_3_9_5_6_and_20_mib_cross_both_directions() {
         .init(init(udf_payload))
         .await
         .expect("6 MiB Init accepted");
-    assert_eq!(worker.calls().init_payload_lens, vec![6 * MIB]);
+    assert_eq!(worker.calls().init_payloads, [pattern(6 * MIB, 1)]);
 
     // Both directions: each batch goes to the worker and comes back byte for byte.
     let sizes = [39 * MIB / 10, 5 * MIB, 6 * MIB, 20 * MIB];
@@ -536,7 +441,7 @@ async fn udf_s082_three_concurrent_sessions_share_one_channel() {
     for _ in 0..3 {
         assert_eq!(worker.outcome().await.kind(), OutcomeKind::Finished);
     }
-    assert_eq!(worker.calls().authorities.len(), 3, "three Execute streams");
+    assert_eq!(worker.authorities().len(), 3, "three Execute streams");
 }
 
 /// Opens a session whose consumer stops reading after one 8 MiB batch is on its way: the
@@ -628,10 +533,7 @@ async fn udf_s090_the_worker_sees_authority_localhost() {
     let (streaming, _) = session.init(init("payload")).await.unwrap();
     assert_eq!(streaming.close().await.kind(), TerminationKind::Cancelled);
     assert_eq!(worker.outcome().await.kind(), OutcomeKind::Cancelled);
-    assert_eq!(
-        worker.calls().authorities,
-        vec![Some("localhost".to_owned())]
-    );
+    assert_eq!(worker.authorities(), vec![Some("localhost".to_owned())]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -680,8 +582,8 @@ async fn udf_s083_worker_killed_mid_stream_gives_transport_failed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn udf_s091_a_socket_that_never_serves_is_not_ready() {
-    let dir = TempDir::new();
-    let path = dir.socket();
+    let dir = ScratchDir::new("grpc");
+    let path = dir.join("w.sock");
     let config = GrpcConfig {
         connect_timeout: Duration::from_millis(500),
         ..GrpcConfig::default()
@@ -742,16 +644,8 @@ async fn grpc_transport_connects_opens_sessions_and_tracks_activity() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn loopback_tcp_endpoint_serves_sessions_too() {
-    let probe = Probe::default();
-    let service = {
-        let probe = probe.clone();
-        WorkerService::for_udf(
-            move || Echo {
-                probe: probe.clone(),
-            },
-            EndpointConfig::default(),
-        )
-    };
+    let (echo, probe) = EchoUdf::with_probe();
+    let service = WorkerService::for_udf(move || echo.clone(), EndpointConfig::default());
     let server = WorkerServer::bind_tcp("127.0.0.1:0".parse().unwrap(), service)
         .await
         .unwrap();
@@ -766,18 +660,10 @@ async fn loopback_tcp_endpoint_serves_sessions_too() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn worker_service_mounts_on_a_tonic_server_by_its_service_name() {
-    let dir = TempDir::new();
-    let probe = Probe::default();
-    let service = {
-        let probe = probe.clone();
-        WorkerService::for_udf(
-            move || Echo {
-                probe: probe.clone(),
-            },
-            EndpointConfig::default(),
-        )
-    };
-    let listener = tokio::net::UnixListener::bind(dir.socket()).unwrap();
+    let dir = ScratchDir::new("grpc");
+    let (echo, probe) = EchoUdf::with_probe();
+    let service = WorkerService::for_udf(move || echo.clone(), EndpointConfig::default());
+    let listener = tokio::net::UnixListener::bind(dir.join("w.sock")).unwrap();
     let incoming = tonic::codegen::tokio_stream::wrappers::UnixListenerStream::new(listener);
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(
@@ -787,9 +673,12 @@ async fn worker_service_mounts_on_a_tonic_server_by_its_service_name() {
                 let _ = stopped.await;
             }),
     );
-    let channel = GrpcChannel::connect(&WorkerEndpoint::Unix(dir.socket()), &GrpcConfig::default())
-        .await
-        .unwrap();
+    let channel = GrpcChannel::connect(
+        &WorkerEndpoint::Unix(dir.join("w.sock")),
+        &GrpcConfig::default(),
+    )
+    .await
+    .unwrap();
     let heartbeat = channel.heartbeat().await.unwrap();
     assert_eq!(
         heartbeat.metrics.get("active_sessions").map(String::as_str),
@@ -911,11 +800,14 @@ async fn a_dropped_session_sends_cancel_before_it_lets_go_of_the_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_worker_connection_dropped_unclosed_ends_with_aborted_not_a_clean_end() {
-    let dir = TempDir::new();
-    let server = WorkerServer::bind_unix(dir.socket(), WorkerService::new(drop)).unwrap();
-    let channel = GrpcChannel::connect(&WorkerEndpoint::Unix(dir.socket()), &GrpcConfig::default())
-        .await
-        .unwrap();
+    let dir = ScratchDir::new("grpc");
+    let server = WorkerServer::bind_unix(dir.join("w.sock"), WorkerService::new(drop)).unwrap();
+    let channel = GrpcChannel::connect(
+        &WorkerEndpoint::Unix(dir.join("w.sock")),
+        &GrpcConfig::default(),
+    )
+    .await
+    .unwrap();
     let (session, handle) = new_session(&channel);
     let failed = session
         .init(init("payload"))
@@ -1020,7 +912,7 @@ async fn builtin_manage_shutdown_lets_open_sessions_finish_then_stops_the_server
     tokio::time::timeout(PROMPT, server.wait())
         .await
         .expect("the server stopped");
-    assert!(!worker.dir.socket().exists(), "socket file removed");
+    assert!(!worker.dir.join("w.sock").exists(), "socket file removed");
     assert!(
         GrpcChannel::connect(&worker.endpoint, &worker.config)
             .await

@@ -10,50 +10,20 @@
 //! fails a test here. The last tests run the async drivers over the in-memory connection
 //! on a [`ManualClock`]: they show that the drivers take their deadlines from the cores.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use futures::future::poll_fn;
-use tether::connection::{Connection, MemoryConnection, pair};
+use tether::testing::fixtures::{
+    MS, TEST_CANCEL, TEST_INIT, TEST_INTERRUPT, TEST_TERMINAL, data, endpoint_config, init,
+    init_ok, session_config, session_config_on,
+};
+use tether::testing::script::{engine_session, settle, until_armed};
 use tether::time::ManualClock;
-use tether::wire::{
-    ExecutionError, Init, InitResponse, RequestKind, UdfPayload, UdfRequest, UdfResponse,
-    UdfWorkerDataFormat,
-};
-use tether::worker::endpoint::{
-    EndpointConfig, EndpointOutcome, EngineViolation, WorkerCore, WorkerPhase,
-};
+use tether::wire::{ExecutionError, InitResponse, RequestKind, UdfRequest, UdfResponse};
+use tether::worker::endpoint::{EndpointOutcome, EngineViolation, WorkerCore, WorkerPhase};
 use tether::worker::engine::{
-    CountingHandle, EngineCore, EnginePhase, Session, SessionConfig, SessionError, Termination,
-    TransportFailure, Wait,
+    EngineCore, EnginePhase, SessionError, Termination, TransportFailure, Wait,
 };
-
-const INIT: Duration = Duration::from_secs(30);
-const TERMINAL: Duration = Duration::from_secs(20);
-const INTERRUPT: Duration = Duration::from_secs(2);
-const R4_CANCEL: Duration = Duration::from_secs(25);
-const MS: Duration = Duration::from_millis(1);
-
-fn config() -> SessionConfig {
-    SessionConfig {
-        init_timeout: INIT,
-        terminal_timeout: TERMINAL,
-        interrupt_cancel_timeout: INTERRUPT,
-        ..SessionConfig::default()
-    }
-}
-
-fn init_msg() -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(Bytes::from_static(b"udf"), "deadlines"),
-    )
-}
-
-fn data(s: &'static str) -> UdfResponse {
-    UdfResponse::data(Bytes::from_static(s.as_bytes()))
-}
 
 fn drain_requests(core: &mut EngineCore) -> Vec<RequestKind> {
     std::iter::from_fn(|| core.poll_transmit())
@@ -63,8 +33,8 @@ fn drain_requests(core: &mut EngineCore) -> Vec<RequestKind> {
 
 /// A core whose `Init` is on the wire, waiting for the `InitResponse`.
 fn initializing() -> EngineCore {
-    let mut core = EngineCore::new(&config());
-    core.start_init(init_msg(), None).expect("init");
+    let mut core = EngineCore::new(&session_config());
+    core.start_init(init("udf"), None).expect("init");
     assert_eq!(drain_requests(&mut core), [RequestKind::Init]);
     core
 }
@@ -104,23 +74,23 @@ fn init_deadline_is_total_from_the_first_wait() {
     // A worker event (a duplicate answer would do; here an ignored chunk of time passes and
     // a new wait begins) does not move a total deadline.
     core.begin_wait(t0 + Duration::from_secs(10));
-    expires_exactly_at(&mut core, t0 + INIT);
-    assert_eq!(timeout_of(&core), Some((Wait::InitResponse, INIT)));
+    expires_exactly_at(&mut core, t0 + TEST_INIT);
+    assert_eq!(timeout_of(&core), Some((Wait::InitResponse, TEST_INIT)));
     // The worker learns about it: a best-effort Cancel stays queued behind the terminal.
     assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
 }
 
 #[test]
 fn init_deadline_ignores_worker_events() {
-    let mut core = EngineCore::new(&config());
-    core.start_init(init_msg(), Some(1)).expect("init");
+    let mut core = EngineCore::new(&session_config());
+    core.start_init(init("udf"), Some(1)).expect("init");
     let t0 = Instant::now();
     core.begin_wait(t0);
     // Taking the chunks is a worker event; a per-poll deadline would restart, this one not.
     let _ = drain_requests(&mut core);
     core.begin_wait(t0 + Duration::from_secs(29));
-    expires_exactly_at(&mut core, t0 + INIT);
-    assert_eq!(timeout_of(&core), Some((Wait::InitResponse, INIT)));
+    expires_exactly_at(&mut core, t0 + TEST_INIT);
+    assert_eq!(timeout_of(&core), Some((Wait::InitResponse, TEST_INIT)));
 }
 
 #[test]
@@ -128,19 +98,19 @@ fn streaming_deadline_is_per_poll() {
     let mut core = streaming();
     let t0 = Instant::now();
     core.begin_wait(t0);
-    assert_eq!(core.poll_timeout(), Some(t0 + TERMINAL));
+    assert_eq!(core.poll_timeout(), Some(t0 + TEST_TERMINAL));
     // A DataResponse at t0 + 15 s ends that wait; the next one starts its own.
     let t1 = t0 + Duration::from_secs(15);
     core.handle_response(data("a"));
     assert_eq!(core.poll_timeout(), None, "the event ended the wait");
     core.begin_wait(t1);
-    core.handle_timeout(t0 + TERMINAL);
+    core.handle_timeout(t0 + TEST_TERMINAL);
     assert!(
         !core.is_terminal(),
         "a total deadline would have expired here"
     );
-    expires_exactly_at(&mut core, t1 + TERMINAL);
-    assert_eq!(timeout_of(&core), Some((Wait::Output, TERMINAL)));
+    expires_exactly_at(&mut core, t1 + TEST_TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Output, TEST_TERMINAL)));
     assert_eq!(drain_requests(&mut core), [RequestKind::Cancel]);
 }
 
@@ -153,7 +123,7 @@ fn streaming_deadline_restarts_with_each_call() {
     core.end_wait();
     let t1 = t0 + Duration::from_secs(19);
     core.begin_wait(t1);
-    expires_exactly_at(&mut core, t1 + TERMINAL);
+    expires_exactly_at(&mut core, t1 + TEST_TERMINAL);
 }
 
 #[test]
@@ -168,7 +138,7 @@ fn streaming_deadline_counts_transport_progress_as_an_event() {
     let t1 = t0 + Duration::from_secs(5);
     assert_eq!(drain_requests(&mut core), [RequestKind::Data]);
     core.begin_wait(t1);
-    expires_exactly_at(&mut core, t1 + TERMINAL);
+    expires_exactly_at(&mut core, t1 + TEST_TERMINAL);
 }
 
 #[test]
@@ -181,8 +151,8 @@ fn finishing_deadline_is_per_poll_and_reports_output() {
     core.handle_response(data("trailing"));
     let t1 = t0 + Duration::from_secs(7);
     core.begin_wait(t1);
-    expires_exactly_at(&mut core, t1 + TERMINAL);
-    assert_eq!(timeout_of(&core), Some((Wait::Output, TERMINAL)));
+    expires_exactly_at(&mut core, t1 + TEST_TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Output, TEST_TERMINAL)));
 }
 
 #[test]
@@ -195,8 +165,8 @@ fn cancelling_wait_is_per_poll_and_reports_the_terminator() {
     core.handle_response(data("late"));
     let t1 = t0 + Duration::from_secs(3);
     core.begin_wait(t1);
-    expires_exactly_at(&mut core, t1 + TERMINAL);
-    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TERMINAL)));
+    expires_exactly_at(&mut core, t1 + TEST_TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TEST_TERMINAL)));
     assert!(
         drain_requests(&mut core).is_empty(),
         "the Cancel is already out: no second one"
@@ -217,8 +187,8 @@ fn close_waits_for_the_terminator_in_total() {
         core.begin_wait(t0 + Duration::from_secs(s));
     }
     assert_eq!(core.output_len(), 0, "close discards output");
-    expires_exactly_at(&mut core, t0 + TERMINAL);
-    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TERMINAL)));
+    expires_exactly_at(&mut core, t0 + TEST_TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TEST_TERMINAL)));
 }
 
 #[test]
@@ -235,8 +205,8 @@ fn an_init_error_waits_for_the_cancel_answer_in_total() {
     let t1 = t0 + Duration::from_secs(1);
     core.begin_wait(t1);
     core.begin_wait(t1 + Duration::from_secs(10));
-    expires_exactly_at(&mut core, t1 + TERMINAL);
-    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TERMINAL)));
+    expires_exactly_at(&mut core, t1 + TEST_TERMINAL);
+    assert_eq!(timeout_of(&core), Some((Wait::Terminator, TEST_TERMINAL)));
     // A failed init still reports the worker's error (udf §4.6 step 5), the data phase the
     // terminal's.
     assert!(
@@ -256,11 +226,11 @@ fn an_interrupt_waits_for_the_acknowledgement_in_total() {
     core.begin_wait(t0);
     core.handle_response(data("ignored"));
     core.begin_wait(t0 + Duration::from_secs(1));
-    expires_exactly_at(&mut core, t0 + INTERRUPT);
+    expires_exactly_at(&mut core, t0 + TEST_INTERRUPT);
     match core.terminal() {
         Some(Termination::Interrupted(i)) => {
             assert_eq!(i.context, "reading UDF result");
-            assert_eq!(i.waited, INTERRUPT);
+            assert_eq!(i.waited, TEST_INTERRUPT);
         }
         other => panic!("expected Interrupted, got {other:?}"),
     }
@@ -274,7 +244,7 @@ fn an_acknowledged_interrupt_is_cancelled_not_interrupted() {
     let _ = drain_requests(&mut core);
     core.begin_wait(t0);
     core.handle_response(UdfResponse::cancel(Default::default()));
-    core.handle_timeout(t0 + INTERRUPT);
+    core.handle_timeout(t0 + TEST_INTERRUPT);
     assert!(matches!(
         core.terminal(),
         Some(Termination::Cancelled { .. })
@@ -286,16 +256,16 @@ fn the_request_side_shutdown_is_bounded_after_the_terminal() {
     let mut core = streaming();
     let t0 = Instant::now();
     core.begin_wait(t0);
-    core.handle_timeout(t0 + TERMINAL);
+    core.handle_timeout(t0 + TEST_TERMINAL);
     assert!(core.has_transmit(), "the farewell Cancel is queued");
     assert!(!core.wants_half_close(), "the farewell goes first");
     // The transport never takes it.
-    let t1 = t0 + TERMINAL + Duration::from_secs(1);
+    let t1 = t0 + TEST_TERMINAL + Duration::from_secs(1);
     core.begin_wait(t1);
-    assert_eq!(core.poll_timeout(), Some(t1 + INTERRUPT));
-    core.handle_timeout(t1 + INTERRUPT - MS);
+    assert_eq!(core.poll_timeout(), Some(t1 + TEST_INTERRUPT));
+    core.handle_timeout(t1 + TEST_INTERRUPT - MS);
     assert!(!core.requests_abandoned(), "nothing at the deadline - 1 ms");
-    core.handle_timeout(t1 + INTERRUPT);
+    core.handle_timeout(t1 + TEST_INTERRUPT);
     assert!(core.requests_abandoned());
     assert!(!core.has_transmit(), "the farewell is dropped");
     assert_eq!(core.poll_timeout(), None, "no deadline after the shutdown");
@@ -303,7 +273,7 @@ fn the_request_side_shutdown_is_bounded_after_the_terminal() {
 
 #[test]
 fn no_deadline_before_init() {
-    let mut core = EngineCore::new(&config());
+    let mut core = EngineCore::new(&session_config());
     let t0 = Instant::now();
     core.begin_wait(t0);
     assert_eq!(core.poll_timeout(), None);
@@ -313,18 +283,10 @@ fn no_deadline_before_init() {
 
 // --- the worker's R4 cancel deadline -------------------------------------------------------
 
-fn worker_config() -> EndpointConfig {
-    EndpointConfig {
-        cancel_timeout: Some(R4_CANCEL),
-        timer: None,
-        ..EndpointConfig::default()
-    }
-}
-
 /// A worker core that reported a data-phase error and waits for the engine's Cancel.
 fn post_error() -> WorkerCore {
-    let mut core = WorkerCore::new(&worker_config());
-    core.handle_request(UdfRequest::init(init_msg()));
+    let mut core = WorkerCore::new(&endpoint_config());
+    core.handle_request(UdfRequest::init(init("udf")));
     let _ = core.take_init();
     core.accept_init(None).expect("accept");
     core.fail(ExecutionError::user("boom")).expect("fail");
@@ -341,13 +303,16 @@ fn worker_r4_cancel_deadline_is_total() {
     // The engine's late data and Finish are ignored, and do not move the deadline.
     core.handle_request(UdfRequest::data(Bytes::from_static(b"late")));
     core.begin_wait(t0 + Duration::from_secs(20));
-    assert_eq!(core.poll_timeout(), Some(t0 + R4_CANCEL));
-    core.handle_timeout(t0 + R4_CANCEL - MS);
+    assert_eq!(core.poll_timeout(), Some(t0 + TEST_CANCEL));
+    core.handle_timeout(t0 + TEST_CANCEL - MS);
     assert_eq!(core.phase(), WorkerPhase::PostError, "nothing at - 1 ms");
-    core.handle_timeout(t0 + R4_CANCEL);
+    core.handle_timeout(t0 + TEST_CANCEL);
     match core.outcome() {
         Some(EndpointOutcome::ProtocolViolation(v)) => {
-            assert_eq!(*v, EngineViolation::NoCancelAfterError { after: R4_CANCEL });
+            assert_eq!(
+                *v,
+                EngineViolation::NoCancelAfterError { after: TEST_CANCEL }
+            );
         }
         other => panic!("expected the R4 violation, got {other:?}"),
     }
@@ -360,60 +325,20 @@ fn worker_r4_deadline_ends_with_the_cancel() {
     core.begin_wait(t0);
     core.handle_request(UdfRequest::cancel(Some("after your error".into())));
     assert_eq!(core.poll_timeout(), None);
-    core.handle_timeout(t0 + R4_CANCEL);
+    core.handle_timeout(t0 + TEST_CANCEL);
     assert_eq!(core.phase(), WorkerPhase::Cancelling);
 }
 
 // --- the drivers take their deadlines from the cores ---------------------------------------
 
-type EngineConn = MemoryConnection<UdfRequest, UdfResponse>;
-
-/// Polls the runtime until the driver has armed a sleep on `clock`.
-async fn until_armed(clock: &ManualClock) {
-    for _ in 0..1000 {
-        if clock.pending_sleeps() > 0 {
-            return;
-        }
-        tokio::task::yield_now().await;
-    }
-    panic!("the driver never armed its deadline");
-}
-
-async fn send(worker: &mut MemoryConnection<UdfResponse, UdfRequest>, message: UdfResponse) {
-    poll_fn(|cx| worker.poll_ready(cx)).await.expect("ready");
-    worker.start_send(message).expect("send");
-    poll_fn(|cx| worker.poll_flush(cx)).await.expect("flush");
-}
-
-async fn settle_a_little() {
-    for _ in 0..50 {
-        tokio::task::yield_now().await;
-    }
-}
-
-fn session_on(
-    clock: &ManualClock,
-) -> (
-    Session<tether::worker::state::Init, EngineConn>,
-    MemoryConnection<UdfResponse, UdfRequest>,
-) {
-    let (engine, worker) = pair::<UdfRequest, UdfResponse>(16);
-    let cfg = SessionConfig {
-        timer: Some(Arc::new(clock.clone())),
-        ..config()
-    };
-    let handle = Arc::new(CountingHandle::for_one_session());
-    (Session::new(engine, handle, cfg), worker)
-}
-
 #[tokio::test]
 async fn session_init_times_out_exactly_at_the_core_deadline() {
     let clock = ManualClock::new();
-    let (session, _worker) = session_on(&clock);
-    let task = tokio::spawn(session.init(init_msg()));
+    let (session, _worker, _handle) = engine_session(session_config_on(&clock));
+    let task = tokio::spawn(session.init(init("udf")));
     until_armed(&clock).await;
-    clock.advance(INIT - MS);
-    settle_a_little().await;
+    clock.advance(TEST_INIT - MS);
+    settle().await;
     assert!(!task.is_finished(), "nothing at the deadline - 1 ms");
     clock.advance(MS);
     let failed = match task.await.expect("task") {
@@ -426,7 +351,7 @@ async fn session_init_times_out_exactly_at_the_core_deadline() {
             outcome,
             Termination::TransportFailed(TransportFailure::Timeout {
                 waiting_for: Wait::InitResponse,
-                after: INIT
+                after: TEST_INIT
             })
         ),
         "{outcome}"
@@ -436,10 +361,10 @@ async fn session_init_times_out_exactly_at_the_core_deadline() {
 #[tokio::test]
 async fn session_recv_deadline_is_per_poll() {
     let clock = ManualClock::new();
-    let (session, mut worker) = session_on(&clock);
-    let init = tokio::spawn(session.init(init_msg()));
-    let _ = poll_fn(|cx| worker.poll_recv(cx)).await;
-    send(&mut worker, UdfResponse::init(InitResponse::default())).await;
+    let (session, mut worker, _handle) = engine_session(session_config_on(&clock));
+    let init = tokio::spawn(session.init(init("udf")));
+    worker.expect(RequestKind::Init).await;
+    worker.try_send(init_ok()).await.expect("send");
     let (mut session, _) = init.await.expect("task").expect("init ok");
     let t0 = clock.now();
     let task = tokio::spawn(async move {
@@ -449,19 +374,19 @@ async fn session_recv_deadline_is_per_poll() {
     });
     until_armed(&clock).await;
     clock.advance(Duration::from_secs(15));
-    send(&mut worker, data("a")).await;
-    settle_a_little().await;
+    worker.try_send(data("a")).await.expect("send");
+    settle().await;
     // The second recv waits from t0 + 15 s: a total deadline would fire at t0 + 20 s.
-    clock.set(t0 + TERMINAL);
-    settle_a_little().await;
+    clock.set(t0 + TEST_TERMINAL);
+    settle().await;
     assert!(
         !task.is_finished(),
         "per poll: the event moved the deadline"
     );
-    clock.set(t0 + Duration::from_secs(15) + TERMINAL - MS);
-    settle_a_little().await;
+    clock.set(t0 + Duration::from_secs(15) + TEST_TERMINAL - MS);
+    settle().await;
     assert!(!task.is_finished(), "nothing at the deadline - 1 ms");
-    clock.set(t0 + Duration::from_secs(15) + TERMINAL);
+    clock.set(t0 + Duration::from_secs(15) + TEST_TERMINAL);
     let (first, second, session) = task.await.expect("task");
     assert_eq!(first.expect("a batch"), Some(Bytes::from_static(b"a")));
     assert!(second.is_err(), "the second read timed out");

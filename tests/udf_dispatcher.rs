@@ -9,8 +9,6 @@
 //!   binary re-executed in worker mode (`tests/support/tether-worker.sh` → the ignored
 //!   `worker_mode` test, which serves the reference echo UDF with `endpoint::serve`).
 
-mod common;
-
 use std::io;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,10 +20,10 @@ use futures::future::BoxFuture;
 use tether::connection::framed::{FramedConfig, FramedListener};
 use tether::connection::{MemoryConnection, pair};
 use tether::wire::{
-    DirectWorker, Init, LocalTcpConnection, ProcessCallable, UdfPayload,
-    UdfProtoCommunicationPattern, UdfRequest, UdfResponse, UdfWorkerDataFormat,
-    UdfWorkerProperties, UdfWorkerSpecification, UnixDomainSocket, WorkerCapabilities,
-    WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification, worker_connection_spec,
+    DirectWorker, LocalTcpConnection, ProcessCallable, UdfProtoCommunicationPattern, UdfRequest,
+    UdfResponse, UdfWorkerDataFormat, UdfWorkerProperties, UdfWorkerSpecification,
+    UnixDomainSocket, WorkerCapabilities, WorkerConnectionSpec, WorkerEnvironment,
+    udf_worker_specification, worker_connection_spec,
 };
 use tether::worker::dispatcher::{
     DispatchError, Dispatcher, DispatcherConfig, EnvironmentError, EnvironmentState, ExitReason,
@@ -38,7 +36,9 @@ use tether::worker::engine::{
 };
 use tokio::sync::{Notify, Semaphore};
 
-use common::echo::{EchoUdf, INIT_FAILURE, USER_ERROR_CLASS, echo_config};
+use tether::testing::echo::{EchoUdf, echo_config};
+use tether::testing::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
+use tether::testing::fixtures::{ScratchDir, error_chain, init};
 
 // ---------------------------------------------------------------------------------------
 // Worker mode: this binary as a real tether worker.
@@ -212,26 +212,6 @@ fn reusable(mut spec: UdfWorkerSpecification) -> UdfWorkerSpecification {
     spec
 }
 
-/// A scratch directory for marker files, removed on drop.
-struct Scratch(PathBuf);
-
-impl Scratch {
-    fn new() -> Self {
-        let p = std::env::temp_dir().join(format!("tether-dispatch-test-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&p).unwrap();
-        Scratch(p)
-    }
-    fn file(&self, name: &str) -> String {
-        self.0.join(name).to_str().unwrap().to_string()
-    }
-}
-
-impl Drop for Scratch {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// Lines in a marker file (0 when it does not exist).
 fn lines(path: &str) -> usize {
     std::fs::read_to_string(path).map_or(0, |s| s.lines().count())
@@ -266,13 +246,6 @@ fn socket_of(endpoint: &WorkerEndpoint) -> PathBuf {
         WorkerEndpoint::Unix(p) => p.clone(),
         WorkerEndpoint::Tcp(a) => panic!("unix endpoint expected, got {a}"),
     }
-}
-
-fn init_msg(payload: &'static str) -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(Bytes::from_static(payload.as_bytes()), "test"),
-    )
 }
 
 fn err_text<T: std::fmt::Debug>(r: Result<T, DispatchError>) -> (DispatchError, String) {
@@ -366,7 +339,7 @@ type FramedSession = tether::worker::engine::Session<
 
 /// Init, send `batches`, finish, collect the echoed output; returns output and outcome.
 async fn echo_round(session: FramedSession, batches: &[&[u8]]) -> (Vec<Bytes>, TerminationKind) {
-    let (mut s, _resp) = session.init(init_msg("udf")).await.expect("init");
+    let (mut s, _resp) = session.init(init("udf")).await.expect("init");
     let mut out = Vec::new();
     for b in batches {
         s.send(Bytes::copy_from_slice(b)).await.expect("send");
@@ -440,7 +413,7 @@ async fn udf_s073_session_close_kills_the_worker_and_removes_its_socket() {
     let info = d.worker(s.worker().id()).expect("tracked");
     let socket = socket_of(&info.endpoint);
     assert!(running(info.pid) && socket.exists());
-    let (s, _) = s.init(init_msg("udf")).await.expect("init");
+    let (s, _) = s.init(init("udf")).await.expect("init");
     assert_eq!(s.close().await.kind(), TerminationKind::Cancelled);
     d.settle().await;
     assert!(!exists(info.pid), "killed and reaped");
@@ -454,7 +427,7 @@ async fn udf_s074_dispatcher_close_terminates_the_worker_of_an_open_session() {
     let d = framed_dispatcher(tether_spec(), config());
     let s = d.create_session().await.expect("session");
     let pid = d.worker(s.worker().id()).expect("tracked").pid;
-    let (mut s, _) = s.init(init_msg("udf")).await.expect("init");
+    let (mut s, _) = s.init(init("udf")).await.expect("init");
     d.close().await;
     assert!(
         !exists(pid),
@@ -473,7 +446,7 @@ async fn udf_s075_user_error_surfaces_with_its_class() {
         .create_session()
         .await
         .unwrap()
-        .init(init_msg("udf"))
+        .init(init("udf"))
         .await
         .unwrap();
     s.send(Bytes::from_static(b"ERROR")).await.expect("send");
@@ -496,10 +469,7 @@ async fn udf_s075_user_error_surfaces_with_its_class() {
 async fn udf_s076_init_error_surfaces_as_worker_error() {
     let d = framed_dispatcher(tether_spec(), config());
     let s = d.create_session().await.unwrap();
-    let failed = s
-        .init(init_msg("INIT_ERROR"))
-        .await
-        .expect_err("init fails");
+    let failed = s.init(init("INIT_ERROR")).await.expect_err("init fails");
     let exec = failed
         .error
         .execution_error()
@@ -519,7 +489,7 @@ async fn udf_s077_close_after_init_is_cancelled_quickly() {
         .create_session()
         .await
         .unwrap()
-        .init(init_msg("udf"))
+        .init(init("udf"))
         .await
         .unwrap();
     let start = Instant::now();
@@ -616,7 +586,7 @@ async fn kill_mid_stream<C>(
 where
     C: tether::connection::Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static,
 {
-    let Ok((mut s, _)) = session.init(init_msg("udf")).await else {
+    let Ok((mut s, _)) = session.init(init("udf")).await else {
         panic!("init failed");
     };
     let info = d.worker(s.worker().id()).unwrap();
@@ -640,17 +610,10 @@ where
     (err, info, termination, handle)
 }
 
-/// Every text of `error`'s source chain, outermost first.
-fn chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
-    std::iter::successors(Some(error), |e| e.source())
-        .map(ToString::to_string)
-        .collect()
-}
-
 /// The texts of a session error for a worker killed with SIGKILL: what the session, the
 /// connection and the dispatcher say, then the transport's own errors (returned whole).
 fn killed_chain(error: &SessionError, pid: u32) -> Vec<String> {
-    let texts = chain(error);
+    let texts = error_chain(error);
     assert_eq!(
         texts[..3],
         [
@@ -669,7 +632,7 @@ fn worker_lost(error: &SessionError) -> &WorkerLost {
         e.source()
     })
     .find_map(|e| e.downcast_ref::<WorkerLost>())
-    .unwrap_or_else(|| panic!("no WorkerLost in {:?}", chain(error)))
+    .unwrap_or_else(|| panic!("no WorkerLost in {:?}", error_chain(error)))
 }
 
 #[tokio::test]
@@ -801,7 +764,7 @@ fn read_pid(path: &str) -> u32 {
 
 #[tokio::test]
 async fn udf_s088_launcher_forwarding_connection_serves_and_stops_with_its_child() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = framed_dispatcher(launcher_spec(&scratch.file("child-a")), config());
     let big: Vec<u8> = (0..5 * 1024 * 1024).map(|i| (i % 241) as u8).collect();
     let s1 = d.create_session().await.unwrap();
@@ -821,7 +784,7 @@ async fn udf_s088_launcher_forwarding_connection_serves_and_stops_with_its_child
 
 #[tokio::test]
 async fn udf_s089_sigkilled_launcher_does_not_leak_its_worker() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = framed_dispatcher(launcher_spec(&scratch.file("child")), config());
     let s = d.create_session().await.unwrap();
     let launcher = d.worker(s.worker().id()).unwrap().pid;
@@ -1266,7 +1229,7 @@ async fn udf_s118_worker_that_never_creates_its_socket_times_out() {
 
 /// A spec whose environment callables append to marker files in `scratch`.
 fn env_spec(
-    scratch: &Scratch,
+    scratch: &ScratchDir,
     verification: Option<&str>,
     installation: Option<&str>,
     cleanup: Option<&str>,
@@ -1289,7 +1252,7 @@ const INSTALL_OK: &str = r#"echo run >> "$INSTALL_MARK""#;
 
 #[tokio::test]
 async fn udf_s119_passing_verification_skips_installation() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(
         &scratch,
         Some(r#"echo run >> "$VERIFY_MARK"; exit 0"#),
@@ -1305,7 +1268,7 @@ async fn udf_s119_passing_verification_skips_installation() {
 
 #[tokio::test]
 async fn udf_s120_failing_verification_runs_installation() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(
         &scratch,
         Some(r#"echo run >> "$VERIFY_MARK"; exit 1"#),
@@ -1320,7 +1283,7 @@ async fn udf_s120_failing_verification_runs_installation() {
 
 #[tokio::test]
 async fn udf_s121_without_verification_installation_runs() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(&scratch, None, Some(INSTALL_OK), None));
     let _ = d.create_session().await.unwrap().close().await;
     assert_eq!(lines(&scratch.file("install")), 1);
@@ -1329,7 +1292,7 @@ async fn udf_s121_without_verification_installation_runs() {
 
 #[tokio::test]
 async fn udf_s122_failing_installation_reports_exit_code_and_output() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(
         &scratch,
         None,
@@ -1355,7 +1318,7 @@ async fn udf_s122_failing_installation_reports_exit_code_and_output() {
 
 #[tokio::test]
 async fn udf_s123_installation_past_the_callable_timeout_is_killed() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let spec = env_spec(&scratch, None, Some(r#"echo started; sleep 30"#), None);
     let cfg = DispatcherConfig {
         callable_timeout: Duration::from_millis(500),
@@ -1380,7 +1343,7 @@ async fn udf_s123_installation_past_the_callable_timeout_is_killed() {
 
 #[tokio::test]
 async fn udf_s124_sequential_sessions_install_once() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(&scratch, None, Some(INSTALL_OK), None));
     for _ in 0..2 {
         let _ = d.create_session().await.unwrap().close().await;
@@ -1391,7 +1354,7 @@ async fn udf_s124_sequential_sessions_install_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udf_s125_concurrent_first_sessions_install_once() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(
         &scratch,
         None,
@@ -1411,7 +1374,7 @@ async fn udf_s125_concurrent_first_sessions_install_once() {
 
 #[tokio::test]
 async fn udf_s126_failed_installation_is_permanent() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(
         &scratch,
         None,
@@ -1434,7 +1397,7 @@ async fn udf_s126_failed_installation_is_permanent() {
 
 #[tokio::test]
 async fn udf_s127_installation_timeout_is_permanent() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let spec = env_spec(
         &scratch,
         None,
@@ -1473,14 +1436,14 @@ async fn udf_s128_security_scope_is_not_supported_yet() {
 
 #[test]
 fn udf_s129_verification_requires_installation() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let spec = env_spec(&scratch, Some("exit 0"), None, None);
     assert!(spec_error(&spec).contains("installation"));
 }
 
 #[tokio::test]
 async fn udf_s130_cleanup_runs_once_on_dispatcher_close_only() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let d = stub_dispatcher(env_spec(
         &scratch,
         None,
@@ -1502,7 +1465,7 @@ async fn udf_s130_cleanup_runs_once_on_dispatcher_close_only() {
 
 #[tokio::test]
 async fn udf_spawn_appends_id_and_connection_and_passes_runner_env() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let args_file = scratch.file("args");
     let mut spec = stub_spec("ready", &[("STUB_ARGS", &args_file)]);
     direct_mut(&mut spec).runner.as_mut().unwrap().arguments = vec!["--flag".into(), "v".into()];
@@ -1541,7 +1504,7 @@ fn udf_spawn_rejects_reserved_runner_arguments() {
 
 #[tokio::test]
 async fn udf_stop_reaches_children_that_ignore_sigterm() {
-    let scratch = Scratch::new();
+    let scratch = ScratchDir::new("dispatch");
     let child_pid_file = scratch.file("child");
     let d = stub_dispatcher(stub_spec("child", &[("STUB_CHILD_PID", &child_pid_file)]));
     let s = d.create_session().await.unwrap();
@@ -1562,8 +1525,8 @@ async fn udf_stop_reaches_children_that_ignore_sigterm() {
 
 #[tokio::test]
 async fn udf_socket_path_over_the_limit_is_an_error() {
-    let scratch = Scratch::new();
-    let deep = scratch.0.join("d".repeat(90));
+    let scratch = ScratchDir::new("dispatch");
+    let deep = scratch.path().join("d".repeat(90));
     std::fs::create_dir_all(&deep).unwrap();
     let cfg = DispatcherConfig {
         socket_base_dir: Some(deep),

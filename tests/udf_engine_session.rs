@@ -1,5 +1,6 @@
 //! Engine-side worker-session scenarios ported from udf §8.1–§8.2 (`udf_sNNN_…`), run
-//! against scripted fake workers over the in-memory connection under a paused tokio clock.
+//! against scripted workers (`tether::testing::script::WorkerScript`) over the in-memory
+//! connection under a paused tokio clock.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,8 +10,8 @@ use futures::StreamExt;
 use futures::future::poll_fn;
 use tether::connection::{Connection, ConnectionError, MemoryConnection, pair};
 use tether::wire::{
-    CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, MalformedMessage,
-    RequestKind, RequestMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
+    CancelResponse, ExecutionError, FinishResponse, InitResponse, MalformedMessage, RequestKind,
+    RequestMessage, UdfRequest, UdfResponse,
 };
 use tether::worker::engine::{
     CountingHandle, HandleError, PeerViolation, Session, SessionConfig, SessionError, Termination,
@@ -18,174 +19,28 @@ use tether::worker::engine::{
 };
 use tether::worker::state;
 
-type EngineConn = MemoryConnection<UdfRequest, UdfResponse>;
-
-/// The worker end of the in-memory pair, driven by hand.
-struct Worker {
-    conn: MemoryConnection<UdfResponse, UdfRequest>,
-}
-
-impl Worker {
-    async fn recv(&mut self) -> Option<UdfRequest> {
-        poll_fn(|cx| self.conn.poll_recv(cx))
-            .await
-            .map(|r| r.expect("memory recv"))
-    }
-
-    async fn recv_kind(&mut self) -> Option<RequestKind> {
-        self.recv()
-            .await
-            .map(|r| r.kind().expect("engine sent an empty oneof"))
-    }
-
-    async fn send(&mut self, msg: UdfResponse) {
-        let _ = poll_fn(|cx| self.conn.poll_ready(cx)).await;
-        let _ = self.conn.start_send(msg);
-    }
-
-    /// Reads everything the engine sends until it closes its side.
-    async fn drain(&mut self) -> Vec<RequestKind> {
-        let mut kinds = Vec::new();
-        while let Some(k) = self.recv_kind().await {
-            kinds.push(k);
-        }
-        kinds
-    }
-}
-
-fn init_msg() -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(Bytes::from_static(b"udf"), "test"),
-    )
-}
-
-fn config() -> SessionConfig {
-    SessionConfig::default()
-}
-
-fn huge_timeouts() -> SessionConfig {
-    SessionConfig {
-        init_timeout: Duration::from_secs(600),
-        terminal_timeout: Duration::from_secs(600),
-        ..SessionConfig::default()
-    }
-}
-
-fn setup(
-    config: SessionConfig,
-) -> (
-    Session<state::Init, EngineConn>,
-    Worker,
-    Arc<CountingHandle>,
-) {
-    setup_with_capacity(config, 16)
-}
-
-fn setup_with_capacity(
-    config: SessionConfig,
-    capacity: usize,
-) -> (
-    Session<state::Init, EngineConn>,
-    Worker,
-    Arc<CountingHandle>,
-) {
-    let (engine, worker) = pair::<UdfRequest, UdfResponse>(capacity);
-    let handle = Arc::new(CountingHandle::for_one_session());
-    let session = Session::new(engine, handle.clone(), config);
-    (session, Worker { conn: worker }, handle)
-}
-
-fn batches(items: &[&'static str]) -> futures::stream::Iter<std::vec::IntoIter<Bytes>> {
-    futures::stream::iter(
-        items
-            .iter()
-            .map(|s| Bytes::from_static(s.as_bytes()))
-            .collect::<Vec<_>>(),
-    )
-}
-
-fn ok_init() -> UdfResponse {
-    UdfResponse::init(InitResponse::default())
-}
-
-fn user_error(msg: &str, class: &str) -> ExecutionError {
-    ExecutionError::user_with_class(msg, class)
-}
-
-/// Worker that answers Init, echoes data, answers Finish and Cancel; records what it got.
-fn spawn_echo(mut w: Worker) -> tokio::task::JoinHandle<Vec<RequestKind>> {
-    tokio::spawn(async move {
-        let mut seen = Vec::new();
-        let mut terminated = false;
-        while let Some(req) = w.recv().await {
-            let msg = req.into_message().expect("well-formed request");
-            match msg {
-                RequestMessage::Init(_) => {
-                    seen.push(RequestKind::Init);
-                    w.send(ok_init()).await;
-                }
-                RequestMessage::PayloadChunk(c) => {
-                    seen.push(RequestKind::PayloadChunk);
-                    if c.last == Some(true) {
-                        w.send(ok_init()).await;
-                    }
-                }
-                RequestMessage::Data(d) => {
-                    seen.push(RequestKind::Data);
-                    if !terminated {
-                        w.send(UdfResponse::data(d)).await;
-                    }
-                }
-                RequestMessage::Finish(_) => {
-                    seen.push(RequestKind::Finish);
-                    if !terminated {
-                        terminated = true;
-                        let mut r = FinishResponse::default();
-                        r.metrics.insert("status".into(), "ok".into());
-                        w.send(UdfResponse::finish(r)).await;
-                    }
-                }
-                RequestMessage::Cancel(_) => {
-                    seen.push(RequestKind::Cancel);
-                    if !terminated {
-                        terminated = true;
-                        w.send(UdfResponse::cancel(CancelResponse::default())).await;
-                    }
-                }
-            }
-        }
-        seen
-    })
-}
-
-fn assert_released_once(handle: &CountingHandle, invalid: bool) {
-    assert_eq!(handle.releases(), 1, "handle released exactly once");
-    assert_eq!(handle.active_sessions(), 0);
-    assert_eq!(
-        handle.is_invalid(),
-        invalid,
-        "mark_invalid iff unsalvageable"
-    );
-    assert_eq!(handle.outcomes().len(), 1, "one outcome observed");
-}
+use tether::testing::fixtures::{
+    assert_released_once, batches, huge_timeouts, init, init_ok, user_error,
+};
+use tether::testing::script::{
+    EngineConn, WorkerScript, engine_session, engine_session_with_capacity,
+};
 
 async fn streaming(
     config: SessionConfig,
 ) -> (
     Session<state::Streaming, EngineConn>,
-    Worker,
+    WorkerScript,
     Arc<CountingHandle>,
 ) {
-    let (s, mut w, h) = setup(config);
+    let (s, mut w, h) = engine_session(config);
     let init = tokio::spawn(async move {
-        s.init(init_msg())
+        s.init(init("udf"))
             .await
             .map(|(s, _)| s)
             .map_err(|e| e.error)
     });
-    assert_eq!(w.recv_kind().await, Some(RequestKind::Init));
-    w.send(ok_init()).await;
+    w.expect(RequestKind::Init).reply(init_ok()).await;
     let s = init.await.unwrap().expect("init accepted");
     (s, w, h)
 }
@@ -195,8 +50,8 @@ async fn streaming(
 
 #[tokio::test(start_paused = true)]
 async fn udf_s001_init_returns_the_workers_init_response() {
-    let (s, mut w, h) = setup(config());
-    let task = tokio::spawn(async move { s.init(init_msg()).await });
+    let (s, mut w, h) = engine_session(SessionConfig::default());
+    let task = tokio::spawn(async move { s.init(init("udf")).await });
     assert_eq!(w.recv_kind().await, Some(RequestKind::Init));
     let resp = InitResponse {
         data: Some(Bytes::from_static(b"schema")),
@@ -222,8 +77,8 @@ async fn udf_s001_init_returns_the_workers_init_response() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s005_failed_init_leaves_a_terminal_that_close_returns() {
-    let (s, mut w, h) = setup(config());
-    let task = tokio::spawn(async move { s.init(init_msg()).await });
+    let (s, mut w, h) = engine_session(SessionConfig::default());
+    let task = tokio::spawn(async move { s.init(init("udf")).await });
     assert_eq!(w.recv_kind().await, Some(RequestKind::Init));
     w.send(UdfResponse::init(InitResponse {
         data: None,
@@ -246,7 +101,7 @@ async fn udf_s005_failed_init_leaves_a_terminal_that_close_returns() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s006_close_after_finish_response_returns_finished() {
-    let (mut s, mut w, h) = streaming(config()).await;
+    let (mut s, mut w, h) = streaming(SessionConfig::default()).await;
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Data));
         assert_eq!(w.recv_kind().await, Some(RequestKind::Finish));
@@ -280,8 +135,8 @@ async fn udf_s006_close_after_finish_response_returns_finished() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s007_finished_session_is_released_once_and_never_invalidated() {
-    let (s, w, h) = streaming(config()).await;
-    let worker = spawn_echo(w);
+    let (s, w, h) = streaming(SessionConfig::default()).await;
+    let worker = w.spawn_echo();
     let watch = s.watch();
     let f = s.finish().await.map_err(|e| e.error).unwrap();
     let f = f.wait().await;
@@ -299,8 +154,8 @@ async fn udf_s007_finished_session_is_released_once_and_never_invalidated() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s008_transport_failure_invalidates_once_and_releases_once() {
-    let (s, mut w, h) = streaming(config()).await;
-    w.conn.abort();
+    let (s, mut w, h) = streaming(SessionConfig::default()).await;
+    w.abort();
     let t = s.close().await;
     assert_eq!(t.kind(), TerminationKind::TransportFailed);
     assert!(!t.is_salvageable());
@@ -349,10 +204,10 @@ impl WorkerHandle for FailingHandle {
 async fn udf_s011_close_swallows_handle_failures_and_returns_the_outcome() {
     let (engine, mut worker) = pair::<UdfRequest, UdfResponse>(4);
     let handle = Arc::new(FailingHandle::default());
-    let s = Session::new(engine, handle.clone(), config());
+    let s = Session::new(engine, handle.clone(), SessionConfig::default());
     worker.abort();
     let t = s
-        .init(init_msg())
+        .init(init("udf"))
         .await
         .expect_err("peer gone")
         .session
@@ -374,7 +229,7 @@ async fn udf_s011_close_swallows_handle_failures_and_returns_the_outcome() {
 async fn a_typed_handle_passes_without_coercion_and_stays_inspectable() {
     let (engine, _worker) = pair::<UdfRequest, UdfResponse>(4);
     let handle = Arc::new(CountingHandle::for_one_session());
-    let session = Session::new(engine, Arc::clone(&handle), config());
+    let session = Session::new(engine, Arc::clone(&handle), SessionConfig::default());
     assert_eq!(session.worker().id(), handle.id());
     let t = session.close().await;
     assert_eq!(t.kind(), TerminationKind::Cancelled, "closed before init");
@@ -389,7 +244,7 @@ async fn a_typed_handle_passes_without_coercion_and_stays_inspectable() {
 async fn udf_s012_release_is_called_exactly_once_even_when_it_fails() {
     let (engine, _worker) = pair::<UdfRequest, UdfResponse>(4);
     let handle = Arc::new(FailingHandle::default());
-    let s = Session::new(engine, handle.clone(), config());
+    let s = Session::new(engine, handle.clone(), SessionConfig::default());
     let t = s.close().await;
     assert_eq!(
         t.kind(),
@@ -409,9 +264,9 @@ async fn udf_s012_release_is_called_exactly_once_even_when_it_fails() {
 fn udf_s013_first_terminal_wins() {
     // Reached through the core's events only: settling is the core's own business.
     let mut core = tether::worker::engine::EngineCore::default();
-    core.start_init(init_msg(), None).unwrap();
+    core.start_init(init("udf"), None).unwrap();
     while core.poll_transmit().is_some() {}
-    core.handle_response(ok_init());
+    core.handle_response(init_ok());
     assert!(core.finish().unwrap());
     while core.poll_transmit().is_some() {}
     core.handle_response(UdfResponse::finish(FinishResponse::default()));
@@ -490,15 +345,15 @@ async fn init_against<F, Fut>(
         tether::worker::engine::SessionFailed<EngineConn>,
     >,
     Arc<CountingHandle>,
-    tokio::task::JoinHandle<Worker>,
+    tokio::task::JoinHandle<WorkerScript>,
 )
 where
-    F: FnOnce(Worker) -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Worker> + Send + 'static,
+    F: FnOnce(WorkerScript) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = WorkerScript> + Send + 'static,
 {
-    let (s, w, h) = setup(config);
+    let (s, w, h) = engine_session(config);
     let worker = tokio::spawn(script(w));
-    (s.init(init_msg()).await, h, worker)
+    (s.init(init("udf")).await, h, worker)
 }
 
 fn elapsed_since(start: tokio::time::Instant) -> Duration {
@@ -565,7 +420,7 @@ async fn udf_s019_data_before_init_response_is_a_transport_failure_that_a_late_i
         w.recv_kind().await;
         w.send(UdfResponse::data(Bytes::from_static(b"early")))
             .await;
-        w.send(ok_init()).await;
+        w.send(init_ok()).await;
         w
     })
     .await;
@@ -586,7 +441,7 @@ async fn udf_s019_data_before_init_response_is_a_transport_failure_that_a_late_i
 async fn udf_s020_error_right_behind_init_response_fails_init_and_cancels() {
     let (res, h, worker) = init_against(huge_timeouts(), |mut w| async move {
         w.recv_kind().await;
-        w.send(ok_init()).await;
+        w.send(init_ok()).await;
         w.send(UdfResponse::error(ExecutionError::user("generator failed")))
             .await;
         assert_eq!(
@@ -613,16 +468,16 @@ async fn udf_s020_error_right_behind_init_response_fails_init_and_cancels() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s021_finish_response_to_the_first_data_request_fails_the_stream() {
-    let (s, mut w, handle) = setup_with_capacity(config(), 1);
+    let (s, mut w, handle) = engine_session_with_capacity(SessionConfig::default(), 1);
     let worker = tokio::spawn(async move {
         w.recv_kind().await;
-        w.send(ok_init()).await;
+        w.send(init_ok()).await;
         assert_eq!(w.recv_kind().await, Some(RequestKind::Data));
         w.send(UdfResponse::finish(FinishResponse::default())).await;
         w.drain().await
     });
-    let (s, _) = s.init(init_msg()).await.map_err(|e| e.error).unwrap();
-    let input = batches(&["a", "b", "c"]);
+    let (s, _) = s.init(init("udf")).await.map_err(|e| e.error).unwrap();
+    let input = futures::stream::iter(batches(&["a", "b", "c"]));
     let mut out = s.process(input);
     let err = out
         .next()
@@ -692,7 +547,7 @@ async fn udf_s024_worker_half_close_before_init_response_fails_init_fast() {
     let start = tokio::time::Instant::now();
     let (res, h, worker) = init_against(huge_timeouts(), |mut w| async move {
         w.recv_kind().await;
-        let _ = poll_fn(|cx| w.conn.poll_close(cx)).await;
+        w.close_responses().await;
         w
     })
     .await;
@@ -730,9 +585,9 @@ async fn udf_s025_empty_response_before_init_response_fails_init_fast() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s026_exhausted_output_stays_exhausted_without_blocking() {
-    let (s, w, h) = streaming(config()).await;
-    let worker = spawn_echo(w);
-    let mut out = s.process(batches(&["only"]));
+    let (s, w, h) = streaming(SessionConfig::default()).await;
+    let worker = w.spawn_echo();
+    let mut out = s.process(futures::stream::iter(batches(&["only"])));
     assert_eq!(
         out.next().await.unwrap().unwrap(),
         Bytes::from_static(b"only")
@@ -751,29 +606,10 @@ async fn udf_s026_exhausted_output_stays_exhausted_without_blocking() {
     );
 }
 
-/// Worker that echoes data, ignores Finish and acknowledges Cancel.
-fn spawn_ignores_finish(mut w: Worker) -> tokio::task::JoinHandle<Vec<RequestKind>> {
-    tokio::spawn(async move {
-        let mut seen = Vec::new();
-        while let Some(req) = w.recv().await {
-            let kind = req.kind().unwrap();
-            seen.push(kind);
-            match req.into_message().unwrap() {
-                RequestMessage::Data(d) => w.send(UdfResponse::data(d)).await,
-                RequestMessage::Cancel(_) => {
-                    w.send(UdfResponse::cancel(CancelResponse::default())).await
-                }
-                _ => {}
-            }
-        }
-        seen
-    })
-}
-
 #[tokio::test(start_paused = true)]
 async fn udf_s027_abandoned_blocked_consumer_then_close_cancels() {
-    let (s, w, h) = streaming(config()).await;
-    let worker = spawn_ignores_finish(w);
+    let (s, w, h) = streaming(SessionConfig::default()).await;
+    let worker = w.spawn_ignores_finish();
     let mut f = s.finish().await.map_err(|e| e.error).unwrap();
     // The consumer blocks waiting for output the worker never sends; it gives up.
     let blocked = tokio::time::timeout(Duration::from_secs(1), f.recv()).await;
@@ -790,7 +626,7 @@ async fn udf_s027_abandoned_blocked_consumer_then_close_cancels() {
 #[tokio::test(start_paused = true)]
 async fn udf_s028_close_of_a_blocked_session_is_bounded_with_huge_timeouts() {
     let (s, w, h) = streaming(huge_timeouts()).await;
-    let worker = spawn_ignores_finish(w);
+    let worker = w.spawn_ignores_finish();
     let f = s.finish().await.map_err(|e| e.error).unwrap();
     let start = tokio::time::Instant::now();
     let t = f.close().await;
@@ -854,7 +690,7 @@ async fn udf_s030_init_response_error_fails_fast_across_threads() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udf_s031_error_response_on_first_data_surfaces_with_its_class() {
-    let (s, mut w, h) = streaming(config()).await;
+    let (s, mut w, h) = streaming(SessionConfig::default()).await;
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Data));
         w.send(UdfResponse::error(user_error("boom in UDF", "UdfError")))
@@ -863,7 +699,7 @@ async fn udf_s031_error_response_on_first_data_surfaces_with_its_class() {
         w.send(UdfResponse::cancel(CancelResponse::default())).await;
         rest
     });
-    let mut out = s.process(batches(&["x"]));
+    let mut out = s.process(futures::stream::iter(batches(&["x"])));
     let err = out.next().await.unwrap().expect_err("worker error");
     assert_eq!(
         err.execution_error().map(|e| e.message()),
@@ -888,25 +724,14 @@ async fn udf_s031_error_response_on_first_data_surfaces_with_its_class() {
     );
 }
 
-impl Worker {
-    /// Reads requests until a Cancel arrives; returns their kinds (Cancel included).
-    async fn drain_until_cancel(&mut self) -> Vec<RequestKind> {
-        let mut kinds = Vec::new();
-        while let Some(k) = self.recv_kind().await {
-            kinds.push(k);
-            if k == RequestKind::Cancel {
-                break;
-            }
-        }
-        kinds
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udf_s032_echo_in_order_then_finished_and_released_clean() {
-    let (s, w, h) = streaming(config()).await;
-    let worker = spawn_echo(w);
-    let out: Vec<_> = s.process(batches(&["a", "b", "c"])).collect().await;
+    let (s, w, h) = streaming(SessionConfig::default()).await;
+    let worker = w.spawn_echo();
+    let out: Vec<_> = s
+        .process(futures::stream::iter(batches(&["a", "b", "c"])))
+        .collect()
+        .await;
     let out: Vec<Bytes> = out.into_iter().map(|r| r.unwrap()).collect();
     assert_eq!(
         out,
@@ -958,8 +783,10 @@ async fn udf_s033_pre_init_error_carries_the_structured_error() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s034_worker_ignoring_cancel_times_out_invalidated() {
-    let mut cfg = config();
-    cfg.terminal_timeout = Duration::from_secs(1);
+    let cfg = SessionConfig {
+        terminal_timeout: Duration::from_secs(1),
+        ..SessionConfig::default()
+    };
     let (s, mut w, h) = streaming(cfg).await;
     let start = tokio::time::Instant::now();
     let t = s.close().await;
@@ -997,7 +824,7 @@ async fn udf_s035_data_instead_of_init_response_fails_init() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udf_s036_init_error_is_structured_and_cancel_is_on_the_wire() {
-    let (res, h, worker) = init_against(config(), |mut w| async move {
+    let (res, h, worker) = init_against(SessionConfig::default(), |mut w| async move {
         w.recv_kind().await;
         let err = ExecutionError::user_with_class("cannot load", "InitError");
         w.send(UdfResponse::init(InitResponse {
@@ -1064,8 +891,8 @@ impl Connection<UdfRequest, UdfResponse> for FailingSend {
 async fn udf_s042_failed_first_send_fails_init_with_the_cause() {
     let (engine, mut worker) = pair::<UdfRequest, UdfResponse>(4);
     let h = Arc::new(CountingHandle::for_one_session());
-    let s = Session::new(FailingSend(engine), h.clone(), config());
-    let failed = s.init(init_msg()).await.expect_err("send fails");
+    let s = Session::new(FailingSend(engine), h.clone(), SessionConfig::default());
+    let failed = s.init(init("udf")).await.expect_err("send fails");
     match &failed.error {
         SessionError::Transport(TransportFailure::Connection(ConnectionError::Transport(
             cause,
@@ -1081,10 +908,10 @@ async fn udf_s042_failed_first_send_fails_init_with_the_cause() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s043_silent_worker_init_abandoned_then_interrupted() {
-    let (s, mut w, h) = setup(huge_timeouts());
+    let (s, mut w, h) = engine_session(huge_timeouts());
     let watch = s.watch();
     // The caller gives up on init after 1 s (dropping the future is the interrupt).
-    let abandoned = tokio::time::timeout(Duration::from_secs(1), s.init(init_msg())).await;
+    let abandoned = tokio::time::timeout(Duration::from_secs(1), s.init(init("udf"))).await;
     assert!(abandoned.is_err());
     let t = watch.wait().await;
     assert_eq!(t.kind(), TerminationKind::Interrupted);
@@ -1097,7 +924,7 @@ async fn udf_s043_silent_worker_init_abandoned_then_interrupted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udf_s044_finish_callback_error_surfaces_at_the_end_and_in_finished() {
-    let (s, mut w, h) = streaming(config()).await;
+    let (s, mut w, h) = streaming(SessionConfig::default()).await;
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Finish));
         let resp = FinishResponse {
@@ -1107,7 +934,7 @@ async fn udf_s044_finish_callback_error_surfaces_at_the_end_and_in_finished() {
         w.send(UdfResponse::finish(resp)).await;
         w.drain().await
     });
-    let mut out = s.process(batches(&[]));
+    let mut out = s.process(futures::stream::iter(batches(&[])));
     let err = out
         .next()
         .await
@@ -1129,7 +956,7 @@ async fn udf_s044_finish_callback_error_surfaces_at_the_end_and_in_finished() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn udf_s045_data_phase_error_wins_and_the_cancel_callback_error_is_kept() {
-    let (s, mut w, h) = streaming(config()).await;
+    let (s, mut w, h) = streaming(SessionConfig::default()).await;
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Data));
         w.send(UdfResponse::error(user_error(
@@ -1144,7 +971,7 @@ async fn udf_s045_data_phase_error_wins_and_the_cancel_callback_error_is_kept() 
         };
         w.send(UdfResponse::cancel(resp)).await;
     });
-    let mut out = s.process(batches(&["x"]));
+    let mut out = s.process(futures::stream::iter(batches(&["x"])));
     let err = out.next().await.unwrap().expect_err("worker error");
     assert_eq!(
         err.execution_error().map(|e| e.message()),
@@ -1167,11 +994,13 @@ async fn udf_s045_data_phase_error_wins_and_the_cancel_callback_error_is_kept() 
 
 #[tokio::test(start_paused = true)]
 async fn udf_s046_missing_terminator_times_out_per_poll() {
-    let mut cfg = config();
-    cfg.terminal_timeout = Duration::from_secs(1);
+    let cfg = SessionConfig {
+        terminal_timeout: Duration::from_secs(1),
+        ..SessionConfig::default()
+    };
     let (s, w, h) = streaming(cfg).await;
-    let worker = spawn_ignores_finish(w);
-    let mut out = s.process(batches(&["a"]));
+    let worker = w.spawn_ignores_finish();
+    let mut out = s.process(futures::stream::iter(batches(&["a"])));
     assert_eq!(out.next().await.unwrap().unwrap(), Bytes::from_static(b"a"));
     let start = tokio::time::Instant::now();
     let err = out.next().await.unwrap().expect_err("timed out");
@@ -1198,7 +1027,7 @@ async fn udf_s046_missing_terminator_times_out_per_poll() {
 
 #[tokio::test(start_paused = true)]
 async fn udf_s047_interrupted_init_with_acking_worker_is_cancelled_and_valid() {
-    let (s, mut w, h) = setup(huge_timeouts());
+    let (s, mut w, h) = engine_session(huge_timeouts());
     let watch = s.watch();
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Init));
@@ -1206,7 +1035,7 @@ async fn udf_s047_interrupted_init_with_acking_worker_is_cancelled_and_valid() {
         w.send(UdfResponse::cancel(CancelResponse::default())).await;
         w.drain().await
     });
-    let abandoned = tokio::time::timeout(Duration::from_millis(100), s.init(init_msg())).await;
+    let abandoned = tokio::time::timeout(Duration::from_millis(100), s.init(init("udf"))).await;
     assert!(abandoned.is_err());
     assert_eq!(watch.wait().await.kind(), TerminationKind::Cancelled);
     assert_released_once(&h, false);
@@ -1217,9 +1046,9 @@ async fn udf_s047_interrupted_init_with_acking_worker_is_cancelled_and_valid() {
 async fn udf_s048_interrupted_init_with_silent_worker_is_interrupted_and_invalid() {
     let mut cfg = huge_timeouts();
     cfg.interrupt_cancel_timeout = Duration::from_millis(500);
-    let (s, mut w, h) = setup(cfg);
+    let (s, mut w, h) = engine_session(cfg);
     let watch = s.watch();
-    let abandoned = tokio::time::timeout(Duration::from_millis(100), s.init(init_msg())).await;
+    let abandoned = tokio::time::timeout(Duration::from_millis(100), s.init(init("udf"))).await;
     assert!(abandoned.is_err());
     let start = tokio::time::Instant::now();
     let t = watch.wait().await;
@@ -1240,7 +1069,7 @@ async fn udf_s048_interrupted_init_with_silent_worker_is_interrupted_and_invalid
 
 #[tokio::test(start_paused = true)]
 async fn udf_s049_interrupted_consumer_with_blocked_input_sends_cancel_and_is_interrupted() {
-    let (s, mut w, h) = streaming(config()).await;
+    let (s, mut w, h) = streaming(SessionConfig::default()).await;
     let watch = s.watch();
     let mut out = s.process(futures::stream::pending::<Bytes>());
     let blocked = tokio::time::timeout(Duration::from_secs(1), out.next()).await;
@@ -1255,7 +1084,7 @@ async fn udf_s049_interrupted_consumer_with_blocked_input_sends_cancel_and_is_in
 #[tokio::test(start_paused = true)]
 async fn udf_s058_finish_then_cancel_accepts_either_terminator() {
     for worker_finishes_first in [true, false] {
-        let (s, mut w, h) = streaming(config()).await;
+        let (s, mut w, h) = streaming(SessionConfig::default()).await;
         let worker = tokio::spawn(async move {
             assert_eq!(w.recv_kind().await, Some(RequestKind::Finish));
             if worker_finishes_first {
@@ -1286,11 +1115,11 @@ async fn udf_s058_finish_then_cancel_accepts_either_terminator() {
 
 #[test]
 fn dropped_session_without_a_runtime_is_interrupted_and_invalidated_at_once() {
-    let (s, mut w, h) = setup(config());
+    let (s, mut w, h) = engine_session(SessionConfig::default());
     let watch = s.watch();
     let pending = futures::executor::block_on(async {
         // Start init, then abandon it mid-await: no tokio runtime is running here.
-        let fut = s.init(init_msg());
+        let fut = s.init(init("udf"));
         futures::pin_mut!(fut);
         futures::poll!(fut.as_mut()).is_pending()
     });
@@ -1308,7 +1137,7 @@ fn dropped_session_without_a_runtime_is_interrupted_and_invalidated_at_once() {
 
 #[tokio::test(start_paused = true)]
 async fn init_chunked_sends_payload_chunks_with_last_on_the_final_one() {
-    let (s, mut w, h) = setup(config());
+    let (s, mut w, h) = engine_session(SessionConfig::default());
     let worker = tokio::spawn(async move {
         let mut chunks = Vec::new();
         let init = match w.recv().await.unwrap().into_message().unwrap() {
@@ -1327,10 +1156,10 @@ async fn init_chunked_sends_payload_chunks_with_last_on_the_final_one() {
                 other => panic!("expected a chunk, got {other:?}"),
             }
         }
-        w.send(ok_init()).await;
+        w.send(init_ok()).await;
         (init, chunks, w)
     });
-    let mut init = init_msg();
+    let mut init = init("udf");
     init.udf.as_mut().unwrap().payload = Bytes::from_static(b"0123456789");
     let (session, _) = s.init_chunked(init, 4).await.map_err(|e| e.error).unwrap();
     let (init, chunks, mut w) = worker.await.unwrap();
@@ -1358,7 +1187,7 @@ async fn init_chunked_sends_payload_chunks_with_last_on_the_final_one() {
 
 #[tokio::test(start_paused = true)]
 async fn generator_with_zero_inputs_sends_finish_right_after_init() {
-    let (s, mut w, h) = streaming(config()).await;
+    let (s, mut w, h) = streaming(SessionConfig::default()).await;
     let worker = tokio::spawn(async move {
         assert_eq!(w.recv_kind().await, Some(RequestKind::Finish));
         for i in 0..3u8 {
@@ -1390,8 +1219,8 @@ async fn generator_with_zero_inputs_sends_finish_right_after_init() {
 
 #[tokio::test(start_paused = true)]
 async fn duplicate_init_response_mid_stream_is_ignored_and_counted() {
-    let (mut s, mut w, h) = streaming(config()).await;
-    w.send(ok_init()).await;
+    let (mut s, mut w, h) = streaming(SessionConfig::default()).await;
+    w.send(init_ok()).await;
     w.send(UdfResponse::data(Bytes::from_static(b"d"))).await;
     assert_eq!(s.recv().await.unwrap(), Some(Bytes::from_static(b"d")));
     assert_eq!(s.stats().duplicate_init_responses, 1);
@@ -1406,7 +1235,7 @@ async fn duplicate_init_response_mid_stream_is_ignored_and_counted() {
 
 #[tokio::test(start_paused = true)]
 async fn send_after_a_worker_error_is_refused_and_nothing_follows_the_cancel() {
-    let (mut s, mut w, h) = streaming(config()).await;
+    let (mut s, mut w, h) = streaming(SessionConfig::default()).await;
     w.send(UdfResponse::error(user_error("bad", "E"))).await;
     // The first send may go out before the error is read; once it is read, sends are refused.
     let mut refused = None;

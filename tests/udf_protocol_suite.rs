@@ -5,17 +5,16 @@
 //! plus the worker's own outcome. `udf_x_*` tests cover further rules of udf §2 against the
 //! same worker or against a hand-written `Endpoint` worker.
 
-mod common;
-
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::echo::{
-    EchoControl, INIT_FAILURE, SplitEngine, USER_ERROR_CLASS, spawn_echo, spawn_echo_split,
-    spawn_worker, status_ok,
-};
-use common::*;
 use tether::connection::pair;
+use tether::testing::echo::EchoControl;
+use tether::testing::fixtures::*;
+use tether::testing::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
+use tether::testing::script::{
+    EngineScript, RECV_TIMEOUT, SplitEngine, spawn_echo, spawn_echo_split, spawn_worker,
+};
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Heartbeat, ResponseKind, ResponseMessage,
     ShutdownRequest, UdfRequest, UdfResponse, WorkerRequest, worker_request, worker_response,
@@ -26,13 +25,6 @@ use tether::worker::endpoint::{
 };
 
 use ResponseKind as K;
-
-/// Asserts a clean `FinishResponse` with the echo worker's metrics.
-fn assert_echo_finish(msg: &ResponseMessage) {
-    let f = finish_response(msg);
-    assert_eq!(f.metrics, status_ok());
-    assert!(f.error.is_none(), "{f:?}");
-}
 
 /// Asserts the worker's outcome is the protocol violation `expected`.
 fn assert_violation(outcome: EndpointOutcome, expected: EngineViolation) {

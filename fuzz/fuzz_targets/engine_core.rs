@@ -1,6 +1,6 @@
 //! Operation sequences on the engine core (udf §4): calls of the engine, hostile worker
 //! messages, transport events and waits on a fuzzed clock. Invariants (checked by
-//! `EngineWatch` after every step): one terminal, first terminal wins, the udf §2 request
+//! `tether::testing::pair::EngineWatch` after every step): one terminal, first terminal wins, the udf §2 request
 //! order, nothing transmitted after a terminal except the best-effort Cancel of a timeout
 //! or an interrupt, the deadline table of udf §7, output in order; and at the end `close()`
 //! always reaches a terminal through the core's own timers.
@@ -10,8 +10,10 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use tether::testing::fixtures::tagged;
+use tether::testing::pair::{CoreWatch, EngineWatch, conn_error};
 use tether::worker::engine::EnginePhase;
-use tether_fuzz::{EngineWatch, FuzzResponse, conn_error, engine_config, init_message, tagged};
+use tether_fuzz::{FuzzResponse, engine_config, init_message};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
@@ -65,7 +67,7 @@ fuzz_target!(|input: Input| {
             Op::SendData => {
                 data_tag += 1;
                 let may = w.core.may_send();
-                if let Ok(queued) = w.core.send_data(tagged(data_tag)) {
+                if let Ok(queued) = w.core.send_data(tagged(u64::from(data_tag), 8)) {
                     assert_eq!(queued, may, "send_data queues iff may_send");
                 }
             }

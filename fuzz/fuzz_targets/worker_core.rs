@@ -1,6 +1,6 @@
 //! Operation sequences on the worker core (udf §2): hostile engine requests, the user's
 //! answers in any order, transport events and waits on a fuzzed clock. Invariants
-//! (checked by `WorkerWatch` after every step): one outcome (only a transport failure
+//! (checked by `tether::testing::pair::WorkerWatch` after every step): one outcome (only a transport failure
 //! before the terminator may replace it), exactly one terminator on the wire, nothing after
 //! it, no DataResponse before the InitResponse or after a Cancel, an error or the
 //! terminator, tickets that move once, misuse that changes nothing, the R4 deadline; and at
@@ -11,14 +11,16 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
+use tether::testing::fixtures::tagged;
+use tether::testing::pair::{CoreWatch, WorkerWatch, conn_error};
 use tether::wire::{CancelResponse, FinishResponse, UdfRequest};
 use tether::worker::endpoint::WorkerPhase;
-use tether_fuzz::{FuzzRequest, UserAnswer, WorkerWatch, conn_error, worker_config};
+use tether_fuzz::{Answer, FuzzRequest, worker_config};
 
 #[derive(Arbitrary, Debug)]
 enum Op {
     Request(FuzzRequest),
-    User(UserAnswer),
+    User(Answer),
     SendData,
     Transmit,
     PopInput,
@@ -45,15 +47,19 @@ fuzz_target!(|input: Input| {
                 req_tag += 1;
                 w.core.handle_request(r.message(req_tag));
             }
-            Op::User(a) => w.user(*a),
+            Op::User(a) => {
+                let _ = w.user((*a).into());
+            }
             Op::SendData => {
                 out_tag += 1;
-                let _ = w.send_data(out_tag);
+                let _ = w.send_data(tagged(u64::from(out_tag), 8));
             }
             Op::Transmit => {
                 w.transmit();
             }
-            Op::PopInput => w.pop_all(),
+            Op::PopInput => {
+                w.pop_all();
+            }
             Op::DiscardInput => {
                 let _ = w.core.discard_input();
                 assert_eq!(w.core.input_len(), 0);

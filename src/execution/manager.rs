@@ -1,7 +1,7 @@
 //! The execution registry and the sessions (reattach rx §5): [`ExecutionManager`].
 
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uuid::Uuid;
@@ -17,6 +17,7 @@ use super::registry::{
 use super::state;
 use super::stream::{ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
+use crate::sync::{Mutex, MutexGuard};
 use crate::time::Timer;
 use crate::wire::connect::{
     ExecutePlanRequest, InterruptRequest, InterruptResponse, InterruptType, ReattachExecuteRequest,
@@ -219,7 +220,7 @@ impl ManagerInner {
     /// Locks the registry, first applying what executions reported since the last lock
     /// (their removals, [`RegistryEvent`]): every answer reflects them.
     fn lock(&self) -> MutexGuard<'_, Reg> {
-        let mut reg = self.registry.lock().unwrap_or_else(|p| p.into_inner());
+        let mut reg = self.registry.lock();
         let events = self.events.take();
         if !events.is_empty() {
             let now = self.clock.now();

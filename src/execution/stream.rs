@@ -9,8 +9,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Instant;
 
@@ -20,6 +19,7 @@ use futures::{Sink, Stream};
 use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, StreamEnd};
 use super::error::ConnectError;
 use super::keys::ExecuteKey;
+use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
 use crate::time::Timer;
 use crate::wire::connect::{ExecutePlanResponse, Plan};
 
@@ -47,10 +47,7 @@ pub(crate) struct RegistryEvents {
 
 impl RegistryEvents {
     fn push(&self, event: RegistryEvent) {
-        self.queue
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(event);
+        self.queue.lock().push(event);
         self.pending.store(true, Ordering::Release);
     }
 
@@ -60,7 +57,7 @@ impl RegistryEvents {
         if !self.pending.load(Ordering::Acquire) || !self.pending.swap(false, Ordering::Acquire) {
             return Vec::new();
         }
-        std::mem::take(&mut *self.queue.lock().unwrap_or_else(PoisonError::into_inner))
+        std::mem::take(&mut *self.queue.lock())
     }
 }
 
@@ -150,7 +147,7 @@ impl ExecShared {
     }
 
     pub(crate) fn lock(&self) -> MutexGuard<'_, ExecState> {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+        self.state.lock()
     }
 
     pub(crate) fn now(&self) -> Instant {

@@ -5,7 +5,7 @@
 //!
 //! Behaviour: an assembled payload equal to `"INIT_ERROR"` fails init with
 //! `WorkerError(`[`INIT_FAILURE`]`)`; a data batch equal to `"ERROR"` fails with
-//! `UserError { error_class: `[`USER_ERROR_CLASS`]` }`; every other batch is echoed
+//! `UserError { error_class: `[`USER_ERROR_CLASS`](super::fixtures::USER_ERROR_CLASS)` }`; every other batch is echoed
 //! unchanged; `Finish` is answered with `FinishResponse { metrics: {status = ok} }`, `Cancel`
 //! with an empty `CancelResponse`. The rules of udf §2 (an `InitResponse` first, one
 //! terminal, the R4 cancel wait) are the endpoint's, not the UDF's.
@@ -31,7 +31,7 @@ use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 
-pub use super::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
+use super::fixtures::INIT_FAILURE;
 use super::fixtures::{finish_ok, simulated_user_error};
 use crate::wire::{CancelResponse, ExecutionError, FinishResponse, Init, ShutdownRequest};
 use crate::worker::endpoint::{EndpointConfig, Udf, WorkerControl};

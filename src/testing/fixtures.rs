@@ -23,6 +23,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -323,6 +324,59 @@ pub fn endpoint_config() -> EndpointConfig {
 /// A millisecond: the step before and at a deadline (udf §7).
 pub const MS: Duration = Duration::from_millis(1);
 
+/// A private scratch directory (mode 0700) under the system's temporary directory, removed
+/// with everything in it on drop: where a test puts a worker's Unix socket (udf §6.4: the
+/// socket lives in a directory only the engine's user can enter) or a stub worker's marker
+/// files. Its name is short, so a socket path in it stays far below the 108-byte limit.
+#[derive(Debug)]
+pub struct ScratchDir(PathBuf);
+
+impl ScratchDir {
+    /// Creates `tether-<prefix>-<16 hex digits>` (udf §6.4).
+    ///
+    /// # Panics
+    ///
+    /// When the directory cannot be created.
+    pub fn new(prefix: &str) -> Self {
+        use std::os::unix::fs::DirBuilderExt;
+        let id = uuid::Uuid::new_v4().simple().to_string();
+        let path = std::env::temp_dir().join(format!("tether-{prefix}-{}", &id[..16]));
+        std::fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&path)
+            .unwrap_or_else(|e| panic!("scratch directory {}: {e}", path.display()));
+        Self(path)
+    }
+
+    /// The directory (udf §6.4).
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The path of `name` inside the directory (udf §6.4).
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+
+    /// [`join`](Self::join) as a string, for a stub worker's environment (udf §8.6).
+    ///
+    /// # Panics
+    ///
+    /// When the path is not UTF-8.
+    pub fn file(&self, name: &str) -> String {
+        self.join(name)
+            .to_str()
+            .expect("a UTF-8 temporary directory")
+            .to_owned()
+    }
+}
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Assertions
 // ---------------------------------------------------------------------------------------------
@@ -418,6 +472,15 @@ pub fn assert_user_error(e: &ExecutionError, error_class: &str) {
         }
         _ => panic!("expected UserError[{error_class}], got {e}"),
     }
+}
+
+/// The `Display` text of `error` and of each of its sources, outermost first: what a
+/// person reads of a failure (udf §4.10 error kinds; each layer keeps its cause as the
+/// source).
+pub fn error_chain(error: &(dyn std::error::Error + 'static)) -> Vec<String> {
+    std::iter::successors(Some(error), |e| e.source())
+        .map(ToString::to_string)
+        .collect()
 }
 
 /// Asserts the session's handle was released exactly once, with one outcome observed and

@@ -244,6 +244,12 @@ impl WorkerScript {
         }
     }
 
+    /// Half-closes the response side without a terminator: the engine sees the worker's
+    /// stream end (udf §4.5: an end before the terminal is a transport failure).
+    pub async fn close_responses(&mut self) {
+        let _ = poll_fn(|cx| self.conn.poll_close(cx)).await;
+    }
+
     /// Drops both directions abruptly, like a crashed worker (udf §6.5: a transport failure).
     pub fn abort(&mut self) {
         self.conn.abort();
@@ -420,18 +426,22 @@ impl EngineScript {
     ///
     /// After [`RECV_TIMEOUT`] of silence, on a transport error or an empty oneof.
     pub async fn recv_opt(&mut self) -> Option<ResponseMessage> {
+        self.next_message("a worker message").await
+    }
+
+    /// The next message or the end of the stream; panics naming `want` on anything else.
+    async fn next_message(&mut self, want: &str) -> Option<ResponseMessage> {
         self.step += 1;
         let step = self.step;
         match next_of(&mut self.conn).await {
             Came::End => None,
-            Came::Silence => panic!(
-                "engine script step {step}: expected a worker message, got nothing within \
-                 {RECV_TIMEOUT:?}"
-            ),
-            Came::Message(r) => Some(
-                r.unwrap_or_else(|e| panic!("engine script step {step}: transport error: {e}"))
-                    .into_message()
-                    .unwrap_or_else(|e| panic!("engine script step {step}: {e}")),
+            Came::Message(Ok(r)) => match r.into_message() {
+                Ok(m) => Some(m),
+                Err(e) => panic!("engine script step {step}: expected {want}, got {e}"),
+            },
+            other => panic!(
+                "engine script step {step}: expected {want}, got {}",
+                came(other, |r: UdfResponse| format!("{r:?}"))
             ),
         }
     }
@@ -455,16 +465,18 @@ impl EngineScript {
     ///
     /// # Panics
     ///
-    /// With the step, what was expected and what came instead.
+    /// With the step, what was expected and what came instead: another kind, the end of
+    /// the response stream, an empty oneof, or nothing within [`RECV_TIMEOUT`].
     pub async fn expect(&mut self, kind: ResponseKind) -> ResponseMessage {
-        match self.recv_opt().await {
+        let want = format!("{kind:?}");
+        match self.next_message(&want).await {
             Some(m) if m.kind() == kind => m,
             Some(m) => panic!(
-                "engine script step {}: expected {kind:?}, got {m:?}",
+                "engine script step {}: expected {want}, got {m:?}",
                 self.step
             ),
             None => panic!(
-                "engine script step {}: expected {kind:?}, got the end of the stream",
+                "engine script step {}: expected {want}, got the end of the stream",
                 self.step
             ),
         }
@@ -477,9 +489,10 @@ impl EngineScript {
     ///
     /// With the step, when a message comes or nothing within [`RECV_TIMEOUT`].
     pub async fn expect_end(&mut self) {
-        if let Some(m) = self.recv_opt().await {
+        let want = "the end of the response stream";
+        if let Some(m) = self.next_message(want).await {
             panic!(
-                "engine script step {}: expected the end of the response stream, got {m:?}",
+                "engine script step {}: expected {want}, got {m:?}",
                 self.step
             );
         }
@@ -669,5 +682,123 @@ pub async fn until_armed(clock: &ManualClock) {
 pub async fn settle() {
     for _ in 0..50 {
         tokio::task::yield_now().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::fixtures::{data_request, init_request};
+
+    /// The panic message of `f`, which must panic.
+    async fn panic_of<F: Future<Output = ()> + Send + 'static>(f: F) -> String {
+        let error = tokio::spawn(f).await.expect_err("the script must fail");
+        let payload = error.into_panic();
+        payload
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| payload.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_step_names_its_number_what_it_expected_and_what_came() {
+        let (mut engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let mut worker = WorkerScript::new(worker);
+        send_on(&mut engine, init_request("udf")).await.unwrap();
+        send_on(&mut engine, data_request("row")).await.unwrap();
+        let message = panic_of(async move {
+            worker.expect(RequestKind::Init).reply(init_ok()).await;
+            worker.expect(RequestKind::Finish).await;
+        })
+        .await;
+        assert!(
+            message.starts_with("worker script step 2: expected Finish, got Data("),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_step_reports_the_end_and_silence() {
+        let (engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let mut ended = WorkerScript::new(worker);
+        drop(engine);
+        let message = panic_of(async move {
+            ended.expect(RequestKind::Init).await;
+        })
+        .await;
+        assert_eq!(
+            message,
+            "worker script step 1: expected Init, got the end of the stream"
+        );
+        let (_engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let mut silent = WorkerScript::new(worker);
+        let message = panic_of(async move { silent.expect_end().await }).await;
+        assert_eq!(
+            message,
+            "worker script step 1: expected the end of the request stream, got nothing within 5s"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_engine_step_names_its_number_what_it_expected_and_what_came() {
+        let (mut engine, _probe) = {
+            let (engine, task, probe) = spawn_echo();
+            drop(task);
+            (engine, probe)
+        };
+        engine.send(init_request("udf")).await;
+        engine.expect(ResponseKind::Init).await;
+        engine.send(UdfRequest::finish()).await;
+        let message = panic_of(async move {
+            engine.expect(ResponseKind::Data).await;
+        })
+        .await;
+        assert!(
+            message.starts_with("engine script step 4: expected Data, got Finish("),
+            "{message}"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_echo_worker_answers_a_script_and_ends_its_stream() {
+        let (mut engine, task, probe) = spawn_echo();
+        engine.send(init_request("udf")).await;
+        crate::testing::fixtures::assert_init_ok(&engine.expect(ResponseKind::Init).await);
+        engine.send(data_request("a")).await;
+        engine.send(data_request("b")).await;
+        engine.send(UdfRequest::finish()).await;
+        let rest = engine.recv_to_end().await;
+        assert_eq!(
+            crate::testing::fixtures::data_strings(&rest),
+            ["a", "b"],
+            "echoed once, in order"
+        );
+        crate::testing::fixtures::assert_echo_finish(rest.last().unwrap());
+        assert_eq!(
+            task.await.unwrap().kind(),
+            crate::worker::endpoint::OutcomeKind::Finished
+        );
+        assert_eq!(probe.lock().unwrap().batches, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_reactive_echo_acknowledges_a_cancel_once() {
+        use crate::testing::fixtures::{assert_released_once, init, session_config};
+        use crate::worker::engine::TerminationKind;
+        let (session, worker, handle) = engine_session(session_config());
+        let worker = worker.spawn_echo();
+        let (streaming, _) = session.init(init("udf")).await.expect("init");
+        let termination = streaming.close().await;
+        assert_eq!(
+            termination.kind(),
+            TerminationKind::Cancelled,
+            "{termination}"
+        );
+        assert_released_once(&handle, false);
+        assert_eq!(
+            worker.await.unwrap(),
+            [RequestKind::Init, RequestKind::Cancel]
+        );
     }
 }

@@ -15,6 +15,7 @@ use tether::wire::{
     UdfWorkerDataFormat, execution_error,
 };
 
+use tether::testing::fixtures::{ScratchDir, pattern};
 use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, EngineViolation, Udf, serve};
 use tether::worker::engine::WorkerEndpoint;
 use tether::worker::engine::{
@@ -32,40 +33,6 @@ const MIB: usize = 1024 * 1024;
 const LARGE_SIZES: [usize; 3] = [39 * MIB / 10, 6 * MIB, 20 * MIB];
 /// Upper bound for anything that should happen promptly.
 const PROMPT: Duration = Duration::from_secs(30);
-
-/// A private socket directory (mode 0700), removed on drop.
-struct TempDir(PathBuf);
-
-impl TempDir {
-    fn new() -> Self {
-        use std::os::unix::fs::DirBuilderExt;
-        let id = uuid::Uuid::new_v4().simple().to_string();
-        let path = std::env::temp_dir().join(format!("tether-conf-{}", &id[..12]));
-        std::fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&path)
-            .expect("temp dir");
-        TempDir(path)
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.0.join("w.sock")
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// `len` deterministic bytes that differ per `seed` (each side checks its own echo).
-fn pattern(len: usize, seed: u8) -> Bytes {
-    (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ ((i >> 13) as u8))
-        .collect::<Vec<u8>>()
-        .into()
-}
 
 /// The elements of a JSON array; none for anything else.
 fn items(json: &Value) -> &[Value] {
@@ -88,18 +55,18 @@ struct PythonWorker {
     pending: Vec<Value>,
     endpoint: WorkerEndpoint,
     stderr: PathBuf,
-    _dir: TempDir,
+    _dir: ScratchDir,
 }
 
 impl PythonWorker {
     async fn start(env: &PythonEnv) -> Self {
-        let dir = TempDir::new();
-        let stderr = dir.0.join("python-worker.stderr");
+        let dir = ScratchDir::new("conf");
+        let stderr = dir.join("python-worker.stderr");
         let mut command = tokio::process::Command::from(env.command("grpc_peer.py"));
         let mut child = command
             .arg("worker")
             .arg("--socket")
-            .arg(dir.socket())
+            .arg(dir.join("w.sock"))
             .stdin(Stdio::piped()) // kept open: the worker exits when it closes
             .stdout(Stdio::piped())
             .stderr(std::fs::File::create(&stderr).expect("stderr file"))
@@ -111,7 +78,7 @@ impl PythonWorker {
             child,
             events: BufReader::new(stdout).lines(),
             pending: Vec::new(),
-            endpoint: WorkerEndpoint::Unix(dir.socket()),
+            endpoint: WorkerEndpoint::Unix(dir.join("w.sock")),
             stderr,
             _dir: dir,
         };
@@ -588,12 +555,12 @@ struct Served {
 struct TetherWorker {
     server: WorkerServer,
     served: mpsc::UnboundedReceiver<Served>,
-    dir: TempDir,
+    dir: ScratchDir,
 }
 
 impl TetherWorker {
     fn start() -> Self {
-        let dir = TempDir::new();
+        let dir = ScratchDir::new("conf");
         let (tx, served) = mpsc::unbounded_channel();
         let service = WorkerService::new(move |connection| {
             let authority = connection.authority().map(str::to_owned);
@@ -614,7 +581,7 @@ impl TetherWorker {
             });
         })
         .with_config(GrpcConfig::default());
-        let server = WorkerServer::bind_unix(dir.socket(), service).expect("bind");
+        let server = WorkerServer::bind_unix(dir.join("w.sock"), service).expect("bind");
         TetherWorker {
             server,
             served,
@@ -628,7 +595,7 @@ impl TetherWorker {
         command
             .arg("engine")
             .arg("--socket")
-            .arg(self.dir.socket())
+            .arg(self.dir.join("w.sock"))
             .arg("--scenarios")
             .arg(scenarios.join(","))
             .stdin(Stdio::null())

@@ -50,8 +50,8 @@ pub mod grpc {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::UnixStream;
 
-    use crate::common::echo::{EchoUdf, echo_config};
-    use crate::common::init;
+    use tether::testing::echo::{EchoUdf, echo_config};
+    use tether::testing::fixtures::init;
 
     /// Sessions the compliant engine opens at once on one channel.
     const SESSIONS: usize = 10_000;
@@ -367,8 +367,8 @@ pub mod framed {
     use tether::wire::{UdfRequest, UdfResponse};
     use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
 
-    use crate::common::echo::EchoUdf;
-    use crate::common::init;
+    use tether::testing::echo::EchoUdf;
+    use tether::testing::fixtures::init;
 
     /// The environment variable that makes this test binary a framed worker process.
     pub const WORKER_SOCKET_VAR: &str = "TETHER_ROW14_WORKER_SOCKET";

@@ -1,13 +1,13 @@
 //! [`WorkerHandle`]: the engine's view of one worker process (udf §3, §6.1).
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::future::BoxFuture;
 
 use super::termination::Termination;
 use crate::connection::ConnectionError;
+use crate::sync::{AtomicBool, AtomicUsize, Mutex, Ordering};
 
 /// The engine's view of a worker that serves sessions (udf §3 `WorkerHandle`).
 ///
@@ -187,20 +187,13 @@ impl CountingHandle {
     /// The outcomes (udf §4.1 `Termination`) of the sessions finalized on this worker, in
     /// order, as [`session_terminated`](WorkerHandle::session_terminated) saw them.
     pub fn outcomes(&self) -> Vec<Termination> {
-        self.outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
+        self.outcomes.lock().clone()
     }
 
     /// The outcome (udf §4.1 `Termination`) of the most recently finalized session, if
     /// any.
     pub fn last_outcome(&self) -> Option<Termination> {
-        self.outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .last()
-            .cloned()
+        self.outcomes.lock().last().cloned()
     }
 }
 
@@ -228,10 +221,7 @@ impl WorkerHandle for CountingHandle {
     }
 
     fn session_terminated(&self, termination: &Termination) {
-        self.outcomes
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .push(termination.clone());
+        self.outcomes.lock().push(termination.clone());
     }
 }
 

@@ -3,7 +3,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -12,6 +12,7 @@ use futures::Stream;
 use futures::future::poll_fn;
 
 use crate::connection::{Connection, ConnectionError};
+use crate::sync::{Mutex, MutexGuard};
 use crate::wire::{Init, InitResponse, UdfRequest, UdfResponse};
 
 use super::config::SessionConfig;
@@ -38,8 +39,8 @@ struct WatchState {
 }
 
 impl TerminationWatch {
-    fn lock(&self) -> std::sync::MutexGuard<'_, WatchState> {
-        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    fn lock(&self) -> MutexGuard<'_, WatchState> {
+        self.shared.lock()
     }
 
     fn publish(&self, termination: Termination) {

@@ -1,1 +1,0 @@
-//! (filled in by the issue-11 work in progress)
