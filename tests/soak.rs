@@ -57,7 +57,7 @@ use tether::spark::connect::{
     ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
 };
 use tether::spark::udf_grpc::{GrpcTransport, WorkerArgs, WorkerMain};
-use tether::testing::echo::{ERROR_BATCH, EchoUdf, USER_ERROR_CLASS};
+use tether::testing::echo::{ERROR_BATCH, EchoUdf};
 use tether::testing::fault::{
     FaultCounters, FaultPlan, FaultReport, FaultyConnection, RandomFaults,
 };
@@ -427,7 +427,7 @@ fn check_session(r: &SessionRecord, lost: &mut u64, duplicated: &mut u64) -> Vec
         }) = &r.outcome
     {
         let class = execution_error.as_ref().and_then(|e| e.error_class());
-        if class != Some(USER_ERROR_CLASS) {
+        if class != Some(fixtures::USER_ERROR_CLASS) {
             problems.push(format!("the user error is not kept: {execution_error:?}"));
         }
     }
