@@ -17,9 +17,10 @@ use tether::execution::client::{
     ReleaseMode, RetryPolicy, RpcError, Violation, condition,
 };
 use tether::execution::{Code, ConnectError};
+use tether::testing::connect::{Caller, client_config as config};
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, ReattachExecuteRequest, ReleaseExecuteRequest,
-    ReleaseExecuteResponse, UserContext, release_execute_request::Release,
+    ReleaseExecuteResponse, release_execute_request::Release,
 };
 use tokio::time::Instant;
 
@@ -249,19 +250,7 @@ fn op_not_found() -> RpcError {
 }
 
 fn request() -> ExecutePlanRequest {
-    ExecutePlanRequest {
-        session_id: SESSION.into(),
-        user_context: Some(UserContext::new("alice")),
-        client_type: Some("tether-tests".into()),
-        ..Default::default()
-    }
-}
-
-fn config() -> ClientConfig {
-    ClientConfig {
-        jitter_seed: Some(7),
-        ..ClientConfig::default()
-    }
+    Caller::new("alice", SESSION).client_request("tether-tests")
 }
 
 fn open(fake: &Arc<Fake>) -> ReattachingStream<Fake> {

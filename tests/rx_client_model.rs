@@ -25,11 +25,10 @@ use std::time::Instant;
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::execution::ConnectError;
-use tether::execution::client::{
-    ClientConfig, ClientError, ClientPhase, Command, ReattachCore, RpcError,
-};
+use tether::execution::client::{ClientError, ClientPhase, Command, ReattachCore, RpcError};
+use tether::testing::connect::{Caller, client_config as config};
 use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, UserContext, release_execute_request::Release,
+    ExecutePlanRequest, ExecutePlanResponse, release_execute_request::Release,
 };
 
 mod model_support;
@@ -40,19 +39,7 @@ const SERVER_SESSION: &str = "0a0b0c0d-0000-4000-8000-00000000abcd";
 const RETRIES: u32 = 15;
 
 fn request() -> ExecutePlanRequest {
-    ExecutePlanRequest {
-        session_id: SESSION.into(),
-        user_context: Some(UserContext::new("alice")),
-        client_type: Some("tether-model".into()),
-        ..Default::default()
-    }
-}
-
-fn config() -> ClientConfig {
-    ClientConfig {
-        jitter_seed: Some(7),
-        ..ClientConfig::default()
-    }
+    Caller::new("alice", SESSION).client_request("tether-model")
 }
 
 fn retryable(disconnect: bool) -> RpcError {

@@ -47,9 +47,10 @@ use futures::future::poll_fn;
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::connection::{self, Connection, ConnectionError, MemoryConnection};
+use tether::testing::fixtures;
 use tether::wire::{
-    CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, RequestMessage,
-    UdfControlResponse, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, udf_response,
+    CancelResponse, ExecutionError, FinishResponse, InitResponse, RequestMessage,
+    UdfControlResponse, UdfRequest, UdfResponse, udf_response,
 };
 use tether::worker::engine::{
     CountingHandle, EngineCore, EnginePhase, InitStatus, PeerViolation, Session, SessionConfig,
@@ -60,22 +61,6 @@ use tether::worker::state;
 mod model_support;
 
 /// Distinct lengths for the three udf §7 deadlines, so that the model can tell them apart.
-fn model_config() -> SessionConfig {
-    SessionConfig {
-        init_timeout: Duration::from_secs(30),
-        terminal_timeout: Duration::from_secs(20),
-        interrupt_cancel_timeout: Duration::from_secs(2),
-        ..SessionConfig::default()
-    }
-}
-
-fn init_message() -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(Bytes::from_static(b"udf"), "model"),
-    )
-}
-
 fn empty_envelope() -> UdfResponse {
     UdfResponse { response: None }
 }
@@ -388,7 +373,7 @@ impl Model {
     /// expiry reports (`None`: the shutdown deadline after the terminal, which only drops
     /// the queued farewell).
     fn deadline(&self) -> Option<(Duration, Option<Wait>)> {
-        let cfg = model_config();
+        let cfg = fixtures::session_config();
         if self.terminal.is_some() {
             return (!self.requests_abandoned).then_some((cfg.interrupt_cancel_timeout, None));
         }
@@ -843,7 +828,10 @@ impl ReferenceStateMachine for EngineReference {
         match op {
             Op::StartInit(chunk_size) => {
                 // The core cuts the payload (R1): pieces of at most `chunk_size` bytes.
-                let payload = init_message().udf.map(|u| u.payload).unwrap_or_default();
+                let payload = fixtures::init("udf")
+                    .udf
+                    .map(|u| u.payload)
+                    .unwrap_or_default();
                 let sent: Vec<Bytes> = match chunk_size {
                     Some(n) => payload.chunks(*n).map(Bytes::copy_from_slice).collect(),
                     None => Vec::new(),
@@ -957,7 +945,7 @@ impl EngineSut {
     fn step(&mut self, r: &EngineRef, op: &Op) -> Result<(), TestCaseError> {
         match (op, &r.expect) {
             (Op::StartInit(chunk_size), Expect::StartInit(allowed)) => {
-                let actual = self.core.start_init(init_message(), *chunk_size);
+                let actual = self.core.start_init(fixtures::init("udf"), *chunk_size);
                 prop_assert_eq!(actual.is_ok(), *allowed, "start_init allowed");
             }
             (Op::SendData, Expect::SendData(data, expected)) => {
@@ -1205,7 +1193,7 @@ impl StateMachineTest for EngineCoreTest {
 
     fn init_test(r: &EngineRef) -> EngineSut {
         let mut sut = EngineSut {
-            core: EngineCore::new(&model_config()),
+            core: EngineCore::new(&fixtures::session_config()),
             now: std::time::Instant::now(),
             wire: Vec::new(),
             first_terminal: None,
@@ -1705,13 +1693,6 @@ impl Observed {
     }
 }
 
-fn chunked_init() -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(Bytes::from_static(b"0123456789"), "model"),
-    )
-}
-
 type Any = tether::worker::engine::AnySession<EngineConn>;
 
 /// Runs `f` on the session under a short deadline; `None` (and a `Dropped` event) when the
@@ -1760,17 +1741,17 @@ async fn drive_session(
         InitPlan::Skip => any = Some(Any::from(session)),
         InitPlan::Plain => {
             push(log, Ev::InitCalled);
-            let r = session.init(init_message()).await;
+            let r = session.init(fixtures::init("udf")).await;
             any = accepted(obs, log, r);
         }
         InitPlan::Chunked(n) => {
             push(log, Ev::InitCalled);
-            let r = session.init_chunked(chunked_init(), n).await;
+            let r = session.init_chunked(fixtures::init("0123456789"), n).await;
             any = accepted(obs, log, r);
         }
         InitPlan::Abandoned => {
             push(log, Ev::InitCalled);
-            let fut = session.init(init_message());
+            let fut = session.init(fixtures::init("udf"));
             match tokio::time::timeout(Duration::from_millis(500), fut).await {
                 Ok(r) => any = accepted(obs, log, r),
                 Err(_) => push(log, Ev::Dropped),
@@ -2216,7 +2197,7 @@ fn session_schedules_cover_every_outcome() {
 #[test]
 fn regression_a_core_rejects_data_before_init_response() {
     let mut core = EngineCore::default();
-    core.start_init(init_message(), None).expect("init");
+    core.start_init(fixtures::init("udf"), None).expect("init");
     assert!(core.poll_transmit().is_some());
     core.handle_response(UdfResponse::error(ExecutionError::worker("pre-init")));
     core.handle_response(UdfResponse::data(Bytes::from_static(b"early")));
@@ -2279,7 +2260,7 @@ fn regression_c_init_response_before_init_is_a_violation() {
     let mut core = EngineCore::default();
     core.handle_response(UdfResponse::init(InitResponse::default()));
     assert_eq!(core.init_status(), InitStatus::Terminated);
-    assert!(core.start_init(init_message(), None).is_err());
+    assert!(core.start_init(fixtures::init("udf"), None).is_err());
     assert_eq!(core.poll_transmit(), None, "nothing goes on the wire");
 }
 
@@ -2289,7 +2270,7 @@ fn regression_c_init_response_before_init_is_a_violation() {
 #[test]
 fn regression_d_timeout_before_init_settles_a_timeout() {
     let mut core = EngineCore::default();
-    core.start_init(init_message(), None).expect("init");
+    core.start_init(fixtures::init("udf"), None).expect("init");
     let now = std::time::Instant::now();
     core.begin_wait(now);
     core.handle_timeout(now + Duration::from_secs(30));
@@ -2317,7 +2298,7 @@ fn regression_e_drop_cleanup_survives_runtime_shutdown() {
         let (engine, worker) = connection::pair::<UdfRequest, UdfResponse>(16);
         tokio::spawn(run_worker(worker, Script::echo()));
         let session = Session::new(engine, session_handle, SessionConfig::default());
-        let (streaming, _) = session.init(init_message()).await.expect("init");
+        let (streaming, _) = session.init(fixtures::init("udf")).await.expect("init");
         drop(streaming);
     });
     drop(rt);

@@ -123,7 +123,10 @@ fn udf_s053_batches_sent_while_responses_are_in_flight() -> Check {
     pair.finish()?;
     assert_eq!(pair.in_flight().0, 6);
     pair.drive();
-    assert_eq!(pair.output(), (0..5).map(|n| tagged(n, 8)).collect::<Vec<_>>());
+    assert_eq!(
+        pair.output(),
+        (0..5).map(|n| tagged(n, 8)).collect::<Vec<_>>()
+    );
     assert_eq!(engine_kind(&pair), TerminationKind::Finished);
     Ok(())
 }

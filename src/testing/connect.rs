@@ -26,6 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use uuid::Uuid;
 
+use crate::execution::client::ClientConfig;
 use crate::execution::{
     ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, ManagerConfig, Producer,
     ResponseStream, SessionKey,
@@ -49,6 +50,15 @@ pub const USER: &str = "alice";
 pub const OTHER_USER: &str = "mallory";
 /// The relation bytes of every fixture plan (rx §1.2 `ExecutePlanRequest.plan`).
 pub const RELATION: &[u8] = b"relation";
+
+/// A client configuration whose retry jitter is seeded (7), so a client test's backoff is
+/// the same on every run (rx §6.3).
+pub fn client_config() -> ClientConfig {
+    ClientConfig {
+        jitter_seed: Some(7),
+        ..ClientConfig::default()
+    }
+}
 
 /// A fresh operation id: a random lower-case UUID (rx §1.9).
 pub fn op_id() -> String {
@@ -93,6 +103,20 @@ impl Caller {
 
     /// An `ExecutePlan` of `plan` with no operation id and no request option: what a client
     /// sends before it chooses (rx §1.2; the client adds the reattachable option, rx §6.3).
+    /// The `ExecutePlan` a client test starts a
+    /// [`ReattachingStream`](crate::execution::client::ReattachingStream) with: this caller's
+    /// session and user, `client_type` set, no plan (the tests' fake servers never read it;
+    /// rx §6.1).
+    pub fn client_request(&self, client_type: &str) -> ExecutePlanRequest {
+        ExecutePlanRequest {
+            session_id: self.session.clone(),
+            user_context: self.user_context(),
+            client_type: Some(client_type.into()),
+            ..ExecutePlanRequest::default()
+        }
+    }
+
+    /// A plain `ExecutePlan` of `plan` (rx §1.2).
     pub fn plan(&self, plan: impl Into<Bytes>) -> ExecutePlanRequest {
         ExecutePlanRequest {
             session_id: self.session.clone(),

@@ -234,7 +234,7 @@ impl EngineWatch {
     }
 
     /// Pops the output queue into [`output`](Self::output): the engine's reader of
-    /// udf §4.7. Batches made by [`tagged`](super::tagged) must come out in increasing order.
+    /// udf §4.7. Batches made by [`tagged`](crate::testing::fixtures::tagged) must come out in increasing order.
     pub fn pop_all(&mut self) {
         while let Some(b) = self.core.pop_output() {
             if let (Some(prev), Some(next)) =
@@ -575,7 +575,7 @@ impl WorkerWatch {
     }
 
     /// Pops the input queue into [`input`](Self::input) (the user reads, udf §1.4). Batches
-    /// made by [`tagged`](super::tagged) must come out in increasing order.
+    /// made by [`tagged`](crate::testing::fixtures::tagged) must come out in increasing order.
     pub fn pop_all(&mut self) -> Vec<Bytes> {
         let mut read = Vec::new();
         while let Some(b) = self.core.pop_input() {
