@@ -234,12 +234,12 @@ impl EngineWatch {
     }
 
     /// Pops the output queue into [`output`](Self::output): the engine's reader of
-    /// udf §4.7. Batches made by [`tagged`](crate::testing::fixtures::tagged) must come out in increasing order.
+    /// udf §4.7. Batches made by [`tagged`](crate::testing::fixtures::tagged) must come out
+    /// in increasing order within each source: the engine's batches carry tags below 2^31,
+    /// the worker's own from 2^31 up (the pair's convention).
     pub fn pop_all(&mut self) {
         while let Some(b) = self.core.pop_output() {
-            if let (Some(prev), Some(next)) =
-                (self.output.last().and_then(|last| tag_of(last)), tag_of(&b))
-            {
+            if let (Some(next), Some(prev)) = (tag_of(&b), last_of_source(&self.output, &b)) {
                 assert!(
                     prev < next,
                     "engine (udf §4.7): output out of order or duplicated: {prev} then {next}"
@@ -575,13 +575,13 @@ impl WorkerWatch {
     }
 
     /// Pops the input queue into [`input`](Self::input) (the user reads, udf §1.4). Batches
-    /// made by [`tagged`](crate::testing::fixtures::tagged) must come out in increasing order.
+    /// made by [`tagged`](crate::testing::fixtures::tagged) must come out in increasing order
+    /// within each source: the engine's batches carry tags below 2^31, the worker's own from
+    /// 2^31 up (the pair's convention).
     pub fn pop_all(&mut self) -> Vec<Bytes> {
         let mut read = Vec::new();
         while let Some(b) = self.core.pop_input() {
-            if let (Some(prev), Some(next)) =
-                (self.input.last().and_then(|last| tag_of(last)), tag_of(&b))
-            {
+            if let (Some(next), Some(prev)) = (tag_of(&b), last_of_source(&self.input, &b)) {
                 assert!(
                     prev < next,
                     "worker (udf §1.4): input out of order or duplicated: {prev} then {next}"
@@ -669,4 +669,17 @@ impl CoreWatch for WorkerWatch {
         }
         self.check();
     }
+}
+
+/// The tag of the last batch in `seen` from the same source as `batch` (udf §1.4, §4.7:
+/// each side's batches keep their order). The pair's convention: the engine's batches carry
+/// tags below 2^31 and the worker's own batches tags from 2^31 up, so a worker that echoes
+/// some inputs and sends batches of its own interleaves two increasing sequences, and
+/// only batches of one source are compared.
+fn last_of_source(seen: &[Bytes], batch: &Bytes) -> Option<u64> {
+    let source = tag_of(batch)? >> 31;
+    seen.iter()
+        .rev()
+        .filter_map(|b| tag_of(b))
+        .find(|tag| tag >> 31 == source)
 }
