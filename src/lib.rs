@@ -180,7 +180,7 @@
 //!   [`execution::ExecutionManager`] and a client for
 //!   [`execution::client::ReattachingStream`]. The messages themselves
 //!   ([`wire::connect`]) need no feature.
-//! - `test-util`: [`testing`](mod@testing), the test-support layer tether's own suites use
+//! - `test-util`: `tether::testing`, the test-support layer tether's own suites use
 //!   (message fixtures, scripted peers, the engine × worker core pair, fault injection).
 //!   For tests only; not covered by semver.
 #![cfg_attr(docsrs, feature(doc_cfg))]
