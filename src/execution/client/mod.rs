@@ -90,6 +90,7 @@ pub use config::{ClientConfig, ReleaseMode};
 pub use core::{ClientPhase, ClientStats, Command, ReattachCore, ResponseId};
 pub use error::{ClientError, ReleaseError, RpcError, Violation, condition};
 /// The seeded SplitMix64 source, shared with the fault plans of the test-support layer.
+#[cfg(feature = "test-util")]
 pub(crate) use retry::Jitter;
 pub use retry::{RetryDecision, RetryPolicy, Retrying};
 pub use rpc::ExecutionRpc;
