@@ -51,6 +51,7 @@ pub mod grpc {
     use tokio::net::UnixStream;
 
     use tether::testing::echo::{EchoUdf, echo_config};
+    use tether::testing::fixtures::ScratchDir;
     use tether::testing::fixtures::init;
 
     /// Sessions the compliant engine opens at once on one channel.
@@ -65,15 +66,15 @@ pub mod grpc {
     struct Worker {
         _server: WorkerServer,
         socket: PathBuf,
-        _dir: TempDir,
+        _dir: ScratchDir,
         open: Arc<AtomicUsize>,
         most_open: Arc<AtomicUsize>,
     }
 
     impl Worker {
         fn start() -> Self {
-            let dir = TempDir::new();
-            let socket = dir.0.join("w.sock");
+            let dir = ScratchDir::new("row13");
+            let socket = dir.join("w.sock");
             let open = Arc::new(AtomicUsize::new(0));
             let most_open = Arc::new(AtomicUsize::new(0));
             let service = {
@@ -105,24 +106,6 @@ pub mod grpc {
             )
             .await
             .expect("the worker is ready")
-        }
-    }
-
-    /// A private directory for the socket, removed on drop.
-    struct TempDir(PathBuf);
-
-    impl TempDir {
-        fn new() -> Self {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let path = std::env::temp_dir().join(format!("tether-row13-{}", &id[..12]));
-            std::fs::create_dir(&path).expect("a scratch directory");
-            TempDir(path)
-        }
-    }
-
-    impl Drop for TempDir {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir_all(&self.0);
         }
     }
 
@@ -368,6 +351,7 @@ pub mod framed {
     use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
 
     use tether::testing::echo::EchoUdf;
+    use tether::testing::fixtures::ScratchDir;
     use tether::testing::fixtures::init;
 
     /// The environment variable that makes this test binary a framed worker process.
@@ -402,14 +386,12 @@ pub mod framed {
     struct Worker {
         child: Child,
         socket: PathBuf,
-        dir: PathBuf,
+        _dir: ScratchDir,
     }
 
     impl Worker {
         async fn start() -> Self {
-            let id = uuid::Uuid::new_v4().simple().to_string();
-            let dir = std::env::temp_dir().join(format!("tether-row14-{}", &id[..12]));
-            std::fs::create_dir(&dir).expect("a scratch directory");
+            let dir = ScratchDir::new("row14");
             let socket = dir.join("w.sock");
             let child = Command::new(std::env::current_exe().expect("the test binary"))
                 .args([
@@ -421,7 +403,11 @@ pub mod framed {
                 .env(WORKER_SOCKET_VAR, &socket)
                 .spawn()
                 .expect("spawn the worker process");
-            let worker = Worker { child, socket, dir };
+            let worker = Worker {
+                child,
+                socket,
+                _dir: dir,
+            };
             for _ in 0..200 {
                 if worker.socket.exists() {
                     return worker;
@@ -459,7 +445,6 @@ pub mod framed {
         fn drop(&mut self) {
             let _ = self.child.kill();
             let _ = self.child.wait();
-            let _ = std::fs::remove_dir_all(&self.dir);
         }
     }
 
