@@ -954,6 +954,168 @@ async fn a_manage_response_of_the_wrong_branch_is_a_protocol_error() {
 }
 
 // -------------------------------------------------------------------------------------------
+// A clean end of the call: the engine never resets a finished session's stream
+// -------------------------------------------------------------------------------------------
+
+/// An HTTP/2 frame's type `RST_STREAM` (RFC 9113 §6.4) and the `END_STREAM` flag of a
+/// `HEADERS` frame (§6.2), which marks the worker's trailers.
+const RST_STREAM: u8 = 0x3;
+const HEADERS: u8 = 0x1;
+const END_STREAM: u8 = 0x1;
+
+/// What a [`TrailerDelayProxy`] saw on the wire.
+#[derive(Default)]
+struct Wire {
+    /// `(stream id, error code)` of every `RST_STREAM` the engine sent.
+    engine_resets: Vec<(u32, u32)>,
+    /// `(stream id, error code)` of every `RST_STREAM` the worker sent.
+    worker_resets: Vec<(u32, u32)>,
+    /// Trailers (`HEADERS` with `END_STREAM`) the worker sent and the proxy passed on.
+    trailers: usize,
+}
+
+/// A byte proxy between the engine and a worker on Unix sockets that holds each of the
+/// worker's trailers back for `delay` (they reach the engine after its `FinishResponse`)
+/// and records both sides' `RST_STREAM` frames.
+struct TrailerDelayProxy {
+    endpoint: WorkerEndpoint,
+    wire: Arc<Mutex<Wire>>,
+    _task: tokio::task::JoinHandle<()>,
+}
+
+impl TrailerDelayProxy {
+    fn start(worker: &Worker, delay: Duration) -> Self {
+        let WorkerEndpoint::Unix(upstream) = worker.endpoint.clone() else {
+            unreachable!("the test worker listens on a Unix socket")
+        };
+        let path = worker.dir.join("proxy.sock");
+        let listener = tokio::net::UnixListener::bind(&path).expect("bind the proxy");
+        let wire = Arc::<Mutex<Wire>>::default();
+        let task = tokio::spawn({
+            let wire = wire.clone();
+            async move {
+                while let Ok((engine, _)) = listener.accept().await {
+                    let worker = tokio::net::UnixStream::connect(&upstream)
+                        .await
+                        .expect("connect to the worker");
+                    let (engine_read, engine_write) = engine.into_split();
+                    let (worker_read, worker_write) = worker.into_split();
+                    tokio::spawn(relay(engine_read, worker_write, 24, {
+                        let wire = wire.clone();
+                        move |kind, _flags, stream, payload| {
+                            if let Some(code) = reset_code(kind, payload) {
+                                wire.lock().unwrap().engine_resets.push((stream, code));
+                            }
+                            Duration::ZERO
+                        }
+                    }));
+                    tokio::spawn(relay(worker_read, engine_write, 0, {
+                        let wire = wire.clone();
+                        move |kind, flags, stream, payload| {
+                            if let Some(code) = reset_code(kind, payload) {
+                                wire.lock().unwrap().worker_resets.push((stream, code));
+                            }
+                            if kind == HEADERS && flags & END_STREAM != 0 {
+                                wire.lock().unwrap().trailers += 1;
+                                delay
+                            } else {
+                                Duration::ZERO
+                            }
+                        }
+                    }));
+                }
+            }
+        });
+        Self {
+            endpoint: WorkerEndpoint::Unix(path),
+            wire,
+            _task: task,
+        }
+    }
+}
+
+/// The error code of an `RST_STREAM` frame.
+fn reset_code(kind: u8, payload: &[u8]) -> Option<u32> {
+    (kind == RST_STREAM).then(|| u32::from_be_bytes(payload.try_into().expect("4-byte code")))
+}
+
+/// Copies HTTP/2 frames from `from` to `to` one at a time (after a `preface` of raw bytes),
+/// sleeping before a frame for what `inspect(type, flags, stream id, payload)` returns.
+async fn relay(
+    mut from: tokio::net::unix::OwnedReadHalf,
+    mut to: tokio::net::unix::OwnedWriteHalf,
+    preface: usize,
+    mut inspect: impl FnMut(u8, u8, u32, &[u8]) -> Duration + Send + 'static,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut head = vec![0; preface];
+    if from.read_exact(&mut head).await.is_err() || to.write_all(&head).await.is_err() {
+        return;
+    }
+    let mut header = [0u8; 9];
+    while from.read_exact(&mut header).await.is_ok() {
+        let len = u32::from_be_bytes([0, header[0], header[1], header[2]]) as usize;
+        let stream = u32::from_be_bytes([header[5], header[6], header[7], header[8]]) & 0x7fff_ffff;
+        let mut payload = vec![0; len];
+        if from.read_exact(&mut payload).await.is_err() {
+            return;
+        }
+        let delay = inspect(header[3], header[4], stream, &payload);
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if to.write_all(&header).await.is_err() || to.write_all(&payload).await.is_err() {
+            return;
+        }
+    }
+}
+
+/// A session that finished cleanly is dropped before the worker's trailers arrive: the
+/// engine lets the call complete (it reads the trailers) instead of resetting the stream,
+/// and the worker, whose session ended before the engine half-closed, reads the request
+/// side to its end instead of resetting it. Resets of finished streams used to pile up under
+/// load until h2's limit on locally reset streams tore the connection down (hostile-input
+/// catalog row 13 failed in CI with `RESOURCE_EXHAUSTED` on one of 10 000 sessions).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_finished_session_dropped_before_the_trailers_does_not_reset_its_stream() {
+    let worker = Worker::start(GrpcConfig::default());
+    let proxy = TrailerDelayProxy::start(&worker, Duration::from_millis(200));
+    let channel = GrpcChannel::connect(&proxy.endpoint, &worker.config)
+        .await
+        .expect("the worker is ready through the proxy");
+    let sessions = 3;
+    for n in 0..sessions {
+        let (session, handle) = new_session(&channel);
+        let batch = Bytes::from(format!("batch {n}"));
+        let (mut streaming, _) = session.init(init("trailers")).await.unwrap();
+        streaming.send(batch.clone()).await.unwrap();
+        let mut finishing = streaming.finish().await.unwrap();
+        assert_eq!(finishing.recv().await.unwrap(), Some(batch));
+        assert_eq!(finishing.recv().await.unwrap(), None);
+        assert_finished_ok(&finishing.close().await);
+        assert!(!handle.is_invalid());
+    }
+    // Every session's trailers (plus the readiness heartbeat's) reach the engine.
+    let deadline = Instant::now() + PROMPT;
+    while proxy.wire.lock().unwrap().trailers < sessions + 1 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let wire = proxy.wire.lock().unwrap();
+    assert_eq!(wire.trailers, sessions + 1, "trailers the worker sent");
+    assert_eq!(
+        wire.engine_resets,
+        Vec::new(),
+        "RST_STREAM (stream, code) frames the engine sent for finished sessions"
+    );
+    assert_eq!(
+        wire.worker_resets,
+        Vec::new(),
+        "RST_STREAM (stream, code) frames the worker sent for finished sessions"
+    );
+}
+
+// -------------------------------------------------------------------------------------------
 // Throughput (measured, not asserted): `cargo test --release --features grpc --test
 // transport_grpc -- --ignored --nocapture throughput`
 // -------------------------------------------------------------------------------------------

@@ -461,6 +461,12 @@ enum Responses {
 ///   stops sending to it. A tonic worker sees that reset as a plain end of the request
 ///   stream, which is why only an explicit `Finish` message finishes a session and a
 ///   [`Session`](crate::worker::engine::Session) sends `Cancel` before it lets go of the stream.
+/// - Dropping a connection whose request side was closed cleanly lets the call complete: if
+///   the worker's trailers have not arrived yet, a background task on the current tokio
+///   runtime reads the response stream to its end (at most 5 s), as grpc-java lets Spark's
+///   engine's half-closed calls run to `onCompleted`. Resetting instead would, under many
+///   concurrent sessions, make the engine's HTTP/2 connection fail every session on it
+///   (h2's limit on locally reset streams; hostile-input catalog row 13).
 pub struct GrpcEngineConnection {
     grpc: Grpc<Channel>,
     requests: mpsc::Sender<UdfRequest>,
@@ -698,7 +704,57 @@ impl Drop for GrpcEngineConnection {
         // Not closed cleanly: reset the stream so the worker sees an abort.
         if let Some(cancel) = self.cancel.take() {
             cancel.cancel();
+            return;
         }
+        // Closed cleanly but the worker's trailers are still on their way: let the call
+        // complete instead of resetting it.
+        if !self.aborted
+            && let Responses::Open(stream) =
+                std::mem::replace(&mut self.responses, Responses::Ended)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(read_to_end(stream));
+        }
+    }
+}
+
+/// How long a dropped [`GrpcEngineConnection`] whose request side was closed cleanly keeps
+/// reading its response stream in the background, waiting for the worker's trailers.
+const TRAILERS_BOUND: Duration = Duration::from_secs(5);
+
+/// Reads a cleanly half-closed session's response stream to its end (the worker's trailers,
+/// udf §1.1), within [`TRAILERS_BOUND`], so that the call completes as in Spark's engine
+/// (grpc-java lets a half-closed call run to `onCompleted`) rather than ending with
+/// `RST_STREAM(CANCEL)`. Dropping it early would also make the engine's HTTP/2 connection
+/// forget the stream once more than a few dozen such resets are pending, answer the
+/// trailers with `RST_STREAM(STREAM_CLOSED)`, and, past h2's limit of 1024 such local
+/// resets per connection, tear the whole connection down with `ENHANCE_YOUR_CALM`, failing
+/// every session on it (`RESOURCE_EXHAUSTED`). Messages still arriving are ignored and
+/// logged, as the engine core does with messages after a terminal (udf §4.5).
+async fn read_to_end(mut stream: Box<Streaming<UdfResponse>>) {
+    let drain = async {
+        let mut late = 0_usize;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(_) => late += 1,
+                Err(status) => {
+                    tracing::debug!(%status, "the response stream of a closed session failed");
+                    break;
+                }
+            }
+        }
+        if late > 0 {
+            tracing::warn!(
+                messages = late,
+                "ignored messages the worker sent on a closed session's stream after it was dropped (udf §4.5)"
+            );
+        }
+    };
+    if tokio::time::timeout(TRAILERS_BOUND, drain).await.is_err() {
+        tracing::debug!(
+            bound = ?TRAILERS_BOUND,
+            "the worker did not end a closed session's response stream in time; resetting it"
+        );
     }
 }
 

@@ -339,8 +339,15 @@ impl Drop for ActiveGuard {
 /// - `poll_close` ends the response stream cleanly (status OK) once the queued responses are
 ///   out: the half-close after the worker's terminator. Dropping the connection without
 ///   closing it ends the response stream with the status `ABORTED` instead.
+/// - Dropping a connection closed cleanly before the engine's request side ended lets the
+///   call complete: a background task on the current tokio runtime reads the request
+///   stream to its end (at most 5 s; the engine half-closes once it has the terminator,
+///   udf §2 R9). Dropping it at once would make the worker reset a stream the engine is
+///   about to end, and, under many concurrent sessions, fail every session on the engine's
+///   HTTP/2 connection (h2's limit on locally reset streams; hostile-input catalog row 13).
 pub struct GrpcWorkerConnection {
-    requests: Streaming<UdfRequest>,
+    /// `None` only once dropped.
+    requests: Option<Streaming<UdfRequest>>,
     responses: mpsc::Sender<UdfResponse>,
     closed: Arc<AtomicBool>,
     authority: Option<String>,
@@ -370,7 +377,7 @@ impl GrpcWorkerConnection {
         let closed = Arc::new(AtomicBool::new(false));
         service.state.active.fetch_add(1, Ordering::SeqCst);
         let connection = Self {
-            requests,
+            requests: Some(requests),
             responses,
             closed: closed.clone(),
             authority,
@@ -424,10 +431,10 @@ impl Connection<UdfResponse, UdfRequest> for GrpcWorkerConnection {
         &mut self,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<UdfRequest, ConnectionError>>> {
-        if self.recv_ended {
+        let Some(requests) = self.requests.as_mut().filter(|_| !self.recv_ended) else {
             return Poll::Ready(None);
-        }
-        match Pin::new(&mut self.requests).poll_next(cx) {
+        };
+        match Pin::new(requests).poll_next(cx) {
             Poll::Ready(Some(Ok(msg))) => Poll::Ready(Some(Ok(msg))),
             Poll::Ready(Some(Err(status))) => {
                 self.recv_ended = true;
@@ -444,6 +451,54 @@ impl Connection<UdfResponse, UdfRequest> for GrpcWorkerConnection {
     fn is_active(&self) -> bool {
         let both_ended = self.recv_ended && self.send_closed;
         !(self.responses.is_closed() || both_ended)
+    }
+}
+
+impl Drop for GrpcWorkerConnection {
+    fn drop(&mut self) {
+        if self.send_closed
+            && !self.recv_ended
+            && let Some(requests) = self.requests.take()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            runtime.spawn(read_requests_to_end(requests));
+        }
+    }
+}
+
+/// How long a dropped [`GrpcWorkerConnection`] that ended its response stream cleanly keeps
+/// reading the engine's request stream in the background, waiting for its end.
+const REQUEST_END_BOUND: Duration = Duration::from_secs(5);
+
+/// Reads a finished session's request stream to its end (the engine's half-close after the
+/// terminator, udf §2 R9) within [`REQUEST_END_BOUND`], so that the stream closes from both
+/// sides instead of with the worker's `RST_STREAM(NO_ERROR)`. That reset races the engine's
+/// half-close: once more than a few dozen reset streams are pending, the worker's HTTP/2
+/// connection forgets the oldest, answers their late `END_STREAM` with
+/// `RST_STREAM(STREAM_CLOSED)`, and past h2's limit of 1024 such local resets tears the
+/// connection down with `ENHANCE_YOUR_CALM` (`RESOURCE_EXHAUSTED` for every session on it).
+/// A request arriving now (a farewell `Cancel` after `Finish`, udf §2 R9) is ignored.
+async fn read_requests_to_end(mut requests: Streaming<UdfRequest>) {
+    let drain = async {
+        loop {
+            match requests.message().await {
+                Ok(Some(_)) => {}
+                Ok(None) => break,
+                Err(status) => {
+                    tracing::debug!(%status, "the request stream of a finished session failed");
+                    break;
+                }
+            }
+        }
+    };
+    if tokio::time::timeout(REQUEST_END_BOUND, drain)
+        .await
+        .is_err()
+    {
+        tracing::debug!(
+            bound = ?REQUEST_END_BOUND,
+            "the engine did not end a finished session's request stream in time; resetting it"
+        );
     }
 }
 
