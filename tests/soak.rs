@@ -18,8 +18,11 @@
 //!   reads each echo back. Faults: a session cancels (udf §4.8), is dropped (udf §4.9),
 //!   sends the echo's error batch (udf §2.1) or SIGKILLs its own worker (udf §8.4) at a
 //!   random batch; a session's connection carries a seeded [`FaultPlan`] (cut, stall, delay,
-//!   failed write, half-close: udf §6.5); and a killer SIGKILLs a random busy worker at
-//!   random moments.
+//!   failed write, half-close: udf §6.5); a framed session's socket carries a seeded
+//!   [`IoPlan`] (split reads and writes, `Pending`, truncated frames, a cut mid-frame:
+//!   udf §1.4, §4.5, §6.5; a gRPC session shares its worker's HTTP/2 connection, so one that
+//!   draws byte faults gets message faults instead); and a killer SIGKILLs a random busy
+//!   worker at random moments.
 //! - **Executions**: a [`ConnectService`] on loopback whose streams rotate every 2 KiB or
 //!   500 ms (rx §4.5) and whose response streams are cut at random by the connect server
 //!   example's fault mode (ended without `ResultComplete`, `INVALID_CURSOR.DISCONNECTED`, a
@@ -50,7 +53,7 @@ use futures::future::BoxFuture;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tether::connection::Connection;
-use tether::connection::framed::FramedConfig;
+use tether::connection::framed::{FramedConfig, FramedConnection};
 use tether::execution::client::{ClientConfig, ReattachingStream};
 use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, StreamLimits};
 use tether::spark::connect::{
@@ -59,7 +62,8 @@ use tether::spark::connect::{
 use tether::spark::udf_grpc::{GrpcTransport, WorkerArgs, WorkerMain};
 use tether::testing::echo::{ERROR_BATCH, EchoUdf};
 use tether::testing::fault::{
-    FaultCounters, FaultPlan, FaultReport, FaultyConnection, RandomFaults,
+    FaultCounters, FaultPlan, FaultReport, FaultyConnection, FaultyIo, IoCounters, IoPlan,
+    IoReport, RandomFaults, RandomIo,
 };
 use tether::testing::fixtures;
 use tether::wire::connect::{
@@ -68,10 +72,10 @@ use tether::wire::connect::{
 use tether::wire::{ProcessCallable, UdfRequest, UdfResponse, UdfWorkerSpecification};
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::engine::{
-    FramedTransport, SessionConfig, Termination, TerminationKind, WorkerEndpoint, WorkerTransport,
+    SessionConfig, Termination, TerminationKind, WorkerEndpoint, WorkerTransport,
 };
 use tether::worker::state;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixStream};
 
 use connect_faults::{FaultService, Faults, KillableStream};
 
@@ -179,12 +183,15 @@ fn dispatcher<T: WorkerTransport>(
 // ---------------------------------------------------------------------------------------
 // Message faults on the dispatcher's connections.
 
-/// What a session asks of the transport that opens its connection: the plan to wrap it
-/// with, and where to leave the wrapper's counters.
+/// What a session asks of the transport that opens its connection: the plans to wrap it
+/// with (messages; bytes on the framed transport), and where to leave the wrappers'
+/// counters.
 #[derive(Default)]
 struct Slot {
     plan: FaultPlan,
     counters: Option<FaultCounters>,
+    io_plan: IoPlan,
+    io_counters: Option<IoCounters>,
 }
 
 tokio::task_local! {
@@ -235,6 +242,57 @@ impl<T: WorkerTransport> WorkerTransport for Faulty<T> {
 
     fn is_active(&self, channel: &T::Channel) -> bool {
         self.0.is_active(channel)
+    }
+}
+
+/// The framed transport (one socket per session, udf §1.1, §6.4) with each session's socket
+/// under a [`FaultyIo`] carrying the creating task's [`Slot`] I/O plan (a pass-through plan
+/// outside one): byte-level faults under the framed codec (udf §1.4, §4.5, §6.5).
+#[derive(Default)]
+struct ByteFaulty {
+    config: FramedConfig,
+}
+
+impl WorkerTransport for ByteFaulty {
+    type Channel = ();
+    type Connection = FramedConnection<FaultyIo<UnixStream>, UdfRequest, UdfResponse>;
+
+    fn connect<'a>(&'a self, endpoint: &'a WorkerEndpoint) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(async move {
+            drop(UnixStream::connect(unix_path(endpoint)?).await?);
+            Ok(())
+        })
+    }
+
+    fn open_session<'a>(
+        &'a self,
+        _channel: &'a (),
+        endpoint: &'a WorkerEndpoint,
+    ) -> BoxFuture<'a, io::Result<Self::Connection>> {
+        let slot = SLOT.try_with(Arc::clone).ok();
+        Box::pin(async move {
+            let socket = UnixStream::connect(unix_path(endpoint)?).await?;
+            let plan = slot
+                .as_ref()
+                .map(|s| lock(s).io_plan.clone())
+                .unwrap_or_default();
+            let io = FaultyIo::new(socket, plan);
+            if let Some(slot) = slot {
+                lock(&slot).io_counters = Some(io.counters());
+            }
+            Ok(FramedConnection::new(io, &self.config))
+        })
+    }
+}
+
+/// The soak's framed workers listen on Unix sockets below its scratch directory.
+fn unix_path(endpoint: &WorkerEndpoint) -> io::Result<&Path> {
+    match endpoint {
+        WorkerEndpoint::Unix(path) => Ok(path),
+        WorkerEndpoint::Tcp(addr) => Err(io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("the soak's framed workers listen on Unix sockets, not {addr}"),
+        )),
     }
 }
 
@@ -291,17 +349,23 @@ enum Planned {
     Kill,
     /// A seeded [`FaultPlan`] on the connection (udf §6.5).
     Messages,
+    /// A seeded [`IoPlan`] on the framed session's socket (udf §1.4, §4.5, §6.5).
+    Bytes,
 }
 
 impl Planned {
-    fn draw(rng: &mut SmallRng) -> Self {
+    fn draw(rng: &mut SmallRng, transport: Transport) -> Self {
         match rng.random_range(0..100) {
             0..70 => Self::None,
             70..76 => Self::Cancel,
             76..82 => Self::Drop,
             82..86 => Self::UserError,
             86..90 => Self::Kill,
-            _ => Self::Messages,
+            90..95 => Self::Messages,
+            // A gRPC session's stream shares its worker's HTTP/2 connection: no socket of
+            // its own to fault.
+            _ if transport == Transport::Grpc => Self::Messages,
+            _ => Self::Bytes,
         }
     }
 }
@@ -320,7 +384,20 @@ struct SessionRecord {
     killed: bool,
     /// What the connection's fault plan did.
     faults: FaultReport,
+    /// What the socket's I/O plan did (framed sessions).
+    io: IoReport,
     took: Duration,
+}
+
+/// Byte faults summed over sessions.
+#[derive(Debug, Default)]
+struct IoTally {
+    split_reads: u64,
+    split_writes: u64,
+    pendings: u64,
+    read_truncated: u64,
+    write_truncated: u64,
+    cut: u64,
 }
 
 #[derive(Default)]
@@ -333,6 +410,8 @@ struct UdfTally {
     hit_by_killer: u64,
     /// Summed counters of the message faults.
     faults: FaultReport,
+    /// Summed counters of the byte faults (booleans counted as sessions).
+    io: IoTally,
     /// Batches sent, echoes checked.
     batches_sent: u64,
     echoes_checked: u64,
@@ -360,6 +439,13 @@ impl UdfTally {
         f.failed_writes += g.failed_writes;
         f.half_closed += g.half_closed;
         f.swallowed += g.swallowed;
+        let (t, io) = (&mut self.io, r.io);
+        t.split_reads += io.split_reads;
+        t.split_writes += io.split_writes;
+        t.pendings += io.pendings;
+        t.read_truncated += u64::from(io.read_truncated);
+        t.write_truncated += u64::from(io.write_truncated);
+        t.cut += u64::from(io.cut);
         self.batches_sent += r.sent.len() as u64;
         self.echoes_checked += r.echoed.len() as u64;
         self.slowest = self.slowest.max(r.took);
@@ -367,8 +453,8 @@ impl UdfTally {
             self.violations += 1;
             if self.kept.len() < KEPT {
                 self.kept.push(format!(
-                    "{:?} {:?} session: {problem} (outcome {:?}, faults {:?})",
-                    r.transport, r.planned, r.outcome, r.faults
+                    "{:?} {:?} session: {problem} (outcome {:?}, faults {:?}, io {:?})",
+                    r.transport, r.planned, r.outcome, r.faults, r.io
                 ));
             }
         }
@@ -406,13 +492,14 @@ fn check_session(r: &SessionRecord, lost: &mut u64, duplicated: &mut u64) -> Vec
             r.sent.len()
         ));
     }
-    // The killer or a destructive message fault may end any session any typed way.
-    if r.killed || r.faults.destructive() > 0 {
+    // The killer or a destructive message or byte fault may end any session any typed way.
+    if r.killed || r.faults.destructive() > 0 || r.io.destructive() {
         return problems;
     }
     use TerminationKind::*;
     let expected: &[TerminationKind] = match r.planned {
-        Planned::None | Planned::Messages => &[Finished],
+        // Benign faults (delays; split reads and writes, `Pending`) change no outcome.
+        Planned::None | Planned::Messages | Planned::Bytes => &[Finished],
         Planned::Cancel => &[Cancelled],
         Planned::Drop => &[Cancelled, Interrupted],
         Planned::UserError => &[Cancelled],
@@ -457,7 +544,7 @@ async fn udf_session<T: WorkerTransport>(
 ) -> SessionRecord {
     let started = Instant::now();
     let mut rng = SmallRng::seed_from_u64(seed);
-    let planned = Planned::draw(&mut rng);
+    let planned = Planned::draw(&mut rng, transport);
     let batches = rng.random_range(1..=12u64);
     let at = rng.random_range(0..batches);
     let sent: Vec<Bytes> = (0..batches)
@@ -473,6 +560,16 @@ async fn udf_session<T: WorkerTransport>(
         };
         lock(&slot).plan = FaultPlan::random(seed, &settings);
     }
+    if planned == Planned::Bytes {
+        let settings = RandomIo {
+            // Init, the batches and Finish: a cut or truncation anywhere in the session.
+            horizon: 64 + sent.iter().map(|b| b.len() as u64 + 16).sum::<u64>(),
+            max_piece: 64,
+            max_pending_every: 5,
+            destructive: true,
+        };
+        lock(&slot).io_plan = IoPlan::random(seed, &settings);
+    }
     let mut record = SessionRecord {
         transport,
         planned,
@@ -481,6 +578,7 @@ async fn udf_session<T: WorkerTransport>(
         echoed: Vec::new(),
         killed: false,
         faults: FaultReport::default(),
+        io: IoReport::default(),
         took: Duration::ZERO,
     };
     match SLOT.scope(slot.clone(), d.create_session()).await {
@@ -499,6 +597,9 @@ async fn udf_session<T: WorkerTransport>(
     }
     if let Some(counters) = &lock(&slot).counters {
         record.faults = counters.report();
+    }
+    if let Some(counters) = &lock(&slot).io_counters {
+        record.io = counters.report();
     }
     record.took = started.elapsed();
     record
@@ -540,7 +641,7 @@ where
                         sigkill(pid);
                     }
                 }
-                Planned::None | Planned::Messages => {}
+                Planned::None | Planned::Messages | Planned::Bytes => {}
             }
         }
         if batch != ERROR_BATCH.as_bytes() {
@@ -919,7 +1020,7 @@ fn soak() {
 async fn soak_run(seed: u64, secs: u64, warm_up: Phase, run: Phase, before: Resources) {
     let scratch = std::env::temp_dir().join(format!("tether-soak-{:08x}", seed as u32));
     std::fs::create_dir_all(&scratch).expect("a scratch directory");
-    let framed = dispatcher(true, FramedTransport::default(), &scratch);
+    let framed = dispatcher(true, ByteFaulty::default(), &scratch);
     let grpc = dispatcher(false, GrpcTransport::default(), &scratch);
     let manager = ExecutionManager::new(ManagerConfig {
         stream: StreamLimits {
@@ -1105,6 +1206,12 @@ async fn soak_run(seed: u64, secs: u64, warm_up: Phase, run: Phase, before: Reso
         f.failed_writes,
         f.half_closed,
         f.swallowed
+    );
+    let io = &udf.io;
+    println!(
+        "  byte faults fired (framed): {} split reads, {} split writes, {} Pendings; \
+         sessions with a truncated read {}, a truncated write {}, a cut {}",
+        io.split_reads, io.split_writes, io.pendings, io.read_truncated, io.write_truncated, io.cut
     );
     println!(
         "  batches sent {}, echoes checked {}, lost {}, duplicated {}; slowest session {:.2} s",
