@@ -428,15 +428,9 @@ fn client_core_matches_reference_model() {
 /// never fails fatally would leave those rules untested).
 #[test]
 fn client_schedules_cover_every_ending() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..2048 {
-        let (initial, faults, _) = ClientReference::sequential_strategy(1..40)
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    let schedules = model_support::samples(ClientReference::sequential_strategy(1..40), 2048);
+    for (initial, faults, _) in schedules {
         let r = faults.iter().fold(initial, ClientReference::apply);
         seen.insert(format!("{:?}", r.end));
     }

@@ -1240,16 +1240,10 @@ fn replay(initial: EngineRef, ops: &[Op]) -> (EngineSut, EngineRef) {
 /// produces early failures).
 #[test]
 fn core_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     let mut chunked_init_answered = false;
-    for _ in 0..512 {
-        let (initial, ops, _) = EngineReference::sequential_strategy(1..49)
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    let schedules = model_support::samples(EngineReference::sequential_strategy(1..49), 512);
+    for (initial, ops, _) in schedules {
         let (sut, r) = replay(initial, &ops);
         if let Some(t) = sut.core.terminal() {
             seen.insert(format!("{:?}", t.kind()));
@@ -2107,12 +2101,7 @@ fn run_session(script: Script, plan: &Plan) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: tether::testing::model_cases(192),
-        max_shrink_iters: 2048,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(model_support::config(192))]
 
     #[test]
     fn session_over_memory_pair(script in script_strategy(), plan in plan_strategy()) {
@@ -2158,20 +2147,9 @@ proptest! {
 /// The session schedules reach every outcome and deliver data (guards the generators).
 #[test]
 fn session_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     let mut read_everything = false;
-    for _ in 0..192 {
-        let script = script_strategy()
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
-        let plan = plan_strategy()
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    for (script, plan) in model_support::samples((script_strategy(), plan_strategy()), 192) {
         let run = run_session_case(script, &plan);
         if let Some(t) = run.handle.last_outcome() {
             seen.insert(format!("{:?}", t.kind()));
