@@ -99,6 +99,33 @@ impl Run {
         );
     }
 
+    /// Asserts the engine saw the worker's stream end without a terminator (udf §2 R10: a
+    /// transport failure) and invalidated the worker.
+    fn assert_ended_without_terminator(&self) {
+        assert!(
+            matches!(
+                self.transport_failure(),
+                TransportFailure::Protocol(PeerViolation::StreamEndedWithoutTerminator)
+            ),
+            "{}",
+            self.outcome
+        );
+        assert!(self.handle.is_invalid());
+    }
+
+    /// Asserts the engine failed on a frame cut short: the framed transport's typed
+    /// `Truncated` error (a transport failure, udf §6.5), not a panic or a silent end.
+    fn assert_truncated_frame(&self) {
+        let error = self.outcome.to_error().expect("an error");
+        assert!(
+            matches!(
+                framed_error(&error),
+                FramedError::Frame(FrameError::Truncated { .. })
+            ),
+            "{error:?}"
+        );
+    }
+
     /// The kind of the worker's outcome (`None`: it never ended).
     fn worker_kind(&self) -> Option<OutcomeKind> {
         self.worker.as_ref().map(EndpointOutcome::kind)
@@ -242,15 +269,7 @@ async fn a_worker_killed_mid_output_is_a_stream_end_without_terminator() {
     run.check_invariants();
     assert_eq!(worker.dropped, 1);
     assert_eq!(run.delivered, batches()[..3]);
-    assert!(
-        matches!(
-            run.transport_failure(),
-            TransportFailure::Protocol(PeerViolation::StreamEndedWithoutTerminator)
-        ),
-        "{}",
-        run.outcome
-    );
-    assert!(run.handle.is_invalid());
+    run.assert_ended_without_terminator();
     assert_eq!(run.worker_kind(), Some(OutcomeKind::TransportFailed));
 }
 
@@ -463,15 +482,7 @@ async fn a_worker_half_close_without_finish_response_fails_the_engine() {
     let (run, _, worker) = run_memory(none(), none().half_close(7)).await;
     run.check_invariants();
     assert_eq!((worker.half_closed, worker.swallowed), (1, 1));
-    assert!(
-        matches!(
-            run.transport_failure(),
-            TransportFailure::Protocol(PeerViolation::StreamEndedWithoutTerminator)
-        ),
-        "{}",
-        run.outcome
-    );
-    assert!(run.handle.is_invalid());
+    run.assert_ended_without_terminator();
     assert_eq!(
         run.delivered,
         batches(),
@@ -593,14 +604,7 @@ async fn a_read_truncated_mid_frame_is_a_typed_truncation_after_the_whole_frames
         batches()[..3],
         "the three whole frames, once"
     );
-    let error = run.outcome.to_error().expect("an error");
-    assert!(
-        matches!(
-            framed_error(&error),
-            FramedError::Frame(FrameError::Truncated { .. })
-        ),
-        "{error:?}"
-    );
+    run.assert_truncated_frame();
     assert!(run.handle.is_invalid());
 }
 
@@ -626,14 +630,7 @@ async fn a_worker_cut_mid_frame_truncates_the_engine_stream() {
     assert!(worker.cut);
     assert_eq!(worker.bytes_written, start + len - 1);
     assert_eq!(run.delivered, batches()[..2]);
-    let error = run.outcome.to_error().expect("an error");
-    assert!(
-        matches!(
-            framed_error(&error),
-            FramedError::Frame(FrameError::Truncated { .. })
-        ),
-        "{error:?}"
-    );
+    run.assert_truncated_frame();
     assert_eq!(run.worker_kind(), Some(OutcomeKind::TransportFailed));
 }
 

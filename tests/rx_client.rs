@@ -17,15 +17,15 @@ use tether::execution::client::{
     ReleaseMode, RetryPolicy, RpcError, Violation, condition,
 };
 use tether::execution::{Code, ConnectError};
-use tether::testing::connect::{Caller, client_config as config};
+use tether::testing::connect::{
+    Caller, RpcFault as Fault, SERVER_SESSION_ID as SERVER_SESSION, SESSION_ID,
+    client_config as config, numbered_response,
+};
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, ReattachExecuteRequest, ReleaseExecuteRequest,
     ReleaseExecuteResponse, release_execute_request::Release,
 };
 use tokio::time::Instant;
-
-const SESSION: &str = "6f1c3d2e-1111-4222-8333-444455556666";
-const SERVER_SESSION: &str = "0a0b0c0d-0000-4000-8000-00000000abcd";
 
 // ---------------------------------------------------------------------------------------------
 // The scripted fake
@@ -250,7 +250,7 @@ fn op_not_found() -> RpcError {
 }
 
 fn request() -> ExecutePlanRequest {
-    Caller::new("alice", SESSION).client_request("tether-tests")
+    Caller::default().client_request("tether-tests")
 }
 
 fn open(fake: &Arc<Fake>) -> ReattachingStream<Fake> {
@@ -1231,7 +1231,7 @@ async fn rx_s73_release_until_then_release_all() {
         .collect();
     assert_eq!(releases.len(), 2);
     for rel in &releases {
-        assert_eq!(rel.session_id, SESSION);
+        assert_eq!(rel.session_id, SESSION_ID);
         assert_eq!(rel.user_id(), "alice");
         assert_eq!(rel.operation_id, op);
         assert_eq!(rel.client_type.as_deref(), Some("tether-tests"));
@@ -1462,21 +1462,6 @@ async fn rx_close_mid_stream_releases_all_once() {
 // Property test: random cuts and errors against a model server
 // ---------------------------------------------------------------------------------------------
 
-/// How the model server treats one RPC.
-#[derive(Clone, Debug)]
-enum Fault {
-    /// The call is refused with a retryable error.
-    OpenFails(bool),
-    /// Only for ExecutePlan: the request is lost before reaching the server (refused with
-    /// UNAVAILABLE, and the operation is not registered).
-    LostExecute,
-    /// Send up to `take` responses, then end gracefully (`error = None`) or fail with a
-    /// retryable error (`Some(disconnected?)`).
-    Stream { take: usize, error: Option<bool> },
-    /// Send up to `take` responses, then fail with a fatal error.
-    Fatal { take: usize },
-}
-
 struct ModelState {
     n: usize,
     registered: bool,
@@ -1491,14 +1476,6 @@ struct ModelState {
 /// `last_response_id` and applies the next fault to each RPC.
 struct Model(Mutex<ModelState>);
 
-fn retryable(disconnect: bool) -> RpcError {
-    if disconnect {
-        disconnected()
-    } else {
-        unavailable()
-    }
-}
-
 impl Model {
     fn stream_from(&self, st: &mut ModelState, start: usize, op: &str) -> RespStream {
         let fault = st.faults.pop_front().unwrap_or(Fault::Stream {
@@ -1507,21 +1484,13 @@ impl Model {
         });
         let (take, end) = match fault {
             Fault::OpenFails(_) | Fault::LostExecute => unreachable!("handled at the call"),
-            Fault::Stream { take, error } => (take, error.map(retryable)),
+            Fault::Stream { take, error } => (take, error.map(Fault::retryable)),
             Fault::Fatal { take } => (take, Some(RpcError::from(ConnectError::OperationCanceled))),
         };
         let mut items = Vec::new();
         let mut i = start;
         while i <= st.n && items.len() < take {
-            let mut resp = if i == st.n {
-                ExecutePlanResponse::result_complete()
-            } else {
-                ExecutePlanResponse::arrow_batch(1, vec![(i % 251) as u8])
-            };
-            resp.response_id = format!("r{i}");
-            resp.operation_id = op.to_owned();
-            resp.server_side_session_id = SERVER_SESSION.into();
-            items.push(Ok(resp));
+            items.push(Ok(numbered_response(i, st.n, op)));
             st.last_sent = Some(i);
             i += 1;
         }
@@ -1537,7 +1506,7 @@ impl Model {
     fn take_open_fault(st: &mut ModelState, execute: bool) -> Option<RpcError> {
         match st.faults.front() {
             Some(Fault::OpenFails(d)) => {
-                let e = retryable(*d);
+                let e = Fault::retryable(*d);
                 st.faults.pop_front();
                 Some(e)
             }

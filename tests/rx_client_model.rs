@@ -26,43 +26,18 @@ use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::execution::ConnectError;
 use tether::execution::client::{ClientError, ClientPhase, Command, ReattachCore, RpcError};
-use tether::testing::connect::{Caller, client_config as config};
-use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, release_execute_request::Release,
+use tether::testing::connect::{
+    Caller, RpcFault as Fault, client_config as config, numbered_response,
 };
+use tether::wire::connect::{ExecutePlanRequest, release_execute_request::Release};
 
 mod model_support;
 
-const SESSION: &str = "6f1c3d2e-1111-4222-8333-444455556666";
-const SERVER_SESSION: &str = "0a0b0c0d-0000-4000-8000-00000000abcd";
 /// Spark's default retry policy: 15 retries per scope (rx §6.3).
 const RETRIES: u32 = 15;
 
 fn request() -> ExecutePlanRequest {
-    Caller::new("alice", SESSION).client_request("tether-model")
-}
-
-fn retryable(disconnect: bool) -> RpcError {
-    if disconnect {
-        RpcError::from(ConnectError::Disconnected)
-    } else {
-        RpcError::unavailable("connection reset")
-    }
-}
-
-/// How the server treats the client's next RPC.
-#[derive(Clone, Debug)]
-enum Fault {
-    /// Refused with a retryable error (`Disconnected` or `UNAVAILABLE`); an `ExecutePlan`
-    /// refused this way did register.
-    OpenFails(bool),
-    /// An `ExecutePlan` lost before it reached the server (UNAVAILABLE, not registered); on
-    /// a reattach a plain UNAVAILABLE.
-    LostExecute,
-    /// Up to `take` responses, then a graceful end (`None`) or a retryable error.
-    Stream { take: usize, error: Option<bool> },
-    /// Up to `take` responses, then a fatal error (`OPERATION_CANCELED`).
-    Fatal { take: usize },
+    Caller::default().client_request("tether-model")
 }
 
 fn fault() -> impl Strategy<Value = Fault> {
@@ -188,18 +163,6 @@ struct ClientSut {
     error: Option<ClientError>,
 }
 
-fn response(i: usize, n: usize, op: &str) -> ExecutePlanResponse {
-    let mut resp = if i == n {
-        ExecutePlanResponse::result_complete()
-    } else {
-        ExecutePlanResponse::arrow_batch(1, vec![(i % 251) as u8])
-    };
-    resp.response_id = format!("r{i}");
-    resp.operation_id = op.to_owned();
-    resp.server_side_session_id = SERVER_SESSION.into();
-    resp
-}
-
 /// Every response of every case of [`client_core_matches_reference_model`].
 static CLIENT_DELIVERY: model_support::Tally = model_support::Tally::new();
 
@@ -253,7 +216,7 @@ impl ClientSut {
         let mut i = start;
         while i <= n && i < start + take {
             assert!(matches!(self.core.poll_command(), Command::Read));
-            let got = self.core.on_response(response(i, n, &op));
+            let got = self.core.on_response(numbered_response(i, n, &op));
             let got = got.expect("a valid response is delivered");
             self.delivered.push(got.response_id);
             self.sent = i;
@@ -271,14 +234,14 @@ impl ClientSut {
                 if execute {
                     self.registered = true;
                 }
-                self.core.on_error(retryable(*d), self.now);
+                self.core.on_error(Fault::retryable(*d), self.now);
             }
-            Fault::LostExecute => self.core.on_error(retryable(false), self.now),
+            Fault::LostExecute => self.core.on_error(Fault::retryable(false), self.now),
             Fault::Stream { take, error } => {
                 self.registered = true;
                 if !self.stream(execute, *take, n) {
                     match error {
-                        Some(d) => self.core.on_error(retryable(*d), self.now),
+                        Some(d) => self.core.on_error(Fault::retryable(*d), self.now),
                         None => self.core.on_stream_end(),
                     }
                 }
@@ -428,15 +391,9 @@ fn client_core_matches_reference_model() {
 /// never fails fatally would leave those rules untested).
 #[test]
 fn client_schedules_cover_every_ending() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
-    for _ in 0..2048 {
-        let (initial, faults, _) = ClientReference::sequential_strategy(1..40)
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    let schedules = model_support::samples(ClientReference::sequential_strategy(1..40), 2048);
+    for (initial, faults, _) in schedules {
         let r = faults.iter().fold(initial, ClientReference::apply);
         seen.insert(format!("{:?}", r.end));
     }

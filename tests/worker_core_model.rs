@@ -1166,16 +1166,10 @@ fn worker_core_matches_reference_model() {
 /// early violations), including the R4 timeout through the core's own deadline.
 #[test]
 fn worker_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     let mut finished_with_batches = false;
-    for _ in 0..512 {
-        let (initial, ops, _) = WorkerReference::sequential_strategy(1..60)
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    let schedules = model_support::samples(WorkerReference::sequential_strategy(1..60), 512);
+    for (initial, ops, _) in schedules {
         let mut r = initial;
         for op in &ops {
             r = WorkerReference::apply(r, op);

@@ -255,54 +255,90 @@ impl WorkerScript {
         self.conn.abort();
     }
 
-    /// Spawns a reactive worker: it answers `Init` (and the last `PayloadChunk`) with
-    /// [`init_ok`], echoes data until its terminal, answers the first `Finish` with
-    /// [`finish_response_ok`] and the first `Cancel` with [`cancel_ok`] (udf §2.1 without the
-    /// error payloads). The task yields the kinds of every request it received.
-    pub fn spawn_echo(mut self) -> JoinHandle<Vec<RequestKind>> {
+    /// Spawns a reactive worker: `react` maps each request, in arrival order, to what the
+    /// worker does in answer (udf §2), and the worker does it before it reads the next
+    /// request. It ends at the end of the request stream, at a [`Reaction::Abort`], or when a
+    /// send finds the engine gone (udf §1.2: nothing is left to answer). The task yields the
+    /// kinds of every request it received.
+    ///
+    /// # Panics
+    ///
+    /// In the task, when the engine sends an empty oneof (no engine under test does).
+    pub fn spawn_reacting<F>(mut self, mut react: F) -> JoinHandle<Vec<RequestKind>>
+    where
+        F: FnMut(RequestMessage) -> Vec<Reaction> + Send + 'static,
+    {
         tokio::spawn(async move {
             let mut seen = Vec::new();
-            let mut terminated = false;
             while let Some(request) = self.recv().await {
                 let message = request.into_message().expect("a well-formed request");
                 seen.push(message.kind());
-                let reply = match message {
-                    RequestMessage::Init(_) => Some(init_ok()),
-                    RequestMessage::PayloadChunk(c) => (c.last == Some(true)).then(init_ok),
-                    RequestMessage::Data(d) => (!terminated).then(|| UdfResponse::data(d)),
-                    RequestMessage::Finish(_) => {
-                        (!std::mem::replace(&mut terminated, true)).then(finish_response_ok)
+                for reaction in react(message) {
+                    match reaction {
+                        Reaction::Send(msg) => {
+                            if self.try_send(msg).await.is_err() {
+                                return seen;
+                            }
+                        }
+                        Reaction::Pause(quiet) => tokio::time::sleep(quiet).await,
+                        Reaction::Abort => {
+                            self.abort();
+                            return seen;
+                        }
                     }
-                    RequestMessage::Cancel(_) => {
-                        (!std::mem::replace(&mut terminated, true)).then(cancel_ok)
-                    }
-                };
-                if let Some(reply) = reply {
-                    self.send(reply).await;
                 }
             }
             seen
         })
     }
 
-    /// Spawns a worker that echoes data, never answers `Finish` and acknowledges every
-    /// `Cancel` (udf §4.8: the engine's way out of a stuck finish). The task yields the kinds
-    /// of every request it received.
-    pub fn spawn_ignores_finish(mut self) -> JoinHandle<Vec<RequestKind>> {
-        tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some(request) = self.recv().await {
-                let message = request.into_message().expect("a well-formed request");
-                seen.push(message.kind());
-                match message {
-                    RequestMessage::Data(d) => self.send(UdfResponse::data(d)).await,
-                    RequestMessage::Cancel(_) => self.send(cancel_ok()).await,
-                    _ => {}
+    /// Spawns a reactive worker: it answers `Init` (and the last `PayloadChunk`) with
+    /// [`init_ok`], echoes data until its terminal, answers the first `Finish` with
+    /// [`finish_response_ok`] and the first `Cancel` with [`cancel_ok`] (udf §2.1 without the
+    /// error payloads). The task yields the kinds of every request it received; see
+    /// [`spawn_reacting`](Self::spawn_reacting).
+    pub fn spawn_echo(self) -> JoinHandle<Vec<RequestKind>> {
+        let mut terminated = false;
+        self.spawn_reacting(move |message| {
+            let reply = match message {
+                RequestMessage::Init(_) => Some(init_ok()),
+                RequestMessage::PayloadChunk(c) => (c.last == Some(true)).then(init_ok),
+                RequestMessage::Data(d) => (!terminated).then(|| UdfResponse::data(d)),
+                RequestMessage::Finish(_) => {
+                    (!std::mem::replace(&mut terminated, true)).then(finish_response_ok)
                 }
-            }
-            seen
+                RequestMessage::Cancel(_) => {
+                    (!std::mem::replace(&mut terminated, true)).then(cancel_ok)
+                }
+            };
+            reply.map(Reaction::Send).into_iter().collect()
         })
     }
+
+    /// Spawns a worker that echoes data, never answers `Finish` and acknowledges every
+    /// `Cancel` (udf §4.8: the engine's way out of a stuck finish). The task yields the kinds
+    /// of every request it received; see [`spawn_reacting`](Self::spawn_reacting).
+    pub fn spawn_ignores_finish(self) -> JoinHandle<Vec<RequestKind>> {
+        self.spawn_reacting(|message| match message {
+            RequestMessage::Data(d) => vec![Reaction::Send(UdfResponse::data(d))],
+            RequestMessage::Cancel(_) => vec![Reaction::Send(cancel_ok())],
+            _ => Vec::new(),
+        })
+    }
+}
+
+/// What a reactive [`WorkerScript`] does in answer to one request
+/// ([`spawn_reacting`](WorkerScript::spawn_reacting)): the moves of a worker under udf §2,
+/// compliant or not.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reaction {
+    /// Sends this response (udf §1.2), any kind, malformed envelopes included.
+    Send(UdfResponse),
+    /// Stays silent this long on tokio's clock: a slow worker (udf §7 deadlines).
+    Pause(Duration),
+    /// Drops both directions abruptly, like a crashed worker (udf §6.5), and ends the
+    /// script.
+    Abort,
 }
 
 /// One expected request of a [`WorkerScript`] (udf §2): await it for the request, or answer it.
@@ -780,6 +816,39 @@ mod tests {
             crate::worker::endpoint::OutcomeKind::Finished
         );
         assert_eq!(probe.lock().unwrap().batches, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reacting_worker_pauses_and_crashes_on_cue() {
+        let (engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let task = WorkerScript::new(worker).spawn_reacting(|message| match message {
+            RequestMessage::Init(_) => vec![
+                Reaction::Pause(Duration::from_secs(3)),
+                Reaction::Send(init_ok()),
+            ],
+            _ => vec![Reaction::Abort, Reaction::Send(finish_response_ok())],
+        });
+        let mut engine = EngineScript::new(engine);
+        let start = tokio::time::Instant::now();
+        engine.send(init_request("udf")).await;
+        engine.expect(ResponseKind::Init).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3), "the pause");
+        engine.send(data_request("row")).await;
+        // The crash comes before the FinishResponse queued after it: only the stream's end.
+        engine.expect_end().await;
+        assert_eq!(task.await.unwrap(), [RequestKind::Init, RequestKind::Data]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reacting_worker_stops_when_the_engine_is_gone() {
+        let (engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let mut engine = EngineScript::new(engine);
+        engine.send(init_request("udf")).await;
+        engine.send(data_request("row")).await;
+        engine.abort();
+        // Its answer to Init finds no engine: the Data still buffered is never read.
+        let task = WorkerScript::new(worker).spawn_echo();
+        assert_eq!(task.await.unwrap(), [RequestKind::Init]);
     }
 
     #[tokio::test(start_paused = true)]
