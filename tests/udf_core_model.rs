@@ -2257,3 +2257,257 @@ fn regression_e_drop_cleanup_survives_runtime_shutdown() {
     );
     assert_eq!(handle.outcomes().len(), 1);
 }
+
+// ---------------------------------------------------------------------------------------
+// udf §2 R9, §5.2 step 4: the request side is half-closed after a clean terminator and
+// aborted after a failure, never both
+// ---------------------------------------------------------------------------------------
+
+/// How the core wants its request side ended once everything queued went out, and what
+/// went out (udf §2 R9).
+fn r9_request_end(core: &mut EngineCore) -> (&'static str, Vec<tether::wire::RequestKind>) {
+    let mut sent = Vec::new();
+    while let Some(request) = core.poll_transmit() {
+        sent.extend(request.kind());
+    }
+    let end = match (core.wants_half_close(), core.wants_abort()) {
+        (true, false) => "half-close",
+        (false, true) => "abort",
+        (false, false) => "neither",
+        (true, true) => "both",
+    };
+    (end, sent)
+}
+
+/// An engine core that sent its `Init` and got the `InitResponse` (udf §4.6).
+fn r9_streaming() -> EngineCore {
+    let mut core = EngineCore::default();
+    core.start_init(fixtures::init("udf"), None).expect("init");
+    while core.poll_transmit().is_some() {}
+    core.handle_response(fixtures::init_ok());
+    assert_eq!(core.phase(), EnginePhase::Streaming);
+    core
+}
+
+#[test]
+fn r9_the_core_half_closes_after_a_clean_terminator_and_aborts_after_a_failure() {
+    use tether::wire::RequestKind::{Cancel, Finish};
+    let config = SessionConfig::default();
+    let now = std::time::Instant::now();
+    let mut seen = Vec::new();
+
+    // Finished: half-close.
+    let mut core = r9_streaming();
+    assert!(core.finish().expect("finish"));
+    assert_eq!(r9_request_end(&mut core), ("neither", vec![Finish]));
+    core.handle_response(fixtures::finish_response_ok());
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // Cancelled: half-close.
+    let mut core = r9_streaming();
+    assert!(core.cancel(Some("stop".into())));
+    assert_eq!(r9_request_end(&mut core), ("neither", vec![Cancel]));
+    core.handle_response(fixtures::cancel_ok());
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by a timeout: the farewell Cancel goes first, then abort.
+    let mut core = r9_streaming();
+    core.begin_wait(now);
+    core.handle_timeout(now + config.terminal_timeout);
+    assert!(!core.wants_abort(), "the farewell Cancel goes first");
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // Interrupted: the Cancel, then abort once its acknowledgement did not come.
+    let mut core = r9_streaming();
+    core.interrupt("reading output");
+    assert_eq!(r9_request_end(&mut core), ("neither", vec![Cancel]));
+    core.begin_wait(now);
+    core.handle_timeout(now + config.interrupt_cancel_timeout);
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by the worker's protocol violation (a FinishResponse before Finish).
+    let mut core = r9_streaming();
+    core.handle_response(fixtures::finish_response_ok());
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by the stream ending without a terminator (udf §2 R10).
+    let mut core = r9_streaming();
+    core.handle_stream_end();
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by a broken connection.
+    let mut core = r9_streaming();
+    core.handle_connection_error(ConnectionError::Closed);
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    use TerminationKind::{Cancelled, Finished, Interrupted, TransportFailed};
+    assert_eq!(
+        seen,
+        [
+            (Some(Finished), ("half-close", vec![])),
+            (Some(Cancelled), ("half-close", vec![])),
+            (Some(TransportFailed), ("abort", vec![Cancel])),
+            (Some(Interrupted), ("abort", vec![])),
+            (Some(TransportFailed), ("abort", vec![])),
+            (Some(TransportFailed), ("abort", vec![])),
+            (Some(TransportFailed), ("abort", vec![])),
+        ]
+    );
+}
+
+/// A connection that records how the session ended its request side (udf §2 R9): a
+/// `poll_close` is a half-close; dropped without one, it was given up unclosed, an abort
+/// (what resets a gRPC stream, Spark's `onError`).
+#[derive(Debug)]
+struct R9Recording {
+    inner: MemoryConnection<UdfRequest, UdfResponse>,
+    half_closed: bool,
+    log: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl Connection<UdfRequest, UdfResponse> for R9Recording {
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        self.inner.poll_ready(cx)
+    }
+    fn start_send(&mut self, msg: UdfRequest) -> Result<(), ConnectionError> {
+        self.inner.start_send(msg)
+    }
+    fn poll_flush(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        self.inner.poll_flush(cx)
+    }
+    fn poll_close(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        if !self.half_closed {
+            self.half_closed = true;
+            self.log.lock().unwrap().push("half-close");
+        }
+        self.inner.poll_close(cx)
+    }
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<UdfResponse, ConnectionError>>> {
+        self.inner.poll_recv(cx)
+    }
+}
+
+impl Drop for R9Recording {
+    fn drop(&mut self) {
+        if !self.half_closed {
+            self.log.lock().unwrap().push("abort");
+        }
+    }
+}
+
+/// A session over an [`R9Recording`] connection to the worker `worker` runs on its end
+/// (spawned on a paused-clock runtime); returns how the request side ended and the
+/// termination `run` returned (udf §2 R9).
+fn r9_session<W, R>(
+    worker: impl FnOnce(MemoryConnection<UdfResponse, UdfRequest>) -> W,
+    run: impl FnOnce(Session<state::Init, R9Recording>) -> R,
+) -> (Vec<&'static str>, Termination)
+where
+    W: std::future::Future<Output = ()> + Send + 'static,
+    R: std::future::Future<Output = Termination>,
+{
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let (engine, worker_end) = connection::pair::<UdfRequest, UdfResponse>(16);
+    let connection = R9Recording {
+        inner: engine,
+        half_closed: false,
+        log: log.clone(),
+    };
+    let termination = rt.block_on(async move {
+        tokio::spawn(worker(worker_end));
+        let session = Session::new(
+            connection,
+            Arc::new(CountingHandle::for_one_session()),
+            SessionConfig::default(),
+        );
+        run(session).await
+    });
+    drop(rt);
+    let log = log.lock().unwrap().clone();
+    (log, termination)
+}
+
+#[test]
+fn r9_a_session_half_closes_after_finished_and_aborts_after_a_timeout() {
+    use tether::testing::echo::{EchoUdf, echo_config};
+    use tether::worker::endpoint::serve;
+    // Finished: the echo worker answers; the session half-closes its request side.
+    let (log, termination) = r9_session(
+        |end| async move {
+            let _ = serve(end, EchoUdf::default(), echo_config()).await;
+        },
+        |session| async move {
+            let (streaming, _) = session.init(fixtures::init("udf")).await.expect("init");
+            let mut finishing = streaming.finish().await.expect("finish");
+            assert_eq!(finishing.recv().await.expect("recv"), None);
+            finishing.close().await
+        },
+    );
+    assert_eq!(termination.kind(), TerminationKind::Finished);
+    assert_eq!(log, ["half-close"]);
+
+    // A worker that never answers: the init times out, the farewell Cancel goes out, and
+    // the session aborts its request side instead of half-closing it.
+    let (log, termination) = r9_session(
+        |end| async move {
+            // Holds its end open, reading nothing.
+            let _end = end;
+            std::future::pending::<()>().await;
+        },
+        |session| async move {
+            match session.init(fixtures::init("udf")).await {
+                Ok(_) => panic!("a silent worker cannot accept the Init"),
+                Err(failed) => failed.session.close().await,
+            }
+        },
+    );
+    assert!(
+        matches!(
+            termination,
+            Termination::TransportFailed(TransportFailure::Timeout {
+                waiting_for: Wait::InitResponse,
+                ..
+            })
+        ),
+        "{termination}"
+    );
+    assert_eq!(log, ["abort"]);
+}
