@@ -223,7 +223,7 @@ pub enum Delivery {
     Queued,
     /// Handed to the driver by [`WorkerCore::poll_transmit`], in order.
     Transmitted,
-    /// Dropped before it was handed over: a Cancel arrived (udf §2 R3), the engine broke
+    /// Dropped before it was handed over: a Cancel arrived (udf §2 R7), the engine broke
     /// the protocol, or the connection failed (R8).
     Dropped,
 }
@@ -481,7 +481,7 @@ impl WorkerCore {
 
     /// What became of the `DataResponse` of `ticket` (from [`send_data`](Self::send_data)):
     /// still queued, handed over by [`poll_transmit`](Self::poll_transmit), or dropped by a
-    /// Cancel, a violation or a failed connection (udf §2 R3, R6, R8).
+    /// Cancel, a violation or a failed connection (udf §2 R7, R6, R8).
     /// The answer changes only from `Queued` to one of the others, once.
     pub fn delivery(&self, ticket: DataTicket) -> Delivery {
         if ticket.0 <= self.data_transmitted {
@@ -493,7 +493,7 @@ impl WorkerCore {
         }
     }
 
-    /// Drops every queued `DataResponse` (udf §2 R3, R6, R8), counting them.
+    /// Drops every queued `DataResponse` (udf §2 R7, R6, R8), counting them.
     fn drop_queued_data(&mut self) {
         let before = self.outbox.len();
         self.outbox.retain(|r| !is_data(r));

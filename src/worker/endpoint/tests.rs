@@ -911,7 +911,7 @@ fn each_batch_is_transmitted_or_dropped_by_its_ticket() {
     assert_eq!(
         c.delivery(second),
         Delivery::Dropped,
-        "R3: dropped by the Cancel"
+        "R7: dropped by the Cancel"
     );
 
     // A failed connection drops what is still queued (R8).
