@@ -1100,3 +1100,25 @@ mod per_plan {
         }
     }
 }
+
+/// A delay on a [`FaultyConnection`] created outside any tokio runtime has no timer that
+/// could end it: it is skipped (as documented for "no timer") instead of stalling the
+/// connection forever (a new user's report: a benign 1 ms delay became a permanent stall
+/// under `futures::executor::block_on`).
+#[test]
+fn a_delay_outside_a_tokio_runtime_is_skipped_not_a_stall() {
+    use futures::future::poll_fn;
+    let (a, mut b) = pair::<UdfRequest, UdfResponse>(8);
+    let plan = FaultPlan::new().delay(Direction::Send, 0, Duration::from_millis(1));
+    let mut a = FaultyConnection::new(a, plan);
+    let counters = a.counters();
+    let got = futures::executor::block_on(async {
+        poll_fn(|cx| a.poll_ready(cx)).await.expect("ready");
+        a.start_send(UdfRequest::finish()).expect("send");
+        poll_fn(|cx| a.poll_flush(cx)).await.expect("flush");
+        poll_fn(|cx| b.poll_recv(cx)).await
+    });
+    let got = got.expect("the message arrives").expect("no error");
+    assert_eq!(got.kind(), Some(tether::wire::RequestKind::Finish));
+    assert_eq!(counters.report().delayed, 0, "a skipped delay is not counted");
+}

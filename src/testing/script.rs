@@ -316,8 +316,10 @@ impl WorkerScript {
     }
 
     /// Spawns a worker that echoes data, never answers `Finish` and acknowledges every
-    /// `Cancel` (udf §4.8: the engine's way out of a stuck finish). The task yields the kinds
-    /// of every request it received; see [`spawn_reacting`](Self::spawn_reacting).
+    /// `Cancel` (udf §4.8: the engine's way out of a stuck finish). Unlike
+    /// [`spawn_echo`](Self::spawn_echo) it does not answer `Init`: answer it first
+    /// (`expect(RequestKind::Init)` then `reply(init_ok())`), then spawn. The task yields the
+    /// kinds of every request it received; see [`spawn_reacting`](Self::spawn_reacting).
     pub fn spawn_ignores_finish(self) -> JoinHandle<Vec<RequestKind>> {
         self.spawn_reacting(|message| match message {
             RequestMessage::Data(d) => vec![Reaction::Send(UdfResponse::data(d))],

@@ -172,7 +172,13 @@ pub mod grpc {
         for streaming in held {
             finish(streaming).await;
         }
-        assert_eq!(worker.most_open.load(Ordering::SeqCst), limit);
+        // The worker counts a session until its task returns, a moment after its stream has
+        // closed and freed the slot the waiting session takes: the two may overlap by one.
+        let most = worker.most_open.load(Ordering::SeqCst);
+        assert!(
+            (limit..=limit + 1).contains(&most),
+            "the worker served {most} sessions at once (limit {limit} streams, + 1 finishing)"
+        );
     }
 
     /// Finishes a session that sent no data: no output, `Finished`.

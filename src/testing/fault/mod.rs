@@ -212,6 +212,18 @@ impl SplitMix {
     }
 }
 
+/// The timer a fault wrapper's delays run on by default: the crate's
+/// [`default_timer`](crate::time::default_timer) (tokio's clock) when created inside a tokio
+/// runtime, else none, so that outside a runtime a delay is skipped as documented instead of
+/// waiting forever on a sleep no runtime drives (udf §6.5, rx §6.3 delays).
+fn ambient_timer() -> Option<std::sync::Arc<dyn crate::time::Timer>> {
+    #[cfg(feature = "tokio")]
+    if tokio::runtime::Handle::try_current().is_err() {
+        return None;
+    }
+    crate::time::default_timer()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

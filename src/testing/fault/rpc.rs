@@ -372,7 +372,8 @@ struct CallFaults {
 /// covers the errors (rx §6.1).
 ///
 /// Delays run on the [`Timer`] given to [`with_timer`](Self::with_timer), by default the
-/// crate's [`default_timer`](crate::time::default_timer) (tokio's clock); without any timer
+/// crate's [`default_timer`](crate::time::default_timer) (tokio's clock) if the wrapper is
+/// created inside a tokio runtime, else none; without any timer
 /// a delay is not applied (and not counted). Faults can also be added while the wrapper is
 /// in use ([`add`](Self::add)), which is how a model test strikes the next call.
 ///
@@ -436,7 +437,7 @@ impl<R> FaultyRpc<R> {
                 next_call: 0,
                 next_release: 0,
             })),
-            timer: crate::time::default_timer(),
+            timer: super::ambient_timer(),
             counters: RpcCounters::default(),
         }
     }
@@ -546,7 +547,9 @@ impl<R> FaultyRpc<R> {
         let counters = self.counters.clone();
         Box::pin(async move {
             if let (Some(by), Some(timer)) = (faults.delay, &timer) {
-                timer.sleep_until(timer.now() + by).await;
+                timer
+                    .sleep_until(crate::time::deadline_after(timer.now(), by))
+                    .await;
                 bump(&counters.0.delayed);
             }
             if let Some((reached_server, error)) = faults.refuse {

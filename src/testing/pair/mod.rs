@@ -378,6 +378,11 @@ impl Pair {
     /// The engine sends one batch (udf §1.4): `Ok(false)` when skipped after a Cancel
     /// (udf §4.7).
     ///
+    /// The watchers check each batch crosses once and in order by its tag
+    /// ([`fixtures::tagged`](crate::testing::fixtures::tagged)): send tagged batches with
+    /// increasing tags below 2^31 (tags from 2^31 up mark a worker's own output, checked
+    /// apart). Untagged batches are not order-checked.
+    ///
     /// # Errors
     /// The core's [`Misuse`] outside `Streaming` (and its cancelled/terminal views).
     pub fn send(&mut self, data: impl Into<Bytes>) -> Result<bool, Misuse> {
@@ -556,7 +561,7 @@ impl Pair {
             if batch.as_ref() == b"ERROR" {
                 let phase = w.core.phase();
                 let had = w.core.has_transmit();
-                let error = ExecutionError::user_with_class("simulated failure", "SimulatedError");
+                let error = crate::testing::fixtures::simulated_user_error();
                 let r = w.core.fail(error);
                 w.after_user(phase, had, &r);
                 // The rest of the input is dropped with the error (udf §2 R4).

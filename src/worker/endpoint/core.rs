@@ -586,10 +586,14 @@ impl WorkerCore {
     /// the `Init` deadline (`init_timeout`), in [`PostError`](WorkerPhase::PostError) the R4
     /// cancel deadline (`cancel_timeout`, udf §2 R4), each counted from the first wait of its
     /// phase, unless it is armed. Call it when the driver is about to block, not per message.
+    /// A timeout too long for an `Instant` (such as `Duration::MAX`, "never") saturates at
+    /// about 100 years.
     pub fn begin_wait(&mut self, now: Instant) {
         match self.wait_rule() {
             Some((wait, _)) if self.deadline.is_some_and(|(armed, _)| armed == wait) => {}
-            Some((wait, timeout)) => self.deadline = Some((wait, now + timeout)),
+            Some((wait, timeout)) => {
+                self.deadline = Some((wait, crate::time::deadline_after(now, timeout)));
+            }
             None => self.deadline = None,
         }
     }

@@ -598,12 +598,16 @@ impl EngineCore {
 
     /// A wait on the worker begins at `now` (udf §7): arms the deadline of the current row
     /// of the deadline table unless it is already armed. Call it when the driver is about to
-    /// block (its poll returns `Pending`), not per message.
+    /// block (its poll returns `Pending`), not per message. A duration too long for an
+    /// `Instant` (such as `Duration::MAX`, "never") saturates at about 100 years.
     pub fn begin_wait(&mut self, now: Instant) {
         match self.rule() {
             None => self.deadline = None,
             Some(rule) if self.deadline.is_some_and(|(armed, _)| armed == rule) => {}
-            Some(rule) => self.deadline = Some((rule, now + self.duration(rule))),
+            Some(rule) => {
+                let at = crate::time::deadline_after(now, self.duration(rule));
+                self.deadline = Some((rule, at));
+            }
         }
     }
 
