@@ -26,7 +26,7 @@ use std::sync::Arc;
 use bytes::Bytes;
 use uuid::Uuid;
 
-use crate::execution::client::{ClientConfig, RpcError};
+use crate::execution::client::ClientConfig;
 use crate::execution::{
     ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, ManagerConfig, Producer,
     ResponseStream, SessionKey,
@@ -58,67 +58,6 @@ pub fn client_config() -> ClientConfig {
         jitter_seed: Some(7),
         ..ClientConfig::default()
     }
-}
-
-/// The server-side session id a client test's fake server stamps on its responses (rx §1.9
-/// `server_side_session_id`; the client checks it never changes, rx §6.3).
-pub const SERVER_SESSION_ID: &str = "0a0b0c0d-0000-4000-8000-00000000abcd";
-
-/// What a faulty server does with a reattaching client's next RPC (rx §6.3: the retryable
-/// failures Spark's retry policy absorbs, and a fatal one it does not). The client's model
-/// test and its driver's property test draw schedules of these.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum RpcFault {
-    /// The RPC is refused with a retryable error: [`RpcFault::retryable`] of the flag
-    /// (`Disconnected` when true, else `UNAVAILABLE`). An `ExecutePlan` refused this way did
-    /// register its operation.
-    OpenFails(bool),
-    /// An `ExecutePlan` lost before it reached the server: `UNAVAILABLE`, and the operation
-    /// is not registered (rx §6.3: the one case where the client sends `ExecutePlan`
-    /// again). On a reattach, a plain `UNAVAILABLE`.
-    LostExecute,
-    /// Up to `take` responses, then a graceful end of the stream (`error: None`) or a
-    /// retryable error ([`RpcFault::retryable`] of the flag).
-    Stream {
-        /// How many responses the stream carries at most.
-        take: usize,
-        /// How the stream ends short of `ResultComplete`: `None` gracefully, else with the
-        /// retryable error of the flag.
-        error: Option<bool>,
-    },
-    /// Up to `take` responses, then a fatal error (`OPERATION_CANCELED`, which the client
-    /// does not retry; rx §6.3).
-    Fatal {
-        /// How many responses the stream carries at most.
-        take: usize,
-    },
-}
-
-impl RpcFault {
-    /// A retryable RPC error (rx §6.3): `Disconnected` when `disconnect`, else
-    /// `UNAVAILABLE` ("connection reset").
-    pub fn retryable(disconnect: bool) -> RpcError {
-        if disconnect {
-            RpcError::from(ConnectError::Disconnected)
-        } else {
-            RpcError::unavailable("connection reset")
-        }
-    }
-}
-
-/// Response `i` (from 1) of a result of `n` responses of operation `op`, as a client test's
-/// fake server streams it (rx §3.2): Arrow batches, `ResultComplete` as response `n`;
-/// response id `r{i}`, server-side session [`SERVER_SESSION_ID`].
-pub fn numbered_response(i: usize, n: usize, op: &str) -> ExecutePlanResponse {
-    let mut resp = if i == n {
-        ExecutePlanResponse::result_complete()
-    } else {
-        ExecutePlanResponse::arrow_batch(1, vec![(i % 251) as u8])
-    };
-    resp.response_id = format!("r{i}");
-    resp.operation_id = op.to_owned();
-    resp.server_side_session_id = SERVER_SESSION_ID.into();
-    resp
 }
 
 /// A fresh operation id: a random lower-case UUID (rx §1.9).

@@ -147,8 +147,8 @@ pub use message::{
     WriteStep,
 };
 pub use rpc::{
-    FaultyRpc, RandomRpcFaults, ReleaseFault, ResultServer, RpcCounters, RpcFault, RpcPlan,
-    RpcReport, SERVER_SIDE_SESSION, ServerCall,
+    FaultyRpc, RandomRpcFaults, ReleaseFault, ResultServer, RpcCounters, RpcEvent, RpcFault,
+    RpcPlan, RpcReport, SERVER_SIDE_SESSION, ServerCall,
 };
 
 use std::error::Error as StdError;

@@ -318,6 +318,8 @@ struct Counters {
     broken: AtomicU64,
     delayed: AtomicU64,
     failed_releases: AtomicU64,
+    /// `Some` once [`FaultyRpc::journaled`] turned the journal on.
+    journal: Mutex<Option<Vec<RpcEvent>>>,
 }
 
 fn bump(counter: &AtomicU64) {
@@ -345,6 +347,42 @@ impl RpcCounters {
             failed_releases: get(&c.failed_releases),
         }
     }
+
+    /// What the client sent and received through a [`journaled`](FaultyRpc::journaled)
+    /// wrapper, in order; empty when the journal is off (rx §6.3).
+    pub fn journal(&self) -> Vec<RpcEvent> {
+        self.journal_lock().clone().unwrap_or_default()
+    }
+
+    fn journal_lock(&self) -> MutexGuard<'_, Option<Vec<RpcEvent>>> {
+        self.0
+            .journal
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Appends `event()` when the journal is on (built only then).
+    fn record(&self, event: impl FnOnce() -> RpcEvent) {
+        if let Some(journal) = self.journal_lock().as_mut() {
+            journal.push(event());
+        }
+    }
+}
+
+/// One entry of a [`FaultyRpc`]'s journal ([`RpcCounters::journal`]): the client's side of
+/// the conversation, before the faults act on a call and after they act on a response.
+/// It shows what no server can see: which response a client last *received* when it
+/// reattached (rx §6.3 `call_iter` step 1 names it; a response lost in a
+/// [`RpcFault::Break`] left the server but never arrived), and every `ReleaseExecute` it
+/// sent, the failed ones too (rx §1.5).
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum RpcEvent {
+    /// The client made this call (recorded when it is made, whatever fault then strikes it;
+    /// rx §1.1).
+    Sent(Box<ServerCall>),
+    /// A response with this `response_id` reached the client (rx §1.3).
+    Received(String),
 }
 
 /// The plan in progress: faults not yet fired, and the next call positions.
@@ -446,6 +484,15 @@ impl<R> FaultyRpc<R> {
     /// the clock of the client's rx §6.1 backoff).
     pub fn with_timer(mut self, timer: Arc<dyn Timer>) -> Self {
         self.timer = Some(timer);
+        self
+    }
+
+    /// Turns on the journal of [`RpcEvent`]s, read through [`RpcCounters::journal`]: every
+    /// call the client makes and every response that reaches it, in order, for tests that
+    /// check what a client names in its reattaches and releases (rx §6.3, §6.4). Off by
+    /// default, so a long run does not keep every response id.
+    pub fn journaled(self) -> Self {
+        *self.counters.journal_lock() = Some(Vec::new());
         self
     }
 
@@ -595,6 +642,8 @@ impl Breaking<ResponseStream> {
                 Some(Ok(response)) => {
                     st.left -= 1;
                     bump(&st.counters.0.responses);
+                    let id = &response.response_id;
+                    st.counters.record(|| RpcEvent::Received(id.clone()));
                     Some((Ok(response), st))
                 }
             }
@@ -610,6 +659,8 @@ impl<R: ExecutionRpc> ExecutionRpc for FaultyRpc<R> {
         &self,
         request: ExecutePlanRequest,
     ) -> BoxFuture<'static, Result<Self::Stream, RpcError>> {
+        self.counters
+            .record(|| RpcEvent::Sent(Box::new(ServerCall::Execute(request.clone()))));
         let faults = self.next_faults(true);
         let inner = self.inner.clone();
         self.call(faults, move || inner.execute_plan(request))
@@ -619,6 +670,8 @@ impl<R: ExecutionRpc> ExecutionRpc for FaultyRpc<R> {
         &self,
         request: ReattachExecuteRequest,
     ) -> BoxFuture<'static, Result<Self::Stream, RpcError>> {
+        self.counters
+            .record(|| RpcEvent::Sent(Box::new(ServerCall::Reattach(request.clone()))));
         let faults = self.next_faults(false);
         let inner = self.inner.clone();
         self.call(faults, move || inner.reattach_execute(request))
@@ -628,6 +681,8 @@ impl<R: ExecutionRpc> ExecutionRpc for FaultyRpc<R> {
         &self,
         request: ReleaseExecuteRequest,
     ) -> BoxFuture<'static, Result<ReleaseExecuteResponse, RpcError>> {
+        self.counters
+            .record(|| RpcEvent::Sent(Box::new(ServerCall::Release(request.clone()))));
         let fault = self.next_release_fault();
         let inner = self.inner.clone();
         let counters = self.counters.clone();
@@ -646,7 +701,8 @@ impl<R: ExecutionRpc> ExecutionRpc for FaultyRpc<R> {
     }
 }
 
-/// What a [`ResultServer`] was asked, in call order (rx §1.1).
+/// What a [`ResultServer`] was asked, in call order, or what a client sent through a
+/// journaled [`FaultyRpc`] ([`RpcEvent::Sent`]) (rx §1.1).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum ServerCall {
@@ -932,6 +988,38 @@ mod tests {
         assert_eq!((report.broken, report.responses), (2, 5));
         assert_eq!((report.executes, report.reattaches), (1, 2));
         assert!(server.violations().is_empty());
+    }
+
+    #[test]
+    fn the_journal_keeps_what_the_client_sent_and_received_not_what_was_lost() {
+        let journal = |rpc: &FaultyRpc<ResultServer>| {
+            let open = rpc.execute_plan(execute()).now_or_never().expect("ready");
+            let got = items(open.expect("opened"));
+            let reattach = rpc.reattach_execute(reattach(Some("r1")));
+            assert!(reattach.now_or_never().expect("ready").is_err());
+            (got, rpc.counters().journal())
+        };
+        let plan = || RpcPlan::new().break_after(0, 1, None).lose(1);
+        // Off by default: the same run records nothing.
+        let (got, off) = journal(&FaultyRpc::new(ResultServer::new(3), plan()));
+        assert_eq!((got, off), (ids(&["r1"]), vec![]));
+        let server = ResultServer::new(3);
+        let (got, on) = journal(&FaultyRpc::new(server.clone(), plan()).journaled());
+        assert_eq!(got, ids(&["r1"]));
+        assert_eq!(server.sent(), 2, "r2 left the server and was lost");
+        let ServerCall::Execute(sent) = server.calls().remove(0) else {
+            panic!("the server saw the ExecutePlan first");
+        };
+        assert_eq!(
+            on,
+            vec![
+                RpcEvent::Sent(Box::new(ServerCall::Execute(sent))),
+                RpcEvent::Received("r1".into()),
+                // The lost reattach never reached the server; the journal still has it.
+                RpcEvent::Sent(Box::new(ServerCall::Reattach(reattach(Some("r1"))))),
+            ]
+        );
+        assert_eq!(server.calls().len(), 1);
     }
 
     #[test]
