@@ -1120,5 +1120,9 @@ fn a_delay_outside_a_tokio_runtime_is_skipped_not_a_stall() {
     });
     let got = got.expect("the message arrives").expect("no error");
     assert_eq!(got.kind(), Some(tether::wire::RequestKind::Finish));
-    assert_eq!(counters.report().delayed, 0, "a skipped delay is not counted");
+    assert_eq!(
+        counters.report().delayed,
+        0,
+        "a skipped delay is not counted"
+    );
 }
