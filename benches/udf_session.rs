@@ -147,13 +147,8 @@ use tether::connection::Connection;
 use tether::connection::framed::{FramedConfig, connect_unix};
 use tether::connection::pair;
 use tether::testing::echo::EchoUdf;
-use tether::testing::fixtures::{ScratchDir, init, pattern};
-use tether::wire::{
-    DirectWorker, ProcessCallable, UdfProtoCommunicationPattern, UdfRequest, UdfResponse,
-    UdfWorkerDataFormat, UdfWorkerProperties, UdfWorkerSpecification, UnixDomainSocket,
-    WorkerCapabilities, WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification,
-    worker_connection_spec,
-};
+use tether::testing::fixtures::{ScratchDir, direct_worker_spec, init, pattern};
+use tether::wire::{ProcessCallable, UdfRequest, UdfResponse};
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::endpoint::{EndpointConfig, OutcomeKind, serve};
 use tether::worker::engine::FramedTransport;
@@ -1217,29 +1212,7 @@ fn dispatcher(
         arguments: Vec::new(),
         environment_variables: [(ROLE_ENV.to_owned(), ROLE_FRAMED.to_owned())].into(),
     };
-    let spec = UdfWorkerSpecification {
-        environment: Some(WorkerEnvironment::default()),
-        capabilities: Some(WorkerCapabilities {
-            supported_data_formats: vec![UdfWorkerDataFormat::Arrow as i32],
-            supported_communication_patterns: vec![
-                UdfProtoCommunicationPattern::BidirectionalStreaming as i32,
-            ],
-            supports_concurrent_udfs: None,
-            supports_reuse: Some(true),
-        }),
-        worker: Some(udf_worker_specification::Worker::Direct(DirectWorker {
-            runner: Some(runner),
-            properties: Some(UdfWorkerProperties {
-                initialization_timeout_ms: None,
-                graceful_termination_timeout_ms: None,
-                connection: Some(WorkerConnectionSpec {
-                    transport: Some(worker_connection_spec::Transport::UnixDomainSocket(
-                        UnixDomainSocket {},
-                    )),
-                }),
-            }),
-        })),
-    };
+    let spec = direct_worker_spec(runner, true);
     let mut config = DispatcherConfig {
         pool,
         socket_base_dir: Some(scratch.path().to_path_buf()),

@@ -7,7 +7,8 @@
 #   bash scripts/deep-models.sh            # 100000 cases per model
 #   bash scripts/deep-models.sh 20000      # fewer
 #
-# The registry's model (a plain proptest inside the crate, no tally) runs last.
+# The registry's model (proptest-state-machine inside the crate: the registry is
+# crate-private; no delivery tally) runs last.
 #
 # On the shared 2-core machine, prefix cargo with the build lock as usual (the script does
 # when /work/.cargo-build.lock exists).

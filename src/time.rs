@@ -75,6 +75,19 @@ pub fn default_timer() -> Option<Arc<dyn Timer>> {
     }
 }
 
+/// The longest wait a deadline is armed for: about 100 years. A configured or
+/// peer-supplied duration beyond it (`Duration::MAX` as "never", a hostile `RetryInfo`
+/// delay, rx §6.1) waits this long instead of overflowing an `Instant`.
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
+/// `now + after`, saturating at [`FOREVER`] from `now`: adding a duration to an `Instant`
+/// panics on overflow, and every deadline of udf §7 and rx §4.5, §6.1 is built this way.
+pub(crate) fn deadline_after(now: Instant, after: Duration) -> Instant {
+    now.checked_add(after)
+        .or_else(|| now.checked_add(FOREVER))
+        .unwrap_or(now)
+}
+
 /// A [`Timer`] whose time only moves with [`advance`](Self::advance) /
 /// [`set`](Self::set), like Spark's `ManualClock`: tests drive the udf §7 and rx §4.5
 /// deadlines without sleeping. Sleeps complete when the clock is moved past their

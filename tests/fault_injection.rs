@@ -99,6 +99,33 @@ impl Run {
         );
     }
 
+    /// Asserts the engine saw the worker's stream end without a terminator (udf §2 R10: a
+    /// transport failure) and invalidated the worker.
+    fn assert_ended_without_terminator(&self) {
+        assert!(
+            matches!(
+                self.transport_failure(),
+                TransportFailure::Protocol(PeerViolation::StreamEndedWithoutTerminator)
+            ),
+            "{}",
+            self.outcome
+        );
+        assert!(self.handle.is_invalid());
+    }
+
+    /// Asserts the engine failed on a frame cut short: the framed transport's typed
+    /// `Truncated` error (a transport failure, udf §6.5), not a panic or a silent end.
+    fn assert_truncated_frame(&self) {
+        let error = self.outcome.to_error().expect("an error");
+        assert!(
+            matches!(
+                framed_error(&error),
+                FramedError::Frame(FrameError::Truncated { .. })
+            ),
+            "{error:?}"
+        );
+    }
+
     /// The kind of the worker's outcome (`None`: it never ended).
     fn worker_kind(&self) -> Option<OutcomeKind> {
         self.worker.as_ref().map(EndpointOutcome::kind)
@@ -242,15 +269,7 @@ async fn a_worker_killed_mid_output_is_a_stream_end_without_terminator() {
     run.check_invariants();
     assert_eq!(worker.dropped, 1);
     assert_eq!(run.delivered, batches()[..3]);
-    assert!(
-        matches!(
-            run.transport_failure(),
-            TransportFailure::Protocol(PeerViolation::StreamEndedWithoutTerminator)
-        ),
-        "{}",
-        run.outcome
-    );
-    assert!(run.handle.is_invalid());
+    run.assert_ended_without_terminator();
     assert_eq!(run.worker_kind(), Some(OutcomeKind::TransportFailed));
 }
 
@@ -463,15 +482,7 @@ async fn a_worker_half_close_without_finish_response_fails_the_engine() {
     let (run, _, worker) = run_memory(none(), none().half_close(7)).await;
     run.check_invariants();
     assert_eq!((worker.half_closed, worker.swallowed), (1, 1));
-    assert!(
-        matches!(
-            run.transport_failure(),
-            TransportFailure::Protocol(PeerViolation::StreamEndedWithoutTerminator)
-        ),
-        "{}",
-        run.outcome
-    );
-    assert!(run.handle.is_invalid());
+    run.assert_ended_without_terminator();
     assert_eq!(
         run.delivered,
         batches(),
@@ -593,14 +604,7 @@ async fn a_read_truncated_mid_frame_is_a_typed_truncation_after_the_whole_frames
         batches()[..3],
         "the three whole frames, once"
     );
-    let error = run.outcome.to_error().expect("an error");
-    assert!(
-        matches!(
-            framed_error(&error),
-            FramedError::Frame(FrameError::Truncated { .. })
-        ),
-        "{error:?}"
-    );
+    run.assert_truncated_frame();
     assert!(run.handle.is_invalid());
 }
 
@@ -626,14 +630,7 @@ async fn a_worker_cut_mid_frame_truncates_the_engine_stream() {
     assert!(worker.cut);
     assert_eq!(worker.bytes_written, start + len - 1);
     assert_eq!(run.delivered, batches()[..2]);
-    let error = run.outcome.to_error().expect("an error");
-    assert!(
-        matches!(
-            framed_error(&error),
-            FramedError::Frame(FrameError::Truncated { .. })
-        ),
-        "{error:?}"
-    );
+    run.assert_truncated_frame();
     assert_eq!(run.worker_kind(), Some(OutcomeKind::TransportFailed));
 }
 
@@ -752,4 +749,380 @@ proptest! {
     fn random_plans_end_typed_and_lose_nothing_before_the_fault(seed in any::<u64>(), framed in any::<bool>()) {
         random_case(seed, framed);
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reattach RPCs: a reattaching client over `FaultyRpc`
+// ---------------------------------------------------------------------------------------------
+
+/// A current-thread runtime on tokio's paused clock, for the property tests below (the
+/// udf §7 timeouts and the rx §6.1 backoff elapse at once).
+fn paused_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .expect("runtime")
+}
+
+/// The Reattach side (rx §6.3): `ReattachingStream` over `FaultyRpc` around a
+/// `ResultServer`, under tokio's paused clock (the client's backoff really sleeps).
+mod reattach {
+    use super::*;
+    use tether::execution::ConnectError;
+    use tether::execution::client::{ClientConfig, ClientError, ReattachingStream, RpcError};
+    use tether::testing::connect::Caller;
+    use tether::testing::fault::{
+        FaultyRpc, RandomRpcFaults, ResultServer, RpcFault, RpcPlan, RpcReport, ServerCall,
+    };
+    use tether::wire::connect::release_execute_request::Release;
+
+    const SESSION: &str = "6f1c3d2e-1111-4222-8333-444455556666";
+
+    /// What one client run did.
+    struct Outcome {
+        delivered: Vec<String>,
+        error: Option<ClientError>,
+        report: RpcReport,
+        calls: Vec<ServerCall>,
+        violations: Vec<String>,
+        retries: u64,
+    }
+
+    async fn run_client(n: u64, plan: RpcPlan) -> Outcome {
+        let server = ResultServer::new(n);
+        let rpc = FaultyRpc::new(server.clone(), plan);
+        let counters = rpc.counters();
+        let request = Caller::new("alice", SESSION).plan("p");
+        let mut stream = ReattachingStream::new(Arc::new(rpc), request, ClientConfig::default())
+            .expect("a valid request");
+        let mut delivered = Vec::new();
+        let mut error = None;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(response) => delivered.push(response.response_id),
+                Err(e) => error = Some(e),
+            }
+        }
+        let retries = stream.stats().retries;
+        stream.close().await;
+        Outcome {
+            delivered,
+            error,
+            report: counters.report(),
+            calls: server.calls(),
+            violations: server.violations(),
+            retries,
+        }
+    }
+
+    fn ids(n: u64) -> Vec<String> {
+        (1..=n).map(|i| format!("r{i}")).collect()
+    }
+
+    /// Releases through the wrapper (rx §6.3): each `ReleaseUntil` names a delivered
+    /// response, and `ReleaseAll` reached the server (failed releases are retried, in the
+    /// background, so their order at the server is not checked).
+    fn check_releases(o: &Outcome) {
+        let mut all = 0;
+        for call in &o.calls {
+            if let ServerCall::Release(r) = call {
+                match &r.release {
+                    Some(Release::ReleaseUntil(u)) => {
+                        assert!(o.delivered.contains(&u.response_id), "released undelivered");
+                    }
+                    Some(Release::ReleaseAll(_)) => all += 1,
+                    None => panic!("release without type"),
+                }
+            }
+        }
+        assert!(all >= 1, "ReleaseAll reached the server");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_execute_plan_is_sent_again_and_a_break_reattaches_from_the_last_response() {
+        // Call 0 (ExecutePlan) never arrives; call 1 (a reattach) bounces with
+        // OPERATION_NOT_FOUND; call 2 (ExecutePlan again, rx §6.3 step 3) breaks after r2
+        // with r3 lost in flight; call 3 reattaches after r2 and finishes.
+        let plan = RpcPlan::new()
+            .lose(0)
+            .break_after(2, 2, Some(RpcFault::retryable(true)));
+        let o = run_client(6, plan).await;
+        assert_eq!(o.delivered, ids(6));
+        assert!(o.error.is_none(), "{:?}", o.error);
+        assert_eq!((o.report.refused, o.report.broken), (1, 1));
+        assert_eq!((o.report.executes, o.report.reattaches), (2, 2));
+        let reattached_after: Vec<Option<String>> = o
+            .calls
+            .iter()
+            .filter_map(|c| match c {
+                ServerCall::Reattach(r) => Some(r.last_response_id.clone()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(reattached_after, [None, Some("r2".to_owned())]);
+        assert!(o.violations.is_empty(), "{:?}", o.violations);
+        check_releases(&o);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fatal_status_ends_the_stream_after_the_responses_before_it() {
+        let fatal = RpcError::from(ConnectError::OperationCanceled);
+        let o = run_client(5, RpcPlan::new().break_after(0, 3, Some(fatal))).await;
+        assert_eq!(o.delivered, ids(3));
+        let error = o.error.as_ref().expect("the stream failed");
+        assert!(error.has_condition("OPERATION_CANCELED"), "{error}");
+        assert_eq!(o.retries, 0, "not retried (rx §6.1)");
+        check_releases(&o);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_releases_are_retried_and_change_no_delivery() {
+        let plan = RpcPlan::new()
+            .fail_release(0, RpcFault::retryable(false))
+            .fail_release(2, RpcFault::retryable(true));
+        let o = run_client(4, plan).await;
+        assert_eq!(o.delivered, ids(4));
+        assert_eq!(o.report.failed_releases, 2);
+        assert!(o.report.releases > 2, "{:?}", o.report);
+        check_releases(&o);
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: model_cases(128),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Random retryable plans (at most 3 faults, under Spark's 15 retries): the client
+        /// delivers every response exactly once and in order, each response passed the
+        /// wrapper once, never retries more often than faults fired, and releases right
+        /// (rx §6.3, §6.4).
+        #[test]
+        fn random_rpc_plans_deliver_every_response_once(seed in any::<u64>(), n in 1u64..12) {
+            let runtime = paused_runtime();
+            let plan = RpcPlan::random(seed, &RandomRpcFaults::default());
+            let o = runtime.block_on(run_client(n, plan.clone()));
+            prop_assert!(o.error.is_none(), "{:?} under {:?}", o.error, plan);
+            prop_assert_eq!(&o.delivered, &ids(n));
+            prop_assert_eq!(o.report.responses, n);
+            prop_assert!(o.retries <= o.report.fired(), "{} retries, {:?}", o.retries, o.report);
+            prop_assert!(o.violations.is_empty(), "{:?}", o.violations);
+            check_releases(&o);
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// One fault per plan, its outcome predicted
+// ---------------------------------------------------------------------------------------------
+
+/// A model-style property over `FaultyConnection`: one fault of any kind, on either side,
+/// at any of the eight messages of a direction, and a reference that predicts the protocol
+/// outcome of that plan (the engine's termination kind, how many batches arrive) from the
+/// udf spec. A clean session moves eight messages each way: Init (InitResponse), six
+/// batches, Finish (FinishResponse).
+mod per_plan {
+    use super::*;
+    use tether::testing::fault::MessageFault;
+
+    /// Which side's connection carries the fault.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Side {
+        Engine,
+        Worker,
+    }
+
+    /// How many of the six batches arrive at the engine, in order.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Batches {
+        Exactly(usize),
+        AtMost(usize),
+    }
+
+    /// The reference: the engine's outcome for `fault` on `side` (udf §4.5, §6.5, §7, §2 R6
+    /// / R10).
+    fn expect(side: Side, fault: &MessageFault) -> (TerminationKind, Batches) {
+        use Batches::{AtMost, Exactly};
+        use TerminationKind::{Cancelled, Finished, TransportFailed};
+        // Message k of a direction is batch k (1..=6); batches before message k: k - 1.
+        let before = |at: u64| (at.saturating_sub(1) as usize).min(6);
+        match (side, fault) {
+            // Delays under the udf §7 timeouts change nothing (udf §1.4).
+            (_, MessageFault::Delay { .. }) => (Finished, Exactly(6)),
+            // What the engine received before its receive side broke arrived, nothing after.
+            (
+                Side::Engine,
+                MessageFault::Drop {
+                    direction: Direction::Recv,
+                    at,
+                }
+                | MessageFault::Stall {
+                    direction: Direction::Recv,
+                    at,
+                },
+            ) => (TransportFailed, Exactly(before(*at))),
+            // The worker's output up to message `at` left; then its stream was cut, went
+            // silent (udf §7) or ended without a terminator (udf §2 R10).
+            (
+                Side::Worker,
+                MessageFault::Drop {
+                    direction: Direction::Send,
+                    at,
+                }
+                | MessageFault::Stall {
+                    direction: Direction::Send,
+                    at,
+                }
+                | MessageFault::HalfClose { at },
+            ) => (TransportFailed, Exactly(before(*at))),
+            // The worker heard Init and `at - 1` batches, echoed at most those.
+            (
+                Side::Worker,
+                MessageFault::Drop {
+                    direction: Direction::Recv,
+                    at,
+                }
+                | MessageFault::Stall {
+                    direction: Direction::Recv,
+                    at,
+                },
+            ) => (TransportFailed, AtMost(before(*at))),
+            // The engine's half-close in place of a message: the worker, still healthy,
+            // reports the ended request stream with a ProtocolError and closes with a
+            // CancelResponse (udf §2 R6), so the session is Cancelled, whatever the phase.
+            (Side::Engine, MessageFault::HalfClose { at }) => (Cancelled, AtMost(before(*at))),
+            // The engine's own sends failed, were cut or stalled: its session fails (udf §4.7).
+            (Side::Engine, _) => (TransportFailed, AtMost(before(*fault_at(fault) + 1))),
+            // The worker's FinishResponse was handed over before its flush failed: the
+            // engine has its terminator (udf §2 R5 a).
+            (
+                Side::Worker,
+                MessageFault::FailWrite {
+                    at: 7,
+                    step: WriteStep::Flush,
+                },
+            ) => (Finished, Exactly(6)),
+            // The worker's writes failed: its output ends without a terminator.
+            (Side::Worker, _) => (TransportFailed, AtMost(before(*fault_at(fault) + 1))),
+        }
+    }
+
+    fn fault_at(fault: &MessageFault) -> &u64 {
+        match fault {
+            MessageFault::Drop { at, .. }
+            | MessageFault::Stall { at, .. }
+            | MessageFault::Delay { at, .. }
+            | MessageFault::FailWrite { at, .. }
+            | MessageFault::HalfClose { at } => at,
+            other => panic!("no position in {other:?}"),
+        }
+    }
+
+    fn fault() -> impl Strategy<Value = MessageFault> {
+        let at = 0..MESSAGES;
+        let direction = prop_oneof![Just(Direction::Send), Just(Direction::Recv)];
+        let step = prop_oneof![Just(WriteStep::StartSend), Just(WriteStep::Flush)];
+        prop_oneof![
+            (direction.clone(), at.clone())
+                .prop_map(|(direction, at)| MessageFault::Drop { direction, at }),
+            (direction.clone(), at.clone())
+                .prop_map(|(direction, at)| MessageFault::Stall { direction, at }),
+            (direction, at.clone(), 1u64..5_000).prop_map(|(direction, at, ms)| {
+                MessageFault::Delay {
+                    direction,
+                    at,
+                    by: Duration::from_millis(ms),
+                }
+            }),
+            (at.clone(), step).prop_map(|(at, step)| MessageFault::FailWrite { at, step }),
+            at.prop_map(|at| MessageFault::HalfClose { at }),
+        ]
+    }
+
+    fn case(side: Side, fault: MessageFault) {
+        let runtime = paused_runtime();
+        let plan = FaultPlan::new().with(fault.clone());
+        let (engine_plan, worker_plan) = match side {
+            Side::Engine => (plan, none()),
+            Side::Worker => (none(), plan),
+        };
+        let (run, engine, worker) = runtime.block_on(run_memory(engine_plan, worker_plan));
+        run.check_invariants();
+        let (kind, batches) = expect(side, &fault);
+        let report = if side == Side::Engine { engine } else { worker };
+        assert_eq!(report.fired(), 1, "the fault fired: {report:?}");
+        assert_eq!(
+            run.outcome.kind(),
+            kind,
+            "{side:?} {fault:?}: {}",
+            run.outcome
+        );
+        match batches {
+            Batches::Exactly(n) => assert_eq!(run.delivered.len(), n, "{side:?} {fault:?}"),
+            Batches::AtMost(n) => assert!(run.delivered.len() <= n, "{side:?} {fault:?}"),
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig {
+            cases: model_cases(192),
+            failure_persistence: None,
+            ..ProptestConfig::default()
+        })]
+
+        /// Every single-fault plan ends as the reference predicts, on top of the invariants of
+        /// every run (one release, a prefix of the batches once and in order, the worker
+        /// invalidated exactly when the outcome is unsalvageable).
+        #[test]
+        fn each_single_fault_plan_ends_as_predicted(worker in any::<bool>(), fault in fault()) {
+            case(if worker { Side::Worker } else { Side::Engine }, fault);
+        }
+    }
+
+    /// Every plan of the space once, so no prediction goes unchecked at the default depth.
+    #[test]
+    fn every_single_fault_plan_once() {
+        let by = Duration::from_secs(1);
+        for side in [Side::Engine, Side::Worker] {
+            for at in 0..MESSAGES {
+                for direction in [Direction::Send, Direction::Recv] {
+                    case(side, MessageFault::Drop { direction, at });
+                    case(side, MessageFault::Stall { direction, at });
+                    case(side, MessageFault::Delay { direction, at, by });
+                }
+                for step in [WriteStep::StartSend, WriteStep::Flush] {
+                    case(side, MessageFault::FailWrite { at, step });
+                }
+                case(side, MessageFault::HalfClose { at });
+            }
+        }
+    }
+}
+
+/// A delay on a [`FaultyConnection`] created outside any tokio runtime has no timer that
+/// could end it: it is skipped (as documented for "no timer") instead of stalling the
+/// connection forever (a new user's report: a benign 1 ms delay became a permanent stall
+/// under `futures::executor::block_on`).
+#[test]
+fn a_delay_outside_a_tokio_runtime_is_skipped_not_a_stall() {
+    use futures::future::poll_fn;
+    let (a, mut b) = pair::<UdfRequest, UdfResponse>(8);
+    let plan = FaultPlan::new().delay(Direction::Send, 0, Duration::from_millis(1));
+    let mut a = FaultyConnection::new(a, plan);
+    let counters = a.counters();
+    let got = futures::executor::block_on(async {
+        poll_fn(|cx| a.poll_ready(cx)).await.expect("ready");
+        a.start_send(UdfRequest::finish()).expect("send");
+        poll_fn(|cx| a.poll_flush(cx)).await.expect("flush");
+        poll_fn(|cx| b.poll_recv(cx)).await
+    });
+    let got = got.expect("the message arrives").expect("no error");
+    assert_eq!(got.kind(), Some(tether::wire::RequestKind::Finish));
+    assert_eq!(
+        counters.report().delayed,
+        0,
+        "a skipped delay is not counted"
+    );
 }

@@ -25,7 +25,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use loom::thread;
 use tether::connection::{MemoryConnection, pair};
@@ -33,12 +32,8 @@ use tether::execution::{
     ConnectError, ExecutionManager, LogConfig, ManagerConfig, ProduceError, Producer,
     ResponseStream,
 };
+use tether::testing::connect::{self, Caller, ManualManager, batch, condition, rows};
 use tether::time::ManualClock;
-use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptType, Plan,
-    ReattachExecuteRequest, ReleaseExecuteRequest, ReleaseSessionRequest, UserContext,
-    execute_plan_request::RequestOption, interrupt_request, release_execute_request,
-};
 use tether::wire::{UdfRequest, UdfResponse};
 use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, TerminationKind, WorkerHandle,
@@ -194,56 +189,31 @@ fn session_drop_racing_pool_never_recycles_an_invalid_worker() {
 // Reattachable executions: the manager's lock-and-waker shell (rx §5.1)
 // ---------------------------------------------------------------------------------------------
 
-const SID: &str = "8c1f1ad6-0b5a-4c3a-9f39-5d0c1b0e7a11";
+/// The one operation every race is about (a fixed id: each loom iteration replays the same
+/// execution).
 const OP: &str = "0d6b1c7e-5f2a-4e8b-9a31-7c4d2e9f0b15";
-const USER: &str = "loom";
 
-fn user() -> Option<UserContext> {
-    Some(UserContext::new(USER))
+/// Who sends every request of the races: one user in one session (rx §1.9).
+fn caller() -> Caller {
+    Caller::new("loom", connect::SESSION_ID)
 }
 
+/// An execution manager with `config` on a manual clock that no racing thread moves.
 fn manager(config: ManagerConfig) -> (ManualClock, ExecutionManager) {
-    let clock = ManualClock::new();
-    let m = ExecutionManager::with_clock(config, Arc::new(clock.clone()));
-    (clock, m)
+    let ManualManager { clock, manager } = ManualManager::new(config);
+    (clock, manager)
 }
 
 /// Registers and starts the execution `OP` (rx §2.2 T1); its first stream is dropped at
 /// once, so the execution is detached (T4) until a ReattachExecute attaches.
 fn start(m: &ExecutionManager) -> Producer {
-    let request = ExecutePlanRequest {
-        session_id: SID.into(),
-        user_context: user(),
-        plan: Some(Plan::root(Bytes::from_static(b"relation"))),
-        request_options: vec![RequestOption::reattach(true)],
-        operation_id: Some(OP.into()),
-        ..Default::default()
-    };
-    let (producer, stream) = m.execute_plan(&request).expect("execute_plan").start();
+    let (producer, stream) = connect::start(m, &caller().execute(OP));
     drop(stream);
-    producer.expect("a new execution")
-}
-
-fn batch(i: i64) -> ExecutePlanResponse {
-    ExecutePlanResponse::arrow_batch(i, Bytes::from(vec![i as u8; 8]))
-}
-
-fn rows(r: &ExecutePlanResponse) -> Option<i64> {
-    match &r.response_type {
-        Some(tether::wire::connect::execute_plan_response::ResponseType::ArrowBatch(b)) => {
-            Some(b.row_count)
-        }
-        _ => None,
-    }
+    producer
 }
 
 fn reattach(m: &ExecutionManager) -> Result<ResponseStream, ConnectError> {
-    m.reattach_execute(&ReattachExecuteRequest {
-        session_id: SID.into(),
-        user_context: user(),
-        operation_id: OP.into(),
-        ..Default::default()
-    })
+    m.reattach_execute(&caller().reattach(OP, None))
 }
 
 /// What one ReattachExecute saw: refused with an error condition, or a stream read to its
@@ -257,10 +227,6 @@ enum Attach {
         complete: bool,
         error: Option<&'static str>,
     },
-}
-
-fn condition(e: &ConnectError) -> &'static str {
-    e.condition().unwrap_or("<no condition>")
 }
 
 /// Reattaches and reads the stream to its end, waiting through loom (a stream nobody wakes
@@ -338,14 +304,7 @@ fn manager_reattach_racing_interrupt() {
         let producer = Arc::new(producer);
 
         let (read, response) = race(&m, Some(Arc::clone(&producer)), |m| {
-            m.interrupt(&InterruptRequest {
-                session_id: SID.into(),
-                user_context: user(),
-                interrupt_type: InterruptType::OperationId as i32,
-                interrupt: Some(interrupt_request::Interrupt::OperationId(OP.into())),
-                ..Default::default()
-            })
-            .expect("interrupt")
+            m.interrupt(&caller().interrupt_op(OP)).expect("interrupt")
         });
 
         assert_eq!(response.interrupted_ids, [OP]);
@@ -380,16 +339,8 @@ fn manager_reattach_racing_release_all() {
         producer.try_push(batch(1)).unwrap();
 
         let (read, released) = race(&m, None, |m| {
-            m.release_execute(&ReleaseExecuteRequest {
-                session_id: SID.into(),
-                user_context: user(),
-                operation_id: OP.into(),
-                release: Some(release_execute_request::Release::ReleaseAll(
-                    release_execute_request::ReleaseAll {},
-                )),
-                ..Default::default()
-            })
-            .expect("release")
+            m.release_execute(&caller().release_all(OP))
+                .expect("release")
         });
 
         assert_eq!(released.operation_id.as_deref(), Some(OP));
@@ -483,11 +434,7 @@ fn manager_reattach_racing_release_session() {
         let producer = Arc::new(producer);
 
         let (read, closed) = race(&m, Some(Arc::clone(&producer)), |m| {
-            m.release_session(&ReleaseSessionRequest {
-                session_id: SID.into(),
-                user_context: user(),
-                ..Default::default()
-            })
+            m.release_session(&caller().release_session(false))
         });
 
         assert!(

@@ -2,8 +2,8 @@
 //! rx §7.1/§7.2 where the client's behaviour is observable, rx §7.5 Python client, §7.6 Scala
 //! client, §7.7 third-party clients), run against a scripted fake [`ExecutionRpc`] under a
 //! paused tokio clock. Each asserts the exact request sequence (which RPCs, with which
-//! `last_response_id` / release ids) and the delivery (exactly once, in order). A proptest at
-//! the end cuts and fails streams at random against a model server.
+//! `last_response_id` / release ids) and the delivery (exactly once, in order). Two proptests
+//! at the end strike random faults through [`FaultyRpc`] around a [`ResultServer`].
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
@@ -17,15 +17,16 @@ use tether::execution::client::{
     ReleaseMode, RetryPolicy, RpcError, Violation, condition,
 };
 use tether::execution::{Code, ConnectError};
-use tether::testing::connect::{Caller, client_config as config};
+use tether::testing::connect::{Caller, SESSION_ID, client_config as config};
+use tether::testing::fault::{
+    FaultyRpc, ResultServer, RpcEvent, RpcFault, RpcPlan, RpcReport,
+    SERVER_SIDE_SESSION as SERVER_SESSION, ServerCall,
+};
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, ReattachExecuteRequest, ReleaseExecuteRequest,
     ReleaseExecuteResponse, release_execute_request::Release,
 };
 use tokio::time::Instant;
-
-const SESSION: &str = "6f1c3d2e-1111-4222-8333-444455556666";
-const SERVER_SESSION: &str = "0a0b0c0d-0000-4000-8000-00000000abcd";
 
 // ---------------------------------------------------------------------------------------------
 // The scripted fake
@@ -250,7 +251,7 @@ fn op_not_found() -> RpcError {
 }
 
 fn request() -> ExecutePlanRequest {
-    Caller::new("alice", SESSION).client_request("tether-tests")
+    Caller::default().client_request("tether-tests")
 }
 
 fn open(fake: &Arc<Fake>) -> ReattachingStream<Fake> {
@@ -1231,7 +1232,7 @@ async fn rx_s73_release_until_then_release_all() {
         .collect();
     assert_eq!(releases.len(), 2);
     for rel in &releases {
-        assert_eq!(rel.session_id, SESSION);
+        assert_eq!(rel.session_id, SESSION_ID);
         assert_eq!(rel.user_id(), "alice");
         assert_eq!(rel.operation_id, op);
         assert_eq!(rel.client_type.as_deref(), Some("tether-tests"));
@@ -1459,240 +1460,166 @@ async fn rx_close_mid_stream_releases_all_once() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Property test: random cuts and errors against a model server
+// Property tests: random faults through FaultyRpc around a ResultServer
 // ---------------------------------------------------------------------------------------------
 
-/// How the model server treats one RPC.
-#[derive(Clone, Debug)]
-enum Fault {
-    /// The call is refused with a retryable error.
-    OpenFails(bool),
-    /// Only for ExecutePlan: the request is lost before reaching the server (refused with
-    /// UNAVAILABLE, and the operation is not registered).
-    LostExecute,
-    /// Send up to `take` responses, then end gracefully (`error = None`) or fail with a
-    /// retryable error (`Some(disconnected?)`).
-    Stream { take: usize, error: Option<bool> },
-    /// Send up to `take` responses, then fail with a fatal error.
-    Fatal { take: usize },
-}
-
-struct ModelState {
-    n: usize,
-    registered: bool,
-    faults: VecDeque<Fault>,
-    /// The last response the server sent (all sent responses reach the client here).
-    last_sent: Option<usize>,
-    calls: Vec<Call>,
-    violations: Vec<String>,
-}
-
-/// A server with `n` responses (the last is `ResultComplete`) that honours
-/// `last_response_id` and applies the next fault to each RPC.
-struct Model(Mutex<ModelState>);
-
-fn retryable(disconnect: bool) -> RpcError {
-    if disconnect {
-        disconnected()
-    } else {
-        unavailable()
-    }
-}
-
-impl Model {
-    fn stream_from(&self, st: &mut ModelState, start: usize, op: &str) -> RespStream {
-        let fault = st.faults.pop_front().unwrap_or(Fault::Stream {
-            take: usize::MAX,
-            error: None,
-        });
-        let (take, end) = match fault {
-            Fault::OpenFails(_) | Fault::LostExecute => unreachable!("handled at the call"),
-            Fault::Stream { take, error } => (take, error.map(retryable)),
-            Fault::Fatal { take } => (take, Some(RpcError::from(ConnectError::OperationCanceled))),
-        };
-        let mut items = Vec::new();
-        let mut i = start;
-        while i <= st.n && items.len() < take {
-            let mut resp = if i == st.n {
-                ExecutePlanResponse::result_complete()
-            } else {
-                ExecutePlanResponse::arrow_batch(1, vec![(i % 251) as u8])
-            };
-            resp.response_id = format!("r{i}");
-            resp.operation_id = op.to_owned();
-            resp.server_side_session_id = SERVER_SESSION.into();
-            items.push(Ok(resp));
-            st.last_sent = Some(i);
-            i += 1;
-        }
-        // After ResultComplete the server's stream ends.
-        if i <= st.n
-            && let Some(e) = end
-        {
-            items.push(Err(e));
-        }
-        stream::iter(items).boxed()
-    }
-
-    fn take_open_fault(st: &mut ModelState, execute: bool) -> Option<RpcError> {
-        match st.faults.front() {
-            Some(Fault::OpenFails(d)) => {
-                let e = retryable(*d);
-                st.faults.pop_front();
-                Some(e)
-            }
-            Some(Fault::LostExecute) if execute => {
-                st.faults.pop_front();
-                Some(unavailable())
-            }
-            Some(Fault::LostExecute) => {
-                // Only meaningful on ExecutePlan: on a reattach treat it as a plain cut.
-                st.faults.pop_front();
-                Some(unavailable())
-            }
-            _ => None,
-        }
-    }
-}
-
-impl ExecutionRpc for Model {
-    type Stream = RespStream;
-
-    fn execute_plan(
-        &self,
-        request: ExecutePlanRequest,
-    ) -> BoxFuture<'static, Result<RespStream, RpcError>> {
-        let mut st = self.0.lock().unwrap();
-        let op = request.operation_id.clone().unwrap_or_default();
-        st.calls.push(Call::Execute(request));
-        let lost = matches!(st.faults.front(), Some(Fault::LostExecute));
-        if let Some(e) = Model::take_open_fault(&mut st, true) {
-            if !lost {
-                st.registered = true;
-            }
-            return Box::pin(async move { Err(e) });
-        }
-        if st.registered {
-            st.violations
-                .push("ExecutePlan re-sent for a registered operation".into());
-        }
-        st.registered = true;
-        let s = self.stream_from(&mut st, 1, &op);
-        Box::pin(async move { Ok(s) })
-    }
-
-    fn reattach_execute(
-        &self,
-        request: ReattachExecuteRequest,
-    ) -> BoxFuture<'static, Result<RespStream, RpcError>> {
-        let mut st = self.0.lock().unwrap();
-        let expected = st.last_sent.map(|i| format!("r{i}"));
-        if request.last_response_id != expected {
-            st.violations.push(format!(
-                "reattach named {:?}, the last response sent was {expected:?}",
-                request.last_response_id
-            ));
-        }
-        if request.last_response_id.as_deref() == Some("") {
-            st.violations.push("empty last_response_id".into());
-        }
-        let op = request.operation_id.clone();
-        let start = match request.last_response_id.as_deref() {
-            None => 1,
-            Some(id) => id[1..].parse::<usize>().unwrap() + 1,
-        };
-        st.calls.push(Call::Reattach(request));
-        if !st.registered {
-            return Box::pin(async { Err(op_not_found()) });
-        }
-        if let Some(e) = Model::take_open_fault(&mut st, false) {
-            return Box::pin(async move { Err(e) });
-        }
-        let s = self.stream_from(&mut st, start, &op);
-        Box::pin(async move { Ok(s) })
-    }
-
-    fn release_execute(
-        &self,
-        request: ReleaseExecuteRequest,
-    ) -> BoxFuture<'static, Result<ReleaseExecuteResponse, RpcError>> {
-        self.0.lock().unwrap().calls.push(Call::Release(request));
-        Box::pin(async { Ok(ReleaseExecuteResponse::default()) })
-    }
-}
-
-fn fault(fatal: bool) -> impl Strategy<Value = Fault> {
-    let retryable = prop_oneof![
-        any::<bool>().prop_map(Fault::OpenFails),
-        Just(Fault::LostExecute),
-        (0usize..4, proptest::option::of(any::<bool>()))
-            .prop_map(|(take, error)| Fault::Stream { take, error }),
+/// The fault that strikes one streaming call (the plans strike consecutive calls from the
+/// first): a refusal after the server registered the call, a call lost before the server
+/// (an `ExecutePlan` the client must send again, rx §6.3 `call_iter` step 3), a break after
+/// up to three responses with the next one lost in flight (gracefully or with a retryable
+/// status), or a delay. With `fatal`, one in ten is a break with `OPERATION_CANCELED`,
+/// which the client does not retry (rx §6.1).
+fn fault(fatal: bool) -> BoxedStrategy<RpcFault> {
+    let retryable = || any::<bool>().prop_map(RpcFault::retryable);
+    let survivable = prop_oneof![
+        retryable().prop_map(|error| RpcFault::Refuse {
+            reached_server: true,
+            error
+        }),
+        Just(RpcFault::lost()),
+        (0u64..4, proptest::option::of(retryable()))
+            .prop_map(|(after, error)| RpcFault::Break { after, error }),
+        (1u64..1_000).prop_map(|ms| RpcFault::Delay {
+            by: Duration::from_millis(ms)
+        }),
     ];
-    if fatal {
-        prop_oneof![9 => retryable, 1 => (0usize..4).prop_map(|take| Fault::Fatal { take })].boxed()
-    } else {
-        retryable.boxed()
+    if !fatal {
+        return survivable.boxed();
     }
+    let canceled = (0u64..4).prop_map(|after| RpcFault::Break {
+        after,
+        error: Some(RpcError::from(ConnectError::OperationCanceled)),
+    });
+    prop_oneof![9 => survivable, 1 => canceled].boxed()
 }
 
+/// A failure that costs the client one retry of its policy and delivers nothing: a
+/// refusal after the server saw the call, or a stream broken before its first response
+/// with a retryable status (rx §6.1; a graceful end would be a rotation, not a retry).
+fn one_retry() -> impl Strategy<Value = RpcFault> {
+    (any::<bool>(), any::<bool>()).prop_map(|(refuse, disconnected)| {
+        let error = RpcFault::retryable(disconnected);
+        if refuse {
+            RpcFault::Refuse {
+                reached_server: true,
+                error,
+            }
+        } else {
+            RpcFault::Break {
+                after: 0,
+                error: Some(error),
+            }
+        }
+    })
+}
+
+/// What a client run through a fault plan left: what it delivered and how it ended, its
+/// retries, the wrapper's journal and report, and the rule breaks the server saw.
 struct Outcome {
     delivered: Vec<String>,
     error: Option<ClientError>,
-    calls: Vec<Call>,
-    violations: Vec<String>,
     retries: u64,
+    journal: Vec<RpcEvent>,
+    report: RpcReport,
+    violations: Vec<String>,
 }
 
-fn run_model(n: usize, faults: Vec<Fault>) -> Outcome {
+/// Runs a reattaching client to its end and closes it, over a [`ResultServer`] of `n`
+/// responses behind a journaled [`FaultyRpc`] whose streaming call `i` suffers `faults[i]`.
+fn run_faulty(n: u64, faults: Vec<RpcFault>) -> Outcome {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)
         .build()
         .unwrap();
     rt.block_on(async move {
-        let model = Arc::new(Model(Mutex::new(ModelState {
-            n,
-            registered: false,
-            faults: faults.into(),
-            last_sent: None,
-            calls: Vec::new(),
-            violations: Vec::new(),
-        })));
-        let mut s = ReattachingStream::new(model.clone(), request(), config()).unwrap();
+        let server = ResultServer::new(n);
+        let plan = (0..)
+            .zip(faults)
+            .fold(RpcPlan::new(), |plan, (call, fault)| {
+                plan.on_call(call, fault)
+            });
+        let rpc = FaultyRpc::new(server.clone(), plan).journaled();
+        let counters = rpc.counters();
+        let mut s = ReattachingStream::new(Arc::new(rpc), request(), config()).unwrap();
         let (delivered, error) = drain(&mut s).await;
         let retries = s.stats().retries;
         s.close().await;
-        let st = model.0.lock().unwrap();
         Outcome {
             delivered,
             error,
-            calls: st.calls.clone(),
-            violations: st.violations.clone(),
             retries,
+            journal: counters.journal(),
+            report: counters.report(),
+            violations: server.violations(),
         }
     })
 }
 
+/// `r1 … rn` (rx §1.3).
+fn first(n: usize) -> Vec<String> {
+    (1..=n).map(|i| format!("r{i}")).collect()
+}
+
+/// The client's calls as the journal saw them (rx §6.3): every `ReattachExecute` names the
+/// last response the client received before it (none before the first, never an empty
+/// id), and no `ExecutePlan` follows a received response. The server's view
+/// ([`ResultServer::violations`]) adds that no `ExecutePlan` reaches an operation it
+/// registered (rx §6.4).
+fn check_calls(o: &Outcome) -> Result<(), TestCaseError> {
+    let mut received: Option<&str> = None;
+    for event in &o.journal {
+        match event {
+            RpcEvent::Received(id) => received = Some(id),
+            RpcEvent::Sent(call) => match call.as_ref() {
+                ServerCall::Reattach(r) => {
+                    let last = r.last_response_id.as_deref();
+                    prop_assert_ne!(last, Some(""), "an empty last_response_id");
+                    prop_assert_eq!(
+                        last,
+                        received,
+                        "a reattach names the last response received"
+                    );
+                }
+                ServerCall::Execute(_) => {
+                    prop_assert_eq!(received, None, "ExecutePlan after a response arrived");
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    prop_assert!(o.violations.is_empty(), "{:?}", o.violations);
+    Ok(())
+}
+
+/// The client's releases (rx §6.3 `release_until` / `release_all`): `ReleaseUntil` ids
+/// strictly increase and name delivered responses, none follows the `ReleaseAll`, and there
+/// is exactly one `ReleaseAll`.
 fn check_releases(o: &Outcome) -> Result<(), TestCaseError> {
     let mut release_all = 0;
-    let mut last_until = 0usize;
-    for c in &o.calls {
-        if let Call::Release(r) = c {
-            match &r.release {
-                Some(Release::ReleaseAll(_)) => release_all += 1,
-                Some(Release::ReleaseUntil(u)) => {
-                    prop_assert_eq!(release_all, 0, "ReleaseUntil after ReleaseAll");
-                    let i: usize = u.response_id[1..].parse().unwrap();
-                    prop_assert!(i > last_until, "ReleaseUntil ids strictly increase");
-                    prop_assert!(
-                        o.delivered.contains(&u.response_id),
-                        "released {} was delivered",
-                        u.response_id
-                    );
-                    last_until = i;
-                }
-                None => prop_assert!(false, "release without type"),
+    let mut last_until = 0u64;
+    for event in &o.journal {
+        let RpcEvent::Sent(call) = event else {
+            continue;
+        };
+        let ServerCall::Release(r) = call.as_ref() else {
+            continue;
+        };
+        match &r.release {
+            Some(Release::ReleaseAll(_)) => release_all += 1,
+            Some(Release::ReleaseUntil(u)) => {
+                prop_assert_eq!(release_all, 0, "ReleaseUntil after ReleaseAll");
+                let i: u64 = u.response_id[1..].parse().unwrap();
+                prop_assert!(i > last_until, "ReleaseUntil ids strictly increase");
+                prop_assert!(
+                    o.delivered.contains(&u.response_id),
+                    "released {} was delivered",
+                    u.response_id
+                );
+                last_until = i;
             }
+            None => prop_assert!(false, "release without type"),
         }
     }
     prop_assert_eq!(release_all, 1, "exactly one ReleaseAll");
@@ -1702,47 +1629,72 @@ fn check_releases(o: &Outcome) -> Result<(), TestCaseError> {
 proptest! {
     #![proptest_config(ProptestConfig::with_cases(tether::testing::model_cases(256)))]
 
-    /// Retryable cuts and errors only (at most 12, fewer than the 15 retries of a scope):
-    /// every response is delivered exactly once and in order, each reattach names the last
-    /// delivered response (never empty), ExecutePlan is re-sent only when the first never
-    /// arrived, exactly one ReleaseAll, and retries stay within the faults injected.
+    /// Retryable faults only (at most 12, fewer than the 15 retries of a scope): every
+    /// response is delivered exactly once and in order and crossed the wire once, each
+    /// reattach names the last response received (never empty), ExecutePlan is re-sent
+    /// only when the first never arrived, exactly one ReleaseAll, and the retries stay
+    /// within the refusals and breaks that fired.
     #[test]
     fn rx_prop_random_cuts_deliver_exactly_once_in_order(
         n in 1usize..40,
         faults in proptest::collection::vec(fault(false), 0..12),
     ) {
-        let injected = faults.len() as u64;
-        let o = run_model(n, faults);
+        let o = run_faulty(n as u64, faults);
+        check_calls(&o)?;
         prop_assert_eq!(o.error.as_ref(), None);
-        let expected: Vec<String> = (1..=n).map(|i| format!("r{i}")).collect();
-        prop_assert_eq!(&o.delivered, &expected);
-        prop_assert!(o.violations.is_empty(), "{:?}", o.violations);
-        prop_assert!(o.retries <= injected);
+        prop_assert_eq!(&o.delivered, &first(n));
+        prop_assert_eq!(o.report.responses, n as u64, "each response crossed the wire once");
         check_releases(&o)?;
+        prop_assert!(o.retries <= o.report.refused + o.report.broken, "{:?}", o.report);
     }
 
     /// With fatal errors mixed in, the stream may end in error, but what it delivered is a
     /// prefix of the result, in order, without duplicates, and exactly one ReleaseAll is
-    /// sent either way.
+    /// sent either way; the error is the injected `OPERATION_CANCELED` or a retry scope
+    /// that ran out after exactly the policy's 15 retries.
     #[test]
     fn rx_prop_fatal_errors_keep_delivery_a_prefix(
         n in 1usize..30,
         faults in proptest::collection::vec(fault(true), 0..20),
     ) {
-        let injected = faults.len() as u64;
-        let o = run_model(n, faults);
-        let expected: Vec<String> = (1..=o.delivered.len()).map(|i| format!("r{i}")).collect();
-        prop_assert_eq!(&o.delivered, &expected);
-        prop_assert!(o.violations.is_empty(), "{:?}", o.violations);
-        if o.error.is_none() {
-            prop_assert_eq!(o.delivered.len(), n);
+        let o = run_faulty(n as u64, faults);
+        check_calls(&o)?;
+        prop_assert_eq!(&o.delivered, &first(o.delivered.len()));
+        prop_assert_eq!(o.report.responses, o.delivered.len() as u64);
+        match &o.error {
+            None => prop_assert_eq!(o.delivered.len(), n),
+            Some(ClientError::RetriesExceeded { retries, .. }) => prop_assert_eq!(*retries, 15),
+            Some(e) => prop_assert!(e.has_condition(condition::OPERATION_CANCELED), "{e:?}"),
         }
         check_releases(&o)?;
-        // Bounded retries: never more than the faults injected, and a scope that runs out
-        // stops after exactly the policy's 15.
-        prop_assert!(o.retries <= injected);
-        if let Some(ClientError::RetriesExceeded { retries, .. }) = &o.error {
-            prop_assert_eq!(*retries, 15);
+        prop_assert!(o.retries <= o.report.refused + o.report.broken, "{:?}", o.report);
+    }
+
+    /// Spark's default policy allows 15 retries in one scope (rx §6.1, §6.3): after a run of
+    /// up to 15 failures before any response the client still delivers `r1 … rn`, one retry
+    /// per failure; a 16th ends the stream with `RetriesExceeded` after exactly 15 retries,
+    /// nothing delivered, and the one ReleaseAll still sent.
+    #[test]
+    fn rx_prop_a_retry_scope_ends_after_exactly_15_retries(
+        n in 1usize..8,
+        failures in proptest::collection::vec(one_retry(), 0..24),
+    ) {
+        let k = failures.len() as u64;
+        let o = run_faulty(n as u64, failures);
+        check_calls(&o)?;
+        check_releases(&o)?;
+        if k <= 15 {
+            prop_assert_eq!(o.error.as_ref(), None);
+            prop_assert_eq!(&o.delivered, &first(n));
+            prop_assert_eq!(o.retries, k);
+        } else {
+            let retries = match &o.error {
+                Some(ClientError::RetriesExceeded { retries, .. }) => Some(*retries),
+                _ => None,
+            };
+            prop_assert_eq!(retries, Some(15), "{:?}", o.error);
+            prop_assert!(o.delivered.is_empty());
+            prop_assert_eq!(o.report.calls(), 16, "the first call and 15 retries");
         }
     }
 }

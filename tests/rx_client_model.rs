@@ -3,38 +3,49 @@
 //! policy), as a proptest-state-machine test: [`ClientReference`] + [`ClientCoreTest`].
 //! Depth: `TETHER_MODEL_CASES` (default 256).
 //!
-//! Each transition is what the server does with the client's next RPC: refuse it with a
-//! retryable error, lose an `ExecutePlan` before it registers, stream up to `take` responses
-//! then end or fail (retryably or fatally). The test side drives the core through its
-//! commands (sleeping through backoffs at once, answering a reattach to an unregistered
-//! operation with `OPERATION_NOT_FOUND`, as a server does) and compares with the reference
-//! after every step:
+//! The core talks to a `testing::fault::ResultServer` through `testing::fault::FaultyRpc`,
+//! and each transition is the [`RpcFault`] that strikes the core's next RPC: refused with a
+//! retryable error (after the server saw it, or lost before: an `ExecutePlan` that never
+//! registered), a stream broken after `after` responses (the next one lost in flight) that
+//! ends gracefully or fails (retryably or fatally), or a delayed call. The test side drives
+//! the core through its commands (sleeping through backoffs on a manual clock, which also
+//! runs the wrapper's delays; a reattach to an unregistered operation reaches the server
+//! unfaulted and bounces with `OPERATION_NOT_FOUND`, as rx §5.5 says) and compares with the
+//! reference after every step:
 //!
 //! - every response is delivered exactly once and in order: the client holds exactly
-//!   responses `1..=sent` of the server (counted: 0 lost, 0 duplicated);
+//!   responses `1..=sent` of the reference (counted: 0 lost, 0 duplicated), and every
+//!   response that passed the wrapper was delivered;
 //! - each reattach names the last delivered response, never an empty id (rx §3.5);
-//!   `ExecutePlan` is re-sent only when the first one never registered (rx §6.3);
+//!   `ExecutePlan` is re-sent only when the first one never registered (rx §6.3; the server
+//!   reports any other);
 //! - the client ends `Complete` exactly when `ResultComplete` was delivered, fails exactly
 //!   on a fatal error or when a retry scope runs out (after exactly the policy's 15
 //!   retries), and never retries more often than faults were injected;
+//! - every planned fault fired: the wrapper's refusals, breaks and delays are the
+//!   reference's;
 //! - the releases: `ReleaseUntil` ids strictly increase, name delivered responses and stop
 //!   at `ReleaseAll`, which is queued exactly once (also when closed early).
 
-use std::time::Instant;
+use std::sync::Arc;
+use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::execution::ConnectError;
-use tether::execution::client::{ClientError, ClientPhase, Command, ReattachCore, RpcError};
-use tether::testing::connect::{Caller, client_config as config};
-use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, release_execute_request::Release,
+use tether::execution::client::{
+    ClientError, ClientPhase, Command, ExecutionRpc, ReattachCore, RetryPolicy, RpcError,
 };
+use tether::testing::connect::{Caller, client_config as config};
+use tether::testing::fault::{FaultyRpc, ResultServer, RpcFault, RpcPlan};
+use tether::time::ManualClock;
+use tether::wire::connect::{ExecutePlanRequest, release_execute_request::Release};
 
 mod model_support;
 
 const SESSION: &str = "6f1c3d2e-1111-4222-8333-444455556666";
-const SERVER_SESSION: &str = "0a0b0c0d-0000-4000-8000-00000000abcd";
 /// Spark's default retry policy: 15 retries per scope (rx §6.3).
 const RETRIES: u32 = 15;
 
@@ -42,37 +53,28 @@ fn request() -> ExecutePlanRequest {
     Caller::new("alice", SESSION).client_request("tether-model")
 }
 
-fn retryable(disconnect: bool) -> RpcError {
-    if disconnect {
-        RpcError::from(ConnectError::Disconnected)
-    } else {
-        RpcError::unavailable("connection reset")
-    }
-}
-
-/// How the server treats the client's next RPC.
+/// What strikes the client's next RPC, in the fault wrapper's terms: a refusal or a break,
+/// sometimes after a delay (on the same call: the wrapper delays first).
 #[derive(Clone, Debug)]
-enum Fault {
-    /// Refused with a retryable error (`Disconnected` or `UNAVAILABLE`); an `ExecutePlan`
-    /// refused this way did register.
-    OpenFails(bool),
-    /// An `ExecutePlan` lost before it reached the server (UNAVAILABLE, not registered); on
-    /// a reattach a plain UNAVAILABLE.
-    LostExecute,
-    /// Up to `take` responses, then a graceful end (`None`) or a retryable error.
-    Stream { take: usize, error: Option<bool> },
-    /// Up to `take` responses, then a fatal error (`OPERATION_CANCELED`).
-    Fatal { take: usize },
+struct Strike {
+    delay: Option<Duration>,
+    fault: RpcFault,
 }
 
-fn fault() -> impl Strategy<Value = Fault> {
-    prop_oneof![
-        3 => any::<bool>().prop_map(Fault::OpenFails),
-        1 => Just(Fault::LostExecute),
-        5 => (0usize..4, proptest::option::of(any::<bool>()))
-            .prop_map(|(take, error)| Fault::Stream { take, error }),
-        1 => (0usize..4).prop_map(|take| Fault::Fatal { take }),
-    ]
+fn strike() -> impl Strategy<Value = Strike> {
+    let retryable = || any::<bool>().prop_map(RpcFault::retryable);
+    let fault = prop_oneof![
+        3 => retryable().prop_map(|error| RpcFault::Refuse { reached_server: true, error }),
+        1 => Just(RpcFault::lost()),
+        5 => (0u64..4, proptest::option::of(retryable()))
+            .prop_map(|(after, error)| RpcFault::Break { after, error }),
+        1 => (0u64..4).prop_map(|after| RpcFault::Break {
+            after,
+            error: Some(RpcError::from(ConnectError::OperationCanceled)),
+        }),
+    ];
+    let delay = proptest::option::weighted(0.2, (1u64..5_000).prop_map(Duration::from_millis));
+    (delay, fault).prop_map(|(delay, fault)| Strike { delay, fault })
 }
 
 /// How the reference says the client ended.
@@ -85,18 +87,23 @@ enum End {
 }
 
 /// The reference: the server's view (registered, responses sent) and the client's retry
-/// scope, from rx §6.3 and Spark's retry policy.
+/// scope, from rx §6.3 and Spark's retry policy, and the faults that must fire.
 #[derive(Clone, Debug)]
 struct ClientRef {
     /// Responses of the result; the last is `ResultComplete`.
     n: usize,
     registered: bool,
-    /// Responses sent, all of which reach the client: `1..=sent`.
+    /// Responses sent that reached the client: `1..=sent`.
     sent: usize,
     end: Option<End>,
     /// Policy retries since the last delivery.
     scope: u32,
+    /// Transitions applied before the end.
     faults: u64,
+    /// Refusals, breaks and delays the wrapper must have fired.
+    refused: u64,
+    broken: u64,
+    delayed: u64,
 }
 
 impl ClientRef {
@@ -110,7 +117,7 @@ impl ClientRef {
 
     /// Streams up to `take` responses from the next one; whether `ResultComplete` went out.
     fn stream(&mut self, take: usize) -> bool {
-        let until = (self.sent + take).min(self.n);
+        let until = self.sent.saturating_add(take).min(self.n);
         if until > self.sent {
             self.scope = 0;
         }
@@ -120,13 +127,30 @@ impl ClientRef {
         }
         self.end.is_some()
     }
+
+    /// An error ends the client when the policy does not retry it (rx §6.1).
+    fn error(&mut self, error: &RpcError) {
+        if RetryPolicy::default_can_retry(error) {
+            self.retry();
+        } else {
+            self.end = Some(End::Fatal);
+        }
+    }
+
+    /// The rest of the result, unfaulted.
+    fn finish(&mut self) {
+        if self.end.is_none() {
+            self.registered = true;
+            self.stream(usize::MAX);
+        }
+    }
 }
 
 struct ClientReference;
 
 impl ReferenceStateMachine for ClientReference {
     type State = ClientRef;
-    type Transition = Fault;
+    type Transition = Strike;
 
     fn init_state() -> BoxedStrategy<ClientRef> {
         (1usize..40)
@@ -137,89 +161,87 @@ impl ReferenceStateMachine for ClientReference {
                 end: None,
                 scope: 0,
                 faults: 0,
+                refused: 0,
+                broken: 0,
+                delayed: 0,
             })
             .boxed()
     }
 
-    fn transitions(_: &ClientRef) -> BoxedStrategy<Fault> {
-        fault().boxed()
+    fn transitions(_: &ClientRef) -> BoxedStrategy<Strike> {
+        strike().boxed()
     }
 
-    fn apply(mut r: ClientRef, f: &Fault) -> ClientRef {
+    fn apply(mut r: ClientRef, strike: &Strike) -> ClientRef {
         if r.end.is_some() {
             return r;
         }
         r.faults += 1;
-        // The client's RPC is ExecutePlan until the operation is registered (a reattach to
-        // an unknown operation bounces back to ExecutePlan at once); either way the fault
-        // decides.
-        match f {
-            Fault::OpenFails(_) => {
-                r.registered = true;
-                r.retry();
+        if strike.delay.is_some() {
+            r.delayed += 1;
+        }
+        // The faulted RPC is ExecutePlan until the operation is registered (a reattach to an
+        // unknown operation bounces back to ExecutePlan at once, unfaulted).
+        match &strike.fault {
+            RpcFault::Refuse {
+                reached_server,
+                error,
+            } => {
+                r.registered |= *reached_server;
+                r.refused += 1;
+                r.error(error);
             }
-            Fault::LostExecute => r.retry(),
-            Fault::Stream { take, error } => {
+            RpcFault::Break { after, error } => {
                 r.registered = true;
-                if !r.stream(*take) && error.is_some() {
-                    r.retry();
+                if !r.stream(*after as usize) {
+                    // The response after the `after`-th was there: the break fired.
+                    r.broken += 1;
+                    if let Some(e) = error {
+                        r.error(e);
+                    }
                 }
             }
-            Fault::Fatal { take } => {
-                r.registered = true;
-                if !r.stream(*take) {
-                    r.end = Some(End::Fatal);
-                }
-            }
+            other => panic!("the model draws no {other:?}"),
         }
         r
     }
 }
 
-/// The system under test: the core, its manual clock and the server it talks to.
+/// The system under test: the core, the fault wrapper around the server it talks to, and
+/// the manual clock of both.
 struct ClientSut {
     core: ReattachCore,
-    now: Instant,
-    registered: bool,
-    sent: usize,
+    clock: ManualClock,
+    server: ResultServer,
+    rpc: FaultyRpc<ResultServer>,
     /// What the core handed out to its caller, in order.
     delivered: Vec<String>,
-    executes: u32,
     error: Option<ClientError>,
 }
 
-fn response(i: usize, n: usize, op: &str) -> ExecutePlanResponse {
-    let mut resp = if i == n {
-        ExecutePlanResponse::result_complete()
-    } else {
-        ExecutePlanResponse::arrow_batch(1, vec![(i % 251) as u8])
-    };
-    resp.response_id = format!("r{i}");
-    resp.operation_id = op.to_owned();
-    resp.server_side_session_id = SERVER_SESSION.into();
-    resp
+/// The RPC the core asked for.
+enum Open {
+    Execute(ExecutePlanRequest),
+    Reattach(tether::wire::connect::ReattachExecuteRequest),
 }
 
 /// Every response of every case of [`client_core_matches_reference_model`].
 static CLIENT_DELIVERY: model_support::Tally = model_support::Tally::new();
 
 impl ClientSut {
-    /// Runs the core up to its next RPC; `Some(execute?)`, or `None` once it has ended.
-    fn next_rpc(&mut self) -> Option<bool> {
+    /// Runs the core up to its next RPC that a transition strikes, or `None` once it has
+    /// ended. A reattach to an operation the server never registered goes through the
+    /// wrapper unfaulted and bounces (rx §5.5, §6.3 `call_iter` step 3).
+    fn next_rpc(&mut self) -> Option<Open> {
         loop {
             match self.core.poll_command() {
                 Command::Sleep(until) => {
-                    self.now = self.now.max(until);
+                    self.clock.set(until);
                     self.core.on_wait_elapsed();
                 }
                 Command::ExecutePlan(req) => {
-                    assert!(
-                        !self.registered,
-                        "ExecutePlan re-sent for a registered operation"
-                    );
                     assert_eq!(req.operation_id.as_deref(), Some(self.core.operation_id()));
-                    self.executes += 1;
-                    return Some(true);
+                    return Some(Open::Execute(req));
                 }
                 Command::ReattachExecute(req) => {
                     let expected = self.delivered.last().cloned();
@@ -228,14 +250,16 @@ impl ClientSut {
                         "a reattach names the last delivered response (rx §3.5)"
                     );
                     assert_ne!(req.last_response_id.as_deref(), Some(""), "empty id");
-                    if !self.registered {
-                        let e = RpcError::from(ConnectError::OperationNotFound {
-                            handle: req.operation_id.clone(),
-                        });
-                        self.core.on_error(e, self.now);
+                    if !self.server.is_registered() {
+                        let bounced = self.open(self.rpc.reattach_execute(req), None);
+                        let e = bounced
+                            .err()
+                            .expect("an unregistered operation is not found");
+                        assert!(e.is_not_found(), "{e}");
+                        self.core.on_error(e, self.clock.now());
                         continue;
                     }
-                    return Some(false);
+                    return Some(Open::Reattach(req));
                 }
                 Command::Read => panic!("Read with no RPC open"),
                 Command::Fail(e) => {
@@ -246,48 +270,51 @@ impl ClientSut {
         }
     }
 
-    /// Streams up to `take` responses; whether `ResultComplete` went out.
-    fn stream(&mut self, execute: bool, take: usize, n: usize) -> bool {
-        let op = self.core.operation_id().to_owned();
-        let start = if execute { 1 } else { self.sent + 1 };
-        let mut i = start;
-        while i <= n && i < start + take {
-            assert!(matches!(self.core.poll_command(), Command::Read));
-            let got = self.core.on_response(response(i, n, &op));
-            let got = got.expect("a valid response is delivered");
-            self.delivered.push(got.response_id);
-            self.sent = i;
-            i += 1;
+    /// Waits for a call, moving the manual clock through its planned delay.
+    fn open<T>(&self, mut call: BoxFuture<'static, T>, delay: Option<Duration>) -> T {
+        if let Some(out) = (&mut call).now_or_never() {
+            return out;
         }
-        self.sent == n
+        let by = delay.expect("only a delayed call waits");
+        self.clock.advance(by);
+        call.now_or_never().expect("the delay elapsed")
     }
 
-    fn apply(&mut self, f: &Fault, n: usize) {
-        let Some(execute) = self.next_rpc() else {
+    /// The core's next RPC suffers `strike` (`None`: nothing).
+    fn apply(&mut self, strike: Option<&Strike>) {
+        let Some(open) = self.next_rpc() else {
             return;
         };
-        match f {
-            Fault::OpenFails(d) => {
-                if execute {
-                    self.registered = true;
-                }
-                self.core.on_error(retryable(*d), self.now);
+        let delay = strike.and_then(|s| s.delay);
+        if let Some(strike) = strike {
+            let call = self.rpc.next_call();
+            if let Some(by) = strike.delay {
+                self.rpc.add(call, RpcFault::Delay { by });
             }
-            Fault::LostExecute => self.core.on_error(retryable(false), self.now),
-            Fault::Stream { take, error } => {
-                self.registered = true;
-                if !self.stream(execute, *take, n) {
-                    match error {
-                        Some(d) => self.core.on_error(retryable(*d), self.now),
+            self.rpc.add(call, strike.fault.clone());
+        }
+        let call = match open {
+            Open::Execute(req) => self.rpc.execute_plan(req),
+            Open::Reattach(req) => self.rpc.reattach_execute(req),
+        };
+        match self.open(call, delay) {
+            Err(e) => self.core.on_error(e, self.clock.now()),
+            Ok(mut stream) => {
+                while self.core.phase() == ClientPhase::Attached {
+                    assert!(matches!(self.core.poll_command(), Command::Read));
+                    let item = stream
+                        .next()
+                        .now_or_never()
+                        .expect("the server never waits");
+                    match item {
+                        Some(Ok(response)) => {
+                            let got = self.core.on_response(response);
+                            let got = got.expect("a valid response is delivered");
+                            self.delivered.push(got.response_id);
+                        }
+                        Some(Err(e)) => self.core.on_error(e, self.clock.now()),
                         None => self.core.on_stream_end(),
                     }
-                }
-            }
-            Fault::Fatal { take } => {
-                self.registered = true;
-                if !self.stream(execute, *take, n) {
-                    self.core
-                        .on_error(RpcError::from(ConnectError::OperationCanceled), self.now);
                 }
             }
         }
@@ -333,6 +360,18 @@ impl ClientSut {
             "more retries than faults"
         );
         assert_eq!(self.core.stats().delivered, r.sent as u64);
+        let report = self.rpc.counters().report();
+        assert_eq!(
+            (report.refused, report.broken, report.delayed),
+            (r.refused, r.broken, r.delayed),
+            "the planned faults fired (refused, broken, delayed)"
+        );
+        assert_eq!(
+            report.responses, r.sent as u64,
+            "every passed response delivered"
+        );
+        assert_eq!(self.server.violations(), Vec::<String>::new());
+        assert_eq!(self.server.is_registered(), r.registered);
     }
 }
 
@@ -342,20 +381,23 @@ impl StateMachineTest for ClientCoreTest {
     type SystemUnderTest = ClientSut;
     type Reference = ClientReference;
 
-    fn init_test(_: &ClientRef) -> ClientSut {
+    fn init_test(r: &ClientRef) -> ClientSut {
+        let clock = ManualClock::new();
+        let server = ResultServer::new(r.n as u64);
+        let rpc =
+            FaultyRpc::new(server.clone(), RpcPlan::new()).with_timer(Arc::new(clock.clone()));
         ClientSut {
             core: ReattachCore::reattachable(request(), &config()).expect("valid request"),
-            now: Instant::now(),
-            registered: false,
-            sent: 0,
+            clock,
+            server,
+            rpc,
             delivered: Vec::new(),
-            executes: 0,
             error: None,
         }
     }
 
-    fn apply(mut sut: ClientSut, r: &ClientRef, f: Fault) -> ClientSut {
-        sut.apply(&f, r.n);
+    fn apply(mut sut: ClientSut, r: &ClientRef, strike: Strike) -> ClientSut {
+        sut.apply(Some(&strike));
         sut.check(r);
         sut
     }
@@ -364,12 +406,8 @@ impl StateMachineTest for ClientCoreTest {
     /// result completes; every response crossed once, in order; the releases are right.
     fn teardown(mut sut: ClientSut, mut r: ClientRef) {
         if r.end.is_none() {
-            let rest = Fault::Stream {
-                take: usize::MAX / 2,
-                error: None,
-            };
-            r = ClientReference::apply(r, &rest);
-            sut.apply(&rest, r.n);
+            r.finish();
+            sut.apply(None);
             sut.check(&r);
         }
         sut.core.close();
@@ -394,7 +432,7 @@ impl StateMachineTest for ClientCoreTest {
             }
         }
         assert_eq!(release_all, 1, "exactly one ReleaseAll");
-        assert!(sut.executes >= 1);
+        assert!(sut.rpc.counters().report().executes >= 1);
         // The tally: against the server's 1..=sent (and the whole result when complete).
         let mut seen = std::collections::HashMap::new();
         for id in &sut.delivered {

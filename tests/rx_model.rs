@@ -21,24 +21,17 @@
 //!   release-all, abandonment or session close.
 
 use std::collections::{BTreeSet, HashMap};
-use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::execution::{
     AnyExecution, ConnectError, ConsumerEvent, ExecuteKey, ExecutionManager, LogConfig, Lookup,
-    ManagerConfig, ProduceError, Producer, ResponseStream, SessionKey, StreamEnd, StreamLimits,
-    Submitted,
+    ManagerConfig, ProduceError, Producer, ResponseStream, StreamEnd, StreamLimits, Submitted,
 };
+use tether::testing::connect::{self, Caller, ManualManager};
 use tether::time::ManualClock;
-use tether::wire::connect::{
-    ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptType, Plan,
-    ReattachExecuteRequest, ReleaseExecuteRequest, ReleaseSessionRequest, UserContext,
-    execute_plan_request::RequestOption, interrupt_request, release_execute_request,
-};
-use uuid::Uuid;
+use tether::wire::connect::{ExecutePlanResponse, InterruptType, interrupt_request};
 
 mod model_support;
 
@@ -93,8 +86,9 @@ fn config() -> ManagerConfig {
     }
 }
 
+/// A response of `len` payload bytes (row count 1): its encoded size depends on `len` alone.
 fn batch(len: usize) -> ExecutePlanResponse {
-    ExecutePlanResponse::arrow_batch(1, Bytes::from(vec![0u8; len]))
+    connect::batch_of_len(1, len)
 }
 
 /// Encoded size of a stamped response (all ids are 36-character UUIDs).
@@ -959,16 +953,18 @@ struct Sut {
     duplicated: u64,
 }
 
-fn user() -> Option<UserContext> {
-    Some(UserContext::new(USER))
+/// The model's user in session `s`: every request of the model comes from one of these.
+fn caller(s: usize) -> Caller {
+    Caller::new(USER, SESSIONS[s])
+}
+
+/// The client of operation slot `op` (its session's caller).
+fn op_caller(op: usize) -> Caller {
+    caller(OP_SESSION[op])
 }
 
 fn key(op: usize) -> ExecuteKey {
-    ExecuteKey {
-        user_id: Arc::from(USER),
-        session_id: Uuid::parse_str(SESSIONS[OP_SESSION[op]]).unwrap(),
-        operation_id: Uuid::parse_str(OPS[op]).unwrap(),
-    }
+    op_caller(op).key(OPS[op])
 }
 
 impl Sut {
@@ -1069,15 +1065,14 @@ impl StateMachineTest for Harness {
     type Reference = RefMachine;
 
     fn init_test(_ref_state: &Model) -> Sut {
-        let clock = ManualClock::new();
-        let m = ExecutionManager::with_clock(config(), Arc::new(clock.clone()));
+        let ManualManager { clock, manager: m } = ManualManager::new(config());
         Sut {
             clock,
             m,
             producers: [None, None, None],
             streams: [None, None, None],
             clients: [Client::new(), Client::new(), Client::new()],
-            unknown_id: Uuid::new_v4().to_string(),
+            unknown_id: connect::op_id(),
             delivered: 0,
             lost: 0,
             duplicated: 0,
@@ -1087,14 +1082,7 @@ impl StateMachineTest for Harness {
     fn apply(mut sut: Sut, model: &Model, action: Action) -> Sut {
         match action {
             Action::Submit(op) => {
-                let req = ExecutePlanRequest {
-                    session_id: SESSIONS[OP_SESSION[op]].into(),
-                    user_context: user(),
-                    plan: Some(Plan::root(Bytes::from_static(b"model plan"))),
-                    request_options: vec![RequestOption::reattach(true)],
-                    operation_id: Some(OPS[op].into()),
-                    ..Default::default()
-                };
+                let req = op_caller(op).execute(OPS[op]);
                 let got = sut.m.execute_plan(&req);
                 match (&model.expect, got) {
                     (Expect::Submitted { new: true }, Ok(Submitted::Reattachable(init))) => {
@@ -1214,13 +1202,8 @@ impl StateMachineTest for Harness {
                 else {
                     unreachable!()
                 };
-                let req = ReattachExecuteRequest {
-                    session_id: SESSIONS[OP_SESSION[op]].into(),
-                    user_context: user(),
-                    operation_id: OPS[op].into(),
-                    last_response_id: sut.target_id(op, *target),
-                    ..Default::default()
-                };
+                let last = sut.target_id(op, *target);
+                let req = op_caller(op).reattach(OPS[op], last.as_deref());
                 let got = sut.m.reattach_execute(&req);
                 if *preempted {
                     sut.expect_preempted(op);
@@ -1243,22 +1226,10 @@ impl StateMachineTest for Harness {
                 let Expect::Release { target, result } = &model.expect else {
                     unreachable!()
                 };
-                let release = match action {
-                    Action::ReleaseAll(_) => release_execute_request::Release::ReleaseAll(
-                        release_execute_request::ReleaseAll {},
-                    ),
-                    _ => release_execute_request::Release::ReleaseUntil(
-                        release_execute_request::ReleaseUntil {
-                            response_id: sut.target_id(op, *target).unwrap_or_default(),
-                        },
-                    ),
-                };
-                let req = ReleaseExecuteRequest {
-                    session_id: SESSIONS[OP_SESSION[op]].into(),
-                    user_context: user(),
-                    operation_id: OPS[op].into(),
-                    release: Some(release),
-                    ..Default::default()
+                let req = match action {
+                    Action::ReleaseAll(_) => op_caller(op).release_all(OPS[op]),
+                    _ => op_caller(op)
+                        .release_until(OPS[op], &sut.target_id(op, *target).unwrap_or_default()),
                 };
                 match (result, sut.m.release_execute(&req)) {
                     (Ok(found), Ok(r)) => {
@@ -1282,13 +1253,7 @@ impl StateMachineTest for Harness {
                     Action::InterruptAll(s) => (s, None, InterruptType::All),
                     _ => unreachable!(),
                 };
-                let req = InterruptRequest {
-                    session_id: SESSIONS[s].into(),
-                    user_context: user(),
-                    interrupt_type: ty as i32,
-                    interrupt: which,
-                    ..Default::default()
-                };
+                let req = caller(s).interrupt(ty, which);
                 match (want, sut.m.interrupt(&req)) {
                     (Ok(ops), Ok(r)) => {
                         let want: Vec<String> = ops.iter().map(|&o| OPS[o].to_owned()).collect();
@@ -1303,11 +1268,7 @@ impl StateMachineTest for Harness {
                 sut.m.maintain();
             }
             Action::CloseSession(s) => {
-                sut.m.release_session(&ReleaseSessionRequest {
-                    session_id: SESSIONS[s].into(),
-                    user_context: user(),
-                    ..Default::default()
-                });
+                sut.m.release_session(&caller(s).release_session(false));
             }
         }
         sut
@@ -1330,11 +1291,8 @@ impl StateMachineTest for Harness {
         let abandoned: BTreeSet<ExecuteKey> = model.abandoned.0.iter().map(|&op| key(op)).collect();
         let got: BTreeSet<ExecuteKey> = sut.m.abandoned_keys().into_iter().collect();
         assert_eq!(got, abandoned);
-        for (s, sid) in SESSIONS.iter().enumerate() {
-            let k = SessionKey {
-                user_id: Arc::from(USER),
-                session_id: Uuid::parse_str(sid).unwrap(),
-            };
+        for s in 0..SESSIONS.len() {
+            let k = caller(s).session_key();
             assert_eq!(sut.m.is_session_closed(&k), model.closed.0.contains(&s));
             assert_eq!(
                 sut.m.server_side_session_id(&k).is_some(),

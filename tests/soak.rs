@@ -26,7 +26,10 @@
 //! - **Executions**: a [`ConnectService`] on loopback whose streams rotate every 2 KiB or
 //!   500 ms (rx §4.5) and whose response streams are cut at random by the connect server
 //!   example's fault mode (ended without `ResultComplete`, `INVALID_CURSOR.DISCONNECTED`, a
-//!   dropped connection, a forgotten operation: rx §6.3); [`ReattachingStream`]s read them.
+//!   dropped connection, a forgotten operation: rx §6.3); [`ReattachingStream`]s read them,
+//!   a quarter of them through a [`FaultyRpc`] with a seeded [`RpcPlan`] on the client side
+//!   (calls refused before or after the server, streams broken with a response lost in
+//!   flight, delays, failed releases: rx §6.3).
 //!
 //! Pass criteria: every session that ends `Finished` delivered all its batches exactly once
 //! and in order, every other one delivered a prefix of them and ended with the outcome its
@@ -54,7 +57,7 @@ use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tether::connection::Connection;
 use tether::connection::framed::{FramedConfig, FramedConnection};
-use tether::execution::client::{ClientConfig, ReattachingStream};
+use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream};
 use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, StreamLimits};
 use tether::spark::connect::{
     ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
@@ -62,8 +65,8 @@ use tether::spark::connect::{
 use tether::spark::udf_grpc::{GrpcTransport, WorkerArgs, WorkerMain};
 use tether::testing::echo::{ERROR_BATCH, EchoUdf};
 use tether::testing::fault::{
-    FaultCounters, FaultPlan, FaultReport, FaultyConnection, FaultyIo, IoCounters, IoPlan,
-    IoReport, RandomFaults, RandomIo,
+    FaultCounters, FaultPlan, FaultReport, FaultyConnection, FaultyIo, FaultyRpc, IoCounters,
+    IoPlan, IoReport, RandomFaults, RandomIo, RandomRpcFaults, RpcPlan, RpcReport,
 };
 use tether::testing::fixtures;
 use tether::wire::connect::{
@@ -745,12 +748,15 @@ struct ExecutionTally {
     violations: u64,
     kept: Vec<String>,
     slowest: Duration,
+    /// Executions read through a [`FaultyRpc`], and what its plans did.
+    rpc_faulted: u64,
+    rpc: RpcReport,
 }
 
 /// Reads one execution of `rows` responses and checks them: each index once and in order,
 /// then `ResultComplete` last (rx §3.5, §6.3).
-async fn execution(
-    client: &Arc<ConnectClient>,
+async fn execution<R: ExecutionRpc + ?Sized>(
+    client: Arc<R>,
     session_id: &str,
     rows: u64,
     tally: &Mutex<ExecutionTally>,
@@ -766,8 +772,7 @@ async fn execution(
     let mut next = 0u64;
     let mut seen = HashSet::new();
     let mut complete = false;
-    let mut stream = match ReattachingStream::new(client.clone(), request, ClientConfig::default())
-    {
+    let mut stream = match ReattachingStream::new(client, request, ClientConfig::default()) {
         Ok(s) => s,
         Err(e) => {
             problems.push(format!("the stream could not start: {e}"));
@@ -860,10 +865,31 @@ async fn execution_lane(
     while let Some(ticket) = pacer.ticket().await {
         let mut rng = SmallRng::seed_from_u64(seed ^ ticket.wrapping_mul(0x2545_f491_4f6c_dd1d));
         let rows = rng.random_range(50..=500u64);
-        if tokio::time::timeout(HUNG, execution(&client, &session_id, rows, &tally))
-            .await
-            .is_err()
-        {
+        let run = if rng.random_range(0..4) == 0 {
+            // Retryable faults only, at most 3: the client must still deliver everything.
+            let settings = RandomRpcFaults {
+                max_delay: Duration::from_millis(300),
+                ..RandomRpcFaults::default()
+            };
+            let faulty =
+                FaultyRpc::new((*client).clone(), RpcPlan::random(rng.random(), &settings));
+            let counters = faulty.counters();
+            let tally = tally.clone();
+            let session_id = session_id.clone();
+            Box::pin(async move {
+                execution(Arc::new(faulty), &session_id, rows, &tally).await;
+                let (mut t, r) = (lock(&tally), counters.report());
+                t.rpc_faulted += 1;
+                let sum = &mut t.rpc;
+                sum.refused += r.refused;
+                sum.broken += r.broken;
+                sum.delayed += r.delayed;
+                sum.failed_releases += r.failed_releases;
+            }) as BoxFuture<'_, ()>
+        } else {
+            Box::pin(execution(client.clone(), &session_id, rows, &tally))
+        };
+        if tokio::time::timeout(HUNG, run).await.is_err() {
             let mut t = lock(&tally);
             t.violations += 1;
             t.kept
@@ -1244,6 +1270,15 @@ async fn soak_run(seed: u64, secs: u64, warm_up: Phase, run: Phase, before: Reso
         exec.slowest.as_secs_f64()
     );
     println!("  stream faults (warm-up and run): {}", faults.stats());
+    println!(
+        "  client-side faults (run): {} executions through a FaultyRpc; {} calls refused, {} \
+         streams broken, {} delayed, {} releases failed",
+        exec.rpc_faulted,
+        exec.rpc.refused,
+        exec.rpc.broken,
+        exec.rpc.delayed,
+        exec.rpc.failed_releases
+    );
     println!(
         "  manager: {} created, {} released, {} abandoned, {} forgotten; {} left",
         manager_stats.created,

@@ -43,13 +43,13 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use futures::future::poll_fn;
 use proptest::prelude::*;
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 use tether::connection::{self, Connection, ConnectionError, MemoryConnection};
 use tether::testing::fixtures;
+use tether::testing::script::{Reaction, WorkerConn, WorkerScript};
 use tether::wire::{
-    CancelResponse, ExecutionError, FinishResponse, InitResponse, RequestMessage,
+    CancelResponse, ExecutionError, FinishResponse, InitResponse, RequestKind, RequestMessage,
     UdfControlResponse, UdfRequest, UdfResponse, udf_response,
 };
 use tether::worker::engine::{
@@ -57,6 +57,7 @@ use tether::worker::engine::{
     SessionError, Termination, TerminationKind, TransportFailure, Wait, WorkerHandle,
 };
 use tether::worker::state;
+use tokio::task::JoinHandle;
 
 mod model_support;
 
@@ -103,6 +104,29 @@ impl Ids {
         r.metrics.insert("id".into(), self.next("cancel-"));
         r.error = with_error.then(|| self.error());
         r
+    }
+
+    /// A fresh worker message of `kind`: what the core schedules inject and what the
+    /// scripted worker of the session model sends.
+    fn response(&mut self, kind: Inject) -> UdfResponse {
+        match kind {
+            Inject::InitOk => UdfResponse::init(InitResponse {
+                data: Some(self.bytes("init-")),
+                error: None,
+            }),
+            Inject::InitErr => UdfResponse::init(InitResponse {
+                data: None,
+                error: Some(self.error()),
+            }),
+            Inject::Data => UdfResponse::data(self.bytes("out-")),
+            Inject::Error => UdfResponse::error(self.error()),
+            Inject::FinishOk => UdfResponse::finish(self.finish_response(false)),
+            Inject::FinishErr => UdfResponse::finish(self.finish_response(true)),
+            Inject::CancelOk => UdfResponse::cancel(self.cancel_response(false)),
+            Inject::CancelErr => UdfResponse::cancel(self.cancel_response(true)),
+            Inject::EmptyEnvelope => empty_envelope(),
+            Inject::EmptyControl => empty_control(),
+        }
     }
 }
 
@@ -613,7 +637,7 @@ impl EchoWorker {
 // =============================================================================================
 
 /// An arbitrary worker message, injected straight into `handle_response`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 enum Inject {
     InitOk,
     InitErr,
@@ -782,25 +806,7 @@ impl EngineRef {
     }
 
     fn injected(&mut self, kind: Inject) -> UdfResponse {
-        let ids = &mut self.ids;
-        match kind {
-            Inject::InitOk => UdfResponse::init(InitResponse {
-                data: Some(ids.bytes("init-")),
-                error: None,
-            }),
-            Inject::InitErr => UdfResponse::init(InitResponse {
-                data: None,
-                error: Some(ids.error()),
-            }),
-            Inject::Data => UdfResponse::data(ids.bytes("out-")),
-            Inject::Error => UdfResponse::error(ids.error()),
-            Inject::FinishOk => UdfResponse::finish(ids.finish_response(false)),
-            Inject::FinishErr => UdfResponse::finish(ids.finish_response(true)),
-            Inject::CancelOk => UdfResponse::cancel(ids.cancel_response(false)),
-            Inject::CancelErr => UdfResponse::cancel(ids.cancel_response(true)),
-            Inject::EmptyEnvelope => empty_envelope(),
-            Inject::EmptyControl => empty_control(),
-        }
+        self.ids.response(kind)
     }
 }
 
@@ -1240,16 +1246,10 @@ fn replay(initial: EngineRef, ops: &[Op]) -> (EngineSut, EngineRef) {
 /// produces early failures).
 #[test]
 fn core_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     let mut chunked_init_answered = false;
-    for _ in 0..512 {
-        let (initial, ops, _) = EngineReference::sequential_strategy(1..49)
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    let schedules = model_support::samples(EngineReference::sequential_strategy(1..49), 512);
+    for (initial, ops, _) in schedules {
         let (sut, r) = replay(initial, &ops);
         if let Some(t) = sut.core.terminal() {
             seen.insert(format!("{:?}", t.kind()));
@@ -1439,23 +1439,14 @@ impl futures::Stream for Recorded {
 }
 
 type EngineConn = Recorded;
-type WorkerConn = MemoryConnection<UdfResponse, UdfRequest>;
 
 /// One thing the scripted worker does in reaction to a request.
 #[derive(Debug, Clone, Copy, PartialEq)]
 enum Reply {
-    InitOk,
-    InitErr,
+    /// Send a fresh message of this kind.
+    Send(Inject),
     /// Echo the request's data (fresh data for other requests).
     Echo,
-    Data,
-    Error,
-    FinishOk,
-    FinishErr,
-    CancelOk,
-    CancelErr,
-    EmptyEnvelope,
-    EmptyControl,
     /// Abort the connection (a crashed worker).
     Close,
     /// Stay silent this long (seconds of the paused clock).
@@ -1475,76 +1466,49 @@ struct Script {
 impl Script {
     fn echo() -> Self {
         Script {
-            on_init: vec![Reply::InitOk],
+            on_init: vec![Reply::Send(Inject::InitOk)],
             on_data: vec![vec![Reply::Echo]],
-            on_finish: vec![Reply::FinishOk],
-            on_cancel: vec![Reply::CancelOk],
+            on_finish: vec![Reply::Send(Inject::FinishOk)],
+            on_cancel: vec![Reply::Send(Inject::CancelOk)],
         }
     }
 }
 
-async fn worker_send(conn: &mut WorkerConn, msg: UdfResponse) -> bool {
-    if poll_fn(|cx| conn.poll_ready(cx)).await.is_err() {
-        return false;
-    }
-    conn.start_send(msg).is_ok()
-}
-
-async fn run_worker(mut conn: WorkerConn, script: Script) {
+/// Spawns the scripted worker on `worker`: each request's reactions from `script`, as a
+/// [`WorkerScript`] reacting to it (fresh ids for every payload, error and metrics map).
+fn run_worker(worker: WorkerConn, script: Script) -> JoinHandle<Vec<RequestKind>> {
     let mut ids = Ids::default();
     let mut data_index = 0usize;
-    while let Some(Ok(request)) = poll_fn(|cx| conn.poll_recv(cx)).await {
-        let (replies, echo) = match request.into_message() {
-            Ok(RequestMessage::Init(init)) if init.is_chunking_payload != Some(true) => {
+    WorkerScript::new(worker).spawn_reacting(move |request| {
+        let (replies, echo) = match request {
+            RequestMessage::Init(init) if init.is_chunking_payload != Some(true) => {
                 (script.on_init.clone(), None)
             }
-            Ok(RequestMessage::PayloadChunk(c)) if c.last == Some(true) => {
+            RequestMessage::PayloadChunk(c) if c.last == Some(true) => {
                 (script.on_init.clone(), None)
             }
-            Ok(RequestMessage::Data(d)) => {
+            RequestMessage::Data(d) => {
                 let r = script.on_data[data_index % script.on_data.len()].clone();
                 data_index += 1;
                 (r, Some(d))
             }
-            Ok(RequestMessage::Finish(_)) => (script.on_finish.clone(), None),
-            Ok(RequestMessage::Cancel(_)) => (script.on_cancel.clone(), None),
+            RequestMessage::Finish(_) => (script.on_finish.clone(), None),
+            RequestMessage::Cancel(_) => (script.on_cancel.clone(), None),
             _ => (Vec::new(), None),
         };
-        for reply in replies {
-            let msg = match reply {
-                Reply::Pause(secs) => {
-                    tokio::time::sleep(Duration::from_secs(secs)).await;
-                    continue;
-                }
-                Reply::Close => {
-                    conn.abort();
-                    return;
-                }
-                Reply::InitOk => UdfResponse::init(InitResponse {
-                    data: Some(ids.bytes("w-init-")),
-                    error: None,
+        replies
+            .into_iter()
+            .map(|reply| match reply {
+                Reply::Pause(secs) => Reaction::Pause(Duration::from_secs(secs)),
+                Reply::Close => Reaction::Abort,
+                Reply::Echo => Reaction::Send(match &echo {
+                    Some(data) => UdfResponse::data(data.clone()),
+                    None => ids.response(Inject::Data),
                 }),
-                Reply::InitErr => UdfResponse::init(InitResponse {
-                    data: None,
-                    error: Some(ids.error()),
-                }),
-                Reply::Echo => {
-                    UdfResponse::data(echo.clone().unwrap_or_else(|| ids.bytes("w-out-")))
-                }
-                Reply::Data => UdfResponse::data(ids.bytes("w-out-")),
-                Reply::Error => UdfResponse::error(ids.error()),
-                Reply::FinishOk => UdfResponse::finish(ids.finish_response(false)),
-                Reply::FinishErr => UdfResponse::finish(ids.finish_response(true)),
-                Reply::CancelOk => UdfResponse::cancel(ids.cancel_response(false)),
-                Reply::CancelErr => UdfResponse::cancel(ids.cancel_response(true)),
-                Reply::EmptyEnvelope => empty_envelope(),
-                Reply::EmptyControl => empty_control(),
-            };
-            if !worker_send(&mut conn, msg).await {
-                return;
-            }
-        }
-    }
+                Reply::Send(kind) => Reaction::Send(ids.response(kind)),
+            })
+            .collect()
+    })
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -1586,17 +1550,17 @@ struct Plan {
 
 fn reply_strategy() -> impl Strategy<Value = Reply> {
     prop_oneof![
-        3 => Just(Reply::InitOk),
-        1 => Just(Reply::InitErr),
+        3 => Just(Reply::Send(Inject::InitOk)),
+        1 => Just(Reply::Send(Inject::InitErr)),
         3 => Just(Reply::Echo),
-        2 => Just(Reply::Data),
-        2 => Just(Reply::Error),
-        1 => Just(Reply::FinishOk),
-        1 => Just(Reply::FinishErr),
-        2 => Just(Reply::CancelOk),
-        1 => Just(Reply::CancelErr),
-        1 => Just(Reply::EmptyEnvelope),
-        1 => Just(Reply::EmptyControl),
+        2 => Just(Reply::Send(Inject::Data)),
+        2 => Just(Reply::Send(Inject::Error)),
+        1 => Just(Reply::Send(Inject::FinishOk)),
+        1 => Just(Reply::Send(Inject::FinishErr)),
+        2 => Just(Reply::Send(Inject::CancelOk)),
+        1 => Just(Reply::Send(Inject::CancelErr)),
+        1 => Just(Reply::Send(Inject::EmptyEnvelope)),
+        1 => Just(Reply::Send(Inject::EmptyControl)),
         1 => Just(Reply::Close),
         1 => prop_oneof![Just(1u64), Just(3), Just(45)].prop_map(Reply::Pause),
     ]
@@ -1611,10 +1575,10 @@ fn reactions(usual: Reply) -> impl Strategy<Value = Vec<Reply>> {
 
 fn script_strategy() -> impl Strategy<Value = Script> {
     let scripted = (
-        reactions(Reply::InitOk),
+        reactions(Reply::Send(Inject::InitOk)),
         prop::collection::vec(reactions(Reply::Echo), 1..3),
-        reactions(Reply::FinishOk),
-        reactions(Reply::CancelOk),
+        reactions(Reply::Send(Inject::FinishOk)),
+        reactions(Reply::Send(Inject::CancelOk)),
     )
         .prop_map(|(on_init, on_data, on_finish, on_cancel)| Script {
             on_init,
@@ -2076,7 +2040,7 @@ fn run_session_case(script: Script, plan: &Plan) -> SessionRun {
         };
         let session = Session::new(engine, handle.clone(), config);
         let watch = session.watch();
-        let worker = tokio::spawn(run_worker(worker, script));
+        let worker = run_worker(worker, script);
         let mut obs = Observed::default();
         let plan_run = drive_session(plan, session, &log, &mut obs);
         let hung = tokio::time::timeout(Duration::from_secs(3600), plan_run)
@@ -2107,12 +2071,7 @@ fn run_session(script: Script, plan: &Plan) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: tether::testing::model_cases(192),
-        max_shrink_iters: 2048,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(model_support::config(192))]
 
     #[test]
     fn session_over_memory_pair(script in script_strategy(), plan in plan_strategy()) {
@@ -2158,20 +2117,9 @@ proptest! {
 /// The session schedules reach every outcome and deliver data (guards the generators).
 #[test]
 fn session_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     let mut read_everything = false;
-    for _ in 0..192 {
-        let script = script_strategy()
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
-        let plan = plan_strategy()
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    for (script, plan) in model_support::samples((script_strategy(), plan_strategy()), 192) {
         let run = run_session_case(script, &plan);
         if let Some(t) = run.handle.last_outcome() {
             seen.insert(format!("{:?}", t.kind()));
@@ -2217,10 +2165,10 @@ fn regression_a_core_rejects_data_before_init_response() {
 #[test]
 fn regression_a_session_invalidates_a_worker_that_sent_data_before_init_response() {
     let script = Script {
-        on_init: vec![Reply::Error, Reply::Data],
+        on_init: vec![Reply::Send(Inject::Error), Reply::Send(Inject::Data)],
         on_data: vec![vec![]],
         on_finish: vec![],
-        on_cancel: vec![Reply::CancelOk],
+        on_cancel: vec![Reply::Send(Inject::CancelOk)],
     };
     let plan = Plan {
         init: InitPlan::Plain,
@@ -2296,7 +2244,7 @@ fn regression_e_drop_cleanup_survives_runtime_shutdown() {
     let session_handle = handle.clone();
     rt.block_on(async move {
         let (engine, worker) = connection::pair::<UdfRequest, UdfResponse>(16);
-        tokio::spawn(run_worker(worker, Script::echo()));
+        run_worker(worker, Script::echo());
         let session = Session::new(engine, session_handle, SessionConfig::default());
         let (streaming, _) = session.init(fixtures::init("udf")).await.expect("init");
         drop(streaming);
@@ -2308,4 +2256,258 @@ fn regression_e_drop_cleanup_survives_runtime_shutdown() {
         "the dropped session was never released"
     );
     assert_eq!(handle.outcomes().len(), 1);
+}
+
+// ---------------------------------------------------------------------------------------
+// udf §2 R9, §5.2 step 4: the request side is half-closed after a clean terminator and
+// aborted after a failure, never both
+// ---------------------------------------------------------------------------------------
+
+/// How the core wants its request side ended once everything queued went out, and what
+/// went out (udf §2 R9).
+fn r9_request_end(core: &mut EngineCore) -> (&'static str, Vec<tether::wire::RequestKind>) {
+    let mut sent = Vec::new();
+    while let Some(request) = core.poll_transmit() {
+        sent.extend(request.kind());
+    }
+    let end = match (core.wants_half_close(), core.wants_abort()) {
+        (true, false) => "half-close",
+        (false, true) => "abort",
+        (false, false) => "neither",
+        (true, true) => "both",
+    };
+    (end, sent)
+}
+
+/// An engine core that sent its `Init` and got the `InitResponse` (udf §4.6).
+fn r9_streaming() -> EngineCore {
+    let mut core = EngineCore::default();
+    core.start_init(fixtures::init("udf"), None).expect("init");
+    while core.poll_transmit().is_some() {}
+    core.handle_response(fixtures::init_ok());
+    assert_eq!(core.phase(), EnginePhase::Streaming);
+    core
+}
+
+#[test]
+fn r9_the_core_half_closes_after_a_clean_terminator_and_aborts_after_a_failure() {
+    use tether::wire::RequestKind::{Cancel, Finish};
+    let config = SessionConfig::default();
+    let now = std::time::Instant::now();
+    let mut seen = Vec::new();
+
+    // Finished: half-close.
+    let mut core = r9_streaming();
+    assert!(core.finish().expect("finish"));
+    assert_eq!(r9_request_end(&mut core), ("neither", vec![Finish]));
+    core.handle_response(fixtures::finish_response_ok());
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // Cancelled: half-close.
+    let mut core = r9_streaming();
+    assert!(core.cancel(Some("stop".into())));
+    assert_eq!(r9_request_end(&mut core), ("neither", vec![Cancel]));
+    core.handle_response(fixtures::cancel_ok());
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by a timeout: the farewell Cancel goes first, then abort.
+    let mut core = r9_streaming();
+    core.begin_wait(now);
+    core.handle_timeout(now + config.terminal_timeout);
+    assert!(!core.wants_abort(), "the farewell Cancel goes first");
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // Interrupted: the Cancel, then abort once its acknowledgement did not come.
+    let mut core = r9_streaming();
+    core.interrupt("reading output");
+    assert_eq!(r9_request_end(&mut core), ("neither", vec![Cancel]));
+    core.begin_wait(now);
+    core.handle_timeout(now + config.interrupt_cancel_timeout);
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by the worker's protocol violation (a FinishResponse before Finish).
+    let mut core = r9_streaming();
+    core.handle_response(fixtures::finish_response_ok());
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by the stream ending without a terminator (udf §2 R10).
+    let mut core = r9_streaming();
+    core.handle_stream_end();
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    // TransportFailed by a broken connection.
+    let mut core = r9_streaming();
+    core.handle_connection_error(ConnectionError::Closed);
+    seen.push((
+        core.terminal().map(Termination::kind),
+        r9_request_end(&mut core),
+    ));
+
+    use TerminationKind::{Cancelled, Finished, Interrupted, TransportFailed};
+    assert_eq!(
+        seen,
+        [
+            (Some(Finished), ("half-close", vec![])),
+            (Some(Cancelled), ("half-close", vec![])),
+            (Some(TransportFailed), ("abort", vec![Cancel])),
+            (Some(Interrupted), ("abort", vec![])),
+            (Some(TransportFailed), ("abort", vec![])),
+            (Some(TransportFailed), ("abort", vec![])),
+            (Some(TransportFailed), ("abort", vec![])),
+        ]
+    );
+}
+
+/// A connection that records how the session ended its request side (udf §2 R9): a
+/// `poll_close` is a half-close; dropped without one, it was given up unclosed, an abort
+/// (what resets a gRPC stream, Spark's `onError`).
+#[derive(Debug)]
+struct R9Recording {
+    inner: MemoryConnection<UdfRequest, UdfResponse>,
+    half_closed: bool,
+    log: Arc<Mutex<Vec<&'static str>>>,
+}
+
+impl Connection<UdfRequest, UdfResponse> for R9Recording {
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        self.inner.poll_ready(cx)
+    }
+    fn start_send(&mut self, msg: UdfRequest) -> Result<(), ConnectionError> {
+        self.inner.start_send(msg)
+    }
+    fn poll_flush(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        self.inner.poll_flush(cx)
+    }
+    fn poll_close(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), ConnectionError>> {
+        if !self.half_closed {
+            self.half_closed = true;
+            self.log.lock().unwrap().push("half-close");
+        }
+        self.inner.poll_close(cx)
+    }
+    fn poll_recv(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<UdfResponse, ConnectionError>>> {
+        self.inner.poll_recv(cx)
+    }
+}
+
+impl Drop for R9Recording {
+    fn drop(&mut self) {
+        if !self.half_closed {
+            self.log.lock().unwrap().push("abort");
+        }
+    }
+}
+
+/// A session over an [`R9Recording`] connection to the worker `worker` runs on its end
+/// (spawned on a paused-clock runtime); returns how the request side ended and the
+/// termination `run` returned (udf §2 R9).
+fn r9_session<W, R>(
+    worker: impl FnOnce(MemoryConnection<UdfResponse, UdfRequest>) -> W,
+    run: impl FnOnce(Session<state::Init, R9Recording>) -> R,
+) -> (Vec<&'static str>, Termination)
+where
+    W: std::future::Future<Output = ()> + Send + 'static,
+    R: std::future::Future<Output = Termination>,
+{
+    let log = Arc::new(Mutex::new(Vec::new()));
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    let (engine, worker_end) = connection::pair::<UdfRequest, UdfResponse>(16);
+    let connection = R9Recording {
+        inner: engine,
+        half_closed: false,
+        log: log.clone(),
+    };
+    let termination = rt.block_on(async move {
+        tokio::spawn(worker(worker_end));
+        let session = Session::new(
+            connection,
+            Arc::new(CountingHandle::for_one_session()),
+            SessionConfig::default(),
+        );
+        run(session).await
+    });
+    drop(rt);
+    let log = log.lock().unwrap().clone();
+    (log, termination)
+}
+
+#[test]
+fn r9_a_session_half_closes_after_finished_and_aborts_after_a_timeout() {
+    use tether::testing::echo::{EchoUdf, echo_config};
+    use tether::worker::endpoint::serve;
+    // Finished: the echo worker answers; the session half-closes its request side.
+    let (log, termination) = r9_session(
+        |end| async move {
+            let _ = serve(end, EchoUdf::default(), echo_config()).await;
+        },
+        |session| async move {
+            let (streaming, _) = session.init(fixtures::init("udf")).await.expect("init");
+            let mut finishing = streaming.finish().await.expect("finish");
+            assert_eq!(finishing.recv().await.expect("recv"), None);
+            finishing.close().await
+        },
+    );
+    assert_eq!(termination.kind(), TerminationKind::Finished);
+    assert_eq!(log, ["half-close"]);
+
+    // A worker that never answers: the init times out, the farewell Cancel goes out, and
+    // the session aborts its request side instead of half-closing it.
+    let (log, termination) = r9_session(
+        |end| async move {
+            // Holds its end open, reading nothing.
+            let _end = end;
+            std::future::pending::<()>().await;
+        },
+        |session| async move {
+            match session.init(fixtures::init("udf")).await {
+                Ok(_) => panic!("a silent worker cannot accept the Init"),
+                Err(failed) => failed.session.close().await,
+            }
+        },
+    );
+    assert!(
+        matches!(
+            termination,
+            Termination::TransportFailed(TransportFailure::Timeout {
+                waiting_for: Wait::InitResponse,
+                ..
+            })
+        ),
+        "{termination}"
+    );
+    assert_eq!(log, ["abort"]);
 }

@@ -402,3 +402,56 @@ async fn session_recv_deadline_is_per_poll() {
         "{outcome}"
     );
 }
+
+// --- `Duration::MAX` as "never" --------------------------------------------------------
+
+/// A deadline of `Duration::MAX` (a user's "never time out") cannot be added to an
+/// `Instant`: the cores saturate it (about 100 years) instead of panicking, on every row of
+/// the udf §7 table (a new user found `begin_wait` panicking with "overflow when adding
+/// duration to instant").
+#[test]
+fn duration_max_timeouts_never_fire_and_never_panic() {
+    let mut config = session_config();
+    config.init_timeout = Duration::MAX;
+    config.terminal_timeout = Duration::MAX;
+    config.interrupt_cancel_timeout = Duration::MAX;
+    let mut core = EngineCore::new(&config);
+    core.start_init(init("udf"), None).expect("init");
+    assert_eq!(drain_requests(&mut core), [RequestKind::Init]);
+    let t0 = Instant::now();
+    core.begin_wait(t0);
+    let at = core.poll_timeout().expect("a deadline, saturated");
+    assert!(
+        at >= t0 + Duration::from_secs(99 * 365 * 24 * 3600),
+        "{at:?}"
+    );
+    core.handle_timeout(t0 + Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(
+        core.phase(),
+        EnginePhase::Initializing,
+        "nothing after a year"
+    );
+    core.handle_response(init_ok());
+    core.begin_wait(t0);
+    assert!(core.poll_timeout().is_some_and(|at| at > t0));
+
+    let mut worker_config = endpoint_config();
+    worker_config.init_timeout = Some(Duration::MAX);
+    worker_config.cancel_timeout = Some(Duration::MAX);
+    let mut worker = WorkerCore::new(&worker_config);
+    worker.begin_wait(t0);
+    worker.handle_timeout(t0 + Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(
+        worker.phase(),
+        WorkerPhase::AwaitingInit,
+        "nothing after a year"
+    );
+    worker.handle_request(UdfRequest::init(init("udf")));
+    let _ = worker.take_init();
+    worker.accept_init(None).expect("accept");
+    worker.fail(ExecutionError::user("boom")).expect("fail");
+    while worker.poll_transmit().is_some() {}
+    worker.begin_wait(t0);
+    worker.handle_timeout(t0 + Duration::from_secs(365 * 24 * 3600));
+    assert_eq!(worker.phase(), WorkerPhase::PostError, "R4 never fires");
+}

@@ -22,8 +22,7 @@ use tether::connection::{MemoryConnection, pair};
 use tether::wire::{
     DirectWorker, LocalTcpConnection, ProcessCallable, UdfProtoCommunicationPattern, UdfRequest,
     UdfResponse, UdfWorkerDataFormat, UdfWorkerProperties, UdfWorkerSpecification,
-    UnixDomainSocket, WorkerCapabilities, WorkerConnectionSpec, WorkerEnvironment,
-    udf_worker_specification, worker_connection_spec,
+    WorkerConnectionSpec, WorkerEnvironment, udf_worker_specification, worker_connection_spec,
 };
 use tether::worker::dispatcher::{
     DispatchError, Dispatcher, DispatcherConfig, EnvironmentError, EnvironmentState, ExitReason,
@@ -38,7 +37,7 @@ use tokio::sync::{Notify, Semaphore};
 
 use tether::testing::echo::{EchoUdf, echo_config};
 use tether::testing::fixtures::{INIT_FAILURE, USER_ERROR_CLASS};
-use tether::testing::fixtures::{ScratchDir, error_chain, init};
+use tether::testing::fixtures::{ScratchDir, direct_worker_spec, error_chain, init};
 
 // ---------------------------------------------------------------------------------------
 // Worker mode: this binary as a real tether worker.
@@ -106,41 +105,6 @@ fn sh(script: &str, env: &[(&str, &str)]) -> ProcessCallable {
     callable(&["bash", "-c", script], env)
 }
 
-fn uds() -> Option<WorkerConnectionSpec> {
-    Some(WorkerConnectionSpec {
-        transport: Some(worker_connection_spec::Transport::UnixDomainSocket(
-            UnixDomainSocket {},
-        )),
-    })
-}
-
-fn capabilities() -> WorkerCapabilities {
-    WorkerCapabilities {
-        supported_data_formats: vec![UdfWorkerDataFormat::Arrow as i32],
-        supported_communication_patterns: vec![
-            UdfProtoCommunicationPattern::BidirectionalStreaming as i32,
-        ],
-        supports_concurrent_udfs: None,
-        supports_reuse: None,
-    }
-}
-
-/// A valid spec: `runner` over a Unix socket, Arrow, bidirectional streaming.
-fn spec_with(runner: ProcessCallable) -> UdfWorkerSpecification {
-    UdfWorkerSpecification {
-        environment: Some(WorkerEnvironment::default()),
-        capabilities: Some(capabilities()),
-        worker: Some(udf_worker_specification::Worker::Direct(DirectWorker {
-            runner: Some(runner),
-            properties: Some(UdfWorkerProperties {
-                initialization_timeout_ms: None,
-                graceful_termination_timeout_ms: None,
-                connection: uds(),
-            }),
-        })),
-    }
-}
-
 fn direct_mut(spec: &mut UdfWorkerSpecification) -> &mut DirectWorker {
     match spec.worker.as_mut() {
         Some(udf_worker_specification::Worker::Direct(d)) => d,
@@ -162,7 +126,10 @@ fn env_mut(spec: &mut UdfWorkerSpecification) -> &mut WorkerEnvironment {
 fn stub_spec(mode: &str, env: &[(&str, &str)]) -> UdfWorkerSpecification {
     let mut vars = vec![("STUB_MODE", mode)];
     vars.extend_from_slice(env);
-    spec_with(callable(&["bash", &support("stub-worker.sh")], &vars))
+    direct_worker_spec(
+        callable(&["bash", &support("stub-worker.sh")], &vars),
+        false,
+    )
 }
 
 /// This test binary as a real tether echo worker.
@@ -174,14 +141,17 @@ fn tether_spec() -> UdfWorkerSpecification {
 /// serve gRPC instead of frames).
 fn tether_spec_with(env: &[(&str, &str)]) -> UdfWorkerSpecification {
     let exe = std::env::current_exe().expect("test binary path");
-    spec_with(callable(
-        &[
-            "bash",
-            &support("tether-worker.sh"),
-            exe.to_str().expect("utf-8 path"),
-        ],
-        env,
-    ))
+    direct_worker_spec(
+        callable(
+            &[
+                "bash",
+                &support("tether-worker.sh"),
+                exe.to_str().expect("utf-8 path"),
+            ],
+            env,
+        ),
+        false,
+    )
 }
 
 /// Short timeouts so that failures show quickly; real processes need real time.
@@ -744,14 +714,17 @@ async fn udf_s087_five_mib_payload_round_trip_then_cleanup() {
 fn launcher_spec(child_pid: &str) -> UdfWorkerSpecification {
     let exe = std::env::current_exe().expect("test binary path");
     let script = r#"bash "$WORKER_SCRIPT" "$TEST_EXE" "$@" & echo $! > "$CHILD_PID"; wait"#;
-    spec_with(callable(
-        &["bash", "-c", script, "launcher"],
-        &[
-            ("WORKER_SCRIPT", &support("tether-worker.sh")),
-            ("TEST_EXE", exe.to_str().expect("utf-8 path")),
-            ("CHILD_PID", child_pid),
-        ],
-    ))
+    direct_worker_spec(
+        callable(
+            &["bash", "-c", script, "launcher"],
+            &[
+                ("WORKER_SCRIPT", &support("tether-worker.sh")),
+                ("TEST_EXE", exe.to_str().expect("utf-8 path")),
+                ("CHILD_PID", child_pid),
+            ],
+        ),
+        false,
+    )
 }
 
 fn read_pid(path: &str) -> u32 {
@@ -1172,7 +1145,7 @@ async fn udf_s115_failing_connection_creation_cleans_up_the_socket_file() {
 
 #[test]
 fn udf_s116_empty_runner_command_is_rejected() {
-    let spec = spec_with(callable(&[], &[]));
+    let spec = direct_worker_spec(callable(&[], &[]), false);
     assert!(spec_error(&spec).contains("at least one entry"));
     assert_eq!(
         validate_spec(&spec, &DispatcherConfig::default()),

@@ -12,11 +12,15 @@ use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use tether::testing::fixtures::{init, tagged};
 use tether::testing::model_cases;
-use tether::testing::pair::{Pair, UserAnswer, WorkerUser, engine_config, worker_config};
+use tether::testing::pair::{
+    Pair, RequestEnd, UserAnswer, WorkerUser, engine_config, worker_config,
+};
 use tether::wire::{ExecutionError, RequestKind, ResponseKind};
-use tether::worker::endpoint::{EndpointOutcome, EngineViolation, OutcomeKind, WorkerPhase};
+use tether::worker::endpoint::{
+    EndpointOutcome, EngineViolation, InitTimeout, OutcomeKind, WorkerPhase,
+};
 use tether::worker::engine::{
-    EnginePhase, InitStatus, Termination, TerminationKind, TransportFailure, Wait,
+    EnginePhase, InitStatus, PeerViolation, Termination, TerminationKind, TransportFailure, Wait,
 };
 
 type Check = Result<(), Box<dyn std::error::Error>>;
@@ -412,8 +416,10 @@ fn init_timeout() -> Check {
     assert!(pair.termination().is_none(), "not one millisecond early");
     pair.advance(Duration::from_millis(1));
     assert!(timed_out(&pair, Wait::InitResponse));
-    // The best-effort Cancel reaches the worker (the engine's half-close follows it);
-    // the user's late answer is ignored by the engine.
+    // The best-effort Cancel reaches the worker, and the engine's abort follows it (a
+    // failure terminator, udf §2 R9); the user's late answer is ignored by the engine.
+    assert_eq!(requests(&pair), [RequestKind::Init, RequestKind::Cancel]);
+    assert_eq!(pair.engine_request_end(), Some(RequestEnd::Aborted));
     assert_eq!(pair.deliver_to_worker(1), 1);
     assert_eq!(pair.worker().core.phase(), WorkerPhase::Cancelling);
     pair.worker_cancelled()?;
@@ -537,6 +543,207 @@ fn a_cut_stream_fails_both_sides() -> Check {
     assert!(!pair.send("c")?);
     pair.drive();
     assert_eq!(pair.worker().sent.len(), 2);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// The worker's wait for the Init (udf §4.6, §7)
+// ---------------------------------------------------------------------------------------
+
+/// The `InitTimeout` cause of the worker's `TransportFailed`, if that is how it ended.
+fn init_timeout_cause(pair: &Pair) -> Option<InitTimeout> {
+    match pair.outcome()? {
+        EndpointOutcome::TransportFailed(e) => std::error::Error::source(e)?
+            .downcast_ref::<InitTimeout>()
+            .copied(),
+        _ => None,
+    }
+}
+
+#[test]
+fn an_engine_that_connects_and_never_inits_loses_the_worker_session() -> Check {
+    let wait = worker_config()
+        .init_timeout
+        .expect("the pair's worker waits for the Init");
+    let mut pair = Pair::default();
+    pair.drive();
+    assert_eq!(
+        pair.elapsed(),
+        Duration::ZERO,
+        "the engine's caller holds the turn"
+    );
+    pair.advance(wait - Duration::from_millis(1));
+    assert_eq!(pair.worker().core.phase(), WorkerPhase::AwaitingInit);
+    assert!(pair.outcome().is_none(), "not one millisecond early");
+    pair.advance(Duration::from_millis(1));
+    assert_eq!(init_timeout_cause(&pair), Some(InitTimeout { after: wait }));
+    assert!(
+        pair.worker().sent.is_empty(),
+        "the worker sends nothing to a peer that never spoke (udf §2 R8)"
+    );
+    assert_eq!(
+        pair.in_flight(),
+        (0, 1),
+        "only the worker's end of the stream"
+    );
+    // An engine that inits now finds the stream gone: its Init is ignored, and the end of
+    // the stream without a terminator fails it (udf §2 R10); it aborts (R9).
+    pair.start_init(init("too late"), None)?;
+    pair.drive();
+    assert!(matches!(
+        pair.termination(),
+        Some(Termination::TransportFailed(TransportFailure::Protocol(
+            PeerViolation::StreamEndedWithoutTerminator
+        )))
+    ));
+    assert_eq!(pair.worker().core.stats().ignored_after_done, 1);
+    assert_eq!(pair.engine_request_end(), Some(RequestEnd::Aborted));
+    assert_eq!(init_timeout_cause(&pair), Some(InitTimeout { after: wait }));
+    Ok(())
+}
+
+#[test]
+fn an_init_just_before_the_deadline_is_served() -> Check {
+    let wait = worker_config()
+        .init_timeout
+        .expect("the pair's worker waits for the Init");
+    let mut pair = Pair::default();
+    pair.drive();
+    pair.advance(wait - Duration::from_millis(1));
+    pair.connect();
+    pair.advance(wait);
+    assert_eq!(
+        pair.worker().core.phase(),
+        WorkerPhase::Data,
+        "no deadline once Init came"
+    );
+    pair.send("a")?;
+    pair.finish()?;
+    pair.drive();
+    assert_eq!(engine_kind(&pair), TerminationKind::Finished);
+    assert_eq!(worker_kind(&pair), OutcomeKind::Finished);
+    assert_eq!(pair.output(), ["a"]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// Data the worker queued but did not write when the Cancel came (udf §2 R7)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn a_cancel_drops_the_worker_data_queued_but_not_written() -> Check {
+    let mut pair = Pair::default();
+    pair.connect();
+    pair.hold_worker_writes();
+    pair.send("a")?;
+    pair.send("b")?;
+    assert_eq!(pair.deliver_to_worker(2), 2);
+    // Both echoes are queued in the worker, none written.
+    assert_eq!(pair.worker().core.stats().data_sent, 2);
+    assert!(pair.worker().core.has_transmit());
+    assert_eq!(pair.in_flight(), (0, 0));
+    assert!(pair.cancel("stop"));
+    assert_eq!(pair.deliver_to_worker(1), 1);
+    // The Cancel dropped the queued echoes; the echo worker answered it.
+    assert_eq!(worker_kind(&pair), OutcomeKind::Cancelled);
+    assert_eq!(pair.worker().core.stats().output_dropped, 2);
+    pair.release_worker_writes();
+    pair.drive();
+    assert_eq!(engine_kind(&pair), TerminationKind::Cancelled);
+    assert!(
+        pair.output().is_empty(),
+        "no batch crossed after the Cancel"
+    );
+    assert_eq!(responses(&pair), [ResponseKind::Init, ResponseKind::Cancel]);
+    assert_eq!(pair.engine().core.stats().data_received, 0);
+    Ok(())
+}
+
+#[test]
+fn held_writes_that_are_not_cancelled_all_cross_in_order() -> Check {
+    let mut pair = Pair::default();
+    pair.connect();
+    pair.hold_worker_writes();
+    pair.send("a")?;
+    pair.send("b")?;
+    pair.finish()?;
+    assert_eq!(pair.deliver_to_worker(3), 3);
+    assert_eq!(worker_kind(&pair), OutcomeKind::Finished);
+    assert_eq!(pair.in_flight(), (0, 0), "nothing written while held");
+    pair.release_worker_writes();
+    pair.drive();
+    assert_eq!(engine_kind(&pair), TerminationKind::Finished);
+    assert_eq!(pair.output(), ["a", "b"]);
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------
+// How the engine ends its request side (udf §2 R9, §5.2 step 4)
+// ---------------------------------------------------------------------------------------
+
+#[test]
+fn the_engine_half_closes_after_a_clean_terminator_and_aborts_after_a_failure() -> Check {
+    let config = engine_config();
+    let mut seen = Vec::new();
+
+    // Finished ⇒ half-close.
+    let mut pair = Pair::default();
+    pair.connect();
+    pair.finish()?;
+    pair.drive();
+    seen.push((engine_kind(&pair), pair.engine_request_end()));
+
+    // Cancelled ⇒ half-close.
+    let mut pair = Pair::default();
+    pair.connect();
+    pair.cancel("stop");
+    pair.drive();
+    seen.push((engine_kind(&pair), pair.engine_request_end()));
+
+    // TransportFailed (a timeout) ⇒ the farewell Cancel, then abort; the worker whose user
+    // has not answered the Cancel yet sees the abort as a stream error (udf §2 R8).
+    let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
+    pair.connect_manually()?;
+    pair.finish()?;
+    pair.drive();
+    pair.advance(config.terminal_timeout);
+    assert!(timed_out(&pair, Wait::Output));
+    assert_eq!(
+        requests(&pair),
+        [RequestKind::Init, RequestKind::Finish, RequestKind::Cancel]
+    );
+    seen.push((engine_kind(&pair), pair.engine_request_end()));
+    pair.deliver_to_worker(usize::MAX);
+    assert_eq!(worker_kind(&pair), OutcomeKind::TransportFailed);
+
+    // Interrupted ⇒ the farewell Cancel, then abort.
+    let mut pair = Pair::default().with_worker_user(WorkerUser::Manual);
+    pair.connect_manually()?;
+    pair.interrupt("reading output");
+    pair.drive();
+    pair.advance(config.interrupt_cancel_timeout);
+    seen.push((engine_kind(&pair), pair.engine_request_end()));
+
+    // TransportFailed (a cut stream) ⇒ abort (nothing reaches the worker any more).
+    let mut pair = Pair::default();
+    pair.connect();
+    pair.cut();
+    pair.drive();
+    seen.push((engine_kind(&pair), pair.engine_request_end()));
+
+    use TerminationKind::*;
+    let aborted = Some(RequestEnd::Aborted);
+    let half_closed = Some(RequestEnd::HalfClosed);
+    assert_eq!(
+        seen,
+        [
+            (Finished, half_closed),
+            (Cancelled, half_closed),
+            (TransportFailed, aborted),
+            (Interrupted, aborted),
+            (TransportFailed, aborted),
+        ]
+    );
     Ok(())
 }
 

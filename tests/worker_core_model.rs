@@ -9,8 +9,12 @@
 //! request stream ending, connection errors), the user's answers (`take_init`,
 //! `accept_init`, `reject_init`, `send_data`, `fail`, `finish`, `cancelled`), the driver's
 //! steps (`poll_transmit`, `pop_input`, `discard_input`) and time: waits that advance the
-//! manual clock and a jump to the R4 cancel deadline the core arms itself (`begin_wait`,
-//! `poll_timeout`, `handle_timeout`).
+//! manual clock and a jump to the deadline the core arms itself, the wait for the `Init`
+//! (udf §4.6, §7) or the R4 cancel deadline (`begin_wait`, `poll_timeout`,
+//! `handle_timeout`).
+//!
+//! The reference predicts the protocol-error close of R6 from the phase the worker is in
+//! (udf §2.1's states), not from the core's bookkeeping: see [`Model::violation`].
 //!
 //! Invariants after every step: phase, outcome (the exact [`EngineViolation`] of a R6
 //! close), the responses handed to the transport (equal to the model's, message for
@@ -37,18 +41,22 @@ use tether::wire::{
 };
 use tether::worker::endpoint::{
     DataSent, DataTicket, Delivery, EndpointConfig, EndpointOutcome, EngineViolation,
-    InitRejection, WorkerCore, WorkerPhase, WorkerStats,
+    InitRejection, InitTimeout, WorkerCore, WorkerPhase, WorkerStats,
 };
 
 mod model_support;
 
 const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
+/// The wait for the `Init` (udf §4.6): distinct from [`CANCEL_TIMEOUT`] so that a mix-up of
+/// the two deadlines shows.
+const INIT_TIMEOUT: Duration = Duration::from_secs(7);
 const INPUT_BUFFER: usize = 3;
 const INLINE: &[u8] = b"udf-";
 
 fn config() -> EndpointConfig {
     EndpointConfig {
         input_buffer: INPUT_BUFFER,
+        init_timeout: Some(INIT_TIMEOUT),
         cancel_timeout: Some(CANCEL_TIMEOUT),
         ..EndpointConfig::new()
     }
@@ -130,6 +138,9 @@ enum Outcome {
     },
     Violation(EngineViolation),
     TransportFailed,
+    /// `TransportFailed` because no `Init` came in time (udf §4.6): its cause is an
+    /// [`InitTimeout`] naming the timeout.
+    InitTimedOut(Duration),
 }
 
 impl Outcome {
@@ -141,9 +152,23 @@ impl Outcome {
                 reported: reported.clone(),
             },
             EndpointOutcome::ProtocolViolation(v) => Outcome::Violation(v.clone()),
-            EndpointOutcome::TransportFailed(_) => Outcome::TransportFailed,
+            EndpointOutcome::TransportFailed(e) => match std::error::Error::source(e)
+                .and_then(|cause| cause.downcast_ref::<InitTimeout>())
+            {
+                Some(InitTimeout { after }) => Outcome::InitTimedOut(*after),
+                None => Outcome::TransportFailed,
+            },
         }
     }
+}
+
+/// Where R6 puts the `ProtocolError` of a protocol-error close ([`Model::violation`]): the
+/// `InitResponse`, an `ErrorResponse` or the `CancelResponse`.
+#[derive(Debug, Clone, Copy)]
+enum ReportIn {
+    Init,
+    Error,
+    Cancel,
 }
 
 /// The reference model of the worker side, written from udf §2 (R1–R8), §2.1's table and
@@ -164,7 +189,6 @@ struct Model {
     /// `PostError` entered by `InitResponse.error` (no data phase).
     after_init_error: bool,
     init_response_sent: bool,
-    error_sent: bool,
     reported: Option<ExecutionError>,
     rejection: Option<InitRejection>,
     deferred: Option<ExecutionError>,
@@ -177,9 +201,10 @@ struct Model {
     data_queued: u64,
     data_transmitted: u64,
     data_dropped: bool,
-    /// The manual clock and the armed R4 deadline, in ms.
+    /// The manual clock, in ms, and the armed deadline: the phase it was armed in
+    /// (`AwaitingInit` or `PostError`) and its instant in ms.
     now: u64,
-    deadline: Option<u64>,
+    deadline: Option<(WorkerPhase, u64)>,
 }
 
 impl Model {
@@ -194,7 +219,6 @@ impl Model {
             user_involved: false,
             after_init_error: false,
             init_response_sent: false,
-            error_sent: false,
             reported: None,
             rejection: None,
             deferred: None,
@@ -234,34 +258,48 @@ impl Model {
         }
     }
 
-    /// R6: the protocol-error close. The `ProtocolError` goes into the `InitResponse` if
-    /// none was sent, else an `ErrorResponse` if no error was sent and no Cancel arrived,
-    /// else into the `CancelResponse`; a `CancelResponse` always follows.
+    /// R6 and §2.1's "any other combination" row: the protocol-error close, predicted from
+    /// the phase (udf §2.1's states). R6 puts the `ProtocolError` "in `InitResponse.error` if
+    /// still in init phase, in `FinishResponse.error`/`CancelResponse.error` while producing a
+    /// terminator, else in `ErrorResponse.error`; then closes with `CancelResponse`":
+    ///
+    /// | phase | the error goes | then |
+    /// |---|---|---|
+    /// | `AwaitingInit`, `AwaitingChunks`, `InitPending` (init phase: no `InitResponse` yet) | `InitResponse.error` | `CancelResponse {}` |
+    /// | `Data`, `Draining` (data phase, no error reported yet) | an `ErrorResponse` | `CancelResponse {}` |
+    /// | `PostError` (an error is out: R4 allows one per stream; the Cancel it awaits is answered now) | `CancelResponse.error` | — |
+    /// | `Cancelling` (the worker is producing the terminator that answers the Cancel) | `CancelResponse.error` | — |
+    /// | `Done` | nothing: the stream is over (§2.1 "ignored") | — |
+    ///
+    /// The close is the worker's own end of the stream, so what a Cancel drops (R3, R7) is
+    /// dropped: queued `DataResponse`s never go out and unread input is discarded. The
+    /// assembled `Init` is no longer offered to the user.
     fn violation(&mut self, v: EngineViolation) {
-        if self.done() {
-            return;
-        }
+        let place = match self.phase {
+            WorkerPhase::Done => return,
+            WorkerPhase::AwaitingInit | WorkerPhase::AwaitingChunks | WorkerPhase::InitPending => {
+                ReportIn::Init
+            }
+            WorkerPhase::Data | WorkerPhase::Draining => ReportIn::Error,
+            WorkerPhase::PostError | WorkerPhase::Cancelling => ReportIn::Cancel,
+        };
         self.init = None;
         self.discard_input();
         self.drop_queued_data();
         let error = v.to_execution_error();
-        let mut response = CancelResponse::default();
-        if self.cancel.is_some() {
-            response.error = Some(error);
-        } else if !self.init_response_sent {
-            self.outbox.push_back(UdfResponse::init(InitResponse {
-                data: None,
-                error: Some(error),
-            }));
-            self.init_response_sent = true;
-            self.error_sent = true;
-        } else if !self.error_sent {
-            self.outbox.push_back(UdfResponse::error(error));
-            self.error_sent = true;
-        } else {
-            response.error = Some(error);
+        let mut terminator = CancelResponse::default();
+        match place {
+            ReportIn::Init => {
+                self.init_response_sent = true;
+                self.outbox.push_back(UdfResponse::init(InitResponse {
+                    data: None,
+                    error: Some(error),
+                }));
+            }
+            ReportIn::Error => self.outbox.push_back(UdfResponse::error(error)),
+            ReportIn::Cancel => terminator.error = Some(error),
         }
-        self.outbox.push_back(UdfResponse::cancel(response));
+        self.outbox.push_back(UdfResponse::cancel(terminator));
         self.phase = WorkerPhase::Done;
         self.outcome = Some(Outcome::Violation(v));
     }
@@ -272,7 +310,6 @@ impl Model {
             error: Some(error.clone()),
         }));
         self.init_response_sent = true;
-        self.error_sent = true;
         self.reported = Some(error);
         self.after_init_error = true;
         self.phase = WorkerPhase::PostError;
@@ -522,7 +559,6 @@ impl Model {
             WorkerPhase::Data | WorkerPhase::Draining => {
                 self.discard_input();
                 self.outbox.push_back(UdfResponse::error(error.clone()));
-                self.error_sent = true;
                 self.reported = Some(error);
                 self.after_init_error = false;
                 self.phase = WorkerPhase::PostError;
@@ -571,30 +607,44 @@ impl Model {
         Some(r)
     }
 
-    /// R4 (udf §7): a wait in `PostError` arms the cancel deadline once (the timeout counts
-    /// from the first wait of that phase); a wait anywhere else disarms it.
+    /// udf §7: a wait in `AwaitingInit` arms the wait for the `Init` (udf §4.6), a wait in
+    /// `PostError` the R4 cancel deadline, each once per phase (the timeout counts from the
+    /// first wait of that phase); a wait anywhere else disarms it.
     fn begin_wait(&mut self) {
-        if self.phase == WorkerPhase::PostError {
-            self.deadline
-                .get_or_insert(self.now + CANCEL_TIMEOUT.as_millis() as u64);
-        } else {
-            self.deadline = None;
+        let timeout = match self.phase {
+            WorkerPhase::AwaitingInit => INIT_TIMEOUT,
+            WorkerPhase::PostError => CANCEL_TIMEOUT,
+            _ => {
+                self.deadline = None;
+                return;
+            }
+        };
+        if self.deadline.is_none_or(|(phase, _)| phase != self.phase) {
+            self.deadline = Some((self.phase, self.now + timeout.as_millis() as u64));
         }
     }
 
     fn armed(&self) -> Option<u64> {
         self.deadline
-            .filter(|_| self.phase == WorkerPhase::PostError)
+            .filter(|(phase, _)| *phase == self.phase)
+            .map(|(_, at)| at)
     }
 
-    /// Time reaches `now`: an expired R4 deadline is a protocol-violation close.
+    /// Time reaches `now`: an expired wait for the `Init` ends the session `TransportFailed`
+    /// with nothing sent (udf §4.6, as a dead stream, R8); an expired R4 deadline is a
+    /// protocol-violation close.
     fn advance(&mut self, now: u64) {
         self.now = now;
         if self.armed().is_some_and(|at| now >= at) {
             self.deadline = None;
-            self.violation(EngineViolation::NoCancelAfterError {
-                after: CANCEL_TIMEOUT,
-            });
+            if self.phase == WorkerPhase::AwaitingInit {
+                self.connection_error();
+                self.outcome = Some(Outcome::InitTimedOut(INIT_TIMEOUT));
+            } else {
+                self.violation(EngineViolation::NoCancelAfterError {
+                    after: CANCEL_TIMEOUT,
+                });
+            }
         }
     }
 
@@ -934,7 +984,7 @@ impl WorkerSut {
                 prop_assert_eq!(
                     self.core.poll_timeout(),
                     expected.map(|ms| self.at(ms)),
-                    "R4 deadline"
+                    "armed deadline (udf §4.6, §2 R4)"
                 );
                 self.now += u64::from(*secs) * 1000;
                 self.core.handle_timeout(self.at(self.now));
@@ -942,7 +992,11 @@ impl WorkerSut {
             (Op::Timeout, Expect::Deadline(expected)) => {
                 self.core.begin_wait(self.at(self.now));
                 let at = self.core.poll_timeout();
-                prop_assert_eq!(at, expected.map(|ms| self.at(ms)), "R4 deadline");
+                prop_assert_eq!(
+                    at,
+                    expected.map(|ms| self.at(ms)),
+                    "armed deadline (udf §4.6, §2 R4)"
+                );
                 if let Some(ms) = *expected {
                     let phase = self.core.phase();
                     self.core
@@ -1163,19 +1217,14 @@ fn worker_core_matches_reference_model() {
 }
 
 /// The schedules reach every ending (guards against a generator that only ever produces
-/// early violations), including the R4 timeout through the core's own deadline.
+/// early violations), including the R4 timeout and the wait for the `Init` through the
+/// core's own deadlines.
 #[test]
 fn worker_schedules_cover_every_outcome() {
-    use proptest::strategy::ValueTree;
-    use proptest::test_runner::TestRunner;
-    let mut runner = TestRunner::deterministic();
     let mut seen = std::collections::BTreeSet::new();
     let mut finished_with_batches = false;
-    for _ in 0..512 {
-        let (initial, ops, _) = WorkerReference::sequential_strategy(1..60)
-            .new_tree(&mut runner)
-            .expect("strategy")
-            .current();
+    let schedules = model_support::samples(WorkerReference::sequential_strategy(1..60), 512);
+    for (initial, ops, _) in schedules {
         let mut r = initial;
         for op in &ops {
             r = WorkerReference::apply(r, op);
@@ -1183,6 +1232,9 @@ fn worker_schedules_cover_every_outcome() {
         match &r.model.outcome {
             Some(Outcome::Violation(EngineViolation::NoCancelAfterError { .. })) => {
                 seen.insert("R4 timeout".to_string());
+            }
+            Some(Outcome::InitTimedOut(_)) => {
+                seen.insert("Init timeout".to_string());
             }
             Some(o) => {
                 seen.insert(
@@ -1204,6 +1256,7 @@ fn worker_schedules_cover_every_outcome() {
         "Violation",
         "TransportFailed",
         "R4 timeout",
+        "Init timeout",
     ] {
         assert!(seen.contains(kind), "no schedule ended {kind}: {seen:?}");
     }

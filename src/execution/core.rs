@@ -398,7 +398,9 @@ impl ExecutionCore {
             return (id, preempted);
         }
         let deadline = if self.reattachable {
-            self.limits.max_duration.map(|d| now + d)
+            self.limits
+                .max_duration
+                .map(|d| crate::time::deadline_after(now, d))
         } else {
             None
         };

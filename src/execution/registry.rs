@@ -724,7 +724,7 @@ impl<E> Registry<E> {
                 .flat_map(|(u, sessions)| {
                     sessions
                         .iter()
-                        .filter(|(_, s)| s.last_access + timeout <= now)
+                        .filter(|(_, s)| crate::time::deadline_after(s.last_access, timeout) <= now)
                         .map(|(sid, _)| (u.clone(), *sid))
                 })
                 .collect();

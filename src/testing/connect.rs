@@ -273,7 +273,14 @@ pub fn key(op: &str) -> ExecuteKey {
 
 /// Arrow batch `i`: row count `i`, 32 bytes of `i as u8` (connect §1.20 `ArrowBatch`).
 pub fn batch(i: i64) -> ExecutePlanResponse {
-    ExecutePlanResponse::arrow_batch(i, Bytes::from(vec![i as u8; 32]))
+    batch_of_len(i, 32)
+}
+
+/// Arrow batch `i` with `len` bytes of `i as u8` (connect §1.20 `ArrowBatch`): its encoded
+/// size depends on `len` alone, for tests of the byte bounds (rx §3.4 retry budget and
+/// unsent bytes, rx §4.3 stream rotation).
+pub fn batch_of_len(i: i64, len: usize) -> ExecutePlanResponse {
+    ExecutePlanResponse::arrow_batch(i, Bytes::from(vec![i as u8; len]))
 }
 
 /// The row count of an Arrow batch response; `None` for any other response (connect §1.20).

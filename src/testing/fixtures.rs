@@ -311,8 +311,11 @@ pub fn session_config_on(clock: &ManualClock) -> SessionConfig {
     }
 }
 
-/// An endpoint configuration with the R4 cancel deadline [`TEST_CANCEL`] and no timer (the
-/// sans-IO worker core's caller drives time; udf §7).
+/// An endpoint configuration with the R4 cancel deadline [`TEST_CANCEL`] and no timer: for
+/// the sans-IO [`WorkerCore`](crate::worker::endpoint::WorkerCore), whose caller drives time
+/// (udf §7). Under [`serve`](crate::worker::endpoint::serve) or an `Endpoint` its deadlines
+/// never fire (no timer); use [`echo_config`](crate::testing::echo::echo_config) or set
+/// `timer` there.
 pub fn endpoint_config() -> EndpointConfig {
     EndpointConfig {
         cancel_timeout: Some(TEST_CANCEL),

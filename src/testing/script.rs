@@ -11,7 +11,8 @@
 //!
 //! Each expectation that fails panics with a readable message: the peer, the step of its
 //! script, what it expected and what came (or that the stream ended or stayed silent).
-//! Every receive is bounded by [`RECV_TIMEOUT`], which costs nothing under tokio's paused
+//! Every receive is bounded by [`RECV_TIMEOUT`] (or the peer's `with_recv_timeout`, for a
+//! test that waits out a longer udf §7 deadline), which costs nothing under tokio's paused
 //! clock (`#[tokio::test(start_paused = true)]`).
 //!
 //! A session against a scripted worker, end to end:
@@ -86,9 +87,11 @@ use crate::worker::endpoint::{EndpointConfig, EndpointOutcome, Udf, serve};
 use crate::worker::engine::{CountingHandle, Session, SessionConfig};
 use crate::worker::state;
 
-/// How long a scripted peer waits for the next message before it fails the test (udf §7
-/// deadlines are far shorter or far longer in every suite). Under tokio's paused clock the
-/// wait is skipped when the other side is idle.
+/// How long a scripted peer waits for the next message before it fails the test, unless set
+/// with [`WorkerScript::with_recv_timeout`] / [`EngineScript::with_recv_timeout`] (a test that
+/// waits out a deadline longer than this, such as the worker's 30 s R4 Cancel wait of
+/// udf §2 R4, sets a longer one). Under tokio's paused clock the wait is skipped when the
+/// other side is idle.
 pub const RECV_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The capacity of each direction of the pairs this module makes (udf §4.7 backpressure).
@@ -103,7 +106,8 @@ pub type WorkerConn = MemoryConnection<UdfResponse, UdfRequest>;
 enum Came<T> {
     Message(T),
     End,
-    Silence,
+    /// Nothing came within this bound.
+    Silence(Duration),
 }
 
 /// What a peer saw where it expected something else, for its failure message.
@@ -112,17 +116,17 @@ fn came<T, E: fmt::Display>(came: Came<Result<T, E>>, show: impl FnOnce(T) -> St
         Came::Message(Ok(m)) => show(m),
         Came::Message(Err(e)) => format!("a transport error: {e}"),
         Came::End => "the end of the stream".to_owned(),
-        Came::Silence => format!("nothing within {RECV_TIMEOUT:?}"),
+        Came::Silence(bound) => format!("nothing within {bound:?}"),
     }
 }
 
-/// Waits at most [`RECV_TIMEOUT`] for the next message of `conn`; `Silence` when none came.
-async fn next_of<C, O, I>(conn: &mut C) -> Came<Result<I, ConnectionError>>
+/// Waits at most `bound` for the next message of `conn`; `Silence` when none came.
+async fn next_of<C, O, I>(conn: &mut C, bound: Duration) -> Came<Result<I, ConnectionError>>
 where
     C: Connection<O, I>,
 {
-    match tokio::time::timeout(RECV_TIMEOUT, poll_fn(|cx| conn.poll_recv(cx))).await {
-        Err(_) => Came::Silence,
+    match tokio::time::timeout(bound, poll_fn(|cx| conn.poll_recv(cx))).await {
+        Err(_) => Came::Silence(bound),
         Ok(None) => Came::End,
         Ok(Some(r)) => Came::Message(r),
     }
@@ -148,12 +152,24 @@ where
 pub struct WorkerScript {
     conn: WorkerConn,
     step: usize,
+    recv_timeout: Duration,
 }
 
 impl WorkerScript {
     /// Wraps the worker end of a [`pair`] (udf §1.2).
     pub fn new(conn: WorkerConn) -> Self {
-        Self { conn, step: 0 }
+        Self {
+            conn,
+            step: 0,
+            recv_timeout: RECV_TIMEOUT,
+        }
+    }
+
+    /// Waits up to `bound` instead of [`RECV_TIMEOUT`] for each expected request (to wait out
+    /// a longer udf §7 deadline).
+    pub fn with_recv_timeout(mut self, bound: Duration) -> Self {
+        self.recv_timeout = bound;
+        self
     }
 
     /// The next request, `None` when the engine ended its request stream (udf §1.2); waits
@@ -231,10 +247,10 @@ impl WorkerScript {
     ///
     /// # Panics
     ///
-    /// With the step, when a request comes or nothing within [`RECV_TIMEOUT`].
+    /// With the step, when a request comes or nothing within the receive bound ([`RECV_TIMEOUT`] by default).
     pub async fn expect_end(&mut self) {
         self.step += 1;
-        match next_of(&mut self.conn).await {
+        match next_of(&mut self.conn, self.recv_timeout).await {
             Came::End => {}
             other => panic!(
                 "worker script step {}: expected the end of the request stream, got {}",
@@ -255,54 +271,92 @@ impl WorkerScript {
         self.conn.abort();
     }
 
-    /// Spawns a reactive worker: it answers `Init` (and the last `PayloadChunk`) with
-    /// [`init_ok`], echoes data until its terminal, answers the first `Finish` with
-    /// [`finish_response_ok`] and the first `Cancel` with [`cancel_ok`] (udf §2.1 without the
-    /// error payloads). The task yields the kinds of every request it received.
-    pub fn spawn_echo(mut self) -> JoinHandle<Vec<RequestKind>> {
+    /// Spawns a reactive worker: `react` maps each request, in arrival order, to what the
+    /// worker does in answer (udf §2), and the worker does it before it reads the next
+    /// request. It ends at the end of the request stream, at a [`Reaction::Abort`], or when a
+    /// send finds the engine gone (udf §1.2: nothing is left to answer). The task yields the
+    /// kinds of every request it received.
+    ///
+    /// # Panics
+    ///
+    /// In the task, when the engine sends an empty oneof (no engine under test does).
+    pub fn spawn_reacting<F>(mut self, mut react: F) -> JoinHandle<Vec<RequestKind>>
+    where
+        F: FnMut(RequestMessage) -> Vec<Reaction> + Send + 'static,
+    {
         tokio::spawn(async move {
             let mut seen = Vec::new();
-            let mut terminated = false;
             while let Some(request) = self.recv().await {
                 let message = request.into_message().expect("a well-formed request");
                 seen.push(message.kind());
-                let reply = match message {
-                    RequestMessage::Init(_) => Some(init_ok()),
-                    RequestMessage::PayloadChunk(c) => (c.last == Some(true)).then(init_ok),
-                    RequestMessage::Data(d) => (!terminated).then(|| UdfResponse::data(d)),
-                    RequestMessage::Finish(_) => {
-                        (!std::mem::replace(&mut terminated, true)).then(finish_response_ok)
+                for reaction in react(message) {
+                    match reaction {
+                        Reaction::Send(msg) => {
+                            if self.try_send(msg).await.is_err() {
+                                return seen;
+                            }
+                        }
+                        Reaction::Pause(quiet) => tokio::time::sleep(quiet).await,
+                        Reaction::Abort => {
+                            self.abort();
+                            return seen;
+                        }
                     }
-                    RequestMessage::Cancel(_) => {
-                        (!std::mem::replace(&mut terminated, true)).then(cancel_ok)
-                    }
-                };
-                if let Some(reply) = reply {
-                    self.send(reply).await;
                 }
             }
             seen
         })
     }
 
-    /// Spawns a worker that echoes data, never answers `Finish` and acknowledges every
-    /// `Cancel` (udf §4.8: the engine's way out of a stuck finish). The task yields the kinds
-    /// of every request it received.
-    pub fn spawn_ignores_finish(mut self) -> JoinHandle<Vec<RequestKind>> {
-        tokio::spawn(async move {
-            let mut seen = Vec::new();
-            while let Some(request) = self.recv().await {
-                let message = request.into_message().expect("a well-formed request");
-                seen.push(message.kind());
-                match message {
-                    RequestMessage::Data(d) => self.send(UdfResponse::data(d)).await,
-                    RequestMessage::Cancel(_) => self.send(cancel_ok()).await,
-                    _ => {}
+    /// Spawns a reactive worker: it answers `Init` (and the last `PayloadChunk`) with
+    /// [`init_ok`], echoes data until its terminal, answers the first `Finish` with
+    /// [`finish_response_ok`] and the first `Cancel` with [`cancel_ok`] (udf §2.1 without the
+    /// error payloads). The task yields the kinds of every request it received; see
+    /// [`spawn_reacting`](Self::spawn_reacting).
+    pub fn spawn_echo(self) -> JoinHandle<Vec<RequestKind>> {
+        let mut terminated = false;
+        self.spawn_reacting(move |message| {
+            let reply = match message {
+                RequestMessage::Init(_) => Some(init_ok()),
+                RequestMessage::PayloadChunk(c) => (c.last == Some(true)).then(init_ok),
+                RequestMessage::Data(d) => (!terminated).then(|| UdfResponse::data(d)),
+                RequestMessage::Finish(_) => {
+                    (!std::mem::replace(&mut terminated, true)).then(finish_response_ok)
                 }
-            }
-            seen
+                RequestMessage::Cancel(_) => {
+                    (!std::mem::replace(&mut terminated, true)).then(cancel_ok)
+                }
+            };
+            reply.map(Reaction::Send).into_iter().collect()
         })
     }
+
+    /// Spawns a worker that echoes data, never answers `Finish` and acknowledges every
+    /// `Cancel` (udf §4.8: the engine's way out of a stuck finish). Unlike
+    /// [`spawn_echo`](Self::spawn_echo) it does not answer `Init`: answer it first
+    /// (`expect(RequestKind::Init)` then `reply(init_ok())`), then spawn. The task yields the
+    /// kinds of every request it received; see [`spawn_reacting`](Self::spawn_reacting).
+    pub fn spawn_ignores_finish(self) -> JoinHandle<Vec<RequestKind>> {
+        self.spawn_reacting(|message| match message {
+            RequestMessage::Data(d) => vec![Reaction::Send(UdfResponse::data(d))],
+            RequestMessage::Cancel(_) => vec![Reaction::Send(cancel_ok())],
+            _ => Vec::new(),
+        })
+    }
+}
+
+/// What a reactive [`WorkerScript`] does in answer to one request
+/// ([`spawn_reacting`](WorkerScript::spawn_reacting)): the moves of a worker under udf §2,
+/// compliant or not.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Reaction {
+    /// Sends this response (udf §1.2), any kind, malformed envelopes included.
+    Send(UdfResponse),
+    /// Stays silent this long on tokio's clock: a slow worker (udf §7 deadlines).
+    Pause(Duration),
+    /// Drops both directions abruptly, like a crashed worker (udf §6.5), and ends the
+    /// script.
+    Abort,
 }
 
 /// One expected request of a [`WorkerScript`] (udf §2): await it for the request, or answer it.
@@ -318,7 +372,7 @@ impl<'a> WorkerStep<'a> {
     /// # Panics
     ///
     /// With the step, what was expected and what came instead: another kind, the end of
-    /// the request stream, an empty oneof, or nothing within [`RECV_TIMEOUT`] (udf §2).
+    /// the request stream, an empty oneof, or nothing within the receive bound (udf §2).
     pub async fn get(self) -> RequestMessage {
         self.take().await.1
     }
@@ -350,7 +404,7 @@ impl<'a> WorkerStep<'a> {
         let Self { peer, kind: want } = self;
         peer.step += 1;
         let step = peer.step;
-        let message = match next_of(&mut peer.conn).await {
+        let message = match next_of(&mut peer.conn, peer.recv_timeout).await {
             Came::Message(Ok(request)) => match request.into_message() {
                 Ok(m) if m.kind() == want => m,
                 Ok(m) => panic!("worker script step {step}: expected {want:?}, got {m:?}"),
@@ -385,12 +439,24 @@ impl<'a> IntoFuture for WorkerStep<'a> {
 pub struct EngineScript {
     conn: EngineConn,
     step: usize,
+    recv_timeout: Duration,
 }
 
 impl EngineScript {
     /// Wraps the engine end of a [`pair`] (udf §1.2).
     pub fn new(conn: EngineConn) -> Self {
-        Self { conn, step: 0 }
+        Self {
+            conn,
+            step: 0,
+            recv_timeout: RECV_TIMEOUT,
+        }
+    }
+
+    /// Waits up to `bound` instead of [`RECV_TIMEOUT`] for each worker message (to wait out
+    /// a longer deadline, such as the worker's R4 Cancel wait, udf §2 R4).
+    pub fn with_recv_timeout(mut self, bound: Duration) -> Self {
+        self.recv_timeout = bound;
+        self
     }
 
     /// Sends one request, waiting for capacity (udf §4.7); `Err` when the worker is gone.
@@ -424,7 +490,7 @@ impl EngineScript {
     ///
     /// # Panics
     ///
-    /// After [`RECV_TIMEOUT`] of silence, on a transport error or an empty oneof.
+    /// After the receive bound ([`RECV_TIMEOUT`] by default) of silence, on a transport error or an empty oneof.
     pub async fn recv_opt(&mut self) -> Option<ResponseMessage> {
         self.next_message("a worker message").await
     }
@@ -433,7 +499,7 @@ impl EngineScript {
     async fn next_message(&mut self, want: &str) -> Option<ResponseMessage> {
         self.step += 1;
         let step = self.step;
-        match next_of(&mut self.conn).await {
+        match next_of(&mut self.conn, self.recv_timeout).await {
             Came::End => None,
             Came::Message(Ok(r)) => match r.into_message() {
                 Ok(m) => Some(m),
@@ -466,7 +532,7 @@ impl EngineScript {
     /// # Panics
     ///
     /// With the step, what was expected and what came instead: another kind, the end of
-    /// the response stream, an empty oneof, or nothing within [`RECV_TIMEOUT`].
+    /// the response stream, an empty oneof, or nothing within the receive bound.
     pub async fn expect(&mut self, kind: ResponseKind) -> ResponseMessage {
         let want = format!("{kind:?}");
         match self.next_message(&want).await {
@@ -487,7 +553,7 @@ impl EngineScript {
     ///
     /// # Panics
     ///
-    /// With the step, when a message comes or nothing within [`RECV_TIMEOUT`].
+    /// With the step, when a message comes or nothing within the receive bound ([`RECV_TIMEOUT`] by default).
     pub async fn expect_end(&mut self) {
         let want = "the end of the response stream";
         if let Some(m) = self.next_message(want).await {
@@ -740,6 +806,41 @@ mod tests {
         );
     }
 
+    /// A longer receive bound waits out the echo worker's 30 s R4 Cancel deadline (udf §2
+    /// R4) that the default 5 s bound would report as silence; the silence message names
+    /// the bound in force.
+    #[tokio::test(start_paused = true)]
+    async fn a_longer_receive_bound_waits_out_the_worker_r4_deadline() {
+        let (engine, task) = spawn_worker(crate::testing::echo::EchoUdf::default(), {
+            crate::testing::echo::echo_config()
+        });
+        let mut engine = engine.with_recv_timeout(Duration::from_secs(40));
+        engine.send(init_request("udf")).await;
+        engine.expect(ResponseKind::Init).await;
+        engine
+            .send(data_request(crate::testing::echo::ERROR_BATCH))
+            .await;
+        engine.expect(ResponseKind::Error).await;
+        // No Cancel: the worker gives up after its R4 deadline and closes with a
+        // CancelResponse carrying the protocol error.
+        let kinds: Vec<_> = engine
+            .recv_to_end()
+            .await
+            .iter()
+            .map(ResponseMessage::kind)
+            .collect();
+        assert_eq!(kinds, [ResponseKind::Cancel]);
+        assert!(matches!(
+            task.await.expect("the worker task"),
+            EndpointOutcome::ProtocolViolation(_)
+        ));
+
+        let (_engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let mut silent = WorkerScript::new(worker).with_recv_timeout(Duration::from_secs(7));
+        let message = panic_of(async move { silent.expect_end().await }).await;
+        assert!(message.ends_with("got nothing within 7s"), "{message}");
+    }
+
     #[tokio::test(start_paused = true)]
     async fn an_engine_step_names_its_number_what_it_expected_and_what_came() {
         let (mut engine, _probe) = {
@@ -780,6 +881,39 @@ mod tests {
             crate::worker::endpoint::OutcomeKind::Finished
         );
         assert_eq!(probe.lock().unwrap().batches, 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reacting_worker_pauses_and_crashes_on_cue() {
+        let (engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let task = WorkerScript::new(worker).spawn_reacting(|message| match message {
+            RequestMessage::Init(_) => vec![
+                Reaction::Pause(Duration::from_secs(3)),
+                Reaction::Send(init_ok()),
+            ],
+            _ => vec![Reaction::Abort, Reaction::Send(finish_response_ok())],
+        });
+        let mut engine = EngineScript::new(engine);
+        let start = tokio::time::Instant::now();
+        engine.send(init_request("udf")).await;
+        engine.expect(ResponseKind::Init).await;
+        assert_eq!(start.elapsed(), Duration::from_secs(3), "the pause");
+        engine.send(data_request("row")).await;
+        // The crash comes before the FinishResponse queued after it: only the stream's end.
+        engine.expect_end().await;
+        assert_eq!(task.await.unwrap(), [RequestKind::Init, RequestKind::Data]);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_reacting_worker_stops_when_the_engine_is_gone() {
+        let (engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
+        let mut engine = EngineScript::new(engine);
+        engine.send(init_request("udf")).await;
+        engine.send(data_request("row")).await;
+        engine.abort();
+        // Its answer to Init finds no engine: the Data still buffered is never read.
+        let task = WorkerScript::new(worker).spawn_echo();
+        assert_eq!(task.await.unwrap(), [RequestKind::Init]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -9,19 +9,24 @@
 //! (`poll_ready`), and incoming ones stay in the connection until the core has room
 //! (`wants_recv`), so backpressure is the connection's own bound plus the core's one queue
 //! per direction. It decides nothing: which deadline runs, and what its expiry means, is the
-//! core's (udf §7), and so is when the send side may be half-closed (udf §2 R9).
+//! core's (udf §7), and so is when the send side is half-closed or aborted (udf §2 R9).
 //!
 //! The pump's flags, and the combinations that occur (as in tokio-util's `framed_impl.rs`):
 //!
-//! | situation                                 | needs_flush | send_broken | recv_ended | closed |
-//! |-------------------------------------------|-------------|-------------|------------|--------|
-//! | streaming, everything flushed             | false       | false       | false      | false  |
-//! | a message handed over, not yet flushed    | true        | false       | any        | false  |
-//! | the peer ended its side (EOF or error)    | any         | any         | true       | any    |
-//! | a send, flush or readiness poll failed    | any         | true        | any        | false  |
-//! | send side half-closed (the core said so)  | false       | false       | any        | true   |
+//! | situation                                 | needs_flush | send_broken | recv_ended | closed | aborted |
+//! |-------------------------------------------|-------------|-------------|------------|--------|---------|
+//! | streaming, everything flushed             | false       | false       | false      | false  | false   |
+//! | a message handed over, not yet flushed    | true        | false       | any        | false  | false   |
+//! | the peer ended its side (EOF or error)    | any         | any         | true       | any    | any     |
+//! | a send, flush or readiness poll failed    | any         | true        | any        | false  | false   |
+//! | send side half-closed (the core said so)  | false       | false       | any        | true   | false   |
+//! | send side aborted (the core said so)      | false       | false       | any        | false  | true    |
 //!
-//! `send_broken` and `closed` never both hold: after either, nothing more is sent.
+//! At most one of `send_broken`, `closed` and `aborted` holds: after any, nothing more is
+//! sent. An abort is not a method of [`Connection`]: the pump stops sending without
+//! half-closing, and the connection is given up unclosed when the session lets go of it,
+//! which every transport takes as an abort (gRPC resets the stream, `RST_STREAM(CANCEL)`,
+//! Spark's `onError`; a socket or an in-memory channel just ends without a clean close).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -57,6 +62,11 @@ pub(crate) trait PumpCore {
     fn is_settled(&self) -> bool;
     /// Whether the send side should be half-closed now (nothing more will be sent).
     fn wants_half_close(&self) -> bool;
+    /// Whether the send side should be aborted now instead of half-closed (udf §2 R9). Only
+    /// the engine's core ever aborts: the worker half-closes after its terminator.
+    fn wants_abort(&self) -> bool {
+        false
+    }
     /// A wait begins at `now`: the core arms the deadline its state calls for.
     fn begin_wait(&mut self, now: Instant);
     /// The caller's wait ended (it got what it waited for).
@@ -86,7 +96,8 @@ macro_rules! forward_pump_core {
         tx = $tx:ty,
         rx = $rx:ty,
         handle_recv = $handle:ident,
-        is_settled = $settled:ident $(,)?
+        is_settled = $settled:ident
+        $(, wants_abort = $abort:ident)? $(,)?
     ) => {
         impl $crate::worker::pump::PumpCore for $core {
             type Tx = $tx;
@@ -115,6 +126,11 @@ macro_rules! forward_pump_core {
             fn wants_half_close(&self) -> bool {
                 Self::wants_half_close(self)
             }
+            $(
+                fn wants_abort(&self) -> bool {
+                    Self::$abort(self)
+                }
+            )?
             fn begin_wait(&mut self, now: std::time::Instant) {
                 Self::begin_wait(self, now);
             }
@@ -149,6 +165,7 @@ pub(crate) struct Pump<C> {
     send_broken: bool,
     recv_ended: bool,
     closed: bool,
+    aborted: bool,
 }
 
 impl<C> Pump<C> {
@@ -165,6 +182,7 @@ impl<C> Pump<C> {
             send_broken: false,
             recv_ended: false,
             closed: false,
+            aborted: false,
         }
     }
 
@@ -185,9 +203,9 @@ impl<C> Pump<C> {
         self.timer.is_some()
     }
 
-    /// Whether nothing more can be sent: the send side was half-closed or failed.
+    /// Whether nothing more can be sent: the send side was half-closed, aborted or failed.
     pub(crate) fn send_done(&self) -> bool {
-        self.closed || self.send_broken
+        self.closed || self.aborted || self.send_broken
     }
 }
 
@@ -270,6 +288,11 @@ impl<C> Pump<C> {
                 self.closed = true;
                 progress = true;
             }
+        }
+        if !self.send_done() && !self.needs_flush && core.wants_abort() {
+            // Never half-closed: the connection is given up unclosed (see the module docs).
+            self.aborted = true;
+            progress = true;
         }
         progress
     }

@@ -10,6 +10,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Instant;
 
+use proptest::strategy::{Strategy, ValueTree};
 use proptest::test_runner::{Config, TestRunner};
 use proptest_state_machine::{ReferenceStateMachine, StateMachineTest};
 
@@ -46,6 +47,35 @@ impl Tally {
     }
 }
 
+/// The proptest configuration of every model: `tether::testing::model_cases(default_cases)`
+/// cases, a generous shrink budget, no persisted failures (a failing case prints its seed
+/// and its shrunk transitions instead).
+pub fn config(default_cases: u32) -> Config {
+    Config {
+        cases: tether::testing::model_cases(default_cases),
+        max_shrink_iters: 4096,
+        // A model with preconditions filters transitions; proptest counts every filtered
+        // one against a per-run limit (65 536 by default) that a deep run would exhaust.
+        max_local_rejects: u32::MAX,
+        failure_persistence: None,
+        ..Config::default()
+    }
+}
+
+/// `n` values of `strategy` drawn by a deterministic runner (the same on every run): for the
+/// tests that check a model's generators reach every outcome (a generator that only ever
+/// produces early failures would leave the rules behind them untested).
+#[allow(
+    dead_code,
+    reason = "each model test compiles this module; not all of them sample"
+)]
+pub fn samples<S: Strategy>(strategy: S, n: usize) -> Vec<S::Value> {
+    let mut runner = TestRunner::deterministic();
+    (0..n)
+        .map(|_| strategy.new_tree(&mut runner).expect("strategy").current())
+        .collect()
+}
+
 /// Runs the state machine `H` for `tether::testing::model_cases(default_cases)` cases of
 /// `steps` transitions each (shrinking a failure), then prints one summary line: cases,
 /// time, cases/s and the tally (`--nocapture` shows it), and checks the tally once more.
@@ -55,15 +85,7 @@ where
     <H::Reference as ReferenceStateMachine>::State: Clone + Debug,
     <H::Reference as ReferenceStateMachine>::Transition: Clone + Debug,
 {
-    let config = Config {
-        cases: tether::testing::model_cases(default_cases),
-        max_shrink_iters: 4096,
-        // A model with preconditions filters transitions; proptest counts every filtered
-        // one against a per-run limit (65 536 by default) that a deep run would exhaust.
-        max_local_rejects: u32::MAX,
-        failure_persistence: None,
-        ..Config::default()
-    };
+    let config = config(default_cases);
     let cases = config.cases;
     let mut runner = TestRunner::new(config.clone());
     let started = Instant::now();

@@ -533,7 +533,7 @@ impl ReattachCore {
                 );
                 self.stats.retries += 1;
                 self.phase = ClientPhase::Backoff;
-                self.backoff_until = Some(now + wait);
+                self.backoff_until = Some(crate::time::deadline_after(now, wait));
                 self.next = if self.reattachable {
                     Open::Reattach
                 } else {

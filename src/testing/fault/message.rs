@@ -326,7 +326,8 @@ struct Pending {
 /// chosen messages, with [`FaultCounters`] to check they fired.
 ///
 /// Delays run on the [`Timer`] given to [`with_timer`](Self::with_timer), by default the
-/// crate's [`default_timer`](crate::time::default_timer) (tokio's clock); with a
+/// crate's [`default_timer`](crate::time::default_timer) (tokio's clock) if the wrapper is
+/// created inside a tokio runtime, else none; with a
 /// [`ManualClock`](crate::time::ManualClock) a delay ends when the clock is advanced past
 /// it. Without any timer a delay is not applied (and not counted).
 ///
@@ -373,7 +374,7 @@ impl<C> FaultyConnection<C> {
             inner: Some(inner),
             faults: plan.faults,
             fired,
-            timer: crate::time::default_timer(),
+            timer: super::ambient_timer(),
             counters: FaultCounters::default(),
             sent: 0,
             received: 0,
@@ -458,7 +459,7 @@ impl<C> FaultyConnection<C> {
                 self.fired[fault] = true;
                 continue;
             };
-            let sleep = timer.sleep_until(timer.now() + by);
+            let sleep = timer.sleep_until(crate::time::deadline_after(timer.now(), by));
             let pending = Some(Pending {
                 fault,
                 sleep: Mutex::new(sleep),

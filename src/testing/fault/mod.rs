@@ -1,7 +1,9 @@
-//! Fault injection for tests, at two levels: typed messages and bytes. Each injects the
-//! transport failures after which a worker is unsafe (udf §6.5: a crash, a half-close
-//! without a terminator, a failed write, silence until a udf §7 timeout) at a chosen point,
-//! and counts what it injected so a test can assert that the fault really fired.
+//! Fault injection for tests, at three levels: typed messages and bytes on the UDF side, and
+//! the Reattach RPCs of Spark Connect. The first two inject the transport failures after
+//! which a worker is unsafe (udf §6.5: a crash, a half-close without a terminator, a failed
+//! write, silence until a udf §7 timeout), the third the lost and refused RPCs a reattaching
+//! client recovers from (rx §6.3), each at a chosen point; each counts what it injected so
+//! a test can assert that the fault really fired.
 //!
 //! - **Messages**: [`FaultyConnection`] wraps any [`Connection`](crate::connection::Connection)
 //!   and applies a [`FaultPlan`] of [`MessageFault`]s: cut the connection at the n-th
@@ -13,8 +15,16 @@
 //!   the read side (EOF or an error after n bytes), truncate the write side, cut the whole
 //!   stream mid-frame, split reads and writes into k-byte pieces, return `Pending` (waking
 //!   itself at once) every n-th poll.
+//! - **Reattach RPCs**: [`FaultyRpc`] wraps any
+//!   [`ExecutionRpc`](crate::execution::client::ExecutionRpc) (the client end of rx §1.1) and
+//!   applies an [`RpcPlan`] of [`RpcFault`]s: refuse a call (before or after the server saw
+//!   it), break a response stream after the n-th response with the next one lost in flight
+//!   (gracefully or with a status), delay a call, fail a `ReleaseExecute`. A reattaching
+//!   client must survive all of them with every response delivered once and in order
+//!   (rx §6.3, §6.4) as long as its retry policy covers the errors (rx §6.1).
+//!   [`ResultServer`] is a small in-memory server for it to wrap.
 //!
-//! Both plans are built by hand or drawn from a seed (`random`), the same seed giving the
+//! The plans are built by hand or drawn from a seed (`random`), the same seed giving the
 //! same plan, for model tests and soaks. Injected errors carry an [`InjectedFault`] as their
 //! cause; [`is_injected`] finds it in an error's chain.
 //!
@@ -128,12 +138,17 @@
 #[cfg(feature = "tokio")]
 mod io;
 mod message;
+mod rpc;
 
 #[cfg(feature = "tokio")]
 pub use io::{FaultyIo, IoCounters, IoPlan, IoReport, RandomIo, ReadEnd};
 pub use message::{
     Direction, FaultCounters, FaultPlan, FaultReport, FaultyConnection, MessageFault, RandomFaults,
     WriteStep,
+};
+pub use rpc::{
+    FaultyRpc, RandomRpcFaults, ReleaseFault, ResultServer, RpcCounters, RpcEvent, RpcFault,
+    RpcPlan, RpcReport, SERVER_SIDE_SESSION, ServerCall,
 };
 
 use std::error::Error as StdError;
@@ -195,6 +210,18 @@ impl SplitMix {
     pub(crate) fn below(&mut self, n: u64) -> u64 {
         if n == 0 { 0 } else { self.0.next_u64() % n }
     }
+}
+
+/// The timer a fault wrapper's delays run on by default: the crate's
+/// [`default_timer`](crate::time::default_timer) (tokio's clock) when created inside a tokio
+/// runtime, else none, so that outside a runtime a delay is skipped as documented instead of
+/// waiting forever on a sleep no runtime drives (udf §6.5, rx §6.3 delays).
+fn ambient_timer() -> Option<std::sync::Arc<dyn crate::time::Timer>> {
+    #[cfg(feature = "tokio")]
+    if tokio::runtime::Handle::try_current().is_err() {
+        return None;
+    }
+    crate::time::default_timer()
 }
 
 #[cfg(test)]

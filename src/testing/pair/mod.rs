@@ -73,7 +73,8 @@ use crate::wire::{
     ResponseMessage, UdfRequest, UdfResponse,
 };
 use crate::worker::endpoint::{
-    EndpointConfig, EndpointMisuse, EndpointOutcome, EngineViolation, OutcomeKind, WorkerPhase,
+    EndpointConfig, EndpointMisuse, EndpointOutcome, EngineViolation, InitTimeout, OutcomeKind,
+    WorkerPhase,
 };
 use crate::worker::engine::{
     EnginePhase, Misuse, SessionConfig, Termination, TerminationKind, TransportFailure,
@@ -116,9 +117,12 @@ pub fn engine_config() -> SessionConfig {
 
 /// The worker config of a [`Pair`]: the reference worker's defaults (udf §2.1) with the
 /// R4 cancel timeout at 15 s (udf §2 R4), half the engine's terminal timeout so that the
-/// two never expire at the same instant, and no timer (the pair is the clock).
+/// two never expire at the same instant, the wait for the `Init` at 20 s (udf §4.6), twice
+/// the engine's init timeout so that an engine whose `Init` is merely late gives up first,
+/// and no timer (the pair is the clock).
 pub fn worker_config() -> EndpointConfig {
     EndpointConfig {
+        init_timeout: Some(Duration::from_secs(20)),
         cancel_timeout: Some(Duration::from_secs(15)),
         timer: None,
         ..EndpointConfig::new()
@@ -135,12 +139,40 @@ pub enum WorkerUser {
     Manual,
 }
 
-/// One direction's in-flight item: a message, or the half-close after the last one
-/// (udf §2 R9, R10).
+/// One direction's in-flight item: a message, the half-close after the last one (udf §2
+/// R9, R10), or the engine's abort of its request side (gRPC `onError`, udf §2 R9, which
+/// the worker sees as a stream error, R8).
 #[derive(Debug)]
 enum Flow<T> {
     Msg(T),
     End,
+    Abort,
+}
+
+/// How the engine ended its request side (udf §2 R9, §5.2 step 4), as
+/// [`Pair::engine_request_end`] reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RequestEnd {
+    /// Half-closed (gRPC `onCompleted`): after a clean terminator, `Finished` or `Cancelled`.
+    HalfClosed,
+    /// Aborted (gRPC `onError`): after a failure terminator, `TransportFailed` or
+    /// `Interrupted`.
+    Aborted,
+}
+
+/// The error the worker sees when the engine aborts its request side (udf §2 R8, R9).
+pub fn abort_error() -> ConnectionError {
+    ConnectionError::transport(std::io::Error::other("the engine aborted its request side"))
+}
+
+/// Whether the worker's session ended because no `Init` came within its init timeout
+/// (udf §4.6; the [`InitTimeout`] cause of a `TransportFailed`).
+fn init_timed_out(outcome: &EndpointOutcome) -> bool {
+    match outcome {
+        EndpointOutcome::TransportFailed(e) => std::error::Error::source(e)
+            .is_some_and(|cause| cause.downcast_ref::<InitTimeout>().is_some()),
+        _ => false,
+    }
 }
 
 /// The most steps [`Pair::drive`] takes before it reports a pair that never settles.
@@ -158,8 +190,10 @@ pub struct Pair {
     user: WorkerUser,
     epoch: Instant,
     now: Instant,
-    engine_half_closed: bool,
+    engine_end: Option<RequestEnd>,
     worker_half_closed: bool,
+    /// The worker's writes are held in its core's outbox ([`Pair::hold_worker_writes`]).
+    worker_held: bool,
     cut: bool,
     /// The engine discarded output (close, interrupt: udf §5.2 step 2).
     drained: bool,
@@ -189,8 +223,9 @@ impl Pair {
             user: WorkerUser::Echo,
             epoch: now,
             now,
-            engine_half_closed: false,
+            engine_end: None,
             worker_half_closed: false,
+            worker_held: false,
             cut: false,
             drained: false,
             checked_in: 0,
@@ -266,6 +301,36 @@ impl Pair {
         self.cut
     }
 
+    /// How the engine ended its request side, once it did (udf §2 R9: half-closed after a
+    /// clean terminator, aborted after a failure terminator; never both, never twice).
+    pub fn engine_request_end(&self) -> Option<RequestEnd> {
+        self.engine_end
+    }
+
+    /// Holds the worker's writes: from now on, what the worker core queues stays in its
+    /// outbox, as responses a worker has queued but not yet written, until
+    /// [`release_worker_writes`](Self::release_worker_writes). This is how a test reaches the
+    /// rule that a `Cancel` drops queued data (udf §2 R7: after a Cancel the worker stops
+    /// emitting data; the core's [`Delivery::Dropped`](crate::worker::endpoint::Delivery)).
+    /// The half-close after the terminator waits too. While they are held, [`drive`](Self::drive)
+    /// may still run the engine's deadlines.
+    pub fn hold_worker_writes(&mut self) {
+        self.worker_held = true;
+    }
+
+    /// Hands the worker's held responses to the stream, in order, and stops holding them
+    /// (udf §2 R7; see [`hold_worker_writes`](Self::hold_worker_writes)).
+    pub fn release_worker_writes(&mut self) {
+        self.worker_held = false;
+        self.pump();
+    }
+
+    /// Whether the worker's writes are held ([`hold_worker_writes`](Self::hold_worker_writes),
+    /// udf §2 R7).
+    pub fn worker_writes_held(&self) -> bool {
+        self.worker_held
+    }
+
     /// Both sides have settled: the engine is terminal, nothing is in flight, and the
     /// worker is done or never saw a stream (udf §4.1, §2 R5).
     pub fn is_settled(&self) -> bool {
@@ -312,6 +377,11 @@ impl Pair {
 
     /// The engine sends one batch (udf §1.4): `Ok(false)` when skipped after a Cancel
     /// (udf §4.7).
+    ///
+    /// The watchers check each batch crosses once and in order by its tag
+    /// ([`fixtures::tagged`](crate::testing::fixtures::tagged)): send tagged batches with
+    /// increasing tags below 2^31 (tags from 2^31 up mark a worker's own output, checked
+    /// apart). Untagged batches are not order-checked.
     ///
     /// # Errors
     /// The core's [`Misuse`] outside `Streaming` (and its cancelled/terminal views).
@@ -491,7 +561,7 @@ impl Pair {
             if batch.as_ref() == b"ERROR" {
                 let phase = w.core.phase();
                 let had = w.core.has_transmit();
-                let error = ExecutionError::user_with_class("simulated failure", "SimulatedError");
+                let error = crate::testing::fixtures::simulated_user_error();
                 let r = w.core.fail(error);
                 w.after_user(phase, had, &r);
                 // The rest of the input is dropped with the error (udf §2 R4).
@@ -542,6 +612,7 @@ impl Pair {
             match self.to_worker.pop_front() {
                 Some(Flow::Msg(r)) => self.worker.core.handle_request(r),
                 Some(Flow::End) => self.worker.core.handle_stream_end(),
+                Some(Flow::Abort) => self.worker.core.handle_connection_error(abort_error()),
                 None => break,
             }
             self.worker.core.end_wait();
@@ -564,6 +635,7 @@ impl Pair {
             match self.to_engine.pop_front() {
                 Some(Flow::Msg(r)) => self.engine.core.handle_response(r),
                 Some(Flow::End) => self.engine.core.handle_stream_end(),
+                Some(Flow::Abort) => unreachable!("the worker never aborts (udf §2.1)"),
                 None => break,
             }
             delivered += 1;
@@ -703,7 +775,9 @@ impl Pair {
     }
 
     /// The earliest deadline of a side that waits for its peer: a non-terminal engine, a
-    /// worker in `PostError` (udf §7, §2 R4).
+    /// worker in `AwaitingInit` or `PostError` on a stream the engine opened (udf §7, §4.6,
+    /// §2 R4; [`advance`](Self::advance) also runs the worker's wait for an `Init` that
+    /// never comes).
     fn blocked_deadline(&mut self) -> Option<Instant> {
         let now = self.now;
         let e = if self.engine.core.is_terminal() {
@@ -711,7 +785,11 @@ impl Pair {
         } else {
             self.engine.deadline_from(now)
         };
-        let w = self.worker.deadline_from(now);
+        let w = if self.engine.core.stream_opened() {
+            self.worker.deadline_from(now)
+        } else {
+            None
+        };
         e.into_iter().chain(w).min()
     }
 
@@ -739,21 +817,52 @@ impl Pair {
         for r in self.engine.transmit() {
             if !self.cut {
                 assert!(
-                    !self.engine_half_closed,
-                    "pair (udf §2 R9): the engine sent {:?} after it half-closed",
-                    r.kind()
+                    self.engine_end.is_none(),
+                    "pair (udf §2 R9): the engine sent {:?} after it {:?} its request side",
+                    r.kind(),
+                    self.engine_end
                 );
                 self.to_worker.push_back(Flow::Msg(r));
             }
         }
-        if self.engine.core.wants_half_close()
-            && self.engine.core.stream_opened()
-            && !self.engine_half_closed
-        {
-            self.engine_half_closed = true;
+        let (half_close, abort) = (
+            self.engine.core.wants_half_close(),
+            self.engine.core.wants_abort(),
+        );
+        assert!(
+            !(half_close && abort),
+            "pair (udf §2 R9): the engine wants to half-close and abort at once"
+        );
+        if (half_close || abort) && self.engine.core.stream_opened() && self.engine_end.is_none() {
+            let (end, flow) = if half_close {
+                (RequestEnd::HalfClosed, Flow::End)
+            } else {
+                (RequestEnd::Aborted, Flow::Abort)
+            };
+            self.engine_end = Some(end);
             if !self.cut {
-                self.to_worker.push_back(Flow::End);
+                self.to_worker.push_back(flow);
             }
+        }
+        if let Some(end) = self.engine_end {
+            let clean = self.engine.core.terminal().is_some_and(|t| {
+                matches!(
+                    t.kind(),
+                    TerminationKind::Finished | TerminationKind::Cancelled
+                )
+            });
+            assert_eq!(
+                end == RequestEnd::HalfClosed,
+                clean,
+                "pair (udf §2 R9, §5.2 step 4): the engine {end:?} its request side after {}",
+                self.describe()
+            );
+        }
+        if self.worker_held {
+            self.engine.check();
+            self.worker.check();
+            self.check_crossing();
+            return;
         }
         for r in self.worker.transmit() {
             if !self.cut {
@@ -806,7 +915,11 @@ impl Pair {
     ///
     /// - neither side saw a protocol violation from the other, except the worker's R4
     ///   close, or when the engine itself gave up (timeout, interrupt) or the stream was cut;
-    /// - a connection failure on either side only after a cut;
+    /// - a worker that waited for the `Init` in vain (its init deadline, udf §4.6) sent
+    ///   nothing, and the engine, if it opened the stream, ended `TransportFailed` (its own
+    ///   timeout, or the stream ended without a terminator, udf §2 R10) or `Interrupted`;
+    /// - a connection failure on the engine's side only after a cut; on the worker's only
+    ///   after a cut or the engine's abort (udf §2 R8, R9);
     /// - engine `Finished` ⇔ worker `Finished`, with every batch delivered exactly once and
     ///   in order both ways (unless the engine discarded its output);
     /// - engine `Cancelled` on an opened stream ⇒ worker `Cancelled` or its R4 close, and
@@ -826,6 +939,21 @@ impl Pair {
         let t = self.engine.core.terminal().expect("settled").clone();
         let gave_up = engine_gave_up(&t);
         let who = self.describe();
+        if self.worker.core.outcome().is_some_and(init_timed_out) {
+            assert!(
+                self.worker.sent.is_empty(),
+                "pair (udf §4.6): the worker sent something while it waited for the Init: {who}"
+            );
+            assert!(
+                !self.engine.core.stream_opened()
+                    || matches!(
+                        t.kind(),
+                        TerminationKind::TransportFailed | TerminationKind::Interrupted
+                    ),
+                "pair (udf §2 R10): the worker gave up waiting for the Init, engine {t}: {who}"
+            );
+            return;
+        }
         assert!(
             !matches!(
                 t,
@@ -860,8 +988,8 @@ impl Pair {
         }
         if wk == OutcomeKind::TransportFailed {
             assert!(
-                self.cut,
-                "pair (udf §2 R8): a worker transport failure without a cut: {who}"
+                self.cut || self.engine_end == Some(RequestEnd::Aborted),
+                "pair (udf §2 R8): a worker transport failure without a cut or an abort: {who}"
             );
         }
         match t.kind() {
@@ -926,7 +1054,7 @@ impl Pair {
             terminators <= 1,
             "pair (udf §2 R5): {terminators} terminators"
         );
-        if !self.cut {
+        if !self.cut && wk != OutcomeKind::TransportFailed {
             assert_eq!(
                 terminators, 1,
                 "pair (udf §2 R5): the worker sent no terminator: {who}"

@@ -326,6 +326,8 @@ pub struct WorkerWatch {
     pub input: Vec<Bytes>,
     /// Whether the config arms the R4 cancel deadline at all (udf §2 R4).
     r4_deadline: bool,
+    /// Whether the config arms the wait for the `Init` at all (udf §4.6).
+    init_deadline: bool,
     /// The payloads of the transmitted `DataResponse`s, in order.
     data: Vec<Bytes>,
     /// Transmitted terminators, and whether an `InitResponse` / an error went out.
@@ -375,6 +377,7 @@ impl WorkerWatch {
             tickets: Vec::new(),
             input: Vec::new(),
             r4_deadline: config.cancel_timeout.is_some(),
+            init_deadline: config.init_timeout.is_some(),
             data: Vec::new(),
             terminators: 0,
             init_sent: false,
@@ -641,24 +644,38 @@ impl CoreWatch for WorkerWatch {
         self.core.poll_timeout()
     }
 
-    /// The R4 cancel deadline is armed exactly in `PostError`, nothing happens before it,
-    /// and its expiry closes the stream (udf §2 R4).
+    /// The `Init` deadline is armed exactly in `AwaitingInit` and the R4 cancel deadline
+    /// exactly in `PostError`, nothing happens before either, the first's expiry ends the
+    /// session `TransportFailed` with nothing sent (udf §4.6) and the second's closes the
+    /// stream (udf §2 R4).
     fn wait(&mut self, now: Instant, until: Instant) {
         self.core.begin_wait(now);
         let at = self.core.poll_timeout();
+        let phase = self.core.phase();
         assert_eq!(
             at.is_some(),
-            self.r4_deadline && self.core.phase() == WorkerPhase::PostError,
-            "worker (udf §2 R4): the cancel deadline runs exactly in PostError"
+            (self.r4_deadline && phase == WorkerPhase::PostError)
+                || (self.init_deadline && phase == WorkerPhase::AwaitingInit),
+            "worker (udf §4.6, §2 R4): a deadline runs exactly in AwaitingInit and PostError"
         );
-        let phase = self.core.phase();
+        let had = self.core.has_transmit();
         self.core.handle_timeout(until);
         if let Some(at) = at {
             if until < at {
                 assert_eq!(
                     phase,
                     self.core.phase(),
-                    "worker (udf §2 R4): the cancel deadline fired early"
+                    "worker (udf §4.6, §2 R4): a deadline fired early"
+                );
+            } else if phase == WorkerPhase::AwaitingInit {
+                assert_eq!(
+                    self.core.outcome().map(|o| o.kind()),
+                    Some(OutcomeKind::TransportFailed),
+                    "worker (udf §4.6): no Init in time ends the session TransportFailed"
+                );
+                assert!(
+                    !had && !self.core.has_transmit(),
+                    "worker (udf §4.6): nothing is sent when no Init came"
                 );
             } else {
                 assert!(

@@ -465,7 +465,10 @@ impl<T: WorkerTransport> Dispatcher<T> {
     /// the initialization timeout passes.
     async fn await_ready(&self, worker: &Worker<T>) -> Result<T::Channel, Failure> {
         let shared = &self.shared;
-        let deadline = tokio::time::Instant::now() + shared.settings.init_timeout;
+        let deadline = tokio::time::Instant::from_std(crate::time::deadline_after(
+            std::time::Instant::now(),
+            shared.settings.init_timeout,
+        ));
         let mut last_error = None;
         let max_pause = shared.config.ready_poll_interval;
         let mut pause = Duration::from_millis(1).min(max_pause);

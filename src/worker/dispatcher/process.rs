@@ -157,7 +157,7 @@ fn signal(pid: Pid, group: bool, sig: Signal) {
 
 /// Polls `done` every few milliseconds until it is true or `timeout` passes.
 fn poll_until(timeout: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + timeout;
+    let deadline = crate::time::deadline_after(Instant::now(), timeout);
     let mut step = Duration::from_millis(1);
     loop {
         if done() {

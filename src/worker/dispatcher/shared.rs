@@ -397,7 +397,10 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
             Duration::ZERO
         };
         Some(Box::pin(async move {
-            let deadline = tokio::time::Instant::now() + wait;
+            let deadline = tokio::time::Instant::from_std(crate::time::deadline_after(
+                std::time::Instant::now(),
+                wait,
+            ));
             let mut pause = Duration::from_millis(1);
             let exit = loop {
                 let exit = worker.exit_status();

@@ -1,4 +1,4 @@
-//! [`EndpointConfig`]: what a worker-side session accepts, its bounds and its one timeout.
+//! [`EndpointConfig`]: what a worker-side session accepts, its bounds and its two timeouts.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -7,12 +7,13 @@ use crate::time::Timer;
 use crate::wire::UdfWorkerDataFormat;
 
 /// Configuration of a worker-side session ([`WorkerCore`](super::WorkerCore) and
-/// [`Endpoint`](super::Endpoint)): the `Init` checks of udf §1.3 and the bounds and the one
-/// wait of the worker's side of udf §2.
+/// [`Endpoint`](super::Endpoint)): the `Init` checks of udf §1.3 and the bounds and the two
+/// waits of the worker's side of udf §2.
 ///
 /// The [`Default`] accepts protocol version 1 (the reference worker's, udf §7) with
-/// [`UdfWorkerDataFormat::Arrow`] data, payloads up to 1 GiB, buffers 64 input batches and
-/// waits at most 30 s for the engine's `Cancel` after the worker reported an error (on
+/// [`UdfWorkerDataFormat::Arrow`] data, payloads up to 1 GiB, buffers 64 input batches,
+/// waits at most 30 s for the engine's `Init` on a new session and at most 30 s for the
+/// engine's `Cancel` after the worker reported an error (on
 /// [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature; without a timer it waits
 /// indefinitely).
 #[derive(Debug, Clone)]
@@ -35,13 +36,28 @@ pub struct EndpointConfig {
     /// connection (backpressure to the engine, the part HTTP/2 flow control plays in Spark,
     /// udf §1.4). Default 64 batches; at least 1 is used.
     pub input_buffer: usize,
+    /// How long a new session waits for the engine's first message, its `Init` (udf §2: `Init`
+    /// opens every stream, §4.6). On expiry the session ends
+    /// [`TransportFailed`](super::EndpointOutcome::TransportFailed) with an
+    /// [`InitTimeout`](super::InitTimeout) cause and nothing is sent (the peer may not be an
+    /// engine at all; as for a dead stream, udf §2 R8): a connection that never sends `Init`
+    /// would otherwise hold its session slot, for example one of a framed worker's
+    /// (`WorkerMain::with_max_framed_sessions`), for ever. A `Cancel` before the `Init` is
+    /// answered as usual and ends the wait. `None` waits indefinitely.
+    ///
+    /// Default 30 s, Spark's `initResponseTimeoutMs` (udf §7): Spark's engine writes `Init`
+    /// as soon as it opens the stream (udf §4.6 step 3) and gives up on the whole init exchange after 30 s
+    /// (Cancel and `TransportFailed`, udf §4.6 step 4), so an engine still silent after that
+    /// long has abandoned the stream; a shorter default could cut off a real engine delayed
+    /// by a loaded machine.
+    pub init_timeout: Option<Duration>,
     /// How long to wait for the engine's `Cancel` after the worker sent its own
     /// `ErrorResponse` or `InitResponse.error` (the engine MUST send one, udf §2 R4). On
     /// expiry the worker closes the stream with `CancelResponse(error = ProtocolError)`.
     /// `None` waits indefinitely. Default 30 s, Spark's terminal timeout (udf §7).
     pub cancel_timeout: Option<Duration>,
-    /// The clock [`cancel_timeout`](Self::cancel_timeout) (udf §2 R4) runs on; `None`
-    /// disables it.
+    /// The clock [`init_timeout`](Self::init_timeout) (udf §4.6) and
+    /// [`cancel_timeout`](Self::cancel_timeout) (udf §2 R4) run on; `None` disables both.
     /// Default: [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature (which
     /// needs a tokio runtime when the timeout is armed), else `None`.
     pub timer: Option<Arc<dyn Timer>>,
@@ -49,13 +65,15 @@ pub struct EndpointConfig {
 
 impl EndpointConfig {
     /// The defaults listed on [`EndpointConfig`]: the reference worker's protocol version
-    /// and ARROW format (udf §2.1, §1.9), a 30 s Cancel wait (udf §7 `terminalTimeoutMs`).
+    /// and ARROW format (udf §2.1, §1.9), a 30 s `Init` wait (udf §7 `initResponseTimeoutMs`)
+    /// and a 30 s Cancel wait (udf §7 `terminalTimeoutMs`).
     pub fn new() -> Self {
         Self {
             supported_data_formats: vec![UdfWorkerDataFormat::Arrow],
             protocol_version: 1,
             max_payload_size: 1 << 30,
             input_buffer: 64,
+            init_timeout: Some(Duration::from_secs(30)),
             cancel_timeout: Some(Duration::from_secs(30)),
             timer: crate::time::default_timer(),
         }

@@ -14,7 +14,7 @@ use crate::wire::{
 use crate::worker::Chain;
 
 use super::config::EndpointConfig;
-use super::violation::{EngineViolation, InitRejection};
+use super::violation::{EngineViolation, InitRejection, InitTimeout};
 
 /// Where a worker-side session stands (the states of the reference worker, udf §2.1, plus
 /// `InitPending` for the time the user code holds the `Init`).
@@ -169,6 +169,15 @@ pub struct WorkerStats {
     pub duplicate_cancels: u64,
 }
 
+/// What an armed deadline of [`WorkerCore`] waits for (udf §7, §2 R4).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wait {
+    /// The engine's `Init`, in `AwaitingInit`.
+    Init,
+    /// The engine's `Cancel` after the worker's own error, in `PostError` (R4).
+    Cancel,
+}
+
 /// The internal state, with the data each phase owns.
 #[derive(Debug)]
 enum State {
@@ -214,7 +223,7 @@ pub enum Delivery {
     Queued,
     /// Handed to the driver by [`WorkerCore::poll_transmit`], in order.
     Transmitted,
-    /// Dropped before it was handed over: a Cancel arrived (udf §2 R3), the engine broke
+    /// Dropped before it was handed over: a Cancel arrived (udf §2 R7), the engine broke
     /// the protocol, or the connection failed (R8).
     Dropped,
 }
@@ -242,10 +251,12 @@ pub enum Delivery {
 ///   [`poll_timeout`](Self::poll_timeout) gives the instant at which to call
 ///   [`handle_timeout`](Self::handle_timeout); re-read it before each wait.
 ///
-/// The one deadline is the R4 cancel timeout (udf §2 R4, §7): in
-/// [`PostError`](WorkerPhase::PostError), `cancel_timeout` in total from the first wait of
-/// that phase; expiry closes the stream as a protocol violation
-/// ([`EngineViolation::NoCancelAfterError`]).
+/// Two deadlines, each total from the first wait of its phase:
+///
+/// | phase | deadline | expiry |
+/// |---|---|---|
+/// | [`AwaitingInit`](WorkerPhase::AwaitingInit) | `init_timeout` | `TransportFailed` with an [`InitTimeout`] cause; nothing is sent (the wait for the stream's first message, udf §4.6, §7) |
+/// | [`PostError`](WorkerPhase::PostError) | `cancel_timeout` | the stream is closed as a protocol violation ([`EngineViolation::NoCancelAfterError`], udf §2 R4) |
 ///
 /// Rules enforced:
 /// - `Init` validation (udf §1.3): a `protocol_version` other than the configured one, a
@@ -299,10 +310,12 @@ pub struct WorkerCore {
     data_transmitted: u64,
     /// Set when queued data was dropped: every ticket after `data_transmitted` then is.
     data_dropped: bool,
+    /// The wait for the `Init` (udf §4.6, §7); `None` waits indefinitely.
+    init_timeout: Option<Duration>,
     /// The R4 cancel timeout (udf §2 R4); `None` waits indefinitely.
     cancel_timeout: Option<Duration>,
-    /// The armed R4 deadline.
-    deadline: Option<Instant>,
+    /// The armed deadline and the wait it was armed for.
+    deadline: Option<(Wait, Instant)>,
     /// Most input batches queued before the driver stops reading (at least 1).
     input_buffer: usize,
 }
@@ -318,7 +331,7 @@ impl WorkerCore {
     /// against `config`: the `protocol_version` and `data_format` checks of udf §1.3 (a data
     /// format the config lists but cannot accept, such as `UNSPECIFIED`, is dropped), and
     /// tether's bound on the payload size in bytes; with `config`'s R4 cancel timeout and
-    /// input bound (its `timer` is the driver's business).
+    /// input bound, and its `Init` wait (its `timer` is the driver's business).
     pub fn new(config: &EndpointConfig) -> Self {
         Self {
             state: State::AwaitingInit,
@@ -346,6 +359,7 @@ impl WorkerCore {
             data_queued: 0,
             data_transmitted: 0,
             data_dropped: false,
+            init_timeout: config.init_timeout,
             cancel_timeout: config.cancel_timeout,
             deadline: None,
             input_buffer: config.input_buffer.max(1),
@@ -467,7 +481,7 @@ impl WorkerCore {
 
     /// What became of the `DataResponse` of `ticket` (from [`send_data`](Self::send_data)):
     /// still queued, handed over by [`poll_transmit`](Self::poll_transmit), or dropped by a
-    /// Cancel, a violation or a failed connection (udf §2 R3, R6, R8).
+    /// Cancel, a violation or a failed connection (udf §2 R7, R6, R8).
     /// The answer changes only from `Queued` to one of the others, once.
     pub fn delivery(&self, ticket: DataTicket) -> Delivery {
         if ticket.0 <= self.data_transmitted {
@@ -479,7 +493,7 @@ impl WorkerCore {
         }
     }
 
-    /// Drops every queued `DataResponse` (udf §2 R3, R6, R8), counting them.
+    /// Drops every queued `DataResponse` (udf §2 R7, R6, R8), counting them.
     fn drop_queued_data(&mut self) {
         let before = self.outbox.len();
         self.outbox.retain(|r| !is_data(r));
@@ -559,38 +573,67 @@ impl WorkerCore {
         self.is_done() && self.outbox.is_empty()
     }
 
-    /// A wait begins at `now` (udf §2 R4): in [`PostError`](WorkerPhase::PostError) arms the
-    /// cancel deadline (`cancel_timeout` after the first wait of that phase) unless it is armed.
-    /// Call it when the driver is about to block, not per message.
-    pub fn begin_wait(&mut self, now: Instant) {
-        match (&self.state, self.cancel_timeout) {
-            (State::PostError { .. }, Some(timeout)) => {
-                self.deadline.get_or_insert(now + timeout);
-            }
-            _ => self.deadline = None,
+    /// The wait the current phase has a deadline for, and its duration (udf §4.6, §2 R4).
+    fn wait_rule(&self) -> Option<(Wait, Duration)> {
+        match self.state {
+            State::AwaitingInit => self.init_timeout.map(|t| (Wait::Init, t)),
+            State::PostError { .. } => self.cancel_timeout.map(|t| (Wait::Cancel, t)),
+            _ => None,
         }
     }
 
-    /// The caller's wait ended (udf §2 R4): nothing to do, the cancel deadline is total.
-    pub fn end_wait(&mut self) {}
-
-    /// The instant at which [`handle_timeout`](Self::handle_timeout) is due (udf §2 R4): the
-    /// cancel deadline while [`PostError`](WorkerPhase::PostError), else `None`.
-    #[must_use]
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.deadline
-            .filter(|_| matches!(self.state, State::PostError { .. }))
+    /// A wait begins at `now` (udf §7): in [`AwaitingInit`](WorkerPhase::AwaitingInit) arms
+    /// the `Init` deadline (`init_timeout`), in [`PostError`](WorkerPhase::PostError) the R4
+    /// cancel deadline (`cancel_timeout`, udf §2 R4), each counted from the first wait of its
+    /// phase, unless it is armed. Call it when the driver is about to block, not per message.
+    /// A timeout too long for an `Instant` (such as `Duration::MAX`, "never") saturates at
+    /// about 100 years.
+    pub fn begin_wait(&mut self, now: Instant) {
+        match self.wait_rule() {
+            Some((wait, _)) if self.deadline.is_some_and(|(armed, _)| armed == wait) => {}
+            Some((wait, timeout)) => {
+                self.deadline = Some((wait, crate::time::deadline_after(now, timeout)));
+            }
+            None => self.deadline = None,
+        }
     }
 
-    /// Time has reached `now`: once the R4 cancel deadline has passed while
-    /// [`PostError`](WorkerPhase::PostError) (no Cancel came after the worker's own error,
-    /// udf §2 R4), closes the stream as a protocol violation (`CancelResponse(error =
+    /// The caller's wait ended (udf §7): nothing to do, both deadlines are total.
+    pub fn end_wait(&mut self) {}
+
+    /// The instant at which [`handle_timeout`](Self::handle_timeout) is due (udf §7): the
+    /// `Init` deadline while [`AwaitingInit`](WorkerPhase::AwaitingInit), the R4 cancel
+    /// deadline while [`PostError`](WorkerPhase::PostError) (udf §2 R4), once a wait armed
+    /// it; else `None`.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        let (armed, at) = self.deadline?;
+        (self.wait_rule().map(|(wait, _)| wait) == Some(armed)).then_some(at)
+    }
+
+    /// Time has reached `now` (udf §7): once the `Init` deadline has passed while
+    /// [`AwaitingInit`](WorkerPhase::AwaitingInit), ends the session `TransportFailed` with
+    /// an [`InitTimeout`] cause, sending nothing; once the R4 cancel deadline has passed
+    /// while [`PostError`](WorkerPhase::PostError) (no Cancel came after the worker's own
+    /// error, udf §2 R4), closes the stream as a protocol violation (`CancelResponse(error =
     /// ProtocolError)`). Otherwise nothing happens.
     pub fn handle_timeout(&mut self, now: Instant) {
-        if self.poll_timeout().is_some_and(|at| now >= at) {
-            self.deadline = None;
-            let after = self.cancel_timeout.unwrap_or_default();
-            self.violation(EngineViolation::NoCancelAfterError { after });
+        if self.poll_timeout().is_none_or(|at| now < at) {
+            return;
+        }
+        let Some((wait, _)) = self.deadline.take() else {
+            return;
+        };
+        match wait {
+            Wait::Init => {
+                let after = self.init_timeout.unwrap_or_default();
+                tracing::debug!(?after, "no Init arrived; ending the session");
+                self.handle_connection_error(ConnectionError::transport(InitTimeout { after }));
+            }
+            Wait::Cancel => {
+                let after = self.cancel_timeout.unwrap_or_default();
+                self.violation(EngineViolation::NoCancelAfterError { after });
+            }
         }
     }
 

@@ -68,4 +68,4 @@ pub use self::core::{
 pub use config::EndpointConfig;
 pub use serve::{ManageError, Udf, WorkerControl, handle_manage, serve};
 pub use typed::{Endpoint, EndpointError, InitRequest, InputEnd};
-pub use violation::{EngineViolation, InitRejection};
+pub use violation::{EngineViolation, InitRejection, InitTimeout};

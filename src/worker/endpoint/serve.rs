@@ -60,7 +60,11 @@ pub trait Udf {
 /// session as [`Endpoint`] describes.
 ///
 /// The callbacks run on the task polling this future; a callback that blocks delays the
-/// noticing of a Cancel (udf §1.1: hanging user code is out of the protocol's scope).
+/// noticing of a Cancel (udf §1.1: hanging user code is out of the protocol's scope). A
+/// callback that panics is not caught: the panic unwinds out of this future (a spawned
+/// task ends with a panicked `JoinError`), the connection is dropped without a terminator,
+/// and the engine settles `TransportFailed` and invalidates the worker (udf §2 R10). Catch
+/// panics inside the callback and return an error to report them as a user error instead.
 pub async fn serve<C, U>(connection: C, mut udf: U, config: EndpointConfig) -> EndpointOutcome
 where
     C: Connection<UdfResponse, UdfRequest>,

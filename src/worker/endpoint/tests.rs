@@ -775,12 +775,67 @@ fn cancel_timeout_closes_a_post_error_session() {
         Some(expected.wire_message().as_str())
     );
 
-    // Elsewhere no deadline runs.
+    // Elsewhere (but AwaitingInit, see below) no deadline runs.
     let mut c = data_core();
     c.begin_wait(t0);
     assert_eq!(c.poll_timeout(), None);
     c.handle_timeout(t0 + Duration::from_secs(3600));
     assert_eq!(c.phase(), WorkerPhase::Data);
+}
+
+#[test]
+fn init_timeout_ends_a_session_that_never_gets_its_init() {
+    let timeout = config()
+        .init_timeout
+        .expect("the default waits for the Init");
+    assert_eq!(
+        timeout,
+        Duration::from_secs(30),
+        "Spark's initResponseTimeoutMs (udf §7)"
+    );
+    let t0 = std::time::Instant::now();
+    let mut c = core();
+    c.begin_wait(t0);
+    let at = c
+        .poll_timeout()
+        .expect("the Init deadline runs in AwaitingInit");
+    assert_eq!(at, t0 + timeout);
+    c.begin_wait(t0 + Duration::from_secs(10));
+    assert_eq!(c.poll_timeout(), Some(at), "total, not per wait");
+    c.handle_timeout(at - Duration::from_millis(1));
+    assert_eq!(c.phase(), WorkerPhase::AwaitingInit, "not yet due");
+    c.handle_timeout(at);
+    match c.outcome() {
+        Some(EndpointOutcome::TransportFailed(e)) => assert_eq!(
+            std::error::Error::source(e).and_then(|s| s.downcast_ref::<InitTimeout>()),
+            Some(&InitTimeout { after: timeout })
+        ),
+        other => panic!("expected TransportFailed(InitTimeout), got {other:?}"),
+    }
+    assert!(drain(&mut c).is_empty(), "nothing is sent");
+    assert!(c.wants_half_close());
+    assert_eq!(c.poll_timeout(), None);
+
+    // An Init in time disarms it; so does a Cancel; and None never arms it.
+    let mut c = core();
+    c.begin_wait(t0);
+    c.handle_request(UdfRequest::init(init("udf")));
+    assert_eq!(c.phase(), WorkerPhase::InitPending);
+    c.begin_wait(t0 + timeout);
+    assert_eq!(c.poll_timeout(), None);
+    c.handle_timeout(t0 + timeout * 2);
+    assert_eq!(c.phase(), WorkerPhase::InitPending);
+    let mut c = core();
+    c.begin_wait(t0);
+    c.handle_request(UdfRequest::cancel(None));
+    assert_eq!(c.outcome().map(|o| o.kind()), Some(OutcomeKind::Cancelled));
+    assert_eq!(c.poll_timeout(), None);
+    let mut c = WorkerCore::new(&EndpointConfig {
+        init_timeout: None,
+        ..config()
+    });
+    c.begin_wait(t0);
+    assert_eq!(c.poll_timeout(), None);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -856,7 +911,7 @@ fn each_batch_is_transmitted_or_dropped_by_its_ticket() {
     assert_eq!(
         c.delivery(second),
         Delivery::Dropped,
-        "R3: dropped by the Cancel"
+        "R7: dropped by the Cancel"
     );
 
     // A failed connection drops what is still queued (R8).
@@ -1194,11 +1249,17 @@ impl Harness {
                 }
             }
             Step::CancelTimeout => {
-                // Let the R4 deadline (if one runs) expire.
+                // Let the deadline (if one runs) expire: the R4 Cancel wait, or the wait
+                // for the Init, which ends the session like a dead connection.
                 let now = std::time::Instant::now();
                 c.begin_wait(now);
                 if let Some(at) = c.poll_timeout() {
                     c.handle_timeout(at);
+                }
+                if c.outcome()
+                    .is_some_and(|o| o.kind() == OutcomeKind::TransportFailed)
+                {
+                    self.connection_failed = true;
                 }
             }
             Step::Transmit => self.transmit(),

@@ -99,7 +99,8 @@ where
         core.is_done() && !core.has_transmit() && pump.send_done()
     }
 
-    /// Drives I/O and the core's R4 deadline until `check` yields a value.
+    /// Drives I/O and the core's deadlines (the wait for the `Init`, the R4 Cancel wait)
+    /// until `check` yields a value.
     async fn drive<T>(&mut self, check: impl FnMut(&mut WorkerCore, &Pump<C>) -> Option<T>) -> T {
         self.pump.drive(&mut self.core, check).await
     }
@@ -284,7 +285,9 @@ where
     /// - any other message out of order, an empty chunk or an empty oneof:
     ///   `InitResponse(error = ProtocolError)` and `CancelResponse`, then close, outcome
     ///   `ProtocolViolation`;
-    /// - a transport failure: outcome `TransportFailed`.
+    /// - a transport failure: outcome `TransportFailed`;
+    /// - no `Init` within [`EndpointConfig::init_timeout`]: nothing is sent, outcome
+    ///   `TransportFailed` with an [`InitTimeout`](super::InitTimeout) cause (udf §4.6).
     ///
     /// Cancel-safe in the sense of [`Endpoint`]'s drop rule.
     pub async fn recv_init(mut self) -> Result<InitRequest<C>, Endpoint<state::Terminated, C>> {

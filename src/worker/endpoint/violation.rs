@@ -90,6 +90,20 @@ pub enum EngineViolation {
     FinishAfterCancel,
 }
 
+/// The cause of a session that ended
+/// [`TransportFailed`](super::EndpointOutcome::TransportFailed) because no `Init` arrived
+/// within [`EndpointConfig::init_timeout`](super::EndpointConfig::init_timeout): the wait of
+/// a new stream for its first message (udf §2, §4.6; Spark's engine gives up on an init after
+/// `initResponseTimeoutMs`, udf §7). It is the [`source`](StdError::source) of the
+/// outcome's [`ConnectionError`](crate::connection::ConnectionError). `Display`: "no Init
+/// within `<after>`".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("no Init within {after:?}")]
+pub struct InitTimeout {
+    /// The init timeout that expired.
+    pub after: Duration,
+}
+
 impl EngineViolation {
     /// The text sent to the engine in the `ProtocolError.message` (udf §1.5), in the
     /// `InitResponse.error`, an `ErrorResponse` or the `CancelResponse.error` as udf §2 R6

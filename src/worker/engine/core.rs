@@ -111,7 +111,10 @@ pub struct Misuse {
 ///   caller's wait ended with what it waited for (a per-poll deadline restarts at the next
 ///   wait).
 /// - [`wants_half_close`](Self::wants_half_close) tells when the request side may be
-///   half-closed (udf §2 R9): terminal and nothing left to send.
+///   half-closed (udf §2 R9): a clean terminal (`Finished`, `Cancelled`) and nothing left to
+///   send; [`wants_abort`](Self::wants_abort) when it must be aborted instead (a failure
+///   terminal: `TransportFailed`, `Interrupted`, udf §5.2 step 4), after the farewell
+///   `Cancel` of a timeout or an interrupt went out. Never both.
 ///
 /// A driver of its own, in outline (tether's [`Session`](super::Session) is this loop over a
 /// [`Connection`](crate::connection::Connection)):
@@ -534,9 +537,29 @@ impl EngineCore {
     }
 
     /// Whether the request side may be half-closed now (udf §2 R9: the engine half-closes
-    /// once the outcome is known): terminal, nothing left to send, and the shutdown not
-    /// abandoned.
+    /// once the outcome is known, and only after a clean terminator): `Finished` or
+    /// `Cancelled`, nothing left to send, and the shutdown not abandoned. Never together
+    /// with [`wants_abort`](Self::wants_abort).
     pub fn wants_half_close(&self) -> bool {
+        self.request_side_over() && self.terminal.as_ref().is_some_and(is_clean_terminal)
+    }
+
+    /// Whether the request side must be aborted now instead of half-closed (udf §2 R9, §5.2
+    /// step 4: after a failure terminator Spark's engine calls `onError`, never
+    /// `onCompleted`): `TransportFailed` or `Interrupted` (or `Failed`), the farewell `Cancel`
+    /// of a timeout or an interrupt handed over, and the shutdown not abandoned. A driver
+    /// aborts by giving up the connection without closing it (dropping a gRPC stream resets
+    /// it, `RST_STREAM(CANCEL)`, as Spark's `onError` does).
+    pub fn wants_abort(&self) -> bool {
+        self.request_side_over()
+            && self
+                .terminal
+                .as_ref()
+                .is_some_and(|t| !is_clean_terminal(t))
+    }
+
+    /// Terminal, nothing left to send, and the shutdown not abandoned (udf §2 R9).
+    fn request_side_over(&self) -> bool {
         self.terminal.is_some() && self.outbox.is_empty() && !self.requests_abandoned
     }
 
@@ -575,12 +598,16 @@ impl EngineCore {
 
     /// A wait on the worker begins at `now` (udf §7): arms the deadline of the current row
     /// of the deadline table unless it is already armed. Call it when the driver is about to
-    /// block (its poll returns `Pending`), not per message.
+    /// block (its poll returns `Pending`), not per message. A duration too long for an
+    /// `Instant` (such as `Duration::MAX`, "never") saturates at about 100 years.
     pub fn begin_wait(&mut self, now: Instant) {
         match self.rule() {
             None => self.deadline = None,
             Some(rule) if self.deadline.is_some_and(|(armed, _)| armed == rule) => {}
-            Some(rule) => self.deadline = Some((rule, now + self.duration(rule))),
+            Some(rule) => {
+                let at = crate::time::deadline_after(now, self.duration(rule));
+                self.deadline = Some((rule, at));
+            }
         }
     }
 
@@ -817,10 +844,20 @@ impl EngineCore {
     }
 }
 
+/// Whether `t` is a clean terminator, after which the request side is half-closed rather
+/// than aborted (udf §2 R9, §5.2 step 4).
+fn is_clean_terminal(t: &Termination) -> bool {
+    matches!(
+        t,
+        Termination::Finished { .. } | Termination::Cancelled { .. }
+    )
+}
+
 crate::worker::pump::forward_pump_core!(
     EngineCore,
     tx = UdfRequest,
     rx = UdfResponse,
     handle_recv = handle_response,
     is_settled = is_terminal,
+    wants_abort = wants_abort,
 );

@@ -786,7 +786,10 @@ where
     }
 
     /// Finalizes the session (see [`Session::close`]); cancels it if the output was not
-    /// drained (udf §5.3: an iterator abandoned mid-stream gives `Cancelled`).
+    /// drained (udf §5.3: an iterator abandoned mid-stream gives `Cancelled`). If the input
+    /// was exhausted and `Finish` already sent, the worker may answer with `FinishResponse`
+    /// first (udf §2 R5 (c)): the session is then `Finished`, and output not read by then is
+    /// discarded without being reported.
     pub async fn close(self) -> Termination {
         self.session.close().await
     }
