@@ -52,10 +52,11 @@
 //! - (a) tether, 6: engine outbox (`EngineCore`) → the in-memory connection's bounded channel
 //!   → worker input queue (`WorkerCore`) → the UDF → worker outbox → the channel back →
 //!   engine output queue. Bare, 2: one bounded channel each way.
-//! - (b) tether, 4 plus the socket: engine outbox → framed encoder buffer → socket → framed
-//!   read buffer → worker input queue, and the same back (worker outbox, encoder, socket,
-//!   read buffer, engine output queue). Bare: the socket each way, written with `writev` and
-//!   read straight into the output buffer.
+//! - (b) tether, 2 plus the socket: engine outbox → socket (one `writev` of the frame head
+//!   and the batch's `Bytes`, not copied) → the worker's reused read buffer, from which the
+//!   batch is split off without a copy → worker input queue, and the same back (worker
+//!   outbox, socket, read buffer, engine output queue). Bare: the socket each way, written
+//!   with `writev` and read straight into the output buffer.
 //! - (c) tether, 4 plus HTTP/2: engine outbox → the gRPC client's request channel (the body
 //!   tonic sends) → HTTP/2 → worker input queue, and back: worker outbox → the gRPC
 //!   server's response channel → HTTP/2 → engine output queue. Bare: the client's request
@@ -128,6 +129,13 @@
 //! machine. `TETHER_BENCH_BATCHES` changes `N`. A summary table with the machine conditions
 //! (cores, load average before and after, CPU, kernel) ends the run.
 //!
+//! Every process of the run (this one and the workers) uses glibc's malloc with the mmap
+//! threshold pinned at 32 MiB and the trim threshold at 64 MiB (`GLIBC_TUNABLES`, set by
+//! re-executing this binary; `TETHER_BENCH_MALLOC=default` or an explicit `GLIBC_TUNABLES`
+//! overrides it; the summary prints the setting): glibc's dynamic threshold otherwise lets
+//! one arm's allocations decide whether the other's 64 KiB buffers page-fault, which moved
+//! the bare arm of (b) alone by 2×.
+//!
 //! Needs `[[bench]] name = "udf_session" harness = false` in Cargo.toml.
 
 use std::fmt::Write as _;
@@ -180,6 +188,42 @@ const ROLE_GRPC: &str = "grpc-echo";
 #[cfg(feature = "grpc")]
 const ROLE_TONIC: &str = "tonic-echo";
 
+/// Set to `default` to keep glibc's own malloc thresholds (see [`pin_malloc`]).
+const MALLOC_ENV: &str = "TETHER_BENCH_MALLOC";
+/// The glibc tunables every process of the run uses unless `TETHER_BENCH_MALLOC=default`:
+/// the mmap threshold fixed at 32 MiB (the top of glibc's dynamic range on 64-bit) and the
+/// trim threshold at 64 MiB.
+const PINNED_MALLOC: &str =
+    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=67108864";
+
+/// Re-executes this binary with [`PINNED_MALLOC`] in `GLIBC_TUNABLES` (inherited by the worker
+/// processes), unless the caller set `GLIBC_TUNABLES` or `TETHER_BENCH_MALLOC=default`.
+///
+/// glibc raises its mmap threshold as the process frees large blocks, and trims the heap top
+/// when enough is free, so by default one arm's speed depends on what the other arm allocated
+/// and freed before it. Measured on case (b)'s bare arm alone, with identical code in the same
+/// binary layout: 7.4 ms per iteration after one tether build, 17 ms after another whose
+/// buffers left the heap differently. Pinning both thresholds makes every arm allocate from a
+/// heap that is never trimmed nor handed to mmap for 64 KiB blocks, whichever ran before.
+/// Returns the setting in force, for the summary.
+fn pin_malloc() -> String {
+    use std::os::unix::process::CommandExt;
+    if let Ok(set) = std::env::var("GLIBC_TUNABLES") {
+        return format!("GLIBC_TUNABLES={set}");
+    }
+    if std::env::var(MALLOC_ENV).as_deref() == Ok("default") {
+        return "glibc defaults (dynamic mmap threshold)".to_owned();
+    }
+    let mut args = std::env::args_os();
+    let exe = std::env::current_exe().expect("current exe");
+    let _argv0 = args.next();
+    let err = Command::new(exe)
+        .args(args)
+        .env("GLIBC_TUNABLES", PINNED_MALLOC)
+        .exec();
+    panic!("re-exec with pinned malloc thresholds: {err}");
+}
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE_ENV) {
         worker::main(&role);
@@ -187,6 +231,11 @@ fn main() {
     }
     let cli = Cli::parse();
     let cases = case_ids();
+    let malloc = if cli.list {
+        String::new()
+    } else {
+        pin_malloc()
+    };
     if cli.list {
         for (_, benches) in &cases {
             for id in benches {
@@ -223,7 +272,7 @@ fn main() {
     setup_teardown_case(&mut bench, &scratch);
     bench.c.final_summary();
     let machine_after = Machine::snapshot();
-    print_summary(&bench, &machine_before, &machine_after);
+    print_summary(&bench, &machine_before, &machine_after, &malloc);
 }
 
 /// Every group and its benchmark ids, for `--list` and for filtering.
@@ -1420,7 +1469,7 @@ impl std::fmt::Display for Machine {
     }
 }
 
-fn print_summary(bench: &Bench, before: &Machine, after: &Machine) {
+fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str) {
     let batches = bench.input.len();
     println!(
         "\n==== udf_session summary: {batches} × 64 KiB per iteration ({} MiB), ratio = tether throughput / baseline throughput",
@@ -1460,6 +1509,7 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine) {
     }
     println!("machine before: {before}");
     println!("machine after:  {after}");
+    println!("malloc: {malloc} (TETHER_BENCH_MALLOC=default for glibc's own)");
     println!(
         "runtime: one current-thread tokio runtime in the engine process (and in each worker process); paired rounds: {}",
         bench.pairs

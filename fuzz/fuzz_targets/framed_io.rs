@@ -1,18 +1,22 @@
 //! I/O schedules over the framed connection (`connection::framed`, udf §1.1 over a byte
-//! stream): a fuzzed `AsyncRead`/`AsyncWrite` that returns partial reads and writes,
-//! `Pending` at any point, EOF or an I/O error at any byte. Invariants:
+//! stream): a fuzzed `AsyncRead`/`AsyncWrite` that returns partial reads and writes (one
+//! slice at a time or vectored), `Pending` at any point, EOF or an I/O error at any byte, a
+//! zero-byte write. Data batches are small or large (1 KiB to 2 MiB: the by-reference write
+//! path and the growing read buffer). Invariants:
 //! - writing: the bytes that reach the socket are always a prefix of the frames of the
 //!   messages accepted, all of them once the flush succeeds; a failing socket surfaces as a
-//!   typed `ConnectionError::Transport` whose source is `FramedError::Io`;
+//!   typed `ConnectionError::Transport` whose source is `FramedError::Io` (`WriteZero` for a
+//!   zero-byte write);
 //! - reading: every frame that arrived whole is read back intact and in order; the stream
 //!   then ends cleanly exactly when the input stopped on a frame boundary, and otherwise
 //!   with a typed error (`FramedError::Frame(Truncated)` for a cut, `FramedError::Io` for a
-//!   failing socket), after which it stays ended.
+//!   failing socket, `Oversize` / `Decode` for a bad trailing frame that arrived whole),
+//!   after which it stays ended.
 #![no_main]
 
-use std::io;
+use std::io::{self, IoSlice};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use arbitrary::Arbitrary;
 use bytes::BytesMut;
@@ -20,11 +24,13 @@ use futures::task::noop_waker_ref;
 use libfuzzer_sys::fuzz_target;
 use tether::connection::framed::{FramedConfig, FramedConnection, FramedError};
 use tether::connection::{Connection, ConnectionError};
+use tether::testing::fixtures::tagged;
 use tether::wire::{FrameCodec, FrameError, UdfRequest, UdfResponse};
 use tether_fuzz::FuzzRequest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-/// One I/O call's fate: `Pending` (0), or up to that many bytes.
+/// One I/O call's fate: `Pending` (a multiple of 5), as much as the call offers (240 and
+/// up that is not a multiple of 5, so that megabyte frames finish), or up to that many bytes.
 #[derive(Arbitrary, Debug)]
 struct Schedule(Vec<u8>);
 
@@ -35,9 +41,30 @@ impl Schedule {
         }
         let s = self.0[*i % self.0.len()];
         *i += 1;
-        (s % 5 != 0).then_some(usize::from(s))
+        match s {
+            _ if s % 5 == 0 => None,
+            240.. => Some(usize::MAX),
+            _ => Some(usize::from(s)),
+        }
     }
 }
+
+/// Sizes of large data batches, chosen by a message's size byte: around the by-reference
+/// write threshold (1 KiB), the reader's large-frame mark (64 KiB) and its first commit
+/// (1 MiB), so the vectored write queue and the growing read buffer are exercised.
+const LARGE: [usize; 8] = [
+    1023,
+    1024,
+    4096,
+    64 * 1024 - 9,
+    64 * 1024 + 1,
+    300 * 1024,
+    1024 * 1024 + 17,
+    2 * 1024 * 1024 + 3,
+];
+
+/// At most this many bytes of large batches per input (keeps an execution fast).
+const LARGE_BUDGET: usize = 4 * 1024 * 1024;
 
 struct Mock {
     input: Vec<u8>,
@@ -52,6 +79,33 @@ struct Mock {
     write_i: usize,
     /// Writes fail once this many bytes were written.
     write_fail_at: Option<usize>,
+    /// The failure is a write of zero bytes rather than an error.
+    write_zero: bool,
+    /// Reports itself able to take several slices per write.
+    vectored: bool,
+}
+
+impl Mock {
+    /// A write of up to `offered` bytes, as the schedule and the failure point allow.
+    fn write_step(&mut self, cx: &mut Context<'_>, offered: usize) -> Poll<io::Result<usize>> {
+        if self
+            .write_fail_at
+            .is_some_and(|at| self.written.len() >= at)
+        {
+            if self.write_zero {
+                return Poll::Ready(Ok(0));
+            }
+            return Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::BrokenPipe,
+                "broken pipe",
+            )));
+        }
+        let Some(n) = self.writes.step(&mut self.write_i) else {
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        };
+        Poll::Ready(Ok(n.min(offered)))
+    }
 }
 
 impl AsyncRead for Mock {
@@ -85,19 +139,28 @@ impl AsyncWrite for Mock {
         buf: &[u8],
     ) -> Poll<io::Result<usize>> {
         let me = &mut *self;
-        if me.write_fail_at.is_some_and(|at| me.written.len() >= at) {
-            return Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::BrokenPipe,
-                "broken pipe",
-            )));
-        }
-        let Some(n) = me.writes.step(&mut me.write_i) else {
-            cx.waker().wake_by_ref();
-            return Poll::Pending;
-        };
-        let n = n.min(buf.len());
+        let n = ready!(me.write_step(cx, buf.len()))?;
         me.written.extend_from_slice(&buf[..n]);
         Poll::Ready(Ok(n))
+    }
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[IoSlice<'_>],
+    ) -> Poll<io::Result<usize>> {
+        let me = &mut *self;
+        let offered = bufs.iter().map(|b| b.len()).sum();
+        let n = ready!(me.write_step(cx, offered))?;
+        let mut left = n;
+        for b in bufs {
+            let take = left.min(b.len());
+            me.written.extend_from_slice(&b[..take]);
+            left -= take;
+        }
+        Poll::Ready(Ok(n))
+    }
+    fn is_write_vectored(&self) -> bool {
+        self.vectored
     }
     fn poll_flush(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<io::Result<()>> {
         Poll::Ready(Ok(()))
@@ -118,6 +181,28 @@ struct Input {
     cut: u8,
     read_error: bool,
     write_fail_at: Option<u16>,
+    write_zero: bool,
+    vectored: bool,
+    /// A bad frame after the messages, for the reader only.
+    trailer: Option<Trailer>,
+}
+
+/// A frame the reader must refuse once it has arrived whole.
+#[derive(Arbitrary, Debug, Clone, Copy, PartialEq)]
+enum Trailer {
+    /// A prefix claiming more than the maximum frame length: refused from its 4 bytes.
+    Oversize,
+    /// A 3-byte body that is not protobuf: refused once whole.
+    Undecodable,
+}
+
+impl Trailer {
+    fn bytes(self) -> &'static [u8] {
+        match self {
+            Trailer::Oversize => &[0xff, 0xff, 0xff, 0xff],
+            Trailer::Undecodable => &[0, 0, 0, 3, 0xff, 0xff, 0xff],
+        }
+    }
 }
 
 fn mock(input: Vec<u8>, end: usize, i: &Input) -> Mock {
@@ -132,13 +217,15 @@ fn mock(input: Vec<u8>, end: usize, i: &Input) -> Mock {
         writes: Schedule(i.writes.0.clone()),
         write_i: 0,
         write_fail_at: i.write_fail_at.map(usize::from),
+        write_zero: i.write_zero,
+        vectored: i.vectored,
     }
 }
 
 /// Polls until ready; a schedule of only `Pending` would spin, so give up after a bound.
 fn ready<T>(mut f: impl FnMut(&mut Context<'_>) -> Poll<T>) -> Option<T> {
     let mut cx = Context::from_waker(noop_waker_ref());
-    for _ in 0..10_000 {
+    for _ in 0..100_000 {
         if let Poll::Ready(v) = f(&mut cx) {
             return Some(v);
         }
@@ -170,12 +257,22 @@ fuzz_target!(|input: Input| {
 });
 
 fn run(input: &Input) {
+    let mut large_left = LARGE_BUDGET;
     let msgs: Vec<UdfRequest> = input
         .messages
         .iter()
         .take(32)
         .enumerate()
-        .map(|(i, (m, _))| m.message(i as u32))
+        .map(|(i, (m, size))| {
+            // A data batch whose size byte is odd is a large one, if the budget allows.
+            let len = LARGE[usize::from(size / 2) % LARGE.len()];
+            if matches!(m, FuzzRequest::Data) && size % 2 == 1 && len <= large_left {
+                large_left -= len;
+                UdfRequest::data(tagged(i as u64, len))
+            } else {
+                m.message(i as u32)
+            }
+        })
         .collect();
     let codec = FrameCodec::default();
     let mut frames = Vec::new(); // frame end offsets
@@ -233,17 +330,31 @@ fn run(input: &Input) {
         "the socket got something else than the frames"
     );
     if let Some(e) = failed {
-        assert!(matches!(framed_error(&e), FramedError::Io(_)), "{e:?}");
+        let FramedError::Io(io) = framed_error(&e) else {
+            panic!("not an I/O error: {e:?}");
+        };
+        assert_eq!(
+            io.kind() == io::ErrorKind::WriteZero,
+            input.write_zero,
+            "a zero-byte write is WriteZero, a failing one is not: {e:?}"
+        );
         assert!(
             input.write_fail_at.is_some(),
             "a write error without a failing socket"
         );
     }
 
-    // Reading what arrived, cut anywhere.
-    let end = all.len() * usize::from(input.cut) / 255;
+    // Reading what arrived (and the trailer), cut anywhere.
+    let messages_end = all.len();
+    let mut arrived = all.to_vec();
+    arrived.extend_from_slice(input.trailer.map_or(&[][..], Trailer::bytes));
+    let end = arrived.len() * usize::from(input.cut) / 255;
+    // The trailer's error, if it arrived whole (it is found before any later I/O error).
+    let refused = input
+        .trailer
+        .filter(|t| end >= messages_end + t.bytes().len());
     let mut r: FramedConnection<Mock, UdfResponse, UdfRequest> =
-        FramedConnection::new(mock(all.to_vec(), end, input), &config);
+        FramedConnection::new(mock(arrived, end, input), &config);
     let whole = frames.iter().filter(|&&f| f <= end).count();
     let boundary = end == 0 || frames.contains(&end);
     let mut got = 0;
@@ -257,17 +368,20 @@ fn run(input: &Input) {
             }
             Some(Some(Err(e))) => {
                 assert_eq!(got, whole, "a whole frame was lost before the error");
-                match framed_error(&e) {
-                    FramedError::Io(_) => {
+                match (framed_error(&e), refused) {
+                    (FramedError::Frame(FrameError::Oversize { .. }), Some(Trailer::Oversize)) => {}
+                    (FramedError::Frame(FrameError::Decode(_)), Some(Trailer::Undecodable)) => {}
+                    (other, Some(t)) => panic!("{t:?} arrived whole, yet {other:?}"),
+                    (FramedError::Io(_), None) => {
                         assert!(input.read_error, "an I/O error from a clean socket")
                     }
-                    FramedError::Frame(FrameError::Truncated { .. }) => {
+                    (FramedError::Frame(FrameError::Truncated { .. }), None) => {
                         assert!(
                             !input.read_error && !boundary,
                             "Truncated on a frame boundary"
                         )
                     }
-                    other => panic!("unexpected error {other:?}"),
+                    (other, None) => panic!("unexpected error {other:?}"),
                 }
                 assert!(
                     matches!(ready(|cx| r.poll_recv(cx)), Some(None)),

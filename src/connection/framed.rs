@@ -18,14 +18,19 @@ use std::io;
 use std::marker::PhantomData;
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use bytes::BytesMut;
-use futures::{Sink, Stream};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
-use tokio_util::codec::{Decoder, Encoder, Framed};
+use tokio_util::codec::{Decoder, Encoder};
+
+mod read;
+mod write;
+
+use read::ReadBuffer;
+use write::WriteQueue;
 
 use super::{Connection, ConnectionError};
 use crate::wire::{DEFAULT_MAX_FRAME_LEN, FrameCodec, FrameError};
@@ -125,12 +130,23 @@ impl<Out: prost::Message, In> Encoder<Out> for MessageCodec<Out, In> {
 /// A [`Connection`] over a byte stream `T`, sending `Out` and receiving `In` as
 /// length-delimited frames: one `Execute` stream (udf §1.1) per socket connection;
 /// [`poll_close`](Connection::poll_close) shuts the write half (the half-close of udf §2 R9).
+///
+/// A data batch (udf §1.4) is written by reference: its frame goes out as the encoded head
+/// and the batch's own `Bytes` in one vectored write, never copied (streams that do not take
+/// vectored writes get one slice per write). A received body lands in place in a buffer
+/// sized from its length prefix (at most 1 MiB up front, then doubling as bytes arrive), and
+/// decoded batches share that buffer.
 pub struct FramedConnection<T, Out, In> {
-    inner: Framed<T, MessageCodec<Out, In>>,
+    io: T,
+    codec: FrameCodec,
+    read: ReadBuffer,
+    write: WriteQueue,
+    write_buffer: usize,
     frame_timeout: Duration,
     frame_deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     recv_ended: bool,
     send_closed: bool,
+    _types: PhantomData<fn(Out) -> In>,
 }
 
 impl<T, Out, In> std::fmt::Debug for FramedConnection<T, Out, In> {
@@ -148,47 +164,69 @@ where
 {
     /// Wraps an established byte stream: one session's connection (udf §1.1).
     pub fn new(io: T, config: &FramedConfig) -> Self {
-        let mut inner = Framed::with_capacity(
-            io,
-            MessageCodec::new(config.max_frame_len),
-            config.read_buffer,
-        );
-        inner.set_backpressure_boundary(config.write_buffer.max(1));
         Self {
-            inner,
+            io,
+            codec: FrameCodec::new(config.max_frame_len),
+            read: ReadBuffer::with_capacity(config.read_buffer),
+            write: WriteQueue::default(),
+            write_buffer: config.write_buffer.max(1),
             frame_timeout: config.frame_timeout,
             frame_deadline: None,
             recv_ended: false,
             send_closed: false,
+            _types: PhantomData,
         }
     }
 
     /// The underlying byte stream (a socket of udf §1.9's `WorkerConnectionSpec` kinds).
     pub fn get_ref(&self) -> &T {
-        self.inner.get_ref()
+        &self.io
+    }
+}
+
+impl<T, Out, In> FramedConnection<T, Out, In>
+where
+    T: AsyncWrite + Unpin,
+{
+    /// Writes every queued frame, then flushes the stream.
+    fn poll_flush_io(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), FramedError>> {
+        ready!(self.write.poll_write_all(Pin::new(&mut self.io), cx))?;
+        ready!(Pin::new(&mut self.io).poll_flush(cx))?;
+        Poll::Ready(Ok(()))
     }
 }
 
 impl<T, Out, In> Connection<Out, In> for FramedConnection<T, Out, In>
 where
     T: AsyncRead + AsyncWrite + Unpin,
-    Out: prost::Message,
+    Out: prost::Message + 'static,
     In: prost::Message + Default,
 {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
-        Sink::<Out>::poll_ready(Pin::new(&mut self.inner), cx).map_err(Into::into)
+        // The write buffer bound: past it, everything queued goes out before more is taken.
+        if self.write.queued() >= self.write_buffer {
+            return self.poll_flush_io(cx).map_err(Into::into);
+        }
+        Poll::Ready(Ok(()))
     }
 
     fn start_send(&mut self, msg: Out) -> Result<(), ConnectionError> {
-        Sink::<Out>::start_send(Pin::new(&mut self.inner), msg).map_err(Into::into)
+        self.write
+            .push(&self.codec, &msg)
+            .map_err(|e| FramedError::from(e).into())
     }
 
     fn poll_flush(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
-        Sink::<Out>::poll_flush(Pin::new(&mut self.inner), cx).map_err(Into::into)
+        self.poll_flush_io(cx).map_err(Into::into)
     }
 
     fn poll_close(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {
-        let r = Sink::<Out>::poll_close(Pin::new(&mut self.inner), cx).map_err(Into::into);
+        let r = match self.poll_flush_io(cx) {
+            Poll::Ready(Ok(())) => Pin::new(&mut self.io)
+                .poll_shutdown(cx)
+                .map_err(|e| FramedError::from(e).into()),
+            other => other.map_err(Into::into),
+        };
         if r.is_ready() {
             self.send_closed = true;
         }
@@ -199,7 +237,10 @@ where
         if self.recv_ended {
             return Poll::Ready(None);
         }
-        match Pin::new(&mut self.inner).poll_next(cx) {
+        match self
+            .read
+            .poll_next::<T, In>(&mut self.codec, Pin::new(&mut self.io), cx)
+        {
             Poll::Ready(item) => {
                 self.frame_deadline = None;
                 if !matches!(item, Some(Ok(_))) {
@@ -208,7 +249,7 @@ where
                 Poll::Ready(item.map(|r| r.map_err(Into::into)))
             }
             Poll::Pending => {
-                if self.inner.read_buffer().is_empty() {
+                if self.read.is_empty() {
                     self.frame_deadline = None;
                     return Poll::Pending;
                 }
@@ -413,7 +454,7 @@ macro_rules! delegate {
 
 impl<Out, In> Connection<Out, In> for SocketConnection<Out, In>
 where
-    Out: prost::Message,
+    Out: prost::Message + 'static,
     In: prost::Message + Default,
 {
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), ConnectionError>> {

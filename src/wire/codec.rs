@@ -1,7 +1,11 @@
 //! A sans-IO length-delimited frame codec for carrying protocol messages over byte streams:
 //! tether's own framing, where Spark carries the udf §1.1 `Execute` stream over gRPC.
 
-use bytes::{Buf, BufMut, BytesMut};
+use std::any::Any;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+
+use super::{DataRequest, DataResponse, UdfRequest, UdfResponse, udf_request, udf_response};
 
 /// Default upper bound on a frame body: 128 MiB (134 217 728 bytes), excluding the 4-byte
 /// length prefix — Spark's gRPC max inbound message size for worker channels
@@ -13,6 +17,14 @@ const HEADER_LEN: usize = 4;
 
 /// Largest buffer reservation made at once while waiting for a frame body, in bytes (64 KiB).
 const MAX_RESERVE: usize = 64 * 1024;
+
+/// Smallest trailing `bytes` payload that [`FrameCodec::encode_head`] leaves out of the
+/// encoded head, to be written by reference (1 KiB): below it, copying is cheaper than an
+/// extra slice in the write.
+pub(crate) const BY_REFERENCE_MIN: usize = 1024;
+
+/// Protobuf wire type of length-delimited fields (`bytes`, nested messages).
+const LENGTH_DELIMITED: u64 = 2;
 
 /// Why a frame could not be encoded or decoded. On a session's connection any of these is a
 /// transport failure (on the engine side, `TransportFailed`: udf §4.5).
@@ -115,6 +127,52 @@ impl FrameCodec {
         msg.encode(dst).map_err(|_| oversize)
     }
 
+    /// Appends to `dst` the frame holding `msg`, like [`encode`](Self::encode), except for a
+    /// message whose encoding ends with a `bytes` field of at least [`BY_REFERENCE_MIN`]
+    /// bytes (a data batch of udf §1.4, in its envelope or alone): then only the head goes
+    /// into `dst` (the prefix, then every tag and length down to that field) and the field's
+    /// contents are returned, to be written right after it without being copied. The head
+    /// followed by the returned bytes is exactly what `encode` writes. Fails with
+    /// [`FrameError::Oversize`], leaving `dst` unchanged, like `encode`.
+    pub(crate) fn encode_head<M: prost::Message + 'static>(
+        &self,
+        msg: &M,
+        dst: &mut BytesMut,
+    ) -> Result<Option<Bytes>, FrameError> {
+        let Some((path, data)) = trailing_bytes(msg).filter(|(_, d)| d.len() >= BY_REFERENCE_MIN)
+        else {
+            self.encode(msg, dst)?;
+            return Ok(None);
+        };
+        // contents[i]: the length of the field `path[i]`'s contents; the body is the
+        // outermost field.
+        let mut contents = [0usize; MAX_DEPTH];
+        let mut len = data.len();
+        for (i, &tag) in path.iter().enumerate().rev() {
+            contents[i] = len;
+            len = varint_len(key(tag)) + varint_len(len as u64) + len;
+        }
+        if len > self.max_frame_len {
+            return Err(FrameError::Oversize {
+                len,
+                max: self.max_frame_len,
+            });
+        }
+        let Ok(prefix) = u32::try_from(len) else {
+            return Err(FrameError::Oversize {
+                len,
+                max: self.max_frame_len,
+            });
+        };
+        dst.reserve(HEADER_LEN + path.len() * 2 * MAX_VARINT_LEN);
+        dst.put_u32(prefix);
+        for (&tag, &content) in path.iter().zip(&contents) {
+            put_varint(key(tag), dst);
+            put_varint(content as u64, dst);
+        }
+        Ok(Some(data.clone()))
+    }
+
     /// Takes the next complete frame off the front of `src` and decodes it (one udf §1.2
     /// envelope).
     ///
@@ -127,14 +185,28 @@ impl FrameCodec {
         &mut self,
         src: &mut BytesMut,
     ) -> Result<Option<M>, FrameError> {
-        let Some(len) = self.peek_len(src)? else {
+        let decoded = self.decode_complete(src)?;
+        if decoded.is_none()
+            && let Some(total) = self.frame_total(src)?
+        {
+            src.reserve((total - src.len()).min(MAX_RESERVE));
+        }
+        Ok(decoded)
+    }
+
+    /// Like [`decode`](Self::decode), but never reserves: for a reader that sizes its buffer
+    /// itself (the framed connection, udf §6.4's transport role).
+    pub(crate) fn decode_complete<M: prost::Message + Default>(
+        &mut self,
+        src: &mut BytesMut,
+    ) -> Result<Option<M>, FrameError> {
+        let Some(total) = self.frame_total(src)? else {
             return Ok(None);
         };
-        let total = HEADER_LEN + len;
         if src.len() < total {
-            src.reserve((total - src.len()).min(MAX_RESERVE));
             return Ok(None);
         }
+        let len = total - HEADER_LEN;
         src.advance(HEADER_LEN);
         let body = src.split_to(len).freeze();
         M::decode(body).map(Some).map_err(FrameError::from)
@@ -148,7 +220,7 @@ impl FrameCodec {
         &mut self,
         src: &mut BytesMut,
     ) -> Result<Option<M>, FrameError> {
-        if let Some(msg) = self.decode(src)? {
+        if let Some(msg) = self.decode_complete(src)? {
             return Ok(Some(msg));
         }
         if src.is_empty() {
@@ -162,6 +234,12 @@ impl FrameCodec {
             needed,
             available: src.len(),
         })
+    }
+
+    /// The length of the frame at the front of `src`, prefix included, once its four prefix
+    /// bytes are there; errors if the body exceeds the maximum.
+    pub(crate) fn frame_total(&self, src: &BytesMut) -> Result<Option<usize>, FrameError> {
+        Ok(self.peek_len(src)?.map(|len| HEADER_LEN + len))
     }
 
     /// The body length announced by the prefix at the front of `src`, if all four prefix
@@ -182,12 +260,65 @@ impl FrameCodec {
     }
 }
 
+/// Deepest nesting of a trailing `bytes` field that [`trailing_bytes`] reports.
+const MAX_DEPTH: usize = 2;
+
+/// Longest varint: 10 bytes for a `u64`.
+const MAX_VARINT_LEN: usize = 10;
+
+/// The field numbers from the frame body down to the `bytes` field that ends `msg`'s
+/// encoding, and that field, for the messages whose large part is a data batch (udf §1.4):
+/// `UdfRequest.data` (2) → `DataRequest.data` (1), `UdfResponse.data` (2) →
+/// `DataResponse.data` (1), and the two batch messages alone. Each has that field as the
+/// only one set at its level, so it is the last thing encoded. An empty batch is not
+/// encoded at all (proto3 omits a default `bytes` field), so it is never reported.
+fn trailing_bytes(msg: &dyn Any) -> Option<(&'static [u32], &Bytes)> {
+    let (path, data): (&'static [u32], &Bytes) = if let Some(m) = msg.downcast_ref::<UdfRequest>() {
+        let Some(udf_request::Request::Data(d)) = &m.request else {
+            return None;
+        };
+        (&[2, 1], &d.data)
+    } else if let Some(m) = msg.downcast_ref::<UdfResponse>() {
+        let Some(udf_response::Response::Data(d)) = &m.response else {
+            return None;
+        };
+        (&[2, 1], &d.data)
+    } else if let Some(m) = msg.downcast_ref::<DataRequest>() {
+        (&[1], &m.data)
+    } else if let Some(m) = msg.downcast_ref::<DataResponse>() {
+        (&[1], &m.data)
+    } else {
+        return None;
+    };
+    (!data.is_empty()).then_some((path, data))
+}
+
+/// The key of length-delimited field `tag`.
+fn key(tag: u32) -> u64 {
+    (u64::from(tag) << 3) | LENGTH_DELIMITED
+}
+
+/// Bytes in the varint encoding of `v`.
+fn varint_len(v: u64) -> usize {
+    // One byte per started group of 7 bits; zero takes one byte.
+    let bits = 64 - (v | 1).leading_zeros() as usize;
+    bits.div_ceil(7)
+}
+
+/// Appends the varint encoding of `v`.
+fn put_varint(mut v: u64, dst: &mut BytesMut) {
+    while v >= 0x80 {
+        dst.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    dst.put_u8(v as u8);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::wire::{
-        DataRequest, ExecutionError, FinishResponse, Init, InitResponse, UdfPayload, UdfRequest,
-        UdfResponse, UdfWorkerDataFormat,
+        ExecutionError, FinishResponse, Init, InitResponse, UdfPayload, UdfWorkerDataFormat,
     };
     use bytes::Bytes;
     use proptest::prelude::*;
@@ -580,6 +711,124 @@ mod tests {
                 out.extend_from_slice(&tail);
                 out
             })
+    }
+
+    /// `encode_head`'s head followed by its payload, and whether the payload was left out
+    /// of the head (sent by reference).
+    fn head_then_payload<M: Message + 'static>(codec: &FrameCodec, msg: &M) -> (Vec<u8>, bool) {
+        let mut head = BytesMut::from(&b"prev"[..]);
+        let payload = codec.encode_head(msg, &mut head).unwrap();
+        assert_eq!(&head[..4], b"prev", "appends after existing content");
+        let mut wire = head[4..].to_vec();
+        if let Some(p) = &payload {
+            wire.extend_from_slice(p);
+        }
+        (wire, payload.is_some())
+    }
+
+    /// The frame `encode` writes for `msg`: prost's encoding behind the prefix.
+    fn prost_frame<M: Message>(msg: &M) -> Vec<u8> {
+        let body = msg.encode_to_vec();
+        let mut frame = (body.len() as u32).to_be_bytes().to_vec();
+        frame.extend_from_slice(&body);
+        frame
+    }
+
+    #[test]
+    fn encode_head_leaves_large_trailing_batches_out_and_sends_them_by_reference() {
+        let codec = FrameCodec::default();
+        let data = Bytes::from(vec![9u8; 70_000]);
+        let msg = UdfResponse::data(data.clone());
+        let mut head = BytesMut::new();
+        let payload = codec.encode_head(&msg, &mut head).unwrap().unwrap();
+        assert_eq!(payload.as_ptr(), data.as_ptr(), "the batch is not copied");
+        assert_eq!(payload.len(), data.len());
+        // Prefix, UdfResponse.data (field 2) and its length, DataResponse.data (field 1) and
+        // its length: 70 000 is a 3-byte varint, 70 004 too.
+        assert_eq!(head.len(), 4 + 1 + 3 + 1 + 3);
+        assert_eq!(&head[..4], &(70_008u32).to_be_bytes());
+        // Control messages and small batches are encoded whole.
+        for small in [
+            UdfRequest::finish(),
+            UdfRequest::data(Bytes::from(vec![1u8; BY_REFERENCE_MIN - 1])),
+        ] {
+            let mut buf = BytesMut::new();
+            assert!(codec.encode_head(&small, &mut buf).unwrap().is_none());
+            assert_eq!(buf[..], prost_frame(&small)[..]);
+        }
+        // Oversize: refused, nothing written, as `encode`.
+        let small_limit = FrameCodec::new(2000);
+        let mut buf = BytesMut::from(&b"keep"[..]);
+        let big = DataRequest {
+            data: Bytes::from(vec![0u8; 1998]), // 1 + 2 + 1998 = 2001 bytes
+        };
+        assert!(matches!(
+            small_limit.encode_head(&big, &mut buf),
+            Err(FrameError::Oversize {
+                len: 2001,
+                max: 2000
+            })
+        ));
+        assert_eq!(&buf[..], b"keep");
+    }
+
+    /// Batch lengths around every varint boundary up to 3 MiB, and the by-reference
+    /// threshold.
+    fn batch_len() -> impl Strategy<Value = usize> {
+        prop_oneof![
+            0usize..2 * BY_REFERENCE_MIN,
+            (1usize..=3).prop_flat_map(|bytes| {
+                let edge = 1usize << (7 * bytes);
+                (edge - 16)..(edge + 16)
+            }),
+            (3usize << 20)..(3usize << 20) + 16,
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(64))]
+
+        #[test]
+        fn encode_head_then_payload_is_byte_for_byte_prosts_encoding(
+            len in batch_len(),
+            fill in any::<u8>(),
+            kind in 0u8..5,
+        ) {
+            let codec = FrameCodec::default();
+            let data = Bytes::from(vec![fill; len]);
+            let by_reference = len >= BY_REFERENCE_MIN;
+            let (wire, split, expected) = match kind {
+                0 => {
+                    let m = UdfRequest::data(data);
+                    let (w, s) = head_then_payload(&codec, &m);
+                    (w, s, prost_frame(&m))
+                }
+                1 => {
+                    let m = UdfResponse::data(data);
+                    let (w, s) = head_then_payload(&codec, &m);
+                    (w, s, prost_frame(&m))
+                }
+                2 => {
+                    let m = DataRequest { data };
+                    let (w, s) = head_then_payload(&codec, &m);
+                    (w, s, prost_frame(&m))
+                }
+                3 => {
+                    let m = DataResponse { data };
+                    let (w, s) = head_then_payload(&codec, &m);
+                    (w, s, prost_frame(&m))
+                }
+                _ => {
+                    // Not a batch: a payload chunk's data is followed by its `last` field.
+                    let m = UdfRequest::payload_chunk(data, true);
+                    let (w, s) = head_then_payload(&codec, &m);
+                    prop_assert!(!s, "a field that is not last was left out");
+                    (w, by_reference, prost_frame(&m))
+                }
+            };
+            prop_assert_eq!(split, by_reference);
+            prop_assert_eq!(wire, expected);
+        }
     }
 
     proptest! {
