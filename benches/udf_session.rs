@@ -12,7 +12,8 @@
 //!   [`pair`](tether::connection::pair) (capacity 16 each way) against an echo [`Udf`] run by
 //!   [`endpoint::serve`](tether::worker::endpoint::serve) on a spawned task; `bare_channel` =
 //!   two bounded `futures::channel::mpsc` channels of the same capacity and a spawned task
-//!   that forwards each `Bytes` back. Both on one current-thread tokio runtime. Target ≥ 0.9.
+//!   that forwards each `Bytes` back. Both on one current-thread tokio runtime. Target ≥ 0.4
+//!   (issue 12).
 //! - **(b) `udf_unix_socket`**: two processes. This binary re-executes itself as the worker
 //!   (env `TETHER_BENCH_ROLE`; the worker exits when its parent goes away). `session` = the
 //!   framed [`connect_unix`] connection (one socket connection per session) to a worker
@@ -49,9 +50,16 @@
 //! `Connection` there is exactly one queue per direction, the core's (udf §7 deadlines are
 //! read from the clock only when a wait begins).
 //!
-//! - (a) tether, 6: engine outbox (`EngineCore`) → the in-memory connection's bounded channel
-//!   → worker input queue (`WorkerCore`) → the UDF → worker outbox → the channel back →
-//!   engine output queue. Bare, 2: one bounded channel each way.
+//! - (a) tether, 6: engine outbox (`EngineCore`) → the pair's bounded queue (a ring buffer
+//!   behind a lock, no allocation per message) → worker input queue (`WorkerCore`) → the UDF
+//!   → worker outbox → the pair's queue back → engine output queue. The two outboxes hold a
+//!   message only between `poll_transmit` and `start_send` of one pump pass (the engine pulls
+//!   the next input only when its outbox is empty, the worker hands each output over before
+//!   it reads on). Bare, 2: one bounded `futures` channel each way (a node allocated per
+//!   message). Wake-ups are alike in both arms: two tasks (the engine is the `block_on`
+//!   future, the worker a spawned task), each woken at most once per wait, when a message,
+//!   a free slot or the end arrives; the tether pump also asks a connection that answered
+//!   `Pending` no second time in the same poll of a driver future.
 //! - (b) tether, 2 plus the socket: engine outbox → socket (one `writev` of the frame head
 //!   and the batch's `Bytes`, not copied) → the worker's reused read buffer, from which the
 //!   batch is split off without a copy → worker input queue, and the same back (worker
@@ -91,14 +99,19 @@
 //!
 //! # What limits the ratios (profiled with `perf record --call-graph dwarf`, 2 vCPUs)
 //!
-//! - (a) ≈ 0.26–0.35: no payload byte is touched, so this compares per-message cost only
-//!   (bare: one channel hop each way, ≈ 0.34 µs per batch round trip; tether ≈ 1.2 µs). The
-//!   tether path has four queue hops and two state machines per direction; in its profile,
-//!   17 % is `memmove` of the message enums by value (`UdfRequest` is 312 bytes because of
-//!   the inline `Init` variant, `UdfResponse` 128) through the cores' queues and the channel
-//!   nodes, ~20 % waker registration/wake/clone, 7 % `clock_gettime` from per-message
-//!   `Deadline::extend`, ~15 % futures-mpsc internals, 6 % malloc. ≥ 0.9 would need under
-//!   ~40 ns of overhead per batch round trip.
+//! - (a) ≈ 0.48–0.50 (was ≈ 0.35 over `futures` channels): no payload byte is touched, so
+//!   this compares per-message cost only: bare ≈ 165 ns per batch round trip, tether ≈ 335
+//!   ns, ≈ +170 ns of overhead (the summary's column). Profile of the session arm (`perf
+//!   record`, 2 vCPUs, flat): the pair 21 % (lock, moving the message into and out of the
+//!   ring: `UdfRequest` is 312 bytes because of the inline `Init` variant, `UdfResponse`
+//!   128; waker registration), the pump 16 %, the worker's `serve` loop and typed endpoint
+//!   14 % (one `recv` and one `send` future per batch, each asking the connection once), the
+//!   cores 14 % (building the `DataRequest`/`DataResponse`, the `VecDeque` moves of the four
+//!   core queues, decoding the oneof), tokio's scheduler and its `epoll` ticks 10 %, the
+//!   engine's `Process::poll_next` 5 %, clock reads 4.5 % (half of them tokio's own; tether
+//!   reads it once per wait on the engine, never in the worker's data phase), malloc 1 %.
+//!   What is left is the price of two protocol state machines and four more queues than
+//!   the bare channel; ≥ 0.9 would need under ≈ 20 ns of overhead per batch round trip.
 //! - (b) ≈ 0.48–0.78 and bimodal between runs: the bare arm is stable, tether's framed arm is
 //!   not. The framed path copies every payload once more per hop in user space (the encoder
 //!   copies the `Bytes` into the write buffer; the read buffer grows in ≤ 64 KiB `reserve`
