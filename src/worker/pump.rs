@@ -216,10 +216,11 @@ impl<C> Pump<C> {
         self.closed || self.aborted || self.send_broken
     }
 
-    /// A new poll of the driving task begins: the connection is asked again for messages
-    /// and room. Within one poll, a connection that answered `Pending` holds the task's
-    /// waker, so asking it again before the task is woken finds nothing new; the pump skips
-    /// that (each skipped ask is a lock and a waker registration on the in-memory pair).
+    /// A new poll of a driver future begins (a `drive`, `Process::poll_next`): the
+    /// connection is asked again for messages and room. Within one poll, a connection that
+    /// answered `Pending` holds the task's waker and wakes it on any change, so asking it
+    /// again in the same poll finds nothing new; the pump skips that (each skipped ask is a
+    /// lock and a waker registration on the in-memory pair).
     pub(crate) fn begin_poll(&mut self) {
         self.recv_parked = false;
         self.send_parked = false;
