@@ -12,7 +12,8 @@
 //!   [`pair`](tether::connection::pair) (capacity 16 each way) against an echo [`Udf`] run by
 //!   [`endpoint::serve`](tether::worker::endpoint::serve) on a spawned task; `bare_channel` =
 //!   two bounded `futures::channel::mpsc` channels of the same capacity and a spawned task
-//!   that forwards each `Bytes` back. Both on one current-thread tokio runtime. Target ≥ 0.9.
+//!   that forwards each `Bytes` back. Both on one current-thread tokio runtime. Target ≥ 0.4
+//!   (issue 12).
 //! - **(b) `udf_unix_socket`**: two processes. This binary re-executes itself as the worker
 //!   (env `TETHER_BENCH_ROLE`; the worker exits when its parent goes away). `session` = the
 //!   framed [`connect_unix`] connection (one socket connection per session) to a worker
@@ -49,9 +50,16 @@
 //! `Connection` there is exactly one queue per direction, the core's (udf §7 deadlines are
 //! read from the clock only when a wait begins).
 //!
-//! - (a) tether, 6: engine outbox (`EngineCore`) → the in-memory connection's bounded channel
-//!   → worker input queue (`WorkerCore`) → the UDF → worker outbox → the channel back →
-//!   engine output queue. Bare, 2: one bounded channel each way.
+//! - (a) tether, 6: engine outbox (`EngineCore`) → the pair's bounded queue (a ring buffer
+//!   behind a lock, no allocation per message) → worker input queue (`WorkerCore`) → the UDF
+//!   → worker outbox → the pair's queue back → engine output queue. The two outboxes hold a
+//!   message only between `poll_transmit` and `start_send` of one pump pass (the engine pulls
+//!   the next input only when its outbox is empty, the worker hands each output over before
+//!   it reads on). Bare, 2: one bounded `futures` channel each way (a node allocated per
+//!   message). Wake-ups are alike in both arms: two tasks (the engine is the `block_on`
+//!   future, the worker a spawned task), each woken at most once per wait, when a message,
+//!   a free slot or the end arrives; the tether pump also asks a connection that answered
+//!   `Pending` no second time in the same poll of a driver future.
 //! - (b) tether, 2 plus the socket: engine outbox → socket (one `writev` of the frame head
 //!   and the batch's `Bytes`, not copied) → the worker's reused read buffer, from which the
 //!   batch is split off without a copy → worker input queue, and the same back (worker
@@ -91,14 +99,19 @@
 //!
 //! # What limits the ratios (profiled with `perf record --call-graph dwarf`, 2 vCPUs)
 //!
-//! - (a) ≈ 0.26–0.35: no payload byte is touched, so this compares per-message cost only
-//!   (bare: one channel hop each way, ≈ 0.34 µs per batch round trip; tether ≈ 1.2 µs). The
-//!   tether path has four queue hops and two state machines per direction; in its profile,
-//!   17 % is `memmove` of the message enums by value (`UdfRequest` is 312 bytes because of
-//!   the inline `Init` variant, `UdfResponse` 128) through the cores' queues and the channel
-//!   nodes, ~20 % waker registration/wake/clone, 7 % `clock_gettime` from per-message
-//!   `Deadline::extend`, ~15 % futures-mpsc internals, 6 % malloc. ≥ 0.9 would need under
-//!   ~40 ns of overhead per batch round trip.
+//! - (a) ≈ 0.48–0.50 (was ≈ 0.35 over `futures` channels): no payload byte is touched, so
+//!   this compares per-message cost only: bare ≈ 165 ns per batch round trip, tether ≈ 335
+//!   ns, ≈ +170 ns of overhead (the summary's column). Profile of the session arm (`perf
+//!   record`, 2 vCPUs, flat): the pair 21 % (lock, moving the message into and out of the
+//!   ring: `UdfRequest` is 312 bytes because of the inline `Init` variant, `UdfResponse`
+//!   128; waker registration), the pump 16 %, the worker's `serve` loop and typed endpoint
+//!   14 % (one `recv` and one `send` future per batch, each asking the connection once), the
+//!   cores 14 % (building the `DataRequest`/`DataResponse`, the `VecDeque` moves of the four
+//!   core queues, decoding the oneof), tokio's scheduler and its `epoll` ticks 10 %, the
+//!   engine's `Process::poll_next` 5 %, clock reads 4.5 % (half of them tokio's own; tether
+//!   reads it once per wait on the engine, never in the worker's data phase), malloc 1 %.
+//!   What is left is the price of two protocol state machines and four more queues than
+//!   the bare channel; ≥ 0.9 would need under ≈ 20 ns of overhead per batch round trip.
 //! - (b) ≈ 0.48–0.78 and bimodal between runs: the bare arm is stable, tether's framed arm is
 //!   not. The framed path copies every payload once more per hop in user space (the encoder
 //!   copies the `Bytes` into the write buffer; the read buffer grows in ≤ 64 KiB `reserve`
@@ -380,6 +393,9 @@ struct Row {
     tether_rate: Option<f64>,
     baseline_rate: Option<f64>,
     unit: &'static str,
+    /// How many messages (batch round trips) or sessions one iteration moves, and the name
+    /// of one, for the overhead per message.
+    per_iteration: (f64, &'static str),
     paired: Option<PairedRatios>,
     criterion: Option<(f64, f64, f64)>,
     target: Option<f64>,
@@ -397,6 +413,8 @@ struct PairedRatios {
     /// Median cost per iteration of the subject and of the baseline.
     subject: Cost,
     baseline: Cost,
+    /// Per-round differences of wall time per iteration, tether − baseline (seconds).
+    overhead: Paired,
 }
 
 #[derive(Clone, Copy)]
@@ -594,6 +612,7 @@ impl Bench {
             let paired = (measured && !self.cli.no_analysis).then(|| {
                 let mut wall = Vec::with_capacity(self.pairs);
                 let mut cpu = Vec::with_capacity(self.pairs);
+                let mut overhead = Vec::with_capacity(self.pairs);
                 let mut costs = (Vec::new(), Vec::new());
                 let (mut waited, mut elapsed) = (0.0, 0.0);
                 for round in 0..self.pairs {
@@ -606,6 +625,7 @@ impl Bench {
                     };
                     wall.push(b.wall / s.wall);
                     cpu.push(b.cpu / s.cpu);
+                    overhead.push(s.wall - b.wall);
                     costs.0.push(s);
                     costs.1.push(b);
                     waited += s.waited * subject_chunk as f64 + b.waited * chunk as f64;
@@ -617,6 +637,7 @@ impl Bench {
                     waited_share: waited / elapsed,
                     subject: median_cost(costs.0),
                     baseline: median_cost(costs.1),
+                    overhead: paired_stats(overhead),
                 }
             });
             let baseline_estimate = read_estimate(spec.group, against.arm.name, started);
@@ -677,6 +698,12 @@ impl Row {
             _ => (1.0, "iterations/s"),
         };
         let rate = |e: Option<Estimate>| e.map(|e| per_iteration / (e.median * 1e-9));
+        let messages = match spec.throughput {
+            // Each batch is one message out (`DataRequest`) and one back (`DataResponse`).
+            Throughput::Bytes(n) => (n as f64 / BATCH_LEN as f64, "batch round trip"),
+            Throughput::Elements(n) => (n as f64, "session"),
+            _ => (1.0, "iteration"),
+        };
         Row {
             case,
             tether: spec.id(subject),
@@ -684,6 +711,7 @@ impl Row {
             tether_rate: rate(subject_estimate),
             baseline_rate: rate(baseline_estimate),
             unit,
+            per_iteration: messages,
             paired,
             criterion,
             target,
@@ -743,6 +771,16 @@ impl Row {
                     "\n  per iteration (paired medians): tether {}; baseline {}",
                     ms(&p.subject),
                     ms(&p.baseline)
+                );
+                let o = p.overhead;
+                let (per, what) = self.per_iteration;
+                let _ = write!(
+                    s,
+                    "\n  tether's overhead per {what} (paired median of tether − baseline wall time per \
+                     iteration, / {per}): {} (IQR {}–{})",
+                    duration(o.median / per),
+                    duration(o.q1 / per),
+                    duration(o.q3 / per)
                 );
                 if let Some(c) = p.cpu {
                     let _ = write!(
@@ -872,7 +910,7 @@ fn memory_case(bench: &mut Bench) {
         vec![Against {
             arm: arm("bare_channel", || memory_baseline(&input)),
             label: "(a) in-memory vs bare channel",
-            target: Some(0.9),
+            target: Some(0.4),
         }],
     );
 }
@@ -1469,6 +1507,16 @@ impl std::fmt::Display for Machine {
     }
 }
 
+/// Seconds as ns, µs or ms, signed (a negative overhead: tether was faster).
+fn duration(seconds: f64) -> String {
+    let ns = seconds * 1e9;
+    match ns.abs() {
+        a if a < 1e4 => format!("{ns:+.0} ns"),
+        a if a < 1e7 => format!("{:+.1} µs", ns / 1e3),
+        _ => format!("{:+.1} ms", ns / 1e6),
+    }
+}
+
 fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str) {
     let batches = bench.input.len();
     println!(
@@ -1476,8 +1524,15 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str)
         batches * BATCH_LEN / (1 << 20)
     );
     println!(
-        "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10}  target",
-        "case", "tether", "baseline", "unit", "paired ratio [IQR]", "criterion ratio", "CPU ratio"
+        "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10} {:>28}  target",
+        "case",
+        "tether",
+        "baseline",
+        "unit",
+        "paired ratio [IQR]",
+        "criterion ratio",
+        "CPU ratio",
+        "tether overhead"
     );
     for row in &bench.rows {
         let rate = |r: Option<f64>| r.map_or_else(|| "n/a".into(), |r| format!("{r:.3}"));
@@ -1495,8 +1550,13 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str)
         let target = row
             .target
             .map_or_else(|| "—".into(), |t| format!("≥ {t:.2} {}", row.verdict()));
+        let (per, what) = row.per_iteration;
+        let overhead = row.paired.map_or_else(
+            || "n/a".into(),
+            |p| format!("{} / {what}", duration(p.overhead.median / per)),
+        );
         println!(
-            "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10}  {}",
+            "{:<36} {:>11} {:>11} {:<11} {:>21} {:>16} {:>10} {:>28}  {}",
             row.case,
             rate(row.tether_rate),
             rate(row.baseline_rate),
@@ -1504,6 +1564,7 @@ fn print_summary(bench: &Bench, before: &Machine, after: &Machine, malloc: &str)
             paired,
             crit,
             cpu,
+            overhead,
             target
         );
     }

@@ -67,8 +67,9 @@ pub(crate) trait PumpCore {
     fn wants_abort(&self) -> bool {
         false
     }
-    /// A wait begins at `now`: the core arms the deadline its state calls for.
-    fn begin_wait(&mut self, now: Instant);
+    /// A wait begins: the core arms the deadline its state calls for, reading the clock
+    /// (`now`) only if it arms one.
+    fn begin_wait_with(&mut self, now: impl FnOnce() -> Instant);
     /// The caller's wait ended (it got what it waited for).
     fn end_wait(&mut self);
     /// The instant at which [`handle_timeout`](Self::handle_timeout) is due, if any.
@@ -131,8 +132,8 @@ macro_rules! forward_pump_core {
                     Self::$abort(self)
                 }
             )?
-            fn begin_wait(&mut self, now: std::time::Instant) {
-                Self::begin_wait(self, now);
+            fn begin_wait_with(&mut self, now: impl FnOnce() -> std::time::Instant) {
+                Self::begin_wait_with(self, now);
             }
             fn end_wait(&mut self) {
                 Self::end_wait(self);
@@ -166,6 +167,11 @@ pub(crate) struct Pump<C> {
     recv_ended: bool,
     closed: bool,
     aborted: bool,
+    /// `poll_recv` returned `Pending` in this poll: the connection holds the task's waker
+    /// and wakes it when a message comes, so it is not asked again until the next poll.
+    recv_parked: bool,
+    /// The same for `poll_ready`: the connection wakes the task when it has room.
+    send_parked: bool,
 }
 
 impl<C> Pump<C> {
@@ -183,6 +189,8 @@ impl<C> Pump<C> {
             recv_ended: false,
             closed: false,
             aborted: false,
+            recv_parked: false,
+            send_parked: false,
         }
     }
 
@@ -207,6 +215,16 @@ impl<C> Pump<C> {
     pub(crate) fn send_done(&self) -> bool {
         self.closed || self.aborted || self.send_broken
     }
+
+    /// A new poll of a driver future begins (a `drive`, `Process::poll_next`): the
+    /// connection is asked again for messages and room. Within one poll, a connection that
+    /// answered `Pending` holds the task's waker and wakes it on any change, so asking it
+    /// again in the same poll finds nothing new; the pump skips that (each skipped ask is a
+    /// lock and a waker registration on the in-memory pair).
+    pub(crate) fn begin_poll(&mut self) {
+        self.recv_parked = false;
+        self.send_parked = false;
+    }
 }
 
 impl<C> Pump<C> {
@@ -214,6 +232,9 @@ impl<C> Pump<C> {
     /// connection while it is ready, flushes, and half-closes the send side once the core
     /// says so. Receiving comes first: a terminator that is already here wins over messages
     /// still queued (nothing is sent after a terminal). Returns whether anything moved.
+    ///
+    /// The caller calls [`begin_poll`](Self::begin_poll) once at the start of each poll of
+    /// its task, before the first `poll_io` of that poll.
     pub(crate) fn poll_io<K>(&mut self, core: &mut K, cx: &mut Context<'_>) -> bool
     where
         K: PumpCore,
@@ -232,7 +253,7 @@ impl<C> Pump<C> {
                 Poll::Pending => return false,
             }
         }
-        while !self.recv_ended && core.wants_recv() {
+        while !self.recv_ended && !self.recv_parked && core.wants_recv() {
             match self.conn.poll_recv(cx) {
                 Poll::Ready(Some(Ok(message))) => core.handle_recv(message),
                 Poll::Ready(Some(Err(e))) => {
@@ -243,14 +264,17 @@ impl<C> Pump<C> {
                     self.recv_ended = true;
                     self.lost(core, None);
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    self.recv_parked = true;
+                    break;
+                }
             }
             progress = true;
         }
         if self.explaining.is_some() {
             return true;
         }
-        while !self.send_done() && core.has_transmit() {
+        while !self.send_done() && !self.send_parked && core.has_transmit() {
             match self.conn.poll_ready(cx) {
                 Poll::Ready(Ok(())) => {
                     let Some(message) = core.poll_transmit() else {
@@ -266,7 +290,10 @@ impl<C> Pump<C> {
                     self.send_failed(core, e);
                     progress = true;
                 }
-                Poll::Pending => break,
+                Poll::Pending => {
+                    self.send_parked = true;
+                    break;
+                }
             }
         }
         if self.explaining.is_some() {
@@ -319,14 +346,15 @@ impl<C> Pump<C> {
         }
     }
 
-    /// A wait begins: reads the clock once, lets the core arm its deadline, and mirrors the
-    /// deadline into the one sleep. Returns `true` when the deadline has passed and the
-    /// core handled it (the caller polls again), `false` when the waker is registered.
+    /// A wait begins: lets the core arm its deadline (the clock is read only if it arms
+    /// one), and mirrors the deadline into the one sleep. Returns `true` when the deadline
+    /// has passed and the core handled it (the caller polls again), `false` when the waker
+    /// is registered.
     pub(crate) fn poll_timer<K: PumpCore>(&mut self, core: &mut K, cx: &mut Context<'_>) -> bool {
         let Some(timer) = &self.timer else {
             return false;
         };
-        core.begin_wait(timer.now());
+        core.begin_wait_with(|| timer.now());
         let Some(at) = core.poll_timeout() else {
             return false;
         };
@@ -361,6 +389,7 @@ impl<C> Pump<C> {
         C: Connection<K::Tx, K::Rx>,
     {
         poll_fn(|cx| {
+            self.begin_poll();
             loop {
                 let progress = self.poll_io(core, cx);
                 if let Some(value) = check(core, self) {

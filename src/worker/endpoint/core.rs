@@ -589,10 +589,16 @@ impl WorkerCore {
     /// A timeout too long for an `Instant` (such as `Duration::MAX`, "never") saturates at
     /// about 100 years.
     pub fn begin_wait(&mut self, now: Instant) {
+        self.begin_wait_with(|| now);
+    }
+
+    /// [`begin_wait`](Self::begin_wait) reading the clock (`now`) only when a deadline is
+    /// armed: in the data phase (no deadline, udf §7) a wait costs no clock read.
+    pub(crate) fn begin_wait_with(&mut self, now: impl FnOnce() -> Instant) {
         match self.wait_rule() {
             Some((wait, _)) if self.deadline.is_some_and(|(armed, _)| armed == wait) => {}
             Some((wait, timeout)) => {
-                self.deadline = Some((wait, crate::time::deadline_after(now, timeout)));
+                self.deadline = Some((wait, crate::time::deadline_after(now(), timeout)));
             }
             None => self.deadline = None,
         }

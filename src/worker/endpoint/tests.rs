@@ -1419,3 +1419,30 @@ proptest! {
         prop_assert_eq!(echoed, batches);
     }
 }
+
+#[test]
+fn a_wait_reads_the_clock_only_when_it_arms_a_deadline() {
+    let t0 = std::time::Instant::now();
+    let reads = std::cell::Cell::new(0);
+    let clock = || {
+        reads.set(reads.get() + 1);
+        t0
+    };
+    // AwaitingInit: the first wait arms the Init deadline, later waits find it running.
+    let mut c = core();
+    c.begin_wait_with(clock);
+    c.begin_wait_with(clock);
+    assert_eq!(reads.get(), 1);
+    assert_eq!(c.poll_timeout(), config().init_timeout.map(|t| t0 + t));
+    // The data phase has no deadline (udf §7): no clock read at all.
+    let mut c = data_core();
+    c.begin_wait_with(clock);
+    assert_eq!(reads.get(), 1);
+    assert_eq!(c.poll_timeout(), None);
+    // PostError arms the R4 deadline once.
+    let mut c = post_data_error();
+    c.begin_wait_with(clock);
+    c.begin_wait_with(clock);
+    assert_eq!(reads.get(), 2);
+    assert!(c.poll_timeout().is_some());
+}

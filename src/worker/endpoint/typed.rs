@@ -522,6 +522,7 @@ where
         // One non-blocking I/O pass first, so a Cancel already delivered is honoured.
         poll_fn(|cx| {
             let inner = &mut *self.inner;
+            inner.pump.begin_poll();
             inner.pump.poll_io(&mut inner.core, cx);
             Poll::Ready(())
         })

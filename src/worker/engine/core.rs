@@ -601,11 +601,18 @@ impl EngineCore {
     /// block (its poll returns `Pending`), not per message. A duration too long for an
     /// `Instant` (such as `Duration::MAX`, "never") saturates at about 100 years.
     pub fn begin_wait(&mut self, now: Instant) {
+        self.begin_wait_with(|| now);
+    }
+
+    /// [`begin_wait`](Self::begin_wait) reading the clock (`now`) only when a deadline is
+    /// armed: a wait whose deadline is already running, or that has none, costs no clock
+    /// read (udf §7 deadlines are read from the clock only when a wait begins).
+    pub(crate) fn begin_wait_with(&mut self, now: impl FnOnce() -> Instant) {
         match self.rule() {
             None => self.deadline = None,
             Some(rule) if self.deadline.is_some_and(|(armed, _)| armed == rule) => {}
             Some(rule) => {
-                let at = crate::time::deadline_after(now, self.duration(rule));
+                let at = crate::time::deadline_after(now(), self.duration(rule));
                 self.deadline = Some((rule, at));
             }
         }

@@ -812,6 +812,7 @@ where
             .inner
             .as_deref_mut()
             .expect("a live session always holds its state");
+        inner.pump.begin_poll();
         loop {
             let progress = inner.pump.poll_io(&mut inner.core, cx);
             if let Some(batch) = inner.core.pop_output() {
