@@ -15,7 +15,8 @@
 //! - every RPC and every stream step yields exactly the outcome (response index, error
 //!   condition and parameters) the model predicts;
 //! - retained and unsent bytes of every live execution equal the model's, and stay within
-//!   the retry budget and the unsent bound;
+//!   the retry budget and the unsent bound; the manager's memory budget counts exactly
+//!   their sum (0 once no execution is live);
 //! - the abandoned-operation and closed-session tombstones equal the model's LRU caches;
 //! - the registry holds exactly the executions the model says are live: none after
 //!   release-all, abandonment or session close.
@@ -1301,6 +1302,7 @@ impl StateMachineTest for Harness {
         }
         // both byte bounds, exactly as modelled
         let largest = size_of_len(*LENS.iter().max().unwrap());
+        let mut held = 0;
         for (op, o) in model.ops.iter().enumerate() {
             if !o.live {
                 continue;
@@ -1317,10 +1319,18 @@ impl StateMachineTest for Harness {
             };
             assert_eq!(retained, o.retained_bytes(), "retained bytes of op {op}");
             assert_eq!(unsent, o.unsent_bytes(), "unsent bytes of op {op}");
+            held += retained + unsent;
             assert!(retained < BUDGET + 2 * largest);
             assert!(unsent <= MAX_UNSENT_BYTES.max(largest) + result_complete_size());
             assert!(o.unsent_len() <= MAX_UNSENT as u64 + 1);
         }
+        // the manager's memory budget counts exactly the held bytes of the live executions
+        // (released, abandoned and closed ones returned theirs): 0 when none is live
+        let usage = sut
+            .m
+            .memory_usage()
+            .expect("the default config has a memory budget");
+        assert_eq!(usage.used, held, "memory budget vs the logs' held bytes");
         for op in 0..OPS.len() {
             if model.ops[op].live || model.ops[op].stream {
                 assert_eq!(sut.clients[op].last, model.ops[op].client_last);

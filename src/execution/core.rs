@@ -1,7 +1,9 @@
 //! One execution's rules as a sans-IO state machine (reattach rx §2, §4).
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use super::budget::{MemoryBudget, Waiter};
 use super::error::ConnectError;
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use crate::wire::connect::ExecutePlanResponse;
@@ -147,6 +149,12 @@ pub enum ProduceError {
     /// The unsent bound is reached; the response is handed back. Wait for the consumer.
     #[error("the unsent-response bound is reached; wait for the consumer")]
     WouldBlock(Box<ExecutePlanResponse>),
+    /// The manager's [`MemoryBudget`] is used up (tether's bound over every execution's
+    /// unsent and retained responses, rx §3.1); the response is handed back. Wait for other
+    /// executions' consumers ([`Producer::push`](super::Producer::push) waits in FIFO
+    /// order).
+    #[error("the manager's memory budget is used up; wait for consumers to make room")]
+    BudgetFull(Box<ExecutePlanResponse>),
     /// The execution was interrupted (rx §2.2 T9): stop producing.
     #[error("the execution was interrupted")]
     Cancelled,
@@ -160,6 +168,16 @@ pub enum ProduceError {
     /// The execution was not started (runner `notStarted`, rx §2.1).
     #[error("the execution was not started")]
     NotStarted,
+}
+
+impl From<PushError> for ProduceError {
+    fn from(e: PushError) -> Self {
+        match e {
+            PushError::WouldBlock(r) => Self::WouldBlock(r),
+            PushError::BudgetFull(r) => Self::BudgetFull(r),
+            PushError::Finished(_) => Self::Finished,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -247,6 +265,13 @@ impl ExecutionCore {
             attaches: 0,
             delivered_result_complete: false,
         }
+    }
+
+    /// Charges this execution's held responses to a budget shared with other executions
+    /// (tether's bound over rx §3.1's unsent and retained responses; see [`MemoryBudget`]).
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
+        self.log = self.log.with_budget(budget);
+        self
     }
 
     /// The response log (rx §3; Spark's `ExecuteHolder.responseObserver`).
@@ -628,10 +653,19 @@ impl ExecutionCore {
     /// `Cancelled`/`Closed`/`Finished`/`NotStarted` when the producer must stop.
     pub fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
         self.check_producer()?;
-        self.log.push(response).map_err(|e| match e {
-            PushError::WouldBlock(r) => ProduceError::WouldBlock(r),
-            PushError::Finished(_) => ProduceError::Finished,
-        })
+        self.log.push(response).map_err(ProduceError::from)
+    }
+
+    /// [`push`](Self::push), queueing `waiter` in the budget's FIFO when it does not fit.
+    pub(crate) fn push_waiting(
+        &mut self,
+        response: ExecutePlanResponse,
+        waiter: &mut Waiter,
+    ) -> Result<u64, ProduceError> {
+        self.check_producer()?;
+        self.log
+            .push_waiting(response, waiter)
+            .map_err(ProduceError::from)
     }
 
     /// The producer finished successfully (rx §2.2 T7): a reattachable execution gets its

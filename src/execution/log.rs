@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+use super::budget::{MemoryBudget, Waiter};
 use super::error::ConnectError;
 use crate::wire::connect::ExecutePlanResponse;
 
@@ -88,6 +89,12 @@ pub enum PushError {
     /// The unsent bound is reached; retry after the consumer made progress (backpressure).
     #[error("the unsent-response bound is reached; wait for the consumer")]
     WouldBlock(Box<ExecutePlanResponse>),
+    /// The shared [`MemoryBudget`] is used up (tether's bound over every execution's
+    /// unsent and retained responses, rx §3.1) and this log holds something, so the floor
+    /// does not apply; retry once other executions returned bytes. The response is handed
+    /// back as with [`WouldBlock`](Self::WouldBlock).
+    #[error("the manager's memory budget is used up; wait for consumers to make room")]
+    BudgetFull(Box<ExecutePlanResponse>),
     /// The log is finished (completed or failed): nothing may follow the final index
     /// (rx §3.2).
     #[error("the response log is finished; nothing can be appended after the final index")]
@@ -161,6 +168,8 @@ pub struct ResponseLog {
     error: Option<ConnectError>,
     peak_retained: u64,
     peak_unsent: u64,
+    /// The budget every held byte is charged to, if any (tether's bound).
+    budget: Option<Arc<MemoryBudget>>,
 }
 
 impl ResponseLog {
@@ -180,7 +189,32 @@ impl ResponseLog {
             error: None,
             peak_retained: 0,
             peak_unsent: 0,
+            budget: None,
         }
+    }
+
+    /// Charges every held response of this log to `budget` from now on (tether's bound over
+    /// every execution's unsent and retained responses, rx §3.1): appends wait for it as
+    /// [`push`](Self::push) describes, and every response that leaves the log returns its
+    /// bytes. What is already held is charged at once.
+    pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
+        if let Some(old) = self.budget.take() {
+            old.release(self.held_bytes());
+        }
+        budget.charge(self.held_bytes());
+        self.budget = Some(budget);
+        self
+    }
+
+    /// The shared budget this log is charged to, if any (tether's bound, rx §3.1 ranges).
+    pub fn budget(&self) -> Option<&Arc<MemoryBudget>> {
+        self.budget.as_ref()
+    }
+
+    /// Bytes of every held response, retained and unsent (rx §3.1): what this log has
+    /// charged to its [`budget`](Self::budget).
+    pub fn held_bytes(&self) -> u64 {
+        self.cumulative_through(self.last_produced()) - self.cumulative_before_first
     }
 
     /// The log's bounds (retry budget, rx §3.1; unsent bound, tether's).
@@ -355,8 +389,28 @@ impl ResponseLog {
     /// [`PushError::Finished`] after [`finish`](Self::finish)/[`fail`](Self::fail), with the
     /// response unchanged (Spark: `tryOnNext` returns false); [`PushError::WouldBlock`] when
     /// the unsent bound is reached, with the response already carrying the session and
-    /// operation ids but an empty `response_id` (pushing it again stamps it anew).
+    /// operation ids but an empty `response_id` (pushing it again stamps it anew);
+    /// [`PushError::BudgetFull`] likewise when the log has a [`MemoryBudget`] that does not
+    /// admit it (see its rules: a log that holds nothing is always admitted, and one with
+    /// no unsent response evicts its retained responses rather than wait).
     pub fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, PushError> {
+        self.push_inner(response, None)
+    }
+
+    /// [`push`](Self::push), queueing `waiter` in the budget's FIFO when it does not fit.
+    pub(crate) fn push_waiting(
+        &mut self,
+        response: ExecutePlanResponse,
+        waiter: &mut Waiter,
+    ) -> Result<u64, PushError> {
+        self.push_inner(response, Some(waiter))
+    }
+
+    fn push_inner(
+        &mut self,
+        response: ExecutePlanResponse,
+        waiter: Option<&mut Waiter>,
+    ) -> Result<u64, PushError> {
         if self.is_finished() {
             return Err(PushError::Finished(Box::new(response)));
         }
@@ -368,7 +422,48 @@ impl ResponseLog {
             stamped.response_id.clear();
             return Err(PushError::WouldBlock(Box::new(stamped)));
         }
+        if let Some(budget) = self.budget.clone()
+            && !self.admit(&budget, size, waiter)
+        {
+            stamped.response_id.clear();
+            return Err(PushError::BudgetFull(Box::new(stamped)));
+        }
         Ok(self.append(stamped, id, size))
+    }
+
+    /// Charges `size` to `budget` under its rules (see [`MemoryBudget`]): the floor when
+    /// nothing is held; eviction of the retained responses when nothing is unsent.
+    fn admit(&mut self, budget: &MemoryBudget, size: u64, waiter: Option<&mut Waiter>) -> bool {
+        let held = self.held_bytes();
+        let can_evict = held > 0 && self.unsent_len() == 0;
+        if can_evict {
+            if budget.admit(size, false, None) {
+                return true;
+            }
+            let freed = self.pop_until(self.unsent_start());
+            budget.release(freed);
+            if let Some(w) = waiter {
+                // Leaves the queue, if it was in it.
+                return budget.admit(size, true, Some(w));
+            }
+            return budget.admit(size, true, None);
+        }
+        budget.admit(size, held == 0, waiter)
+    }
+
+    /// Pops the held responses below `end`; returns their bytes (not yet given back).
+    fn pop_until(&mut self, end: u64) -> u64 {
+        let before = self.cumulative_before_first;
+        while self.first < end && !self.entries.is_empty() {
+            self.pop_front();
+        }
+        self.cumulative_before_first - before
+    }
+
+    fn credit(&self, bytes: u64) {
+        if let Some(b) = &self.budget {
+            b.release(bytes);
+        }
     }
 
     fn append(&mut self, response: ExecutePlanResponse, id: Uuid, size: u64) -> u64 {
@@ -400,6 +495,9 @@ impl ResponseLog {
             let mut r = ExecutePlanResponse::result_complete();
             self.stamp_into(&mut r, id);
             let size = prost::Message::encoded_len(&r) as u64;
+            if let Some(b) = &self.budget {
+                b.charge(size);
+            }
             self.append(r, id, size);
         }
         self.final_index = Some(self.last_produced());
@@ -461,6 +559,7 @@ impl ResponseLog {
         // Automatic release: drop the front while the kept responses strictly after it
         // (up to index - 1) still reach the budget.
         let through = self.cumulative_through(index - 1);
+        let before = self.cumulative_before_first;
         while self.first < index {
             let front_cumulative = self.entries[0].cumulative;
             if through - front_cumulative >= self.config.retry_budget {
@@ -469,6 +568,7 @@ impl ResponseLog {
                 break;
             }
         }
+        self.credit(self.cumulative_before_first - before);
         self.peak_retained = self.peak_retained.max(self.retained_bytes());
         Ok(out)
     }
@@ -489,9 +589,8 @@ impl ResponseLog {
     /// that an unsent response is never released).
     pub fn release_until(&mut self, response_id: &str) -> Result<u64, ConnectError> {
         let index = self.known_consumed(response_id)?;
-        while self.first <= index && !self.entries.is_empty() {
-            self.pop_front();
-        }
+        let freed = self.pop_until(index + 1);
+        self.credit(freed);
         Ok(index)
     }
 
@@ -529,9 +628,15 @@ impl ResponseLog {
     /// Drops every held response (execution closed, rx §2.2 T12; Spark's
     /// `ExecuteResponseObserver.removeAll`). Ids stay known.
     pub fn clear(&mut self) {
-        while !self.entries.is_empty() {
-            self.pop_front();
-        }
+        let freed = self.pop_until(u64::MAX);
+        self.credit(freed);
+    }
+}
+
+impl Drop for ResponseLog {
+    /// Returns every held byte to the budget (tether's bound, rx §3.1 ranges).
+    fn drop(&mut self) {
+        self.credit(self.held_bytes());
     }
 }
 

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use super::budget::{BudgetUsage, MemoryBudget};
 use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
 use super::error::ConnectError;
 use super::keys::{ExecuteKey, SessionKey, parse_uuid};
@@ -68,6 +69,12 @@ pub struct ManagerConfig {
     /// Most remembered inactive operation ids per session, LRU (tether's bound on the
     /// cache of rx §5.2; 10 000).
     pub inactive_operations_per_session: usize,
+    /// One byte budget over the unsent and retained responses (rx §3.1) of every
+    /// execution of the manager: tether's own bound, default 1 GiB
+    /// ([`MemoryBudget::DEFAULT_LIMIT`]); `None` = only the per-execution bounds of
+    /// [`log`](Self::log). Producers past it wait in FIFO order, none is dropped, and an
+    /// execution that holds nothing may always take one response (see [`MemoryBudget`]).
+    pub memory_budget: Option<u64>,
 }
 
 impl Default for ManagerConfig {
@@ -84,6 +91,7 @@ impl Default for ManagerConfig {
             max_executions_per_session: 1_000,
             inactive_operation_expiry: Duration::from_secs(30 * 60),
             inactive_operations_per_session: 10_000,
+            memory_budget: Some(MemoryBudget::DEFAULT_LIMIT),
         }
     }
 }
@@ -141,6 +149,8 @@ pub(crate) struct ManagerInner {
     registry: Mutex<Reg>,
     /// What executions report when they leave (applied at every lock of the registry).
     events: Arc<RegistryEvents>,
+    /// The budget every execution's log is charged to ([`ManagerConfig::memory_budget`]).
+    budget: Option<Arc<MemoryBudget>>,
 }
 
 /// The server side of reattachable executions: Spark's `SparkConnectExecutionManager` and
@@ -261,6 +271,7 @@ impl ExecutionManager {
         Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
+                budget: config.memory_budget.map(MemoryBudget::new),
                 config,
                 clock,
                 events: Arc::default(),
@@ -285,6 +296,18 @@ impl ExecutionManager {
     /// Counters and sizes ([`ManagerStats`]: registry, rx §5.1; tombstones, rx §5.4, §5.6).
     pub fn stats(&self) -> ManagerStats {
         self.inner.lock().stats()
+    }
+
+    /// The budget shared by every execution's unsent and retained responses (rx §3.1;
+    /// tether's bound, [`ManagerConfig::memory_budget`]), if configured.
+    pub fn memory_budget(&self) -> Option<&Arc<MemoryBudget>> {
+        self.inner.budget.as_ref()
+    }
+
+    /// The budget's current usage (tether's bound over rx §3.1's unsent and retained
+    /// responses), if one is configured: for soak and scaling runs.
+    pub fn memory_usage(&self) -> Option<BudgetUsage> {
+        self.inner.budget.as_ref().map(|b| b.usage())
     }
 
     /// Number of live (registered) executions (rx §2.1 dimension 1).
@@ -378,7 +401,10 @@ impl ExecutionManager {
                     server_side_session_id: new.server_side.clone(),
                     operation_id: canonical_arc(new.key.operation_id),
                 };
-                let core = ExecutionCore::new(reattachable, config.log, config.stream, stamp);
+                let mut core = ExecutionCore::new(reattachable, config.log, config.stream, stamp);
+                if let Some(budget) = &self.inner.budget {
+                    core = core.with_budget(budget.clone());
+                }
                 Arc::new(ExecShared::new(
                     new.key,
                     core,

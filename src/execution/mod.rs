@@ -73,6 +73,7 @@
 //! # }).unwrap();
 //! ```
 
+mod budget;
 pub mod client;
 mod core;
 mod error;
@@ -89,6 +90,7 @@ pub use self::core::{
     ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, Removal, RunOutcome,
     RunnerState, StreamEnd, StreamLimits,
 };
+pub use budget::{BudgetUsage, MemoryBudget};
 pub use error::{CONDITIONS, Code, ConnectError, SparkError};
 pub use keys::{ExecuteKey, SessionKey};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};

@@ -16,6 +16,7 @@ use std::time::Instant;
 use futures::future::poll_fn;
 use futures::{Sink, Stream};
 
+use super::budget::Waiter;
 use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, StreamEnd};
 use super::error::ConnectError;
 use super::keys::ExecuteKey;
@@ -597,8 +598,10 @@ impl Producer {
     /// rx §3.1).
     ///
     /// # Errors
-    /// [`ProduceError::WouldBlock`] (with the response) at the unsent bound; `Cancelled` /
-    /// `Closed` / `Finished` when production must stop.
+    /// [`ProduceError::WouldBlock`] (with the response) at the unsent bound,
+    /// [`ProduceError::BudgetFull`] (with the response) when the manager's
+    /// [`MemoryBudget`](super::MemoryBudget) does not admit it; `Cancelled` / `Closed` /
+    /// `Finished` when production must stop.
     pub fn try_push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
         let mut wakes = Wakes::default();
         let r = {
@@ -613,14 +616,20 @@ impl Producer {
         r
     }
 
-    /// Appends a response (rx §2.2 T6), waiting while the unsent bound is reached
-    /// (tether's backpressure; Spark's producer never waits, rx §3.2).
-    /// Cancel-safe in the sense that dropping the future drops the response unsent.
+    /// Appends a response (rx §2.2 T6), waiting while the unsent bound is reached or the
+    /// manager's [`MemoryBudget`](super::MemoryBudget) is used up (tether's backpressure;
+    /// Spark's producer never waits, rx §3.2). Producers waiting for the budget are
+    /// admitted in FIFO order as bytes are returned; one whose execution holds nothing is
+    /// admitted at once (the per-execution floor).
+    /// Cancel-safe in the sense that dropping the future drops the response unsent (and
+    /// gives up its place in the budget's queue).
     ///
     /// # Errors
     /// `Cancelled` / `Closed` / `Finished` / `NotStarted` when production must stop.
     pub async fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
         let mut pending = Some(response);
+        // Our place in the budget's FIFO queue; dropping it (with this future) gives it up.
+        let mut waiter: Option<Waiter> = None;
         poll_fn(|cx| {
             let Some(r) = pending.take() else {
                 return Poll::Ready(Err(ProduceError::Finished));
@@ -628,12 +637,20 @@ impl Producer {
             let mut wakes = Wakes::default();
             let out = {
                 let mut st = self.exec.lock();
-                match st.core.push(r) {
+                let pushed = match st.core.log().budget().cloned() {
+                    Some(budget) => {
+                        let w = waiter.get_or_insert_with(|| Waiter::new(budget));
+                        w.set_waker(cx.waker());
+                        st.core.push_waiting(r, w)
+                    }
+                    None => st.core.push(r),
+                };
+                match pushed {
                     Ok(i) => {
                         wakes.push(st.take_consumer());
                         Poll::Ready(Ok(i))
                     }
-                    Err(ProduceError::WouldBlock(r)) => {
+                    Err(ProduceError::WouldBlock(r) | ProduceError::BudgetFull(r)) => {
                         st.producer_waker = Some(cx.waker().clone());
                         pending = Some(*r);
                         Poll::Pending

@@ -130,10 +130,12 @@ mod generated {
 
 mod auth;
 mod client;
+mod serve;
 mod service;
 mod status;
 
 pub use self::client::{ConnectClient, ConnectClientError};
+pub use self::serve::{TransportLimits, serve_bounded};
 pub use self::service::{
     ConnectConfig, ConnectGrpcService, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION,
     SessionContext, default_conf,
