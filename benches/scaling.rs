@@ -55,7 +55,8 @@
 //! ```
 //!
 //! `TETHER_SCALING_QUICK=1`: 4 rounds, 50 ms chunks, executions 3 rounds. Other knobs:
-//! `TETHER_SCALING_ROUNDS`, `TETHER_SCALING_BATCHES` (`B`), `TETHER_SCALING_ONLY`
+//! `TETHER_SCALING_ROUNDS`, `TETHER_SCALING_BATCHES` (`B`), `TETHER_SCALING_SESSIONS` (the
+//! session counts, e.g. `4,64`), `TETHER_SCALING_ONLY`
 //! (`grpc`, `framed` or `executions`, comma-separated), `TETHER_SCALING_OUT` (the directory
 //! of the plots; default `<target>/scaling`). The run writes `scaling.svg` there: the ratio
 //! against concurrency (log scale) for both transports with their targets, the executions'
@@ -177,6 +178,8 @@ struct Knobs {
     chunk: Duration,
     batches: usize,
     only: Option<String>,
+    /// The session counts measured (`TETHER_SCALING_SESSIONS`, comma-separated).
+    sessions: Vec<usize>,
     out: PathBuf,
 }
 
@@ -197,6 +200,10 @@ impl Knobs {
             chunk: Duration::from_millis(if quick { 50 } else { 100 }),
             batches: number("TETHER_SCALING_BATCHES", 16).max(1),
             only: std::env::var("TETHER_SCALING_ONLY").ok(),
+            sessions: std::env::var("TETHER_SCALING_SESSIONS").map_or_else(
+                |_| SESSION_POINTS.to_vec(),
+                |v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect(),
+            ),
             out,
         }
     }
@@ -627,7 +634,8 @@ fn framed_points(
         .map(|i| ChildProcess::unix(ROLE_BARE, scratch.join(&format!("bare-{i}.sock"))))
         .collect();
     let config = FramedConfig::default();
-    SESSION_POINTS
+    knobs
+        .sessions
         .iter()
         .map(|&n| {
             let (workers, bare, config) = (&workers, &bare, &config);
@@ -712,8 +720,8 @@ mod grpc {
     use tonic_prost::ProstCodec;
 
     use super::{
-        Arm, ChildProcess, EchoUdf, Knobs, ROLE_GRPC, ROLE_TONIC, SESSION_POINTS, ScratchDir,
-        SessionPoint, pair_point, session,
+        Arm, ChildProcess, EchoUdf, Knobs, ROLE_GRPC, ROLE_TONIC, ScratchDir, SessionPoint,
+        pair_point, session,
     };
 
     pub(super) fn points(
@@ -732,7 +740,8 @@ mod grpc {
             (channel, plain_channel(&plain.path, &config).await)
         });
         let max = config.max_message_size;
-        let points = SESSION_POINTS
+        let points = knobs
+            .sessions
             .iter()
             .map(|&n| {
                 let (channel, bare) = (&channel, &bare);
@@ -1346,6 +1355,9 @@ mod plot {
             .build_cartesian_2d((from..to).log_scale(), 0.0f64..top)?;
         chart
             .configure_mesh()
+            .x_labels(6)
+            .x_label_formatter(&|x| format!("{x:.0}"))
+            .y_label_formatter(&|y| format!("{y:.1}"))
             .x_desc(x_desc)
             .y_desc(y_desc)
             .draw()?;
