@@ -63,6 +63,10 @@
 //! cost per execution and their resident memory. Without `--bench` (as `cargo test
 //! --benches` runs it) the binary measures nothing; `--list` lists the cases.
 //!
+//! Every process of the run uses glibc's malloc with the mmap and trim thresholds pinned, as
+//! `benches/udf_session.rs` explains (`benches/common/malloc.rs`;
+//! `TETHER_BENCH_MALLOC=default` keeps glibc's own).
+//!
 //! Needs `[[bench]] name = "scaling" harness = false` in Cargo.toml.
 
 use std::io;
@@ -108,6 +112,9 @@ const ROLE_CONSUMERS: &str = "consumers";
 
 const CASES: [&str; 3] = ["scaling/grpc", "scaling/framed", "scaling/executions"];
 
+#[path = "common/malloc.rs"]
+mod malloc;
+
 fn main() {
     if let Ok(role) = std::env::var(ROLE_ENV) {
         child::main(&role);
@@ -124,14 +131,15 @@ fn main() {
         println!("scaling: nothing measured outside `cargo bench --bench scaling`");
         return;
     }
+    let malloc = malloc::pin();
     let knobs = Knobs::from_env();
     let load_before = loadavg();
     println!(
-        "scaling: load average before {load_before}; {} rounds, chunks ≥ {} ms, {} × 64 KiB per session; malloc: GLIBC_TUNABLES={}",
+        "scaling: load average before {load_before}; {} rounds, chunks ≥ {} ms, {} × 64 KiB per session; malloc: {}",
         knobs.rounds,
         knobs.chunk.as_millis(),
         knobs.batches,
-        std::env::var("GLIBC_TUNABLES").unwrap_or_else(|_| "(unset)".into())
+        malloc
     );
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()

@@ -193,6 +193,9 @@ const DEFAULT_PAIRS: usize = 30;
 const MIN_CHUNK: Duration = Duration::from_millis(20);
 
 /// Env var that turns this binary into a worker process (its value is the role).
+#[path = "common/malloc.rs"]
+mod malloc;
+
 const ROLE_ENV: &str = "TETHER_BENCH_ROLE";
 const ROLE_FRAMED: &str = "framed-echo";
 const ROLE_RAW: &str = "raw-echo";
@@ -200,42 +203,6 @@ const ROLE_RAW: &str = "raw-echo";
 const ROLE_GRPC: &str = "grpc-echo";
 #[cfg(feature = "grpc")]
 const ROLE_TONIC: &str = "tonic-echo";
-
-/// Set to `default` to keep glibc's own malloc thresholds (see [`pin_malloc`]).
-const MALLOC_ENV: &str = "TETHER_BENCH_MALLOC";
-/// The glibc tunables every process of the run uses unless `TETHER_BENCH_MALLOC=default`:
-/// the mmap threshold fixed at 32 MiB (the top of glibc's dynamic range on 64-bit) and the
-/// trim threshold at 64 MiB.
-const PINNED_MALLOC: &str =
-    "glibc.malloc.mmap_threshold=33554432:glibc.malloc.trim_threshold=67108864";
-
-/// Re-executes this binary with [`PINNED_MALLOC`] in `GLIBC_TUNABLES` (inherited by the worker
-/// processes), unless the caller set `GLIBC_TUNABLES` or `TETHER_BENCH_MALLOC=default`.
-///
-/// glibc raises its mmap threshold as the process frees large blocks, and trims the heap top
-/// when enough is free, so by default one arm's speed depends on what the other arm allocated
-/// and freed before it. Measured on case (b)'s bare arm alone, with identical code in the same
-/// binary layout: 7.4 ms per iteration after one tether build, 17 ms after another whose
-/// buffers left the heap differently. Pinning both thresholds makes every arm allocate from a
-/// heap that is never trimmed nor handed to mmap for 64 KiB blocks, whichever ran before.
-/// Returns the setting in force, for the summary.
-fn pin_malloc() -> String {
-    use std::os::unix::process::CommandExt;
-    if let Ok(set) = std::env::var("GLIBC_TUNABLES") {
-        return format!("GLIBC_TUNABLES={set}");
-    }
-    if std::env::var(MALLOC_ENV).as_deref() == Ok("default") {
-        return "glibc defaults (dynamic mmap threshold)".to_owned();
-    }
-    let mut args = std::env::args_os();
-    let exe = std::env::current_exe().expect("current exe");
-    let _argv0 = args.next();
-    let err = Command::new(exe)
-        .args(args)
-        .env("GLIBC_TUNABLES", PINNED_MALLOC)
-        .exec();
-    panic!("re-exec with pinned malloc thresholds: {err}");
-}
 
 fn main() {
     if let Ok(role) = std::env::var(ROLE_ENV) {
@@ -247,7 +214,7 @@ fn main() {
     let malloc = if cli.list {
         String::new()
     } else {
-        pin_malloc()
+        malloc::pin()
     };
     if cli.list {
         for (_, benches) in &cases {
