@@ -385,27 +385,18 @@ impl<E> Registry<E> {
         observed: Option<&str>,
         now: Instant,
     ) -> Result<&mut Session<E>, ConnectError> {
-        Self::lookup(
-            &mut self.sessions,
-            &mut self.closed_sessions,
-            user,
-            raw_session_id,
-            observed,
-            now,
-        )
-        .map(|(_, session)| session)
+        self.lookup(user, raw_session_id, observed, now)
+            .map(|(_, session)| session)
     }
 
-    /// [`lookup_session`](Self::lookup_session) on the fields, also returning the parsed
-    /// session id, so that the caller may use the other fields with the session.
-    fn lookup<'a>(
-        sessions: &'a mut FastMap<SessionKey, Session<E>>,
-        closed_sessions: &mut Lru<SessionKey, ()>,
+    /// [`lookup_session`](Self::lookup_session), also returning the parsed session id.
+    fn lookup(
+        &mut self,
         user: &str,
         raw_session_id: &str,
         observed: Option<&str>,
         now: Instant,
-    ) -> Result<(Uuid, &'a mut Session<E>), ConnectError> {
+    ) -> Result<(Uuid, &mut Session<E>), ConnectError> {
         let not_found = || ConnectError::SessionNotFound {
             handle: shown(raw_session_id).into_owned(),
         };
@@ -414,8 +405,8 @@ impl<E> Registry<E> {
             user_id: user,
             session_id: sid,
         };
-        let Some(session) = sessions.get_mut(&key) else {
-            return Err(if closed_sessions.contains(&key) {
+        let Some(session) = self.sessions.get_mut(&key) else {
+            return Err(if self.closed_sessions.contains(&key) {
                 ConnectError::SessionClosed {
                     handle: shown(raw_session_id).into_owned(),
                 }
@@ -611,14 +602,7 @@ impl<E> Registry<E> {
     where
         E: Clone,
     {
-        let (sid, session) = Self::lookup(
-            &mut self.sessions,
-            &mut self.closed_sessions,
-            user,
-            raw_session_id,
-            observed,
-            now,
-        )?;
+        let (sid, session) = self.lookup(user, raw_session_id, observed, now)?;
         // Like Spark, an id that is no UUID names no execution (connect §2).
         let Some(op) = parse_uuid(raw_operation_id) else {
             return Err(ConnectError::OperationNotFound {
