@@ -2,6 +2,7 @@
 //! the executions it holds.
 
 use std::borrow::Cow;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
 
 use uuid::Uuid;
@@ -39,6 +40,53 @@ impl ExecuteKey {
     }
 }
 
+/// The maps of the registry and its caches (rx §5.1, §5.2, §5.4, §5.6): hashbrown's table
+/// with aHash, keyed per map from the process's random seed. The keys are client-chosen
+/// (user, session and operation ids), so the hasher stays keyed: without the key a client
+/// cannot pick ids that collide (HashDoS). aHash over a 16-byte UUID is a few
+/// multiply-folds, where the standard library's SipHash-1-3 is about ten times that.
+pub(crate) type FastMap<K, V> = hashbrown::HashMap<K, V, ahash::RandomState>;
+
+/// An empty [`FastMap`] with fresh random keys (rx §5.1).
+pub(crate) fn fast_map<K, V>() -> FastMap<K, V> {
+    FastMap::with_hasher(ahash::RandomState::new())
+}
+
+/// A [`SessionKey`] borrowed from a request (rx §5.6): looks a session up without
+/// allocating the user id. Hashes exactly as [`SessionKey`]'s derived `Hash` (the user's
+/// `str`, then the UUID), and compares equal to it field by field.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct SessionRef<'a> {
+    /// `UserContext.user_id`.
+    pub(crate) user_id: &'a str,
+    /// The parsed session id.
+    pub(crate) session_id: Uuid,
+}
+
+impl Hash for SessionRef<'_> {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        // The field order and types of `SessionKey`'s derive: `Arc<str>` hashes as `str`.
+        self.user_id.hash(state);
+        self.session_id.hash(state);
+    }
+}
+
+impl hashbrown::Equivalent<SessionKey> for SessionRef<'_> {
+    fn equivalent(&self, key: &SessionKey) -> bool {
+        self.session_id == key.session_id && self.user_id == &*key.user_id
+    }
+}
+
+impl SessionRef<'_> {
+    /// The owned key (allocates the user id).
+    pub(crate) fn to_key(self) -> SessionKey {
+        SessionKey {
+            user_id: Arc::from(self.user_id),
+            session_id: self.session_id,
+        }
+    }
+}
+
 /// Parses a handle (a session, operation or response id) in the one form Spark accepts:
 /// hyphenated, 36 characters, 8-4-4-4-12 hexadecimal digits in either case (Java's
 /// `UUID.fromString` as Spark uses it, rx §1.9). The braced, URN and unhyphenated
@@ -71,7 +119,10 @@ pub(crate) fn shown(raw: &str) -> Cow<'_, str> {
 
 #[cfg(test)]
 mod tests {
-    use super::{parse_uuid, shown};
+    use std::hash::BuildHasher;
+
+    use super::{SessionKey, SessionRef, fast_map, parse_uuid, shown};
+    use uuid::Uuid;
 
     #[test]
     fn long_ids_are_shown_cut() {
@@ -79,6 +130,40 @@ mod tests {
         let long = "é".repeat(100_000);
         let s = shown(&long);
         assert!(s.len() < 100 && s.ends_with("…(200000 bytes)"), "{s}");
+    }
+
+    /// A borrowed session key finds the owned one: same hash, equal fields; another user
+    /// or another session id is another session (rx §5.6).
+    #[test]
+    fn borrowed_session_keys_hash_and_compare_as_owned_ones() {
+        let sid = Uuid::from_u128(7);
+        let owned = SessionKey {
+            user_id: "alice".into(),
+            session_id: sid,
+        };
+        let mut map = fast_map();
+        map.insert(owned.clone(), 1);
+        let hasher = map.hasher().clone();
+        let r = SessionRef {
+            user_id: "alice",
+            session_id: sid,
+        };
+        assert_eq!(
+            BuildHasher::hash_one(&hasher, r),
+            BuildHasher::hash_one(&hasher, &owned)
+        );
+        assert_eq!(map.get(&r), Some(&1));
+        assert_eq!(r.to_key(), owned);
+        let other_user = SessionRef {
+            user_id: "bob",
+            ..r
+        };
+        let other_session = SessionRef {
+            session_id: Uuid::from_u128(8),
+            ..r
+        };
+        assert_eq!(map.get(&other_user), None);
+        assert_eq!(map.get(&other_session), None);
     }
 
     #[test]

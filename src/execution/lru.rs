@@ -1,23 +1,34 @@
 //! A small bounded map with least-recently-used eviction, for tombstones (rx §5.4, §5.6).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
 use std::hash::Hash;
+
+use super::keys::{FastMap, fast_map};
 
 /// A bounded map evicting the least recently inserted-or-read entry beyond `capacity`.
 /// Amortised O(1): reads append to an access queue that is compacted when it grows to
-/// twice the map.
+/// twice the map. Every operation is one lookup in the map (plus, amortised, the
+/// compaction's).
 #[derive(Debug)]
 pub(crate) struct Lru<K, V> {
-    map: HashMap<K, (u64, V)>,
+    map: FastMap<K, (u64, V)>,
     order: VecDeque<(K, u64)>,
     capacity: usize,
     tick: u64,
 }
 
+/// Drops the queue entries that no longer name the map's current tick of their key, once
+/// the queue is more than twice the map.
+fn compact<K: Hash + Eq, V>(order: &mut VecDeque<(K, u64)>, map: &FastMap<K, (u64, V)>) {
+    if order.len() > 2 * map.len() + 32 {
+        order.retain(|(k, t)| map.get(k).is_some_and(|e| e.0 == *t));
+    }
+}
+
 impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
-            map: HashMap::new(),
+            map: fast_map(),
             order: VecDeque::new(),
             capacity,
             tick: 0,
@@ -28,30 +39,13 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         self.map.len()
     }
 
-    fn touch(&mut self, key: &K) {
-        self.tick += 1;
-        if let Some(e) = self.map.get_mut(key) {
-            e.0 = self.tick;
-            self.order.push_back((key.clone(), self.tick));
-        }
-        self.compact();
-    }
-
-    fn compact(&mut self) {
-        if self.order.len() > 2 * self.map.len() + 32 {
-            let map = &self.map;
-            self.order
-                .retain(|(k, t)| map.get(k).is_some_and(|e| e.0 == *t));
-        }
-    }
-
     pub(crate) fn insert(&mut self, key: K, value: V) {
         if self.capacity == 0 {
             return;
         }
         self.tick += 1;
-        self.map.insert(key.clone(), (self.tick, value));
-        self.order.push_back((key, self.tick));
+        self.order.push_back((key.clone(), self.tick));
+        self.map.insert(key, (self.tick, value));
         while self.map.len() > self.capacity {
             let Some((k, t)) = self.order.pop_front() else {
                 break;
@@ -60,18 +54,26 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
                 self.map.remove(&k);
             }
         }
-        self.compact();
+        compact(&mut self.order, &self.map);
     }
 
     /// Reads (and refreshes) an entry.
-    pub(crate) fn get(&mut self, key: &K) -> Option<&V> {
-        if self.map.contains_key(key) {
-            self.touch(key);
-        }
-        self.map.get(key).map(|e| &e.1)
+    pub(crate) fn get<Q>(&mut self, key: &Q) -> Option<&V>
+    where
+        Q: Hash + hashbrown::Equivalent<K> + ?Sized,
+    {
+        compact(&mut self.order, &self.map);
+        let (k, e) = self.map.get_key_value_mut(key)?;
+        self.tick += 1;
+        e.0 = self.tick;
+        self.order.push_back((k.clone(), self.tick));
+        Some(&e.1)
     }
 
-    pub(crate) fn contains(&mut self, key: &K) -> bool {
+    pub(crate) fn contains<Q>(&mut self, key: &Q) -> bool
+    where
+        Q: Hash + hashbrown::Equivalent<K> + ?Sized,
+    {
         self.get(key).is_some()
     }
 
@@ -79,13 +81,14 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
         self.map.get(key).map(|e| &e.1)
     }
 
+    /// Removes an entry; its queue entry goes at the next compaction.
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
         self.map.remove(key).map(|e| e.1)
     }
 
     pub(crate) fn retain(&mut self, mut keep: impl FnMut(&K, &V) -> bool) {
         self.map.retain(|k, e| keep(k, &e.1));
-        self.compact();
+        compact(&mut self.order, &self.map);
     }
 
     pub(crate) fn keys(&self) -> impl Iterator<Item = &K> {

@@ -491,8 +491,8 @@ impl ExecutionManager {
                 operation_id: None,
             };
             // An id that is no UUID names no execution, as an unknown one (Spark).
-            let Some((op, exec)) = parse_uuid(&request.operation_id)
-                .and_then(|op| Some((op, session.get(&op)?.clone())))
+            let Some(exec) =
+                parse_uuid(&request.operation_id).and_then(|op| Some(session.get(&op)?.clone()))
             else {
                 return Ok(response);
             };
@@ -516,7 +516,8 @@ impl ExecutionManager {
                     wakes.push(st.take_producer());
                 }
             }
-            response.operation_id = Some(op.hyphenated().to_string());
+            // The execution's canonical id, already spelled (no formatting per call).
+            response.operation_id = Some(exec.operation_id.to_string());
             Ok(response)
         })();
         wakes.wake();

@@ -27,16 +27,15 @@
 //! - Every `maintenanceInterval` → [`maintain`](Registry::maintain) (rx §5.3, §5.6):
 //!   session expiry, detached-execution abandonment, inactive-id expiry.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use hashbrown::hash_map::{Entry, EntryRef};
 use uuid::Uuid;
 
 use super::core::Removal;
 use super::error::ConnectError;
-use super::keys::{ExecuteKey, SessionKey, parse_uuid, shown};
+use super::keys::{ExecuteKey, FastMap, SessionKey, SessionRef, fast_map, parse_uuid, shown};
 use super::lru::Lru;
 
 /// What one maintenance pass did ([`ExecutionManager::maintain`](super::ExecutionManager::maintain):
@@ -104,7 +103,8 @@ pub(crate) struct Session<E> {
     echo_session_id: Arc<str>,
     server_side: Arc<str>,
     last_access: Instant,
-    executions: HashMap<Uuid, E>,
+    executions: FastMap<Uuid, E>,
+    /// Inactive ids (rx §5.2): the UUID and when it became inactive, nothing else.
     inactive: Lru<Uuid, Instant>,
 }
 
@@ -253,14 +253,15 @@ pub(crate) struct Maintenance<E> {
 ///
 /// Executions live inside their session (`(user_id, session_id)` → session →
 /// `operation_id` → `E`), so registration and removal are one map operation each and
-/// cannot leave an execution unreachable (rx §5.1 caution).
+/// cannot leave an execution unreachable (rx §5.1 caution). Sessions are one flat map
+/// keyed by `(user_id, session_id)` and looked up by a borrowed key
+/// ([`SessionRef`]): resolving a request's session is one lookup, with no allocation.
 pub(crate) struct Registry<E> {
     config: RegistryConfig,
-    users: HashMap<Arc<str>, HashMap<Uuid, Session<E>>>,
+    sessions: FastMap<SessionKey, Session<E>>,
     closed_sessions: Lru<SessionKey, ()>,
     abandoned: Lru<ExecuteKey, ()>,
     live: usize,
-    sessions: usize,
     created: u64,
     released: u64,
     abandoned_count: u64,
@@ -291,12 +292,11 @@ impl<E> Registry<E> {
     /// An empty registry.
     pub(crate) fn new(config: RegistryConfig) -> Self {
         Self {
-            users: HashMap::new(),
+            sessions: fast_map(),
             closed_sessions: Lru::new(config.closed_session_tombstones),
             abandoned: Lru::new(config.abandoned_tombstones),
             config,
             live: 0,
-            sessions: 0,
             created: 0,
             released: 0,
             abandoned_count: 0,
@@ -308,7 +308,7 @@ impl<E> Registry<E> {
     pub(crate) fn stats(&self) -> ManagerStats {
         ManagerStats {
             executions: self.live,
-            sessions: self.sessions,
+            sessions: self.sessions.len(),
             abandoned_tombstones: self.abandoned.len(),
             closed_session_tombstones: self.closed_sessions.len(),
             created: self.created,
@@ -325,7 +325,7 @@ impl<E> Registry<E> {
 
     /// A live session, without refreshing it (rx §5.6).
     pub(crate) fn session(&self, key: &SessionKey) -> Option<&Session<E>> {
-        self.users.get(&*key.user_id)?.get(&key.session_id)
+        self.sessions.get(key)
     }
 
     /// A live execution (Spark's `getExecuteHolder`, rx §5.1).
@@ -337,16 +337,14 @@ impl<E> Registry<E> {
 
     /// Every live execution with its key (O(n), in no particular order; rx §5.1).
     pub(crate) fn executions(&self) -> impl Iterator<Item = (ExecuteKey, &E)> {
-        self.users.values().flat_map(|sessions| {
-            sessions.iter().flat_map(|(sid, s)| {
-                s.executions.iter().map(move |(op, e)| {
-                    let key = ExecuteKey {
-                        user_id: s.user.clone(),
-                        session_id: *sid,
-                        operation_id: *op,
-                    };
-                    (key, e)
-                })
+        self.sessions.iter().flat_map(|(sk, s)| {
+            s.executions.iter().map(move |(op, e)| {
+                let key = ExecuteKey {
+                    user_id: sk.user_id.clone(),
+                    session_id: sk.session_id,
+                    operation_id: *op,
+                };
+                (key, e)
             })
         })
     }
@@ -367,7 +365,10 @@ impl<E> Registry<E> {
     }
 
     fn session_mut(&mut self, user: &str, sid: Uuid) -> Option<&mut Session<E>> {
-        self.users.get_mut(user)?.get_mut(&sid)
+        self.sessions.get_mut(&SessionRef {
+            user_id: user,
+            session_id: sid,
+        })
     }
 
     /// Looks a session up without creating it (rx §5.5 ReattachExecute / ReleaseExecute
@@ -384,15 +385,27 @@ impl<E> Registry<E> {
         observed: Option<&str>,
         now: Instant,
     ) -> Result<&mut Session<E>, ConnectError> {
+        self.lookup(user, raw_session_id, observed, now)
+            .map(|(_, session)| session)
+    }
+
+    /// [`lookup_session`](Self::lookup_session), also returning the parsed session id.
+    fn lookup(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        now: Instant,
+    ) -> Result<(Uuid, &mut Session<E>), ConnectError> {
         let not_found = || ConnectError::SessionNotFound {
             handle: shown(raw_session_id).into_owned(),
         };
         let sid = parse_uuid(raw_session_id).ok_or_else(not_found)?;
-        if self.session_mut(user, sid).is_none() {
-            let key = SessionKey {
-                user_id: Arc::from(user),
-                session_id: sid,
-            };
+        let key = SessionRef {
+            user_id: user,
+            session_id: sid,
+        };
+        let Some(session) = self.sessions.get_mut(&key) else {
             return Err(if self.closed_sessions.contains(&key) {
                 ConnectError::SessionClosed {
                     handle: shown(raw_session_id).into_owned(),
@@ -400,11 +413,10 @@ impl<E> Registry<E> {
             } else {
                 not_found()
             });
-        }
-        let session = self.session_mut(user, sid).ok_or_else(not_found)?;
+        };
         session.check_observed(observed, raw_session_id)?;
         session.last_access = now;
-        Ok(session)
+        Ok((sid, session))
     }
 
     /// Gets or creates the session (Spark's `getOrCreateIsolatedSession`, rx §5.5
@@ -421,10 +433,9 @@ impl<E> Registry<E> {
         observed: Option<&str>,
         now: Instant,
     ) -> Result<&mut Session<E>, ConnectError> {
-        let session = Self::session_entry(
-            &mut self.users,
-            &mut self.closed_sessions,
+        let (_, session) = Self::session_entry(
             &mut self.sessions,
+            &mut self.closed_sessions,
             &self.config,
             user,
             raw_session_id,
@@ -435,55 +446,47 @@ impl<E> Registry<E> {
     }
 
     /// [`get_or_create_session`](Self::get_or_create_session) without the observed check,
-    /// on the fields, so that the caller may use the other fields with the session.
+    /// on the fields, so that the caller may use the other fields with the session; also
+    /// returns the parsed session id. One lookup for a live session.
     fn session_entry<'a>(
-        users: &'a mut HashMap<Arc<str>, HashMap<Uuid, Session<E>>>,
+        sessions: &'a mut FastMap<SessionKey, Session<E>>,
         closed_sessions: &mut Lru<SessionKey, ()>,
-        sessions: &mut usize,
         config: &RegistryConfig,
         user: &str,
         raw_session_id: &str,
         now: Instant,
-    ) -> Result<&'a mut Session<E>, ConnectError> {
+    ) -> Result<(Uuid, &'a mut Session<E>), ConnectError> {
         let Some(sid) = parse_uuid(raw_session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
                 handle: shown(raw_session_id).into_owned(),
             });
         };
-        let exists = users.get(user).is_some_and(|s| s.contains_key(&sid));
-        if !exists {
-            let user_arc: Arc<str> = match users.get_key_value(user) {
-                Some((k, _)) => k.clone(),
-                None => Arc::from(user),
-            };
-            let key = SessionKey {
-                user_id: user_arc.clone(),
-                session_id: sid,
-            };
-            if closed_sessions.contains(&key) {
-                return Err(ConnectError::SessionClosed {
-                    handle: shown(raw_session_id).into_owned(),
-                });
+        let key = SessionRef {
+            user_id: user,
+            session_id: sid,
+        };
+        let session = match sessions.entry_ref(&key) {
+            EntryRef::Occupied(o) => o.into_mut(),
+            EntryRef::Vacant(v) => {
+                if closed_sessions.contains(&key) {
+                    return Err(ConnectError::SessionClosed {
+                        handle: shown(raw_session_id).into_owned(),
+                    });
+                }
+                let key = key.to_key();
+                let session = Session {
+                    user: key.user_id.clone(),
+                    echo_session_id: Arc::from(raw_session_id),
+                    server_side: Arc::from(canonical(Uuid::new_v4())),
+                    last_access: now,
+                    executions: fast_map(),
+                    inactive: Lru::new(config.inactive_operations_per_session),
+                };
+                v.insert_with_key(key, session)
             }
-            let session = Session {
-                user: user_arc.clone(),
-                echo_session_id: Arc::from(raw_session_id),
-                server_side: Arc::from(canonical(Uuid::new_v4())),
-                last_access: now,
-                executions: HashMap::new(),
-                inactive: Lru::new(config.inactive_operations_per_session),
-            };
-            users.entry(user_arc).or_default().insert(sid, session);
-            *sessions += 1;
-        }
-        let s = users
-            .get_mut(user)
-            .and_then(|s| s.get_mut(&sid))
-            .ok_or_else(|| ConnectError::SessionNotFound {
-                handle: shown(raw_session_id).into_owned(),
-            })?;
-        s.last_access = now;
-        Ok(s)
+        };
+        session.last_access = now;
+        Ok((sid, session))
     }
 
     /// ExecutePlan (rx §5.5): gets or creates the session, then Spark 4.3.0's rules in
@@ -512,10 +515,9 @@ impl<E> Registry<E> {
     {
         let config = &self.config;
         let raw_sid = request.session_id;
-        let session = Self::session_entry(
-            &mut self.users,
-            &mut self.closed_sessions,
+        let (sid, session) = Self::session_entry(
             &mut self.sessions,
+            &mut self.closed_sessions,
             config,
             request.user,
             raw_sid,
@@ -528,18 +530,21 @@ impl<E> Registry<E> {
             })?,
             None => Uuid::new_v4(),
         };
-        if let Some(existing) = session.executions.get(&op) {
-            return if same_plan(existing) {
-                Ok(Admitted::Duplicate(existing.clone()))
-            } else {
-                Err(ConnectError::OperationAlreadyExists {
-                    handle: canonical(op),
-                })
-            };
-        }
-        let sid = parse_uuid(raw_sid).ok_or_else(|| ConnectError::InvalidHandleFormat {
-            handle: shown(raw_sid).into_owned(),
-        })?;
+        // Read before the entry holds the map; reported last, in Spark's order.
+        let full = session.executions.len() >= config.max_executions_per_session;
+        // One lookup: the entry answers the duplicate check and takes the new execution.
+        let slot = match session.executions.entry(op) {
+            Entry::Occupied(existing) => {
+                return if same_plan(existing.get()) {
+                    Ok(Admitted::Duplicate(existing.get().clone()))
+                } else {
+                    Err(ConnectError::OperationAlreadyExists {
+                        handle: canonical(op),
+                    })
+                };
+            }
+            Entry::Vacant(slot) => slot,
+        };
         let key = ExecuteKey {
             user_id: session.user.clone(),
             session_id: sid,
@@ -550,18 +555,19 @@ impl<E> Registry<E> {
                 handle: canonical(op),
             });
         }
-        if let Some(at) = session.inactive.get(&op).copied() {
-            if at + config.inactive_operation_expiry > now {
-                return Err(ConnectError::OperationAbandoned {
-                    handle: canonical(op),
-                });
-            }
-            session.inactive.remove(&op);
+        // Taken out, and put back (refreshed, as a read refreshes it) while still refused.
+        if let Some(at) = session.inactive.remove(&op)
+            && crate::time::deadline_after(at, config.inactive_operation_expiry) > now
+        {
+            session.inactive.insert(op, at);
+            return Err(ConnectError::OperationAbandoned {
+                handle: canonical(op),
+            });
         }
         for tag in request.tags {
             validate_tag(tag)?;
         }
-        if session.executions.len() >= config.max_executions_per_session {
+        if full {
             return Err(ConnectError::ExecutionLimitExceeded {
                 session: shown(raw_sid).into_owned(),
                 limit: config.max_executions_per_session,
@@ -572,7 +578,7 @@ impl<E> Registry<E> {
             session_id: &session.echo_session_id,
             server_side: &session.server_side,
         });
-        session.executions.insert(op, exec.clone());
+        slot.insert(exec.clone());
         self.live += 1;
         self.created += 1;
         Ok(Admitted::New(exec))
@@ -596,7 +602,7 @@ impl<E> Registry<E> {
     where
         E: Clone,
     {
-        let session = self.lookup_session(user, raw_session_id, observed, now)?;
+        let (sid, session) = self.lookup(user, raw_session_id, observed, now)?;
         // Like Spark, an id that is no UUID names no execution (connect §2).
         let Some(op) = parse_uuid(raw_operation_id) else {
             return Err(ConnectError::OperationNotFound {
@@ -608,7 +614,7 @@ impl<E> Registry<E> {
         }
         let key = ExecuteKey {
             user_id: session.user.clone(),
-            session_id: parse_uuid(raw_session_id).unwrap_or_default(),
+            session_id: sid,
             operation_id: op,
         };
         Err(if self.abandoned.contains(&key) {
@@ -663,20 +669,12 @@ impl<E> Registry<E> {
         sid: Uuid,
         tombstone: bool,
     ) -> Option<ClosedSession<E>> {
-        let sessions = self.users.get_mut(user)?;
-        let session = sessions.remove(&sid)?;
-        if sessions.is_empty() {
-            self.users.remove(user);
-        }
-        self.sessions -= 1;
+        let (key, session) = self.sessions.remove_entry(&SessionRef {
+            user_id: user,
+            session_id: sid,
+        })?;
         if tombstone {
-            self.closed_sessions.insert(
-                SessionKey {
-                    user_id: session.user.clone(),
-                    session_id: sid,
-                },
-                (),
-            );
+            self.closed_sessions.insert(key, ());
         }
         // Sorted, so tombstone order (and so LRU eviction) is deterministic.
         let mut executions: Vec<_> = session.executions.into_iter().collect();
@@ -718,19 +716,15 @@ impl<E> Registry<E> {
             detached: Vec::new(),
         };
         if let Some(timeout) = self.config.session_timeout {
-            let mut expired: Vec<(Arc<str>, Uuid)> = self
-                .users
+            let mut expired: Vec<SessionKey> = self
+                .sessions
                 .iter()
-                .flat_map(|(u, sessions)| {
-                    sessions
-                        .iter()
-                        .filter(|(_, s)| crate::time::deadline_after(s.last_access, timeout) <= now)
-                        .map(|(sid, _)| (u.clone(), *sid))
-                })
+                .filter(|(_, s)| crate::time::deadline_after(s.last_access, timeout) <= now)
+                .map(|(key, _)| key.clone())
                 .collect();
             expired.sort_unstable();
-            for (user, sid) in expired {
-                if let Some(closed) = self.close_session(&user, sid, true) {
+            for key in expired {
+                if let Some(closed) = self.close_session(&key.user_id, key.session_id, true) {
                     out.report.sessions_expired += 1;
                     out.report.abandoned_with_sessions += closed.abandoned.len();
                     out.with_sessions.extend(closed.abandoned);
@@ -742,19 +736,17 @@ impl<E> Registry<E> {
             self.config.inactive_operation_expiry,
         );
         let mut due = Vec::new();
-        for sessions in self.users.values_mut() {
-            for (sid, s) in sessions.iter_mut() {
-                for (op, exec) in &s.executions {
-                    if detached_since(exec).is_some_and(|t| t + detached_timeout <= now) {
-                        due.push(ExecuteKey {
-                            user_id: s.user.clone(),
-                            session_id: *sid,
-                            operation_id: *op,
-                        });
-                    }
+        for (key, s) in self.sessions.iter_mut() {
+            for (op, exec) in &s.executions {
+                if detached_since(exec).is_some_and(|t| t + detached_timeout <= now) {
+                    due.push(ExecuteKey {
+                        user_id: key.user_id.clone(),
+                        session_id: key.session_id,
+                        operation_id: *op,
+                    });
                 }
-                s.inactive.retain(|_, at| *at + expiry > now);
             }
+            s.inactive.retain(|_, at| *at + expiry > now);
         }
         // Sorted, so tombstone order (and so LRU eviction) is deterministic.
         due.sort_unstable();
