@@ -11,6 +11,11 @@
 //! - A printed summary with the ratios, and memory per idle execution measured as the
 //!   resident-set growth of 100 000 idle executions (target ≤ 2 KiB).
 //!
+//! Every run uses glibc's malloc with the mmap and trim thresholds pinned, as
+//! `benches/udf_session.rs` explains (`benches/common/malloc.rs`;
+//! `TETHER_BENCH_MALLOC=default` keeps glibc's own): the bare map's arm alone moved between
+//! about 400 and 900 ns per cycle from run to run with glibc's dynamic thresholds.
+//!
 //! Needs `[[bench]] name = "execution" harness = false` in Cargo.toml. Run with
 //! `cargo bench --bench execution`.
 
@@ -287,7 +292,12 @@ fn summary(memory: Option<u64>) {
     drop((m, keep, map));
 }
 
+#[path = "common/malloc.rs"]
+mod malloc;
+
 fn main() {
+    let malloc = malloc::pin();
+    println!("malloc: {malloc} (TETHER_BENCH_MALLOC=default for glibc's own)");
     let memory = memory_per_idle_execution();
     let mut c = Criterion::default().configure_from_args();
     bench_reattach(&mut c);
