@@ -8,8 +8,10 @@
 //!   of the same three request strings (target ≥ 0.5 of the baseline's throughput).
 //! - `maintenance/100000`: one abandonment pass over 100 000 attached executions
 //!   (target < 50 ms).
-//! - A printed summary with the ratios, and memory per idle execution measured as the
-//!   resident-set growth of 100 000 idle executions (target ≤ 2 KiB).
+//! - A printed summary with the ratios (the lifecycle one paired: 30 rounds alternating the
+//!   arms ABBA, the median of the per-round ratios with its interquartile range), and memory
+//!   per idle execution measured as the resident-set growth of 100 000 idle executions
+//!   (target ≤ 2 KiB).
 //!
 //! Every run uses glibc's malloc with the mmap and trim thresholds pinned, as
 //! `benches/udf_session.rs` explains (`benches/common/malloc.rs`;
@@ -211,6 +213,18 @@ fn bench_maintenance(c: &mut Criterion) {
     g.finish();
 }
 
+/// Rounds of the paired lifecycle comparison in the summary.
+const PAIRED_ROUNDS: usize = 30;
+/// Iterations per arm per round.
+const PAIRED_CHUNK: u32 = 20_000;
+
+/// First quartile, median and third quartile of `xs` (sorted in place).
+fn quartiles(xs: &mut [f64]) -> (f64, f64, f64) {
+    xs.sort_by(f64::total_cmp);
+    let at = |q: f64| xs[((xs.len() - 1) as f64 * q).round() as usize];
+    (at(0.25), at(0.5), at(0.75))
+}
+
 fn time_per_iter(iters: u32, mut f: impl FnMut()) -> Duration {
     for _ in 0..iters / 10 {
         f();
@@ -272,18 +286,39 @@ fn summary(memory: Option<u64>) {
     let mut release = release_all("", "");
     let mut ids = Ids::new(1 << 16);
     let mut sessions = Ids::new(64);
-    let t_manager = time_per_iter(100_000, || {
+    let map = baseline_populated(100_000);
+    let mut manager_arm = || {
         let s = sessions.next().to_owned();
         lifecycle_once(&m, &mut req, &mut release, &s, ids.next())
-    });
-    let map = baseline_populated(100_000);
-    let t_map = time_per_iter(100_000, || {
-        let s = sessions.next().to_owned();
-        baseline_once(&map, USER, &s, ids.next())
-    });
+    };
+    let mut map_ids = Ids::new(1 << 16);
+    let mut map_sessions = Ids::new(64);
+    let mut map_arm = || {
+        let s = map_sessions.next().to_owned();
+        baseline_once(&map, USER, &s, map_ids.next())
+    };
+    // Paired rounds (ABBA): both arms of a round see the same machine load.
+    let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
+    let (mut manager_times, mut map_times) = (Vec::new(), Vec::new());
+    for round in 0..PAIRED_ROUNDS {
+        let (t_manager, t_map) = if round % 2 == 0 {
+            let a = time_per_iter(PAIRED_CHUNK, &mut manager_arm);
+            (a, time_per_iter(PAIRED_CHUNK, &mut map_arm))
+        } else {
+            let b = time_per_iter(PAIRED_CHUNK, &mut map_arm);
+            (time_per_iter(PAIRED_CHUNK, &mut manager_arm), b)
+        };
+        ratios.push(t_map.as_secs_f64() / t_manager.as_secs_f64());
+        manager_times.push(t_manager);
+        map_times.push(t_map);
+    }
+    let (lo, median, hi) = quartiles(&mut ratios);
+    manager_times.sort();
+    map_times.sort();
     println!(
-        "create+attach+release with 100 000 live: manager {t_manager:?}, Mutex<HashMap> {t_map:?}, throughput ratio {:.2} (target ≥ 0.5)",
-        t_map.as_secs_f64() / t_manager.as_secs_f64()
+        "create+attach+release with 100 000 live (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): manager {:?}, Mutex<HashMap> {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.5)",
+        manager_times[PAIRED_ROUNDS / 2],
+        map_times[PAIRED_ROUNDS / 2],
     );
     let t_maint = time_per_iter(20, || {
         black_box(m.maintain());
