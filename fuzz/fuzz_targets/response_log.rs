@@ -131,6 +131,9 @@ fuzz_target!(|input: Input| {
                             assert!(m.final_index.is_none() && blocks);
                             assert!(back.response_id.is_empty());
                         }
+                        Err(PushError::BudgetFull(_)) => {
+                            panic!("BudgetFull from a log that has no memory budget")
+                        }
                     }
                 }
                 None
