@@ -1418,3 +1418,35 @@ async fn rx_x_maintenance_loop_abandons_on_schedule() {
     assert!(f.manager.is_abandoned(&key(&o)));
     task.abort();
 }
+
+/// `Duration::MAX` as "never" for the detached timeout and the inactive-id expiry: a
+/// maintenance pass neither abandons nor forgets anything, and never panics on the addition
+/// (time::deadline_after saturates).
+#[test]
+fn duration_max_manager_timeouts_never_fire_and_never_panic() {
+    let f = ManualManager::new(ManagerConfig {
+        detached_timeout: Duration::MAX,
+        inactive_operation_expiry: Duration::MAX,
+        session_timeout: None,
+        ..ManagerConfig::default()
+    });
+    let detached = op_id();
+    let (mut p, mut s) = start(&f.manager, &execute(&detached));
+    push_n(&mut p, 1, 2);
+    next(&mut s);
+    f.clock.advance(Duration::from_secs(121));
+    assert_eq!(s.try_next(), ConsumerEvent::End(StreamEnd::Rotated));
+    let released = op_id();
+    let (_p2, _s2) = start(&f.manager, &execute(&released));
+    f.manager
+        .release_execute(&Caller::default().release_all(&released))
+        .unwrap();
+    f.clock.advance(Duration::from_secs(3600 * 24 * 365));
+    assert_eq!(f.manager.maintain().abandoned, 0);
+    assert_eq!(f.manager.execution_count(), 1);
+    let e = f
+        .manager
+        .execute_plan(&Caller::default().execute_with(&released, true))
+        .unwrap_err();
+    assert_eq!(condition(&e), "INVALID_HANDLE.OPERATION_ABANDONED");
+}

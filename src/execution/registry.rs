@@ -738,7 +738,9 @@ impl<E> Registry<E> {
         let mut due = Vec::new();
         for (key, s) in self.sessions.iter_mut() {
             for (op, exec) in &s.executions {
-                if detached_since(exec).is_some_and(|t| t + detached_timeout <= now) {
+                if detached_since(exec)
+                    .is_some_and(|t| crate::time::deadline_after(t, detached_timeout) <= now)
+                {
                     due.push(ExecuteKey {
                         user_id: key.user_id.clone(),
                         session_id: key.session_id,
@@ -746,7 +748,8 @@ impl<E> Registry<E> {
                     });
                 }
             }
-            s.inactive.retain(|_, at| *at + expiry > now);
+            s.inactive
+                .retain(|_, at| crate::time::deadline_after(*at, expiry) > now);
         }
         // Sorted, so tombstone order (and so LRU eviction) is deterministic.
         due.sort_unstable();
