@@ -135,7 +135,12 @@ impl MemoryBudget {
         let fits = s.used.saturating_add(size) <= self.limit;
         if floor || (!ahead && fits) {
             if let Some(t) = mine {
-                s.queue.retain(|(q, _)| *q != t);
+                // Admitted waiters are almost always the head (FIFO): O(1) then.
+                if s.queue.front().is_some_and(|(q, _)| *q == t) {
+                    s.queue.pop_front();
+                } else {
+                    s.queue.retain(|(q, _)| *q != t);
+                }
             }
             if let Some(w) = waiter {
                 w.ticket = None;
