@@ -307,6 +307,49 @@ fn try_push_reports_budget_full_and_keeps_the_response() {
     drop((p, s));
 }
 
+/// Eviction under pressure keeps what a reattach from the last sent response needs (rx §3.5:
+/// response ids stay known, and only the next index must be held): that reattach resumes
+/// with the next response, while a reattach from an evicted earlier position gets the typed
+/// `INVALID_CURSOR.POSITION_NOT_AVAILABLE`, as past Spark's retry budget (rx §3.4).
+#[test]
+fn eviction_under_pressure_keeps_a_reattach_from_the_last_sent_response() {
+    let clock = Arc::new(tether::time::ManualClock::new());
+    let m = ExecutionManager::with_clock(small_budget_config(1_500), clock);
+    let caller = Caller::new("u", "6f1b7c4e-8a39-4d2c-9e51-0b3a2f7d8c91");
+    let op = connect::op_id();
+    let (mut p, mut s) = connect::start(&m, &caller.execute(&op));
+    p.try_push(connect::batch_of_len(1, 500)).unwrap();
+    p.try_push(connect::batch_of_len(2, 500)).unwrap();
+    let first = connect::next(&mut s);
+    let second = connect::next(&mut s);
+    // two responses of ~650 bytes fit the 1 500-byte budget, a third does not; nothing is
+    // unsent and both are retained (under the 10 MiB retry budget), so the third push
+    // evicts them and is taken
+    p.try_push(connect::batch_of_len(3, 500)).unwrap();
+    let used = m.memory_usage().unwrap().used;
+    assert!(
+        used < 1_000,
+        "the two sent responses were evicted, only the new one is held: {used} bytes"
+    );
+    drop(s);
+    // the client got everything that was sent: it resumes after its last response
+    let mut resumed = m
+        .reattach_execute(&caller.reattach(&op, Some(&second.response_id)))
+        .expect("reattach from the last sent response");
+    assert_eq!(connect::rows(&connect::next(&mut resumed)), Some(3));
+    drop(resumed);
+    // a client that lost the second response in transit cannot have it back: typed error
+    let err = match m.reattach_execute(&caller.reattach(&op, Some(&first.response_id))) {
+        Ok(mut stream) => connect::expect_err(&mut stream),
+        Err(e) => e,
+    };
+    assert!(
+        err.to_string().contains("POSITION_NOT_AVAILABLE"),
+        "expected POSITION_NOT_AVAILABLE, got {err}"
+    );
+    drop(p);
+}
+
 /// 1 000 executions whose consumers read one response and then stall: producers wait at
 /// the budget (usage ≤ limit + one floor response per execution), and once the consumers
 /// drain every execution completes with every response exactly once and in order.

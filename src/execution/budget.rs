@@ -26,9 +26,13 @@ use crate::sync::Mutex;
 /// - **Per-execution floor**: a log that holds nothing always takes one response, whatever
 ///   the budget says, so no execution can be starved by others' slow consumers. When a
 ///   producer does not fit and its log has no unsent response (its consumer waits for it),
-///   the log first evicts its retained responses (the retry buffer of rx §3.4; a later
-///   reattach to an evicted position gets `POSITION_NOT_AVAILABLE`, rx §3.5) and then takes
-///   the response through the floor.
+///   the log first evicts its retained responses (the retry buffer of rx §3.4) and then takes
+///   the response through the floor. This keeps what a reattach from the *last sent*
+///   response needs — response ids stay known and only the next index must be held
+///   (rx §3.5) — so a client that received everything sent resumes as usual; only a client
+///   that also lost sent responses in transit gets the typed
+///   `INVALID_CURSOR.POSITION_NOT_AVAILABLE`, as past Spark's retry budget (rx §3.4).
+///   Spark keeps up to 10 MiB per execution instead, with no bound across executions.
 /// - The `ResultComplete` response appended by [`ResponseLog::finish`](super::ResponseLog::finish)
 ///   (rx §2.2 T7) is charged without waiting.
 ///

@@ -422,11 +422,15 @@ impl ResponseLog {
             stamped.response_id.clear();
             return Err(PushError::WouldBlock(Box::new(stamped)));
         }
-        if let Some(budget) = self.budget.clone()
-            && !self.admit(&budget, size, waiter)
-        {
-            stamped.response_id.clear();
-            return Err(PushError::BudgetFull(Box::new(stamped)));
+        // Taken out for the call (`admit` needs the log mutably), put back at once: no
+        // reference-count traffic per push.
+        if let Some(budget) = self.budget.take() {
+            let admitted = self.admit(&budget, size, waiter);
+            self.budget = Some(budget);
+            if !admitted {
+                stamped.response_id.clear();
+                return Err(PushError::BudgetFull(Box::new(stamped)));
+            }
         }
         Ok(self.append(stamped, id, size))
     }
