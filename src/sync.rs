@@ -5,7 +5,8 @@
 //! Only the shared state that real threads race on goes through here: the finalize path
 //! of a worker session (its `TerminationWatch` and `CountingHandle`, udf §5.1) and the lock
 //! and waker shell of the execution manager (its registry lock, each execution's lock and
-//! the registry's event queue, rx §5.1). Under loom every lock and atomic access below is a
+//! the registry's event queue, rx §5.1), the manager's memory budget, and the queues of the
+//! in-memory connection pair (`connection::pair`). Under loom every lock and atomic access below is a
 //! point where the model checker may switch threads, so the loom tests explore every
 //! interleaving of, say, a ReattachExecute and an Interrupt on one execution.
 //!

@@ -15,8 +15,10 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
+
+use crate::sync::{Mutex, MutexGuard};
 
 use super::{Connection, ConnectionError};
 
@@ -34,7 +36,8 @@ struct Queue<T> {
     receiver_gone: bool,
 }
 
-/// A [`Queue`] shared by the two ends. The lock is never held across a wake-up.
+/// A [`Queue`] shared by the two ends, behind the crate's loom-aware lock (`crate::sync`).
+/// The lock is never held across a wake-up.
 struct Shared<T>(Mutex<Queue<T>>);
 
 impl<T> Shared<T> {
@@ -51,7 +54,7 @@ impl<T> Shared<T> {
 
     /// Locks the queue; a poisoned lock is taken over (every step leaves it consistent).
     fn lock(&self) -> MutexGuard<'_, Queue<T>> {
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        self.0.lock()
     }
 
     /// The sending end goes away: the receiver reads what is queued, then the end.
