@@ -67,6 +67,10 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
     where
         Q: Hash + hashbrown::Equivalent<K> + ?Sized,
     {
+        // Nothing to hash against (the tombstone caches are usually empty).
+        if self.map.is_empty() {
+            return None;
+        }
         compact(&mut self.order, &self.map);
         let (k, e) = self.map.get_key_value_mut(key)?;
         self.tick += 1;
@@ -88,6 +92,9 @@ impl<K: Hash + Eq + Clone, V> Lru<K, V> {
 
     /// Removes an entry; its queue entry goes at the next compaction.
     pub(crate) fn remove(&mut self, key: &K) -> Option<V> {
+        if self.map.is_empty() {
+            return None;
+        }
         self.map.remove(key).map(|e| e.1)
     }
 

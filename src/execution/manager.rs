@@ -480,46 +480,51 @@ impl ExecutionManager {
     ) -> Result<ReleaseExecuteResponse, ConnectError> {
         let now = self.now();
         let mut wakes = Wakes::default();
-        let r = (|| {
-            let mut reg = self.inner.lock();
-            // Like Spark, ReleaseExecute does not validate the observed server-side
-            // session id (rx §1.5), so a release always reaches the execution.
-            let session = reg.lookup_session(request.user_id(), &request.session_id, None, now)?;
-            let mut response = ReleaseExecuteResponse {
-                session_id: request.session_id.clone(),
-                server_side_session_id: session.server_side().to_string(),
-                operation_id: None,
-            };
-            // An id that is no UUID names no execution, as an unknown one (Spark).
-            let Some(exec) =
-                parse_uuid(&request.operation_id).and_then(|op| Some(session.get(&op)?.clone()))
-            else {
-                return Ok(response);
-            };
-            if !exec.reattachable {
-                return Err(ConnectError::NotReattachable);
-            }
-            match &request.release {
-                None => return Err(ConnectError::UnknownReleaseType),
-                Some(release_execute_request::Release::ReleaseAll(_)) => {
-                    let how = Leave::Removed(Removal::Released);
-                    if reg
-                        .remove(&exec.key, how, now, |e| Arc::ptr_eq(e, &exec))
-                        .is_some()
-                    {
-                        close(&exec, Removal::Released, &mut wakes);
+        // One session lookup and one execution lookup (`Registry::release`). Like Spark,
+        // ReleaseExecute does not validate the observed server-side session id (rx §1.5),
+        // so a release always reaches the execution.
+        let mut reg = self.inner.lock();
+        let released = reg.release(
+            request.user_id(),
+            &request.session_id,
+            &request.operation_id,
+            now,
+            |server_side, exec| {
+                let mut response = ReleaseExecuteResponse {
+                    session_id: request.session_id.clone(),
+                    server_side_session_id: server_side.to_string(),
+                    operation_id: None,
+                };
+                // An unknown id, or one that is no UUID, names no execution (Spark).
+                let Some(exec) = exec else {
+                    return Ok((response, false));
+                };
+                if !exec.reattachable {
+                    return Err(ConnectError::NotReattachable);
+                }
+                let release_all = match &request.release {
+                    None => return Err(ConnectError::UnknownReleaseType),
+                    Some(release_execute_request::Release::ReleaseAll(_)) => true,
+                    Some(release_execute_request::Release::ReleaseUntil(until)) => {
+                        let mut st = exec.lock();
+                        st.core.release_until(&until.response_id)?;
+                        wakes.push(st.take_producer());
+                        false
                     }
-                }
-                Some(release_execute_request::Release::ReleaseUntil(until)) => {
-                    let mut st = exec.lock();
-                    st.core.release_until(&until.response_id)?;
-                    wakes.push(st.take_producer());
-                }
+                };
+                // The execution's canonical id, already spelled (no formatting per call).
+                response.operation_id = Some(exec.operation_id.to_string());
+                Ok((response, release_all))
+            },
+        );
+        // Closed under the registry lock, as every removal (rx §2.2 T12).
+        let r = released.map(|(response, removed)| {
+            if let Some(exec) = removed {
+                close(&exec, Removal::Released, &mut wakes);
             }
-            // The execution's canonical id, already spelled (no formatting per call).
-            response.operation_id = Some(exec.operation_id.to_string());
-            Ok(response)
-        })();
+            response
+        });
+        drop(reg);
         wakes.wake();
         r
     }

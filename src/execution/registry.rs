@@ -15,8 +15,8 @@
 //!   duplicate with the same plan, which the caller reattaches from the start.
 //! - ReattachExecute → [`find`](Registry::find) (rx §5.5 steps 1–2), then the execution's
 //!   own reattach order (`ExecutionCore::reattach`).
-//! - ReleaseExecute → [`lookup_session`](Registry::lookup_session) without the observed
-//!   server-side id, then [`remove`](Registry::remove) for ReleaseAll.
+//! - ReleaseExecute → [`release`](Registry::release): the session without the observed
+//!   server-side id, the execution, and its removal for ReleaseAll, one lookup each.
 //! - Interrupt, and every other RPC naming a session →
 //!   [`get_or_create_session`](Registry::get_or_create_session), then
 //!   [`Session::interrupt_targets`].
@@ -128,11 +128,6 @@ impl<E> Session<E> {
     /// When an RPC last resolved the session (rx §5.6 idle expiry).
     pub(crate) fn last_access(&self) -> Instant {
         self.last_access
-    }
-
-    /// The live execution `op` of this session (rx §5.1).
-    pub(crate) fn get(&self, op: &Uuid) -> Option<&E> {
-        self.executions.get(op)
     }
 
     /// The executions an Interrupt of `target` reaches (rx §5.7), cloned, in no particular
@@ -378,6 +373,10 @@ impl<E> Registry<E> {
     /// # Errors
     /// `SESSION_NOT_FOUND` (also for a session id that is no UUID), `SESSION_CLOSED` if
     /// tombstoned, `SESSION_CHANGED` (the idle clock is then not refreshed).
+    ///
+    /// The RPCs use it through [`find`](Self::find) and [`release`](Self::release); the
+    /// registry's own tests call it directly.
+    #[cfg(test)]
     pub(crate) fn lookup_session(
         &mut self,
         user: &str,
@@ -397,6 +396,26 @@ impl<E> Registry<E> {
         observed: Option<&str>,
         now: Instant,
     ) -> Result<(Uuid, &mut Session<E>), ConnectError> {
+        Self::find_session(
+            &mut self.sessions,
+            &mut self.closed_sessions,
+            user,
+            raw_session_id,
+            observed,
+            now,
+        )
+    }
+
+    /// [`lookup`](Self::lookup) on the fields, so that the caller may use the other fields
+    /// with the session.
+    fn find_session<'a>(
+        sessions: &'a mut FastMap<SessionKey, Session<E>>,
+        closed_sessions: &mut Lru<SessionKey, ()>,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        now: Instant,
+    ) -> Result<(Uuid, &'a mut Session<E>), ConnectError> {
         let not_found = || ConnectError::SessionNotFound {
             handle: shown(raw_session_id).into_owned(),
         };
@@ -405,8 +424,8 @@ impl<E> Registry<E> {
             user_id: user,
             session_id: sid,
         };
-        let Some(session) = self.sessions.get_mut(&key) else {
-            return Err(if self.closed_sessions.contains(&key) {
+        let Some(session) = sessions.get_mut(&key) else {
+            return Err(if closed_sessions.contains(&key) {
                 ConnectError::SessionClosed {
                     handle: shown(raw_session_id).into_owned(),
                 }
@@ -626,6 +645,51 @@ impl<E> Registry<E> {
                 handle: canonical(op),
             }
         })
+    }
+
+    /// ReleaseExecute (rx §5.5) with one session lookup and one execution lookup: resolves
+    /// the session as [`lookup_session`](Self::lookup_session) does without an observed
+    /// id (ReleaseExecute does not check it, rx §1.5), then asks `decide` with the
+    /// session's `server_side_session_id` and the live execution `raw_operation_id` names
+    /// (`None` for an unknown id or one that is no UUID: Spark answers those as released).
+    /// When `decide` answers `true` the execution is removed as released (ReleaseAll: its
+    /// id is remembered as inactive, no tombstone, rx §5.2) and returned with `decide`'s
+    /// value, for the caller to close (rx §2.2 T12).
+    ///
+    /// # Errors
+    /// As [`lookup_session`](Self::lookup_session), or `decide`'s error (nothing removed).
+    pub(crate) fn release<R>(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        raw_operation_id: &str,
+        now: Instant,
+        decide: impl FnOnce(&Arc<str>, Option<&E>) -> Result<(R, bool), ConnectError>,
+    ) -> Result<(R, Option<E>), ConnectError> {
+        let (_, session) = Self::find_session(
+            &mut self.sessions,
+            &mut self.closed_sessions,
+            user,
+            raw_session_id,
+            None,
+            now,
+        )?;
+        let entry = match parse_uuid(raw_operation_id).map(|op| session.executions.entry(op)) {
+            Some(Entry::Occupied(o)) => Some(o),
+            _ => None,
+        };
+        let (answer, remove) = decide(&session.server_side, entry.as_ref().map(|o| o.get()))?;
+        let removed = match entry {
+            Some(o) if remove => {
+                let (op, exec) = o.remove_entry();
+                session.inactive.insert(op, now);
+                self.live -= 1;
+                self.released += 1;
+                Some(exec)
+            }
+            _ => None,
+        };
+        Ok((answer, removed))
     }
 
     /// Removes the execution `key` if `is(value)` (Spark's `removeExecuteHolder`, rx §5.1):
