@@ -71,7 +71,6 @@
 
 use std::io;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -112,8 +111,12 @@ const ROLE_CONSUMERS: &str = "consumers";
 
 const CASES: [&str; 3] = ["scaling/grpc", "scaling/framed", "scaling/executions"];
 
+#[path = "common/child.rs"]
+mod child_process;
 #[path = "common/malloc.rs"]
 mod malloc;
+
+use child_process::ChildProcess;
 
 fn main() {
     if let Ok(role) = std::env::var(ROLE_ENV) {
@@ -221,6 +224,20 @@ impl Knobs {
             .as_deref()
             .is_none_or(|only| only.split(',').any(|c| c.trim() == case))
     }
+}
+
+/// User + system CPU seconds of process `pid` (`/proc/<pid>/stat`, clock ticks of 10 ms).
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let ticks: u64 = rest
+        .split_whitespace()
+        .skip(11)
+        .take(2)
+        .filter_map(|f| f.parse::<u64>().ok())
+        .sum();
+    ticks as f64 / 100.0
 }
 
 /// Cargo's target directory: `CARGO_TARGET_DIR`, else three levels above this binary
@@ -433,18 +450,23 @@ fn pair_point(
         (knobs.chunk.as_secs_f64() / once).ceil().clamp(1.0, 1000.0) as u32
     };
     let chunks = (calibrate(&mut tether), calibrate(&mut baseline));
+    // Seconds per iteration, and the engine process's CPU seconds per wall second over them.
     let time = |arm: &mut Arm<'_>, iterations: u32| {
         rt.block_on(async {
+            let cpu = cpu_seconds(std::process::id());
             let start = Instant::now();
             for _ in 0..iterations {
                 check(&arm().await, false);
             }
-            start.elapsed().as_secs_f64() / f64::from(iterations)
+            let wall = start.elapsed().as_secs_f64();
+            let busy = (cpu_seconds(std::process::id()) - cpu) / wall.max(1e-6);
+            (wall / f64::from(iterations), busy)
         })
     };
     let (mut ratios, mut tether_s, mut baseline_s) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut tether_cpu, mut baseline_cpu) = (Vec::new(), Vec::new());
     for round in 0..knobs.rounds {
-        let (t, b) = if round % 2 == 0 {
+        let ((t, t_cpu), (b, b_cpu)) = if round % 2 == 0 {
             let t = time(&mut tether, chunks.0);
             (t, time(&mut baseline, chunks.1))
         } else {
@@ -454,6 +476,8 @@ fn pair_point(
         ratios.push(b / t);
         tether_s.push(t);
         baseline_s.push(b);
+        tether_cpu.push(t_cpu);
+        baseline_cpu.push(b_cpu);
     }
     let bytes = (sessions * input.len() * BATCH) as f64 / f64::from(1u32 << 30);
     let point = SessionPoint {
@@ -465,7 +489,7 @@ fn pair_point(
         target,
     };
     println!(
-        "{transport} × {sessions}: tether {:.3} GiB/s, bare {:.3} GiB/s, ratio {:.3} [{:.3}–{:.3}] (chunks {} / {} iterations; load {})",
+        "{transport} × {sessions}: tether {:.3} GiB/s, bare {:.3} GiB/s, ratio {:.3} [{:.3}–{:.3}] (chunks {} / {} iterations; engine process CPU {:.0} % / {:.0} %; load {})",
         point.tether,
         point.baseline,
         point.ratio.median,
@@ -473,6 +497,8 @@ fn pair_point(
         point.ratio.q3,
         chunks.0,
         chunks.1,
+        Spread::of(tether_cpu).median * 100.0,
+        Spread::of(baseline_cpu).median * 100.0,
         loadavg()
     );
     point
@@ -501,40 +527,10 @@ where
 // ---------------------------------------------------------------------------------------------
 // Child processes.
 
-/// This binary re-executed in `role`, listening on `path`; killed and reaped on drop.
-struct ChildProcess {
-    child: Child,
-    path: PathBuf,
-}
-
-impl ChildProcess {
-    fn unix(role: &str, path: PathBuf) -> Self {
-        let _ = std::fs::remove_file(&path);
-        let child = Command::new(std::env::current_exe().expect("this binary"))
-            .env(ROLE_ENV, role)
-            .arg(&path)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn a child process");
-        let mut process = ChildProcess { child, path };
-        let give_up = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&process.path).is_err() {
-            if let Ok(Some(status)) = process.child.try_wait() {
-                panic!("{role} process ended at start: {status}");
-            }
-            assert!(Instant::now() < give_up, "{role} not listening after 10 s");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        process
-    }
-}
-
-impl Drop for ChildProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.path);
-    }
+/// This binary re-executed in `role`, serving on `path` (the path is its one argument).
+fn serving(role: &str, path: PathBuf) -> ChildProcess {
+    let arg = path.clone();
+    ChildProcess::listening(ROLE_ENV, role, &[arg.as_os_str()], path)
 }
 
 mod child {
@@ -636,11 +632,19 @@ fn framed_points(
     input: &[Bytes],
 ) -> Vec<SessionPoint> {
     let workers: Vec<ChildProcess> = (0..POOL)
-        .map(|i| ChildProcess::unix(ROLE_FRAMED, scratch.join(&format!("framed-{i}.sock"))))
+        .map(|i| serving(ROLE_FRAMED, scratch.join(&format!("framed-{i}.sock"))))
         .collect();
     let bare: Vec<ChildProcess> = (0..POOL)
-        .map(|i| ChildProcess::unix(ROLE_BARE, scratch.join(&format!("bare-{i}.sock"))))
+        .map(|i| serving(ROLE_BARE, scratch.join(&format!("bare-{i}.sock"))))
         .collect();
+    // For reading a system-wide profile (`perf record -a`) by process.
+    let pids = |ps: &[ChildProcess]| ps.iter().map(ChildProcess::pid).collect::<Vec<_>>();
+    println!(
+        "framed: engine pid {}, tether worker pids {:?}, bare echo pids {:?}",
+        std::process::id(),
+        pids(&workers),
+        pids(&bare)
+    );
     let config = FramedConfig::default();
     knobs
         .sessions
@@ -728,8 +732,8 @@ mod grpc {
     use tonic_prost::ProstCodec;
 
     use super::{
-        Arm, ChildProcess, EchoUdf, Knobs, ROLE_GRPC, ROLE_TONIC, ScratchDir, SessionPoint,
-        pair_point, session,
+        Arm, EchoUdf, Knobs, ROLE_GRPC, ROLE_TONIC, ScratchDir, SessionPoint, pair_point, serving,
+        session,
     };
 
     pub(super) fn points(
@@ -738,8 +742,8 @@ mod grpc {
         scratch: &ScratchDir,
         input: &[Bytes],
     ) -> Vec<SessionPoint> {
-        let worker = ChildProcess::unix(ROLE_GRPC, scratch.join("grpc.sock"));
-        let plain = ChildProcess::unix(ROLE_TONIC, scratch.join("tonic.sock"));
+        let worker = serving(ROLE_GRPC, scratch.join("grpc.sock"));
+        let plain = serving(ROLE_TONIC, scratch.join("tonic.sock"));
         let config = GrpcConfig::default();
         let (channel, bare) = rt.block_on(async {
             let channel = GrpcChannel::connect(&WorkerEndpoint::Unix(worker.path.clone()), &config)
@@ -891,7 +895,7 @@ mod executions {
     use tonic::transport::server::TcpIncoming;
     use tonic::transport::{Channel, Endpoint};
 
-    use super::{EXECUTION_POINTS, ExecutionPoint, Knobs, ROLE_ENV, Spread, loadavg};
+    use super::{EXECUTION_POINTS, ExecutionPoint, Knobs, ROLE_ENV, Spread, cpu_seconds, loadavg};
 
     /// Arrow-batch responses per execution.
     const BATCHES: u64 = 16;
@@ -1177,20 +1181,6 @@ mod executions {
             .find_map(|l| l.strip_prefix(field))
             .and_then(|v| v.split_whitespace().next()?.parse::<u64>().ok())
             .map_or(0, |kib| kib * 1024)
-    }
-
-    /// User + system CPU seconds of process `pid` (`/proc/<pid>/stat`, clock ticks of 10 ms).
-    fn cpu_seconds(pid: u32) -> f64 {
-        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-        // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-        let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
-        let ticks: u64 = rest
-            .split_whitespace()
-            .skip(11)
-            .take(2)
-            .filter_map(|f| f.parse::<u64>().ok())
-            .sum();
-        ticks as f64 / 100.0
     }
 }
 

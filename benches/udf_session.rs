@@ -151,11 +151,11 @@
 //!
 //! Needs `[[bench]] name = "udf_session" harness = false` in Cargo.toml.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
 use std::future::Future;
 use std::io::{self, IoSlice};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
@@ -193,8 +193,12 @@ const DEFAULT_PAIRS: usize = 30;
 const MIN_CHUNK: Duration = Duration::from_millis(20);
 
 /// Env var that turns this binary into a worker process (its value is the role).
+#[path = "common/child.rs"]
+mod child_process;
 #[path = "common/malloc.rs"]
 mod malloc;
+
+use child_process::ChildProcess;
 
 const ROLE_ENV: &str = "TETHER_BENCH_ROLE";
 const ROLE_FRAMED: &str = "framed-echo";
@@ -419,8 +423,8 @@ struct Arm<'a> {
 }
 
 impl Arm<'_> {
-    fn on(mut self, worker: &WorkerProcess) -> Self {
-        self.workers.push(worker.child.id());
+    fn on(mut self, worker: &ChildProcess) -> Self {
+        self.workers.push(worker.pid());
         self
     }
 }
@@ -933,8 +937,8 @@ fn socket_case(bench: &mut Bench, scratch: &ScratchDir) {
     if !bench.enabled(&spec, &["session", "bare_stream"]) {
         return;
     }
-    let framed = WorkerProcess::spawn(ROLE_FRAMED, scratch);
-    let raw = WorkerProcess::spawn(ROLE_RAW, scratch);
+    let framed = spawn_worker(ROLE_FRAMED, scratch);
+    let raw = spawn_worker(ROLE_RAW, scratch);
     let input = bench.input.clone();
     let config = FramedConfig::default();
     bench.compare(
@@ -1042,7 +1046,7 @@ mod grpc {
 
     use super::{
         Against, BATCH_LEN, Bench, EchoUdf, GrpcChannel, ROLE_GRPC, ROLE_TONIC, ScratchDir, Spec,
-        WorkerProcess, WorkerServer, WorkerService, arm, run_session,
+        WorkerServer, WorkerService, arm, run_session, spawn_worker,
     };
 
     pub(super) fn case(bench: &mut Bench, scratch: &ScratchDir) {
@@ -1055,8 +1059,8 @@ mod grpc {
         if !bench.enabled(&spec, &["session", "bare_tonic"]) {
             return;
         }
-        let tether_worker = WorkerProcess::spawn(ROLE_GRPC, scratch);
-        let tonic_worker = WorkerProcess::spawn(ROLE_TONIC, scratch);
+        let tether_worker = spawn_worker(ROLE_GRPC, scratch);
+        let tonic_worker = spawn_worker(ROLE_TONIC, scratch);
         let config = GrpcConfig::default();
         let (channel, bare) = bench.rt.block_on(async {
             let endpoint = WorkerEndpoint::Unix(tether_worker.path.clone());
@@ -1298,46 +1302,17 @@ async fn setup_teardown(d: &Dispatcher<FramedTransport>) -> Vec<Bytes> {
 // ---------------------------------------------------------------------------------------------
 // Worker processes.
 
-/// This binary re-executed as a worker in `role`, listening on a socket in the scratch
-/// directory; killed and reaped on drop.
-struct WorkerProcess {
-    child: Child,
-    path: PathBuf,
-}
-
-impl WorkerProcess {
-    fn spawn(role: &str, scratch: &ScratchDir) -> Self {
-        let path = scratch.join(&format!("{role}.sock"));
-        let _ = std::fs::remove_file(&path);
-        let child = Command::new(std::env::current_exe().expect("bench binary path"))
-            .env(ROLE_ENV, role)
-            .arg("--connection")
-            .arg(&path)
-            .stdin(Stdio::null())
-            .spawn()
-            .expect("spawn the worker process");
-        let mut worker = WorkerProcess { child, path };
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while std::os::unix::net::UnixStream::connect(&worker.path).is_err() {
-            if let Ok(Some(status)) = worker.child.try_wait() {
-                panic!("{role} worker exited at start: {status}");
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{role} worker not listening after 10 s"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
-        worker
-    }
-}
-
-impl Drop for WorkerProcess {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.path);
-    }
+/// This binary re-executed as a worker in `role`, listening on `<role>.sock` in the scratch
+/// directory (given as `--connection <path>`); killed and reaped on drop.
+fn spawn_worker(role: &str, scratch: &ScratchDir) -> ChildProcess {
+    let path = scratch.join(&format!("{role}.sock"));
+    let arg = path.clone();
+    ChildProcess::listening(
+        ROLE_ENV,
+        role,
+        &[OsStr::new("--connection"), arg.as_os_str()],
+        path,
+    )
 }
 
 mod worker {
