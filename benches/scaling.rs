@@ -424,8 +424,8 @@ fn pair_point(
     knobs: &Knobs,
     (transport, sessions, target): (&'static str, usize, f64),
     input: &[Bytes],
-    mut tether: Arm<'_>,
-    mut baseline: Arm<'_>,
+    (mut tether, mut baseline): (Arm<'_>, Arm<'_>),
+    workers: &[u32],
 ) -> SessionPoint {
     let check = |out: &[Vec<Bytes>], exact: bool| {
         assert_eq!(out.len(), sessions, "{transport}: sessions returned");
@@ -450,21 +450,26 @@ fn pair_point(
         (knobs.chunk.as_secs_f64() / once).ceil().clamp(1.0, 1000.0) as u32
     };
     let chunks = (calibrate(&mut tether), calibrate(&mut baseline));
-    // Seconds per iteration, and the engine process's CPU seconds per wall second over them.
+    // Seconds per iteration, and the CPU seconds per wall second of the engine process and
+    // of every worker process (both arms' workers: the idle arm's add nothing).
+    let workers_cpu = || workers.iter().map(|&pid| cpu_seconds(pid)).sum::<f64>();
+    let me = std::process::id();
     let time = |arm: &mut Arm<'_>, iterations: u32| {
         rt.block_on(async {
-            let cpu = cpu_seconds(std::process::id());
+            let (cpu, others) = (cpu_seconds(me), workers_cpu());
             let start = Instant::now();
             for _ in 0..iterations {
                 check(&arm().await, false);
             }
-            let wall = start.elapsed().as_secs_f64();
-            let busy = (cpu_seconds(std::process::id()) - cpu) / wall.max(1e-6);
-            (wall / f64::from(iterations), busy)
+            let wall = start.elapsed().as_secs_f64().max(1e-6);
+            let busy = (cpu_seconds(me) - cpu) / wall;
+            let worker_busy = (workers_cpu() - others) / wall;
+            (wall / f64::from(iterations), (busy, worker_busy))
         })
     };
     let (mut ratios, mut tether_s, mut baseline_s) = (Vec::new(), Vec::new(), Vec::new());
     let (mut tether_cpu, mut baseline_cpu) = (Vec::new(), Vec::new());
+    let (mut tether_workers, mut baseline_workers) = (Vec::new(), Vec::new());
     for round in 0..knobs.rounds {
         let ((t, t_cpu), (b, b_cpu)) = if round % 2 == 0 {
             let t = time(&mut tether, chunks.0);
@@ -476,8 +481,10 @@ fn pair_point(
         ratios.push(b / t);
         tether_s.push(t);
         baseline_s.push(b);
-        tether_cpu.push(t_cpu);
-        baseline_cpu.push(b_cpu);
+        tether_cpu.push(t_cpu.0);
+        baseline_cpu.push(b_cpu.0);
+        tether_workers.push(t_cpu.1);
+        baseline_workers.push(b_cpu.1);
     }
     let bytes = (sessions * input.len() * BATCH) as f64 / f64::from(1u32 << 30);
     let point = SessionPoint {
@@ -489,7 +496,7 @@ fn pair_point(
         target,
     };
     println!(
-        "{transport} × {sessions}: tether {:.3} GiB/s, bare {:.3} GiB/s, ratio {:.3} [{:.3}–{:.3}] (chunks {} / {} iterations; engine process CPU {:.0} % / {:.0} %; load {})",
+        "{transport} × {sessions}: tether {:.3} GiB/s, bare {:.3} GiB/s, ratio {:.3} [{:.3}–{:.3}] (chunks {} / {} iterations; CPU of the engine {:.0} % / {:.0} %, of the workers {:.0} % / {:.0} %; load {})",
         point.tether,
         point.baseline,
         point.ratio.median,
@@ -499,6 +506,8 @@ fn pair_point(
         chunks.1,
         Spread::of(tether_cpu).median * 100.0,
         Spread::of(baseline_cpu).median * 100.0,
+        Spread::of(tether_workers).median * 100.0,
+        Spread::of(baseline_workers).median * 100.0,
         loadavg()
     );
     point
@@ -639,6 +648,7 @@ fn framed_points(
         .collect();
     // For reading a system-wide profile (`perf record -a`) by process.
     let pids = |ps: &[ChildProcess]| ps.iter().map(ChildProcess::pid).collect::<Vec<_>>();
+    let worker_pids: Vec<u32> = workers.iter().chain(&bare).map(ChildProcess::pid).collect();
     println!(
         "framed: engine pid {}, tether worker pids {:?}, bare echo pids {:?}",
         std::process::id(),
@@ -650,7 +660,7 @@ fn framed_points(
         .sessions
         .iter()
         .map(|&n| {
-            let (workers, bare, config) = (&workers, &bare, &config);
+            let (workers, bare, config, worker_pids) = (&workers, &bare, &config, &worker_pids);
             let tether: Arm<'_> = Box::new(move || {
                 Box::pin(join_all((0..n).map(move |i| async move {
                     let conn =
@@ -665,7 +675,14 @@ fn framed_points(
                     (0..n).map(move |i| bare_exchange(&bare[i % POOL].path, input)),
                 ))
             });
-            pair_point(rt, knobs, ("framed", n, 0.85), input, tether, baseline)
+            pair_point(
+                rt,
+                knobs,
+                ("framed", n, 0.85),
+                input,
+                (tether, baseline),
+                worker_pids,
+            )
         })
         .collect()
 }
@@ -744,6 +761,7 @@ mod grpc {
     ) -> Vec<SessionPoint> {
         let worker = serving(ROLE_GRPC, scratch.join("grpc.sock"));
         let plain = serving(ROLE_TONIC, scratch.join("tonic.sock"));
+        let worker_pids = [worker.pid(), plain.pid()];
         let config = GrpcConfig::default();
         let (channel, bare) = rt.block_on(async {
             let channel = GrpcChannel::connect(&WorkerEndpoint::Unix(worker.path.clone()), &config)
@@ -768,7 +786,14 @@ mod grpc {
                         (0..n).map(move |_| plain_exchange(bare.clone(), input, max)),
                     ))
                 });
-                pair_point(rt, knobs, ("grpc", n, 0.9), input, tether, baseline)
+                pair_point(
+                    rt,
+                    knobs,
+                    ("grpc", n, 0.9),
+                    input,
+                    (tether, baseline),
+                    &worker_pids,
+                )
             })
             .collect();
         channel.close();
