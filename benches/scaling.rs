@@ -115,6 +115,9 @@ const CASES: [&str; 3] = ["scaling/grpc", "scaling/framed", "scaling/executions"
 mod child_process;
 #[path = "common/malloc.rs"]
 mod malloc;
+#[cfg(feature = "grpc")]
+#[path = "common/plain_grpc.rs"]
+mod plain_grpc;
 
 use child_process::ChildProcess;
 
@@ -598,9 +601,9 @@ mod child {
                     }
                 }
                 #[cfg(feature = "grpc")]
-                super::ROLE_GRPC => super::grpc::tether_worker(&path).await,
+                super::ROLE_GRPC => super::plain_grpc::tether_worker(&path).await,
                 #[cfg(feature = "grpc")]
-                super::ROLE_TONIC => super::grpc::tonic_worker(&path).await,
+                super::ROLE_TONIC => super::plain_grpc::tonic_worker(&path).await,
                 #[cfg(feature = "spark-connect")]
                 super::ROLE_CONNECT => super::executions::server().await,
                 other => panic!("unknown role {other}"),
@@ -727,30 +730,15 @@ async fn bare_exchange(path: &Path, input: &[Bytes]) -> Vec<Bytes> {
 
 #[cfg(feature = "grpc")]
 mod grpc {
-    use std::convert::Infallible;
-    use std::path::Path;
-
     use bytes::Bytes;
-    use futures::StreamExt;
     use futures::future::join_all;
-    use http::Uri;
-    use http::uri::PathAndQuery;
-    use hyper_util::rt::TokioIo;
-    use tether::spark::udf_grpc::{
-        EXECUTE_PATH, GrpcChannel, GrpcConfig, WorkerServer, WorkerService,
-    };
-    use tether::wire::{UdfRequest, UdfResponse, udf_request, udf_response};
-    use tether::worker::endpoint::EndpointConfig;
+    use tether::spark::udf_grpc::{GrpcChannel, GrpcConfig};
     use tether::worker::engine::WorkerEndpoint;
-    use tokio::net::{UnixListener, UnixStream};
     use tokio::runtime::Runtime;
-    use tonic::transport::{Channel, Endpoint, Server};
-    use tonic::{Status, Streaming};
-    use tonic_prost::ProstCodec;
 
+    use super::plain_grpc::{plain_channel, plain_exchange};
     use super::{
-        Arm, EchoUdf, Knobs, ROLE_GRPC, ROLE_TONIC, ScratchDir, SessionPoint, pair_point, serving,
-        session,
+        Arm, Knobs, ROLE_GRPC, ROLE_TONIC, ScratchDir, SessionPoint, pair_point, serving, session,
     };
 
     pub(super) fn points(
@@ -798,100 +786,6 @@ mod grpc {
             .collect();
         channel.close();
         points
-    }
-
-    /// A plain tonic channel over the Unix socket at `path`, with tether's HTTP/2 settings.
-    async fn plain_channel(path: &Path, config: &GrpcConfig) -> Channel {
-        let path = path.to_path_buf();
-        let connector = tower::service_fn(move |_: Uri| {
-            let path = path.clone();
-            async move { UnixStream::connect(path).await.map(TokioIo::new) }
-        });
-        Endpoint::from_static("http://worker")
-            .initial_stream_window_size(config.stream_window)
-            .initial_connection_window_size(config.connection_window)
-            .http2_adaptive_window(false)
-            .max_frame_size(config.max_frame_size)
-            .connect_with_connector(connector)
-            .await
-            .expect("connect to the plain tonic server")
-    }
-
-    /// One plain bidi stream: the batches as `UdfRequest::data`, collecting the echoes.
-    async fn plain_exchange(channel: Channel, input: &[Bytes], max: usize) -> Vec<Bytes> {
-        let mut grpc = tonic::client::Grpc::new(channel)
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max);
-        grpc.ready().await.expect("plain channel ready");
-        let requests = futures::stream::iter(
-            input
-                .iter()
-                .map(|b| UdfRequest::data(b.clone()))
-                .collect::<Vec<_>>(),
-        );
-        let mut echoes = grpc
-            .streaming(
-                tonic::Request::new(requests),
-                PathAndQuery::from_static(EXECUTE_PATH),
-                ProstCodec::<UdfRequest, UdfResponse>::default(),
-            )
-            .await
-            .expect("plain Execute call")
-            .into_inner();
-        let mut echoed = Vec::with_capacity(input.len());
-        while let Some(message) = echoes.message().await.expect("a plain echo") {
-            let Some(udf_response::Response::Data(data)) = message.response else {
-                panic!("not a data echo: {message:?}");
-            };
-            echoed.push(data.data);
-        }
-        echoed
-    }
-
-    /// Role `grpc`: tether's gRPC worker server with the echo UDF.
-    pub(super) async fn tether_worker(path: &Path) {
-        let service = WorkerService::for_udf(EchoUdf::default, EndpointConfig::default());
-        WorkerServer::bind_unix(path, service)
-            .expect("bind the gRPC worker")
-            .wait()
-            .await;
-    }
-
-    /// Role `tonic`: a plain tonic server whose every call maps its request stream to echoes
-    /// inline (no queue, no protocol), with tether's HTTP/2 settings.
-    pub(super) async fn tonic_worker(path: &Path) {
-        let config = GrpcConfig::default();
-        let max = config.max_message_size;
-        let listener = UnixListener::bind(path).expect("bind the plain tonic server");
-        let incoming = futures::stream::unfold(listener, |listener| async move {
-            Some((listener.accept().await.map(|(s, _)| s), listener))
-        });
-        let echo = tower::service_fn(|call: tonic::Request<Streaming<UdfRequest>>| async move {
-            let echoes = call.into_inner().map(|request| {
-                request.map(|r| match r.request {
-                    Some(udf_request::Request::Data(d)) => UdfResponse::data(d.data),
-                    _ => UdfResponse::default(),
-                })
-            });
-            Ok::<_, Status>(tonic::Response::new(echoes))
-        });
-        let every_call = tower::service_fn(
-            move |request: http::Request<tonic::body::Body>| async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(ProstCodec::<UdfResponse, UdfRequest>::default())
-                        .apply_max_message_size_config(Some(max), Some(max));
-                Ok::<_, Infallible>(grpc.streaming(echo, request).await)
-            },
-        );
-        Server::builder()
-            .initial_stream_window_size(config.stream_window)
-            .initial_connection_window_size(config.connection_window)
-            .http2_adaptive_window(Some(false))
-            .max_frame_size(config.max_frame_size)
-            .max_concurrent_streams(config.max_concurrent_streams)
-            .serve_with_incoming(every_call, Box::pin(incoming))
-            .await
-            .expect("serve");
     }
 }
 

@@ -179,7 +179,7 @@ use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
 
 #[cfg(feature = "grpc")]
-use tether::spark::udf_grpc::{GrpcChannel, WorkerServer, WorkerService};
+use tether::spark::udf_grpc::GrpcChannel;
 
 /// Size of one batch: 64 KiB.
 const BATCH_LEN: usize = 64 * 1024;
@@ -197,6 +197,9 @@ const MIN_CHUNK: Duration = Duration::from_millis(20);
 mod child_process;
 #[path = "common/malloc.rs"]
 mod malloc;
+#[cfg(feature = "grpc")]
+#[path = "common/plain_grpc.rs"]
+mod plain_grpc;
 
 use child_process::ChildProcess;
 
@@ -1023,30 +1026,14 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Bytes> {
 
 #[cfg(feature = "grpc")]
 mod grpc {
-    use std::convert::Infallible;
-    use std::path::Path;
-    use std::task::{Context, Poll};
-
-    use bytes::Bytes;
     use criterion::Throughput;
-    use futures::StreamExt;
-    use futures::future::{BoxFuture, Ready, ready};
-    use futures::stream::BoxStream;
-    use http::Uri;
-    use http::uri::PathAndQuery;
-    use hyper_util::rt::TokioIo;
-    use tether::spark::udf_grpc::{EXECUTE_PATH, GrpcConfig};
-    use tether::wire::{UdfRequest, UdfResponse, udf_request, udf_response};
-    use tether::worker::endpoint::EndpointConfig;
+    use tether::spark::udf_grpc::GrpcConfig;
     use tether::worker::engine::WorkerEndpoint;
-    use tokio::net::{UnixListener, UnixStream};
-    use tonic::transport::{Channel, Endpoint, Server};
-    use tonic::{Status, Streaming};
-    use tonic_prost::ProstCodec;
 
+    use super::plain_grpc::{plain_channel, plain_exchange};
     use super::{
-        Against, BATCH_LEN, Bench, EchoUdf, GrpcChannel, ROLE_GRPC, ROLE_TONIC, ScratchDir, Spec,
-        WorkerServer, WorkerService, arm, run_session, spawn_worker,
+        Against, BATCH_LEN, Bench, GrpcChannel, ROLE_GRPC, ROLE_TONIC, ScratchDir, Spec, arm,
+        run_session, spawn_worker,
     };
 
     pub(super) fn case(bench: &mut Bench, scratch: &ScratchDir) {
@@ -1067,7 +1054,7 @@ mod grpc {
             let channel = GrpcChannel::connect(&endpoint, &config)
                 .await
                 .expect("connect to the tether gRPC worker");
-            let bare = bare_channel(&tonic_worker.path, &config).await;
+            let bare = plain_channel(&tonic_worker.path, &config).await;
             (channel, bare)
         });
         let input = bench.input.clone();
@@ -1081,7 +1068,7 @@ mod grpc {
             .on(&tether_worker),
             vec![Against {
                 arm: arm("bare_tonic", || {
-                    bare_exchange(&bare, &input, config.max_message_size)
+                    plain_exchange(bare.clone(), &input, config.max_message_size)
                 })
                 .on(&tonic_worker),
                 label: "(c) gRPC vs plain tonic",
@@ -1092,124 +1079,6 @@ mod grpc {
             channel.close();
             drop(bare);
         });
-    }
-
-    /// A plain tonic channel over the Unix socket with tether's HTTP/2 settings.
-    async fn bare_channel(path: &Path, config: &GrpcConfig) -> Channel {
-        let path = path.to_path_buf();
-        Endpoint::from_static("http://localhost")
-            .initial_stream_window_size(config.stream_window)
-            .initial_connection_window_size(config.connection_window)
-            .http2_adaptive_window(false)
-            .max_frame_size(config.max_frame_size)
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { Ok::<_, std::io::Error>(TokioIo::new(UnixStream::connect(path).await?)) }
-            }))
-            .await
-            .expect("connect to the plain tonic worker")
-    }
-
-    /// One bidi stream: every batch as `UdfRequest::data`, collecting the echoed data.
-    async fn bare_exchange(channel: &Channel, input: &[Bytes], max: usize) -> Vec<Bytes> {
-        let mut grpc = tonic::client::Grpc::new(channel.clone())
-            .max_decoding_message_size(max)
-            .max_encoding_message_size(max);
-        grpc.ready().await.expect("channel ready");
-        // tonic needs a 'static request stream: build the messages up front.
-        let requests: Vec<UdfRequest> = input.iter().cloned().map(UdfRequest::data).collect();
-        let requests = futures::stream::iter(requests);
-        let mut responses = grpc
-            .streaming(
-                tonic::Request::new(requests),
-                PathAndQuery::from_static(EXECUTE_PATH),
-                ProstCodec::<UdfRequest, UdfResponse>::default(),
-            )
-            .await
-            .expect("Execute call")
-            .into_inner();
-        let mut out = Vec::with_capacity(input.len());
-        while let Some(msg) = responses.message().await.expect("echoed message") {
-            match msg.response {
-                Some(udf_response::Response::Data(d)) => out.push(d.data),
-                other => panic!("unexpected response {other:?}"),
-            }
-        }
-        out
-    }
-
-    /// Worker role `grpc-echo`: tether's gRPC worker server running the echo UDF.
-    pub(super) async fn tether_worker(path: &Path) {
-        let service = WorkerService::for_udf(EchoUdf::default, EndpointConfig::default());
-        let server = WorkerServer::bind_unix(path, service).expect("bind the gRPC worker");
-        server.wait().await;
-    }
-
-    /// Worker role `tonic-echo`: a plain tonic server mapping each request to its echo.
-    pub(super) async fn tonic_worker(path: &Path) {
-        let config = GrpcConfig::default();
-        let listener = UnixListener::bind(path).expect("bind the tonic worker");
-        let incoming = futures::stream::unfold(listener, |listener| async move {
-            let accepted = listener.accept().await.map(|(stream, _)| stream);
-            Some((accepted, listener))
-        });
-        Server::builder()
-            .initial_stream_window_size(config.stream_window)
-            .initial_connection_window_size(config.connection_window)
-            .http2_adaptive_window(Some(false))
-            .max_frame_size(config.max_frame_size)
-            .serve_with_incoming(
-                RawEcho {
-                    max: config.max_message_size,
-                },
-                Box::pin(incoming),
-            )
-            .await
-            .expect("serve");
-    }
-
-    /// The whole plain service: every call is an echoing bidi stream.
-    #[derive(Clone)]
-    struct RawEcho {
-        max: usize,
-    }
-
-    impl tower::Service<http::Request<tonic::body::Body>> for RawEcho {
-        type Response = http::Response<tonic::body::Body>;
-        type Error = Infallible;
-        type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
-
-        fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
-            Poll::Ready(Ok(()))
-        }
-
-        fn call(&mut self, request: http::Request<tonic::body::Body>) -> Self::Future {
-            let max = self.max;
-            Box::pin(async move {
-                let mut grpc =
-                    tonic::server::Grpc::new(ProstCodec::<UdfResponse, UdfRequest>::default())
-                        .apply_max_message_size_config(Some(max), Some(max));
-                Ok(grpc.streaming(EchoCall, request).await)
-            })
-        }
-    }
-
-    struct EchoCall;
-
-    impl tonic::server::StreamingService<UdfRequest> for EchoCall {
-        type Response = UdfResponse;
-        type ResponseStream = BoxStream<'static, Result<UdfResponse, Status>>;
-        type Future = Ready<Result<tonic::Response<Self::ResponseStream>, Status>>;
-
-        fn call(&mut self, request: tonic::Request<Streaming<UdfRequest>>) -> Self::Future {
-            let echoed = request.into_inner().map(|r| {
-                r.map(|req| match req.request {
-                    Some(udf_request::Request::Data(d)) => UdfResponse::data(d.data),
-                    _ => UdfResponse::default(),
-                })
-            });
-            ready(Ok(tonic::Response::new(echoed.boxed())))
-        }
     }
 }
 
@@ -1347,9 +1216,9 @@ mod worker {
                 ROLE_FRAMED => framed_echo(&path).await,
                 ROLE_RAW => raw_echo(&path).await,
                 #[cfg(feature = "grpc")]
-                super::ROLE_GRPC => super::grpc::tether_worker(&path).await,
+                super::ROLE_GRPC => super::plain_grpc::tether_worker(&path).await,
                 #[cfg(feature = "grpc")]
-                super::ROLE_TONIC => super::grpc::tonic_worker(&path).await,
+                super::ROLE_TONIC => super::plain_grpc::tonic_worker(&path).await,
                 other => panic!("unknown worker role {other}"),
             }
         });
