@@ -51,11 +51,15 @@ const CANCEL_TIMEOUT: Duration = Duration::from_secs(5);
 /// the two deadlines shows.
 const INIT_TIMEOUT: Duration = Duration::from_secs(7);
 const INPUT_BUFFER: usize = 3;
+/// The byte bound beside [`INPUT_BUFFER`]: the model's batches are 4–6 bytes (`in-N`), so
+/// sometimes two of them reach it before three batches do.
+const INPUT_BUFFER_BYTES: usize = 10;
 const INLINE: &[u8] = b"udf-";
 
 fn config() -> EndpointConfig {
     EndpointConfig {
         input_buffer: INPUT_BUFFER,
+        input_buffer_bytes: INPUT_BUFFER_BYTES,
         init_timeout: Some(INIT_TIMEOUT),
         cancel_timeout: Some(CANCEL_TIMEOUT),
         ..EndpointConfig::new()
@@ -1055,6 +1059,8 @@ impl WorkerSut {
         );
         prop_assert_eq!(core.stats(), m.stats, "counters");
         prop_assert_eq!(core.input_len(), m.input.len(), "input queue");
+        let input_bytes: usize = m.input.iter().map(Bytes::len).sum();
+        prop_assert_eq!(core.input_bytes(), input_bytes, "input bytes");
         prop_assert_eq!(
             core.has_transmit(),
             !m.outbox.is_empty(),
@@ -1062,8 +1068,10 @@ impl WorkerSut {
         );
         prop_assert_eq!(
             core.wants_recv(),
-            !m.done() && m.input.len() < INPUT_BUFFER,
-            "wants_recv (udf §1.4 back-pressure)"
+            !m.done()
+                && (m.input.is_empty()
+                    || (m.input.len() < INPUT_BUFFER && input_bytes < INPUT_BUFFER_BYTES)),
+            "wants_recv (udf §1.4 back-pressure: batches and bytes)"
         );
         prop_assert_eq!(
             core.wants_half_close(),

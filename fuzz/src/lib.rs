@@ -21,10 +21,18 @@ pub fn engine_config(output_buffer: u8) -> SessionConfig {
     }
 }
 
-/// The pair's worker config (udf §2 R4) with a fuzzed input bound of 1 to 8 batches.
+/// The pair's worker config (udf §2 R4) with a fuzzed input bound of 1 to 8 batches and,
+/// from the same byte, a byte bound (`EndpointConfig::input_buffer_bytes`).
 pub fn worker_config(input_buffer: u8) -> EndpointConfig {
     EndpointConfig {
         input_buffer: usize::from(input_buffer % 8) + 1,
+        // The byte bound (`input_buffer_bytes`) from the high bits: 0 (one batch at a
+        // time) to 60 bytes in steps of 4, or the default when the top bit is clear.
+        input_buffer_bytes: if input_buffer & 0x80 != 0 {
+            usize::from((input_buffer >> 3) & 0x0f) * 4
+        } else {
+            EndpointConfig::new().input_buffer_bytes
+        },
         ..tether::testing::pair::worker_config()
     }
 }

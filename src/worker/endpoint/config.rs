@@ -34,8 +34,24 @@ pub struct EndpointConfig {
     pub max_payload_size: u64,
     /// Most received `DataRequest`s buffered before the endpoint stops reading from the
     /// connection (backpressure to the engine, the part HTTP/2 flow control plays in Spark,
-    /// udf §1.4). Default 64 batches; at least 1 is used.
+    /// udf §1.4). Default 64 batches; at least 1 is used. See also
+    /// [`input_buffer_bytes`](Self::input_buffer_bytes): reading stops at whichever bound
+    /// is reached first.
     pub input_buffer: usize,
+    /// Most payload bytes (the `DataRequest.data` lengths) buffered before the endpoint
+    /// stops reading from the connection: the byte bound beside
+    /// [`input_buffer`](Self::input_buffer), as HTTP/2's flow-control window bounds a gRPC
+    /// stream in bytes (udf §1.4; RFC 9113 §6.9.2's initial window is 65 535 bytes). An
+    /// empty buffer always takes one more batch, so a batch larger than the bound still
+    /// passes. Default 64 KiB.
+    ///
+    /// Why so little: the transport keeps its own buffer (the socket's, the HTTP/2
+    /// window), so a deeper queue here adds no overlap, only memory the batches wait in.
+    /// A worker that reads 64 batches of 64 KiB ahead holds 4 MiB per session, which
+    /// falls out of the CPU caches before the UDF reads it; with many sessions per worker
+    /// that costs more CPU per byte than the protocol itself (`benches/scaling.rs`,
+    /// README "Scaling"). Small batches still queue up to `input_buffer` of them.
+    pub input_buffer_bytes: usize,
     /// How long a new session waits for the engine's first message, its `Init` (udf §2: `Init`
     /// opens every stream, §4.6). On expiry the session ends
     /// [`TransportFailed`](super::EndpointOutcome::TransportFailed) with an
@@ -73,6 +89,7 @@ impl EndpointConfig {
             protocol_version: 1,
             max_payload_size: 1 << 30,
             input_buffer: 64,
+            input_buffer_bytes: 64 * 1024,
             init_timeout: Some(Duration::from_secs(30)),
             cancel_timeout: Some(Duration::from_secs(30)),
             timer: crate::time::default_timer(),

@@ -318,6 +318,11 @@ pub struct WorkerCore {
     deadline: Option<(Wait, Instant)>,
     /// Most input batches queued before the driver stops reading (at least 1).
     input_buffer: usize,
+    /// Payload bytes of the queued input batches.
+    input_bytes: usize,
+    /// Most payload bytes queued before the driver stops reading (an empty queue always
+    /// takes one more batch).
+    input_buffer_bytes: usize,
 }
 
 impl Default for WorkerCore {
@@ -363,6 +368,8 @@ impl WorkerCore {
             cancel_timeout: config.cancel_timeout,
             deadline: None,
             input_buffer: config.input_buffer.max(1),
+            input_bytes: 0,
+            input_buffer_bytes: config.input_buffer_bytes,
         }
     }
 
@@ -447,7 +454,9 @@ impl WorkerCore {
     /// The next received input batch (`DataRequest.data`, udf §1.4), in arrival order.
     #[must_use]
     pub fn pop_input(&mut self) -> Option<Bytes> {
-        self.input.pop_front()
+        let batch = self.input.pop_front()?;
+        self.input_bytes -= batch.len();
+        Some(batch)
     }
 
     /// How many received input batches (udf §1.4) wait to be read. The core does not bound
@@ -458,12 +467,19 @@ impl WorkerCore {
         self.input.len()
     }
 
+    /// The payload bytes of the queued input batches (udf §1.4 `DataRequest.data`): the sum
+    /// of their lengths, what [`EndpointConfig::input_buffer_bytes`] bounds.
+    pub fn input_bytes(&self) -> usize {
+        self.input_bytes
+    }
+
     /// Drops every queued input batch and returns how many there were (counted in
     /// [`WorkerStats::input_discarded`]): what the worker does with unread input on Cancel
     /// (udf §2 R7) or after its own error (R4).
     pub fn discard_input(&mut self) -> usize {
         let n = self.input.len();
         self.input.clear();
+        self.input_bytes = 0;
         self.stats.input_discarded += n as u64;
         n
     }
@@ -562,9 +578,14 @@ impl WorkerCore {
     }
 
     /// Whether the driver should take another request from the connection now: not done,
-    /// and fewer than `input_buffer` batches wait to be read (the back-pressure of udf §1.4).
+    /// and either no batch waits to be read or fewer than `input_buffer` batches holding
+    /// fewer than `input_buffer_bytes` payload bytes do (the back-pressure of udf §1.4;
+    /// [`EndpointConfig::input_buffer_bytes`]).
     pub fn wants_recv(&self) -> bool {
-        !self.is_done() && self.input.len() < self.input_buffer
+        !self.is_done()
+            && (self.input.is_empty()
+                || (self.input.len() < self.input_buffer
+                    && self.input_bytes < self.input_buffer_bytes))
     }
 
     /// Whether the response side may be half-closed now: done and the terminator handed
@@ -787,6 +808,7 @@ impl WorkerCore {
         match self.state {
             State::Data => {
                 self.stats.data_received += 1;
+                self.input_bytes += data.len();
                 self.input.push_back(data);
             }
             State::PostError { after_init: false } if !self.finish_received => {
