@@ -27,16 +27,22 @@
 //!   started afresh for every round, so each high-water mark is that round's peak.
 //!
 //! Every iteration of a session point is `n` whole sessions run concurrently (connect/open,
-//! `Init` round trip, `B` × 64 KiB out and back, `Finish`, `close`; `B` = 16 by default, so
-//! 1 MiB each way per session) against `n` whole bare exchanges of the same batches.
-//! Throughput is payload bytes echoed per second.
+//! `Init` round trip, `B` × 64 KiB out and back, `Finish`, `close`; `B` = 64 by default, so
+//! 4 MiB each way per session) against `n` whole bare exchanges of the same batches.
+//! Throughput is payload bytes echoed per second. The session's own round trips (`Init`,
+//! `Finish`) are in every tether iteration and in no bare one, so the less data per session,
+//! the more they weigh: on 3f859b6, framed, `B` = 1 (64 KiB per session) measured 0.53 at 1
+//! session and 0.61 at 16, `B` = 16 (1 MiB) 0.81–0.96 at 1 to 64 sessions, `B` = 64 0.88–1.02
+//! (and once 0.61 [0.50–0.92] at 16 sessions).
+//! `B` = 64 measures the transport's streaming cost, with the round trips a few per cent.
 //!
 //! # How the ratios are computed
 //!
 //! Paired ABBA, as `benches/udf_session.rs` does: each point first runs both arms once and
 //! compares every echoed byte with the input, then runs each arm once more to size a timed
-//! chunk (≥ 100 ms), then `TETHER_SCALING_ROUNDS` rounds (default 12) alternate the order
-//! of the arms (AB, BA, AB, …), each arm timing one chunk. The ratio is the median over the
+//! chunk (≥ `TETHER_SCALING_CHUNK_MS`, 100 ms by default), then `TETHER_SCALING_ROUNDS`
+//! rounds (default 12) alternate the order of the arms (AB, BA, AB, …), each arm timing one
+//! chunk. The ratio is the median over the
 //! rounds of `baseline time per iteration / tether time per iteration` (tether's throughput
 //! as a fraction of the baseline's), with its interquartile range; both arms of a round see
 //! the same machine load. Timed iterations check every session's batch count and bytes.
@@ -55,7 +61,9 @@
 //! ```
 //!
 //! `TETHER_SCALING_QUICK=1`: 4 rounds, 50 ms chunks, executions 3 rounds. Other knobs:
-//! `TETHER_SCALING_ROUNDS`, `TETHER_SCALING_BATCHES` (`B`), `TETHER_SCALING_SESSIONS` (the
+//! `TETHER_SCALING_ROUNDS`, `TETHER_SCALING_EXECUTION_ROUNDS` (default 5),
+//! `TETHER_SCALING_CHUNK_MS` (the least time one arm is timed per round; default 100),
+//! `TETHER_SCALING_BATCHES` (`B`), `TETHER_SCALING_SESSIONS` (the
 //! session counts, e.g. `4,64`), `TETHER_SCALING_ONLY`
 //! (`grpc`, `framed` or `executions`, comma-separated), `TETHER_SCALING_OUT` (the directory
 //! of the plots; default `<target>/scaling`). The run writes `scaling.svg` there: the ratio
@@ -210,9 +218,13 @@ impl Knobs {
             .map_or_else(|| target_dir().join("scaling"), PathBuf::from);
         Knobs {
             rounds: number("TETHER_SCALING_ROUNDS", if quick { 4 } else { 12 }).max(1),
-            execution_rounds: if quick { 3 } else { 5 },
-            chunk: Duration::from_millis(if quick { 50 } else { 100 }),
-            batches: number("TETHER_SCALING_BATCHES", 16).max(1),
+            execution_rounds: number("TETHER_SCALING_EXECUTION_ROUNDS", if quick { 3 } else { 5 })
+                .max(1),
+            chunk: Duration::from_millis(number(
+                "TETHER_SCALING_CHUNK_MS",
+                if quick { 50 } else { 100 },
+            ) as u64),
+            batches: number("TETHER_SCALING_BATCHES", 64).max(1),
             only: std::env::var("TETHER_SCALING_ONLY").ok(),
             sessions: std::env::var("TETHER_SCALING_SESSIONS").map_or_else(
                 |_| SESSION_POINTS.to_vec(),
