@@ -3,10 +3,13 @@
 //! because the catalog's paused clock would jump past every timeout while the runtime waits
 //! on socket I/O.
 
+#[cfg(feature = "grpc")]
 use std::future::Future;
 
 /// Runs `row` on a fresh multi-threaded runtime with the real clock, on a thread of its own,
-/// and waits for it without blocking the calling (paused-clock) runtime.
+/// and waits for it without blocking the calling (paused-clock) runtime. Only the `grpc`
+/// rows use it (without the feature they say so and run nothing).
+#[cfg(feature = "grpc")]
 pub async fn on_real_clock<F, Fut>(row: F)
 where
     F: FnOnce() -> Fut + Send + 'static,
