@@ -61,6 +61,12 @@ use tokio::task::JoinHandle;
 
 mod model_support;
 
+/// The engine core's output bounds in the core model (`SessionConfig::output_buffer` and
+/// `output_buffer_bytes`): its batches are 5 to 7 bytes (`out-N`), so two of them reach
+/// the byte bound before three batches reach the count.
+const OUTPUT_BUFFER: usize = 3;
+const OUTPUT_BUFFER_BYTES: usize = 8;
+
 /// Distinct lengths for the three udf §7 deadlines, so that the model can tell them apart.
 fn empty_envelope() -> UdfResponse {
     UdfResponse { response: None }
@@ -1116,6 +1122,15 @@ impl EngineSut {
         prop_assert_eq!(core.init_response(), model.init_ok.as_ref(), "InitResponse");
         prop_assert_eq!(core.init_status(), model.init_status(), "init status");
         prop_assert_eq!(core.output_len(), model.output.len(), "output queue");
+        let output_bytes: usize = model.output.iter().map(Bytes::len).sum();
+        prop_assert_eq!(core.output_bytes(), output_bytes, "output bytes");
+        prop_assert_eq!(
+            core.wants_recv(),
+            model.terminal.is_none()
+                && (model.output.is_empty()
+                    || (model.output.len() < OUTPUT_BUFFER && output_bytes < OUTPUT_BUFFER_BYTES)),
+            "wants_recv (backpressure to the worker: batches and bytes)"
+        );
         prop_assert_eq!(
             core.has_transmit(),
             !model.outbox.is_empty(),
@@ -1199,7 +1214,11 @@ impl StateMachineTest for EngineCoreTest {
 
     fn init_test(r: &EngineRef) -> EngineSut {
         let mut sut = EngineSut {
-            core: EngineCore::new(&fixtures::session_config()),
+            core: EngineCore::new(&SessionConfig {
+                output_buffer: OUTPUT_BUFFER,
+                output_buffer_bytes: OUTPUT_BUFFER_BYTES,
+                ..fixtures::session_config()
+            }),
             now: std::time::Instant::now(),
             wire: Vec::new(),
             first_terminal: None,

@@ -13,10 +13,18 @@ use tether::wire::{
 use tether::worker::endpoint::EndpointConfig;
 use tether::worker::engine::SessionConfig;
 
-/// The pair's engine config (udf §7) with a fuzzed output bound of 1 to 8 batches.
+/// The pair's engine config (udf §7) with a fuzzed output bound of 1 to 8 batches and,
+/// from the same byte, a byte bound (`SessionConfig::output_buffer_bytes`).
 pub fn engine_config(output_buffer: u8) -> SessionConfig {
     SessionConfig {
         output_buffer: usize::from(output_buffer % 8) + 1,
+        // The byte bound from the high bits: 0 (one batch at a time) to 60 bytes in steps
+        // of 4, or the default when the top bit is clear.
+        output_buffer_bytes: if output_buffer & 0x80 != 0 {
+            usize::from((output_buffer >> 3) & 0x0f) * 4
+        } else {
+            SessionConfig::new().output_buffer_bytes
+        },
         ..tether::testing::pair::engine_config()
     }
 }

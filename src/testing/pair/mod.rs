@@ -111,6 +111,7 @@ pub fn engine_config() -> SessionConfig {
         terminal_timeout: Duration::from_secs(30),
         interrupt_cancel_timeout: Duration::from_secs(2),
         output_buffer: 64,
+        output_buffer_bytes: 64 * 1024,
         timer: None,
     }
 }

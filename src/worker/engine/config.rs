@@ -20,8 +20,22 @@ pub struct SessionConfig {
     pub interrupt_cancel_timeout: Duration,
     /// Most received `DataResponse`s buffered before the session stops reading from the
     /// connection (backpressure to the worker); default 64 batches, at least 1 is used.
-    /// tether's bound: Spark's output queue is unbounded (udf §10 gap 2, SPARK-55278).
+    /// tether's bound: Spark's output queue is unbounded (udf §10 gap 2, SPARK-55278). See
+    /// also [`output_buffer_bytes`](Self::output_buffer_bytes): reading stops at whichever
+    /// bound is reached first.
     pub output_buffer: usize,
+    /// Most payload bytes (the `DataResponse.data` lengths, udf §1.4) buffered before the
+    /// session stops reading from the connection: the byte bound beside
+    /// [`output_buffer`](Self::output_buffer), as an HTTP/2 stream's flow-control window
+    /// (RFC 9113 §6.9.2: 65 535 bytes initially). An empty buffer always takes one more
+    /// batch, so a batch larger than the bound still passes. Default 64 KiB.
+    ///
+    /// Why so little: the transport keeps its own buffer (the socket's, the HTTP/2
+    /// window), so a deeper queue adds no overlap, only memory where received batches wait
+    /// until they are no longer in the CPU caches when the consumer reads them (the worker
+    /// side's read-ahead measured so, `EndpointConfig::input_buffer_bytes`, README
+    /// "Scaling"). Small batches still queue up to `output_buffer` of them.
+    pub output_buffer_bytes: usize,
     /// The clock the three udf §7 deadlines above run on. `None` disables every timeout (the
     /// default without the `tokio` feature unless one is supplied).
     pub timer: Option<Arc<dyn Timer>>,
@@ -30,7 +44,7 @@ pub struct SessionConfig {
 impl SessionConfig {
     /// Spark's defaults (udf §7 `initResponseTimeoutMs`, `terminalTimeoutMs`,
     /// `interruptCancelTimeoutMs`): 30 s init, 30 s terminal, 2 s interrupt-cancel; plus
-    /// tether's 64-batch output buffer and [`TokioTimer`](crate::time::TokioTimer) when the
+    /// tether's output buffer of 64 batches or 64 KiB and [`TokioTimer`](crate::time::TokioTimer) when the
     /// `tokio` feature is on.
     pub fn new() -> Self {
         Self {
@@ -38,6 +52,7 @@ impl SessionConfig {
             terminal_timeout: Duration::from_secs(30),
             interrupt_cancel_timeout: Duration::from_secs(2),
             output_buffer: 64,
+            output_buffer_bytes: 64 * 1024,
             timer: default_timer(),
         }
     }

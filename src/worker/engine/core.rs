@@ -205,6 +205,8 @@ pub struct EngineCore {
     deadline: Option<(Rule, Instant)>,
     outbox: VecDeque<UdfRequest>,
     output: VecDeque<Bytes>,
+    /// Payload bytes of the batches in `output`.
+    output_bytes: usize,
     stats: CoreStats,
 }
 
@@ -215,6 +217,7 @@ struct Timeouts {
     terminal: Duration,
     interrupt_cancel: Duration,
     output_buffer: usize,
+    output_buffer_bytes: usize,
 }
 
 /// Which row of the deadline table governs the current wait (see [`EngineCore`]).
@@ -255,10 +258,12 @@ impl EngineCore {
                 terminal: config.terminal_timeout,
                 interrupt_cancel: config.interrupt_cancel_timeout,
                 output_buffer: config.output_buffer.max(1),
+                output_buffer_bytes: config.output_buffer_bytes,
             },
             deadline: None,
             outbox: VecDeque::new(),
             output: VecDeque::new(),
+            output_bytes: 0,
             stats: CoreStats::default(),
         }
     }
@@ -530,10 +535,15 @@ impl EngineCore {
     }
 
     /// Whether the driver should take another message from the connection now: not
-    /// terminal, and fewer than `output_buffer` batches wait in the output queue (tether's
-    /// backpressure to the worker; Spark's queue is unbounded, udf §10 gap 2).
+    /// terminal, and either the output queue is empty or fewer than `output_buffer` batches
+    /// holding fewer than `output_buffer_bytes` payload bytes wait in it (tether's
+    /// backpressure to the worker; Spark's queue is unbounded, udf §10 gap 2;
+    /// [`SessionConfig::output_buffer_bytes`]).
     pub fn wants_recv(&self) -> bool {
-        self.terminal.is_none() && self.output.len() < self.timeouts.output_buffer
+        self.terminal.is_none()
+            && (self.output.is_empty()
+                || (self.output.len() < self.timeouts.output_buffer
+                    && self.output_bytes < self.timeouts.output_buffer_bytes))
     }
 
     /// Whether the request side may be half-closed now (udf §2 R9: the engine half-closes
@@ -573,7 +583,9 @@ impl EngineCore {
     /// The next received `DataResponse` payload, in arrival order (udf §4.7 output queue).
     #[must_use]
     pub fn pop_output(&mut self) -> Option<Bytes> {
-        self.output.pop_front()
+        let batch = self.output.pop_front()?;
+        self.output_bytes -= batch.len();
+        Some(batch)
     }
 
     /// How many received `DataResponse`s wait in the output queue (the depth Spark does not
@@ -582,11 +594,18 @@ impl EngineCore {
         self.output.len()
     }
 
+    /// The payload bytes of the queued output batches (udf §1.4 `DataResponse.data`): the
+    /// sum of their lengths, what [`SessionConfig::output_buffer_bytes`] bounds.
+    pub fn output_bytes(&self) -> usize {
+        self.output_bytes
+    }
+
     /// Drops every queued output batch and returns how many there were (output no consumer
     /// will read, udf §5.2 step 2).
     pub fn discard_output(&mut self) -> usize {
         let n = self.output.len();
         self.output.clear();
+        self.output_bytes = 0;
         if n > 0 {
             tracing::debug!(
                 dropped = n,
@@ -735,6 +754,7 @@ impl EngineCore {
                 }
                 self.stats.data_received += 1;
                 if !self.draining {
+                    self.output_bytes += data.len();
                     self.output.push_back(data);
                 }
             }
