@@ -25,10 +25,10 @@
 use std::fmt;
 
 #[cfg(not(tether_loom))]
-pub(crate) use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(tether_loom)]
-pub(crate) use loom::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 #[cfg(not(tether_loom))]
 use std::sync as backend;

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 // The manual clock's lock is the facade's: its sleeps clone and drop wakers under it, which
 // the loom tests' wakers make points where loom switches threads (tests/loom.rs).
-use crate::sync::{Mutex, MutexGuard};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// A source of time for every deadline of both protocols: the worker-session timeouts of
 /// udf §7, the execution timers of rx §4.5 and the client backoff of rx §6.1 (Spark's
@@ -94,11 +94,19 @@ pub(crate) fn deadline_after(now: Instant, after: Duration) -> Instant {
 /// deadline. Clones share the same time.
 #[derive(Clone)]
 pub struct ManualClock {
-    inner: Arc<Mutex<ManualInner>>,
+    inner: Arc<ManualShared>,
+}
+
+struct ManualShared {
+    start: Instant,
+    /// Nanoseconds from `start` to the current reading: written only under `state`'s lock
+    /// (by [`ManualClock::set`]), read without it, so that [`ManualClock::now`] is one
+    /// atomic load (every RPC of the execution manager reads its clock).
+    elapsed_nanos: AtomicU64,
+    state: Mutex<ManualInner>,
 }
 
 struct ManualInner {
-    now: Instant,
     next_sleeper: u64,
     sleepers: HashMap<u64, (Instant, Waker)>,
 }
@@ -113,21 +121,25 @@ impl ManualClock {
     /// A clock reading `start`, frozen until advanced (Spark's `ManualClock(time)`).
     pub fn starting_at(start: Instant) -> Self {
         Self {
-            inner: Arc::new(Mutex::new(ManualInner {
-                now: start,
-                next_sleeper: 0,
-                sleepers: HashMap::new(),
-            })),
+            inner: Arc::new(ManualShared {
+                start,
+                elapsed_nanos: AtomicU64::new(0),
+                state: Mutex::new(ManualInner {
+                    next_sleeper: 0,
+                    sleepers: HashMap::new(),
+                }),
+            }),
         }
     }
 
     fn lock(&self) -> MutexGuard<'_, ManualInner> {
-        self.inner.lock()
+        self.inner.state.lock()
     }
 
     /// The current reading (Spark's `ManualClock.getTimeMillis`, as an [`Instant`]).
     pub fn now(&self) -> Instant {
-        self.lock().now
+        let elapsed = self.inner.elapsed_nanos.load(Ordering::Acquire);
+        self.inner.start + Duration::from_nanos(elapsed)
     }
 
     /// Moves the clock forward by `by` and wakes every sleep that is now due: expires the
@@ -143,10 +155,13 @@ impl ManualClock {
     pub fn set(&self, to: Instant) {
         let due: Vec<Waker> = {
             let mut st = self.lock();
-            if to > st.now {
-                st.now = to;
+            if to > self.now() {
+                // Saturates 584 years after the start.
+                let nanos = to.duration_since(self.inner.start).as_nanos();
+                let nanos = u64::try_from(nanos).unwrap_or(u64::MAX);
+                self.inner.elapsed_nanos.store(nanos, Ordering::Release);
             }
-            let now = st.now;
+            let now = self.now();
             let ids: Vec<u64> = st
                 .sleepers
                 .iter()
@@ -193,7 +208,8 @@ impl Future for ManualSleep {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
         let this = &mut *self;
         let mut st = this.clock.lock();
-        if st.now >= this.deadline {
+        // Read under the lock `set` moves the clock under: no wake-up is lost.
+        if this.clock.now() >= this.deadline {
             if let Some(id) = this.id.take() {
                 st.sleepers.remove(&id);
             }

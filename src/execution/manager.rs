@@ -16,7 +16,7 @@ use super::registry::{
     Registry, RegistryConfig,
 };
 use super::state;
-use super::stream::{ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
+use super::stream::{ExecEnv, ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
 use crate::sync::{Mutex, MutexGuard};
 use crate::time::Timer;
@@ -66,8 +66,9 @@ pub struct ManagerConfig {
     /// (`spark.connect.session.inactiveOperations.cacheExpiration`, 30 min, rx §5.2,
     /// SPARK-53492).
     pub inactive_operation_expiry: Duration,
-    /// Most remembered inactive operation ids per session, LRU (tether's bound on the
-    /// cache of rx §5.2; 10 000).
+    /// Most remembered inactive operation ids per session (tether's bound on the cache of
+    /// rx §5.2; 10 000). Beyond it the ids that became inactive first are forgotten, down
+    /// to seven eighths of the bound at once; a forgotten id may be submitted again.
     pub inactive_operations_per_session: usize,
     /// One byte budget over the unsent and retained responses (rx §3.1) of every
     /// execution of the manager: tether's own bound, default 1 GiB
@@ -145,10 +146,10 @@ type Reg = Registry<Arc<ExecShared>>;
 
 pub(crate) struct ManagerInner {
     config: ManagerConfig,
-    clock: Arc<dyn Timer>,
     registry: Mutex<Reg>,
-    /// What executions report when they leave (applied at every lock of the registry).
-    events: Arc<RegistryEvents>,
+    /// The clock, and what executions report when they leave (applied at every lock of
+    /// the registry); every execution holds it.
+    env: Arc<ExecEnv>,
     /// The budget every execution's log is charged to ([`ManagerConfig::memory_budget`]).
     budget: Option<Arc<MemoryBudget>>,
 }
@@ -200,6 +201,12 @@ impl fmt::Debug for ExecutionManager {
     }
 }
 
+/// An id kept as `Arc<str>`, copied into a response's `String` field (rx §1.3): one
+/// allocation of the exact length (`to_string` would go through `Display`).
+fn owned(id: &Arc<str>) -> String {
+    String::from(&**id)
+}
+
 fn canonical_arc(id: Uuid) -> Arc<str> {
     let mut buf = Uuid::encode_buffer();
     Arc::from(&*id.hyphenated().encode_lower(&mut buf))
@@ -231,9 +238,9 @@ impl ManagerInner {
     /// (their removals, [`RegistryEvent`]): every answer reflects them.
     fn lock(&self) -> MutexGuard<'_, Reg> {
         let mut reg = self.registry.lock();
-        let events = self.events.take();
+        let events = self.env.events.take();
         if !events.is_empty() {
-            let now = self.clock.now();
+            let now = self.env.clock.now();
             let mut wakes = Wakes::default();
             for RegistryEvent { exec, removal } in events {
                 if let Some(exec) = exec.upgrade() {
@@ -253,7 +260,7 @@ impl ManagerInner {
     }
 
     pub(crate) fn clock(&self) -> &Arc<dyn Timer> {
-        &self.clock
+        &self.env.clock
     }
 }
 
@@ -273,8 +280,10 @@ impl ExecutionManager {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
                 budget: config.memory_budget.map(MemoryBudget::new),
                 config,
-                clock,
-                events: Arc::default(),
+                env: Arc::new(ExecEnv {
+                    clock,
+                    events: RegistryEvents::default(),
+                }),
             }),
         }
     }
@@ -290,7 +299,7 @@ impl ExecutionManager {
     }
 
     fn now(&self) -> Instant {
-        self.inner.clock.now()
+        self.inner.env.clock.now()
     }
 
     /// Counters and sizes ([`ManagerStats`]: registry, rx §5.1; tombstones, rx §5.4, §5.6).
@@ -332,7 +341,7 @@ impl ExecutionManager {
         self.inner
             .lock()
             .session(key)
-            .map(|s| s.server_side().to_string())
+            .map(|s| owned(s.server_side()))
     }
 
     /// When a live session was last accessed by an RPC (every RPC that resolves the
@@ -410,8 +419,7 @@ impl ExecutionManager {
                     core,
                     request.tags.clone().into_boxed_slice(),
                     request.plan.clone(),
-                    self.inner.clock.clone(),
-                    self.inner.events.clone(),
+                    self.inner.env.clone(),
                 ))
             };
             match reg.admit(admit, now, |e| e.plan == request.plan, make) {
@@ -492,7 +500,7 @@ impl ExecutionManager {
             |server_side, exec| {
                 let mut response = ReleaseExecuteResponse {
                     session_id: request.session_id.clone(),
-                    server_side_session_id: server_side.to_string(),
+                    server_side_session_id: owned(server_side),
                     operation_id: None,
                 };
                 // An unknown id, or one that is no UUID, names no execution (Spark).
@@ -513,7 +521,7 @@ impl ExecutionManager {
                     }
                 };
                 // The execution's canonical id, already spelled (no formatting per call).
-                response.operation_id = Some(exec.operation_id.to_string());
+                response.operation_id = Some(owned(&exec.operation_id));
                 Ok((response, release_all))
             },
         );
@@ -548,7 +556,7 @@ impl ExecutionManager {
         let now = self.now();
         let mut reg = self.inner.lock();
         let session = reg.get_or_create_session(user_id, session_id, observed, now)?;
-        Ok(session.server_side().to_string())
+        Ok(owned(session.server_side()))
     }
 
     /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
@@ -604,7 +612,7 @@ impl ExecutionManager {
             for exec in targets {
                 let mut st = exec.lock();
                 if st.core.interrupt() {
-                    interrupted_ids.push(exec.operation_id.to_string());
+                    interrupted_ids.push(owned(&exec.operation_id));
                     st.take_all(&mut wakes);
                 }
             }
@@ -612,7 +620,7 @@ impl ExecutionManager {
             Ok(InterruptResponse {
                 session_id: request.session_id.clone(),
                 interrupted_ids,
-                server_side_session_id: session.server_side().to_string(),
+                server_side_session_id: owned(session.server_side()),
             })
         })();
         wakes.wake();
@@ -636,7 +644,7 @@ impl ExecutionManager {
             for exec in &closed.abandoned {
                 close(exec, Removal::Abandoned, &mut wakes);
             }
-            Some(closed.server_side.to_string())
+            Some(owned(&closed.server_side))
         });
         wakes.wake();
         ReleaseSessionResponse {
@@ -715,7 +723,7 @@ impl ExecutionManager {
     pub async fn run_maintenance(self) {
         loop {
             let at = self.now() + self.inner.config.maintenance_interval;
-            self.inner.clock.sleep_until(at).await;
+            self.inner.env.clock.sleep_until(at).await;
             let report = self.maintain();
             if report != MaintenanceReport::default() {
                 tracing::debug!(?report, "execution maintenance pass");

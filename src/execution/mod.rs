@@ -77,6 +77,7 @@ mod budget;
 pub mod client;
 mod core;
 mod error;
+mod inactive;
 pub(crate) mod keys;
 mod log;
 mod lru;

@@ -35,6 +35,7 @@ use uuid::Uuid;
 
 use super::core::Removal;
 use super::error::ConnectError;
+use super::inactive::InactiveIds;
 use super::keys::{ExecuteKey, FastMap, SessionKey, SessionRef, fast_map, parse_uuid, shown};
 use super::lru::Lru;
 
@@ -92,7 +93,8 @@ pub(crate) struct RegistryConfig {
     /// How long a released, completed or abandoned id is refused on re-submit (rx §5.2,
     /// SPARK-53492).
     pub(crate) inactive_operation_expiry: Duration,
-    /// Most remembered inactive ids per session, LRU (tether's bound on rx §5.2's cache).
+    /// Most remembered inactive ids per session, the earliest forgotten first (tether's
+    /// bound on rx §5.2's cache).
     pub(crate) inactive_operations_per_session: usize,
 }
 
@@ -105,7 +107,7 @@ pub(crate) struct Session<E> {
     last_access: Instant,
     executions: FastMap<Uuid, E>,
     /// Inactive ids (rx §5.2): the UUID and when it became inactive, nothing else.
-    inactive: Lru<Uuid, Instant>,
+    inactive: InactiveIds,
 }
 
 /// Which executions an Interrupt names (rx §5.7), once the manager has read the request.
@@ -499,7 +501,7 @@ impl<E> Registry<E> {
                     server_side: Arc::from(canonical(Uuid::new_v4())),
                     last_access: now,
                     executions: fast_map(),
-                    inactive: Lru::new(config.inactive_operations_per_session),
+                    inactive: InactiveIds::new(config.inactive_operations_per_session),
                 };
                 v.insert_with_key(key, session)
             }
@@ -574,11 +576,10 @@ impl<E> Registry<E> {
                 handle: canonical(op),
             });
         }
-        // Taken out, and put back (refreshed, as a read refreshes it) while still refused.
-        if let Some(at) = session.inactive.remove(&op)
-            && crate::time::deadline_after(at, config.inactive_operation_expiry) > now
+        if session
+            .inactive
+            .refuses(op, now, config.inactive_operation_expiry)
         {
-            session.inactive.insert(op, at);
             return Err(ConnectError::OperationAbandoned {
                 handle: canonical(op),
             });
@@ -812,8 +813,7 @@ impl<E> Registry<E> {
                     });
                 }
             }
-            s.inactive
-                .retain(|_, at| crate::time::deadline_after(*at, expiry) > now);
+            s.inactive.forget_expired(now, expiry);
         }
         // Sorted, so tombstone order (and so LRU eviction) is deterministic.
         due.sort_unstable();

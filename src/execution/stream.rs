@@ -62,6 +62,14 @@ impl RegistryEvents {
     }
 }
 
+/// What every execution of one manager shares: the clock its timeouts are measured on
+/// (rx §4.5, §5.3) and the queue it reports leaving the registry through. One allocation,
+/// so that creating an execution takes one reference to its manager, not two.
+pub(crate) struct ExecEnv {
+    pub(crate) clock: Arc<dyn Timer>,
+    pub(crate) events: RegistryEvents,
+}
+
 /// State shared by everything that refers to one registered execution.
 pub(crate) struct ExecShared {
     pub(crate) key: ExecuteKey,
@@ -69,9 +77,8 @@ pub(crate) struct ExecShared {
     pub(crate) reattachable: bool,
     pub(crate) tags: Box<[String]>,
     pub(crate) plan: Option<Plan>,
-    pub(crate) clock: Arc<dyn Timer>,
-    /// Where it reports leaving the registry.
-    events: Arc<RegistryEvents>,
+    /// Its manager's clock, and where it reports leaving the registry.
+    env: Arc<ExecEnv>,
     state: Mutex<ExecState>,
 }
 
@@ -127,8 +134,7 @@ impl ExecShared {
         core: ExecutionCore,
         tags: Box<[String]>,
         plan: Option<Plan>,
-        clock: Arc<dyn Timer>,
-        events: Arc<RegistryEvents>,
+        env: Arc<ExecEnv>,
     ) -> Self {
         Self {
             operation_id: core.log().stamp().operation_id.clone(),
@@ -136,8 +142,7 @@ impl ExecShared {
             key,
             tags,
             plan,
-            clock,
-            events,
+            env,
             state: Mutex::new(ExecState {
                 core,
                 consumer_waker: None,
@@ -152,7 +157,7 @@ impl ExecShared {
     }
 
     pub(crate) fn now(&self) -> Instant {
-        self.clock.now()
+        self.env.clock.now()
     }
 
     /// Removes a non-reattachable execution whose only consumer ended (rx §2.2 T14).
@@ -181,7 +186,7 @@ impl ExecShared {
             st.take_all(wakes);
             open
         };
-        self.events.push(RegistryEvent {
+        self.env.events.push(RegistryEvent {
             exec: Arc::downgrade(self),
             removal,
         });
@@ -254,8 +259,28 @@ pub struct ResponseStream {
     exec: Arc<ExecShared>,
     id: ConsumerId,
     sleep: Option<(Instant, Sleep)>,
-    terminal: Option<ConsumerEvent>,
+    /// How the stream ended, once it has. Kept as the end itself rather than the whole
+    /// [`ConsumerEvent`] (whose `Response` variant is 248 bytes), so that the stream stays
+    /// small to move: a create + attach moves it several times.
+    terminal: Option<Result<StreamEnd, ConnectError>>,
     yielded_terminal: bool,
+}
+
+/// The end a terminal consumer event carries (`End` or `Error`), `None` for the others.
+fn terminal_of(ev: &ConsumerEvent) -> Option<Result<StreamEnd, ConnectError>> {
+    match ev {
+        ConsumerEvent::End(e) => Some(Ok(*e)),
+        ConsumerEvent::Error(e) => Some(Err(e.clone())),
+        ConsumerEvent::Response(_) | ConsumerEvent::Pending { .. } => None,
+    }
+}
+
+/// The consumer event that repeats an end.
+fn terminal_event(end: Result<StreamEnd, ConnectError>) -> ConsumerEvent {
+    match end {
+        Ok(e) => ConsumerEvent::End(e),
+        Err(e) => ConsumerEvent::Error(e),
+    }
 }
 
 impl fmt::Debug for ResponseStream {
@@ -313,16 +338,12 @@ impl ResponseStream {
     /// How the stream ended, once it has: `Some(Ok(end))` for a graceful end (complete or
     /// rotated, rx §4.2), `Some(Err)` for an error end, `None` while it is live.
     pub fn end(&self) -> Option<Result<StreamEnd, ConnectError>> {
-        match &self.terminal {
-            Some(ConsumerEvent::End(e)) => Some(Ok(*e)),
-            Some(ConsumerEvent::Error(e)) => Some(Err(e.clone())),
-            _ => None,
-        }
+        self.terminal.clone()
     }
 
     fn step(&mut self, cx: Option<&Waker>) -> ConsumerEvent {
         if let Some(t) = &self.terminal {
-            return t.clone();
+            return terminal_event(t.clone());
         }
         let now = self.exec.now();
         let mut wakes = Wakes::default();
@@ -351,8 +372,8 @@ impl ResponseStream {
             ev
         };
         wakes.wake();
-        if matches!(ev, ConsumerEvent::End(_) | ConsumerEvent::Error(_)) {
-            self.terminal = Some(ev.clone());
+        if let Some(end) = terminal_of(&ev) {
+            self.terminal = Some(end);
             self.sleep = None;
             self.exec.release_non_reattachable();
         }
@@ -372,7 +393,7 @@ impl ResponseStream {
             return false;
         };
         if self.sleep.as_ref().is_none_or(|(d, _)| *d != at) {
-            self.sleep = Some((at, self.exec.clock.sleep_until(at)));
+            self.sleep = Some((at, self.exec.env.clock.sleep_until(at)));
         }
         match &mut self.sleep {
             Some((_, s)) => s.as_mut().poll(cx).is_ready(),
@@ -420,12 +441,9 @@ impl ResponseStream {
             .await;
             match ready {
                 Err(ev) => {
-                    self.finish_with(ev.clone());
-                    return match ev {
-                        ConsumerEvent::End(end) => Ok(end),
-                        ConsumerEvent::Error(e) => Err(ForwardError::Connect(e)),
-                        _ => Ok(StreamEnd::Rotated),
-                    };
+                    let end = terminal_of(&ev).unwrap_or(Ok(StreamEnd::Rotated));
+                    self.finish_with(end.clone());
+                    return end.map_err(ForwardError::Connect);
                 }
                 Ok(Err(e)) => return Err(ForwardError::Sink(e)),
                 Ok(Ok(())) => {}
@@ -450,7 +468,7 @@ impl ResponseStream {
         }
     }
 
-    fn finish_with(&mut self, ev: ConsumerEvent) {
+    fn finish_with(&mut self, end: Result<StreamEnd, ConnectError>) {
         {
             let mut wakes = Wakes::default();
             let mut st = self.exec.lock();
@@ -466,7 +484,7 @@ impl ResponseStream {
             drop(st);
             wakes.wake();
         }
-        self.terminal = Some(ev);
+        self.terminal = Some(end);
         self.yielded_terminal = true;
         self.sleep = None;
         self.exec.release_non_reattachable();

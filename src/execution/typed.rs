@@ -88,9 +88,16 @@ pub struct ExecutionOutcome {
 ///   Dropping any other handle changes nothing: the execution lives in the manager.
 #[must_use = "an execution handle records its protocol state; drop it explicitly if unused"]
 pub struct Execution<S: state::State, K: Kind> {
+    h: Handle,
+    _state: PhantomData<fn() -> (S, K)>,
+}
+
+/// The execution a typed handle drives, and whether dropping it unstarted removes it
+/// (rx §2.2 T2). A field of its own so that a transition moves it into the next
+/// typestate as it is (no reference-count traffic on the shared execution).
+struct Handle {
     exec: Arc<ExecShared>,
     remove_if_unstarted: bool,
-    _state: PhantomData<fn() -> (S, K)>,
 }
 
 impl<S: state::State, K: Kind> fmt::Debug for Execution<S, K> {
@@ -98,13 +105,13 @@ impl<S: state::State, K: Kind> fmt::Debug for Execution<S, K> {
         f.debug_struct("Execution")
             .field("state", &S::NAME)
             .field("reattachable", &K::REATTACHABLE)
-            .field("operation_id", &self.exec.operation_id)
+            .field("operation_id", &self.h.exec.operation_id)
             .field("phase", &self.phase())
             .finish()
     }
 }
 
-impl<S: state::State, K: Kind> Drop for Execution<S, K> {
+impl Drop for Handle {
     fn drop(&mut self) {
         if self.remove_if_unstarted {
             let unstarted = self.exec.lock().core.runner() == super::core::RunnerState::NotStarted;
@@ -118,57 +125,62 @@ impl<S: state::State, K: Kind> Drop for Execution<S, K> {
 impl<S: state::State, K: Kind> Execution<S, K> {
     fn from_arc(exec: Arc<ExecShared>) -> Self {
         Self {
-            exec,
-            remove_if_unstarted: false,
+            h: Handle {
+                exec,
+                remove_if_unstarted: false,
+            },
             _state: PhantomData,
         }
     }
 
     fn into_state<T: state::State>(mut self) -> Execution<T, K> {
-        self.remove_if_unstarted = false;
-        Execution::from_arc(self.exec.clone())
+        self.h.remove_if_unstarted = false;
+        Execution {
+            h: self.h,
+            _state: PhantomData,
+        }
     }
 
     /// The canonical (lower-case) operation id (rx §1.9), as stamped on every response
     /// (rx §1.3).
     pub fn operation_id(&self) -> &str {
-        &self.exec.operation_id
+        &self.h.exec.operation_id
     }
 
     /// The shared execution behind this handle (for the manager's tests of rx §2.2
     /// removals).
     #[cfg(test)]
     pub(crate) fn shared(&self) -> &Arc<ExecShared> {
-        &self.exec
+        &self.h.exec
     }
 
     /// The execution's key `(user_id, session_id, operation_id)` (Spark's `ExecuteKey`,
     /// rx §5.1).
     pub fn key(&self) -> &ExecuteKey {
-        &self.exec.key
+        &self.h.exec.key
     }
 
     /// The execution's tags, from `ExecutePlanRequest.tags` (rx §1.2), matched by
     /// `Interrupt(TAG)` (rx §5.7).
     pub fn tags(&self) -> &[String] {
-        &self.exec.tags
+        &self.h.exec.tags
     }
 
     /// The live phase (rx §2.3), which may have moved on since this handle's typestate (see
     /// [`Execution`]).
     pub fn phase(&self) -> ExecutionPhase {
-        self.exec.lock().core.phase()
+        self.h.exec.lock().core.phase()
     }
 
     /// Bytes currently kept for backtracking (the retry buffer, rx §3.4).
     pub fn retained_bytes(&self) -> u64 {
-        self.exec.lock().core.log().retained_bytes()
+        self.h.exec.lock().core.log().retained_bytes()
     }
 
     /// Bytes produced but not yet handed to a consumer (tether's unsent bound limits them;
     /// Spark's observer does not, rx §3.2).
     pub fn unsent_bytes(&self) -> u64 {
-        self.exec.lock().core.log().unsent_bytes()
+        self.h.exec.lock().core.log().unsent_bytes()
     }
 
     /// Re-reads the live phase (rx §2.3) into the matching typestate.
@@ -181,8 +193,10 @@ impl<S: state::State, K: Kind> Execution<S, K> {
 impl<K: Kind> Execution<state::Init, K> {
     pub(crate) fn new_submitted(exec: Arc<ExecShared>) -> Self {
         Self {
-            exec,
-            remove_if_unstarted: true,
+            h: Handle {
+                exec,
+                remove_if_unstarted: true,
+            },
             _state: PhantomData,
         }
     }
@@ -192,14 +206,14 @@ impl<K: Kind> Execution<state::Init, K> {
     /// If an interrupt won the race, the producer is told to stop at once and the stream
     /// delivers `OPERATION_CANCELED`.
     pub fn start(self) -> (Execution<state::Streaming, K>, Producer, ResponseStream) {
-        let now = self.exec.now();
+        let now = self.h.exec.now();
         let id = {
-            let mut st = self.exec.lock();
+            let mut st = self.h.exec.lock();
             let _ = st.core.start();
             st.core.attach(1, now).0
         };
-        let stream = ResponseStream::new(self.exec.clone(), id);
-        let producer = Producer::new(self.exec.clone());
+        let stream = ResponseStream::new(self.h.exec.clone(), id);
+        let producer = Producer::new(self.h.exec.clone());
         (self.into_state(), producer, stream)
     }
 
@@ -209,12 +223,12 @@ impl<K: Kind> Execution<state::Init, K> {
     pub fn interrupt(self) -> Execution<state::Terminated, K> {
         let mut wakes = Wakes::default();
         {
-            let mut st = self.exec.lock();
+            let mut st = self.h.exec.lock();
             let _ = st.core.interrupt();
             st.take_all(&mut wakes);
         }
         wakes.wake();
-        self.exec.leave(Removal::Released);
+        self.h.exec.leave(Removal::Released);
         self.into_state()
     }
 }
@@ -233,7 +247,7 @@ impl<K: Kind> Execution<state::Streaming, K> {
     ) -> Result<Execution<state::Cancelling, K>, Execution<state::Finishing, K>> {
         let mut wakes = Wakes::default();
         let changed = {
-            let mut st = self.exec.lock();
+            let mut st = self.h.exec.lock();
             let changed = st.core.interrupt();
             st.take_all(&mut wakes);
             changed
@@ -258,8 +272,9 @@ impl Execution<state::Streaming, Reattachable> {
     pub fn reattach(&self, last_response_id: Option<&str>) -> Result<ResponseStream, ConnectError> {
         let mut wakes = Wakes::default();
         let r = self
+            .h
             .exec
-            .attach(last_response_id, self.exec.now(), &mut wakes);
+            .attach(last_response_id, self.h.exec.now(), &mut wakes);
         wakes.wake();
         r
     }
@@ -271,7 +286,7 @@ impl Execution<state::Streaming, Reattachable> {
     pub fn release_until(&self, response_id: &str) -> Result<(), ConnectError> {
         let mut wakes = Wakes::default();
         let r = {
-            let mut st = self.exec.lock();
+            let mut st = self.h.exec.lock();
             let r = st.core.release_until(response_id).map(|_| ());
             wakes.push(st.take_producer());
             r
@@ -283,7 +298,7 @@ impl Execution<state::Streaming, Reattachable> {
     /// `ReleaseAll` while running (rx §2.2 T10): removes the execution without a
     /// tombstone, interrupts the producer and disconnects the consumer.
     pub fn release_all(self) -> Execution<state::Cancelling, Reattachable> {
-        release(&self.exec);
+        release(&self.h.exec);
         self.into_state()
     }
 }
@@ -295,7 +310,7 @@ fn release(exec: &Arc<ExecShared>) -> bool {
 impl Execution<state::Finishing, Reattachable> {
     /// `ReleaseAll` after completion (rx §2.2 T10): removes the execution.
     pub fn release_all(self) -> Execution<state::Terminated, Reattachable> {
-        release(&self.exec);
+        release(&self.h.exec);
         self.into_state()
     }
 }
@@ -307,7 +322,7 @@ impl Execution<state::Cancelling, Reattachable> {
     /// rotation).
     #[must_use]
     pub fn release_all(&self) -> bool {
-        release(&self.exec)
+        release(&self.h.exec)
     }
 }
 
@@ -333,7 +348,7 @@ macro_rules! settle {
             /// stopped.
             pub async fn terminated(self) -> Execution<state::Terminated, K> {
                 poll_fn(|cx| {
-                    let mut st = self.exec.lock();
+                    let mut st = self.h.exec.lock();
                     if st.core.phase() == ExecutionPhase::Terminated {
                         Poll::Ready(())
                     } else {
@@ -354,7 +369,7 @@ settle!(state::Cancelling);
 impl<K: Kind> Execution<state::Terminated, K> {
     /// The final outcome: the runner's end and the removal (rx §2.1 dimensions 3 and 1).
     pub fn outcome(&self) -> ExecutionOutcome {
-        let st = self.exec.lock();
+        let st = self.h.exec.lock();
         ExecutionOutcome {
             // A terminated execution's runner has ended, so the core always has an outcome.
             run: st.core.outcome().unwrap_or(RunOutcome::Cancelled),

@@ -1,0 +1,159 @@
+//! The ids of a session's inactive operations (rx §5.2, SPARK-53492): released, completed
+//! or abandoned ids that a re-submitted ExecutePlan may not reuse for
+//! `inactive_operation_expiry`.
+//!
+//! One record per id, 32 bytes in the table (the UUID and when it became inactive) and
+//! nothing else: no access order, no per-insertion queue. Every ReleaseAll writes one and
+//! every ExecutePlan of a known id reads one, so their size is what a busy session's
+//! submit/release cycle keeps in cache (issue 12: the registry's "lighter record for
+//! inactive ids"; the least-recently-used map this replaces also queued 24 bytes per
+//! insertion and re-read that queue to compact it).
+
+use std::time::{Duration, Instant};
+
+use hashbrown::hash_map::Entry;
+use uuid::Uuid;
+
+use super::keys::{FastMap, fast_map};
+
+/// A session's inactive ids, at most `capacity` (tether's bound on rx §5.2's cache,
+/// `ManagerConfig::inactive_operations_per_session`).
+///
+/// Beyond the bound the ids that became inactive first are forgotten (ties by id, so the
+/// choice is deterministic): they are the next to expire anyway. Forgetting goes down to
+/// seven eighths of the bound at once, so that the linear selection it costs is amortised
+/// over an eighth of the bound's insertions: O(1) per insertion.
+#[derive(Debug)]
+pub(crate) struct InactiveIds {
+    map: FastMap<Uuid, Instant>,
+    capacity: usize,
+}
+
+impl InactiveIds {
+    /// No ids, remembering at most `capacity` (0: none at all).
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            map: fast_map(),
+            capacity,
+        }
+    }
+
+    /// Number of remembered ids.
+    #[cfg(test)]
+    pub(crate) fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    /// Whether a re-submit of `op` is refused at `now` (rx §5.2): it became inactive less
+    /// than `expiry` ago. An expired record is forgotten, so that a live id has none. One
+    /// lookup.
+    pub(crate) fn refuses(&mut self, op: Uuid, now: Instant, expiry: Duration) -> bool {
+        match self.map.entry(op) {
+            Entry::Occupied(o) if crate::time::deadline_after(*o.get(), expiry) > now => true,
+            Entry::Occupied(o) => {
+                o.remove();
+                false
+            }
+            Entry::Vacant(_) => false,
+        }
+    }
+
+    /// Records that `op` became inactive at `at` (replacing an older record of it), then
+    /// applies the bound.
+    pub(crate) fn insert(&mut self, op: Uuid, at: Instant) {
+        if self.capacity == 0 {
+            return;
+        }
+        self.map.insert(op, at);
+        if self.map.len() > self.capacity {
+            self.forget_oldest();
+        }
+    }
+
+    /// Forgets the ids that became inactive first, down to seven eighths of the bound.
+    fn forget_oldest(&mut self) {
+        let keep = self.capacity - self.capacity / 8;
+        let excess = self.map.len() - keep;
+        let mut order: Vec<(Instant, Uuid)> = self.map.iter().map(|(op, at)| (*at, *op)).collect();
+        let (_, &mut last_forgotten, _) = order.select_nth_unstable(excess - 1);
+        self.map.retain(|op, at| (*at, *op) > last_forgotten);
+    }
+
+    /// Forgets every id that became inactive `expiry` or longer before `now` (rx §5.2
+    /// expiry, run by maintenance).
+    pub(crate) fn forget_expired(&mut self, now: Instant, expiry: Duration) {
+        self.map
+            .retain(|_, at| crate::time::deadline_after(*at, expiry) > now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(n: u128) -> Uuid {
+        Uuid::from_u128(n)
+    }
+
+    /// rx §5.2: refused until the expiry, then accepted and forgotten.
+    #[test]
+    fn refused_until_the_expiry() {
+        let t = Instant::now();
+        let expiry = Duration::from_secs(10);
+        let mut ids = InactiveIds::new(4);
+        ids.insert(id(1), t);
+        assert!(ids.refuses(id(1), t + Duration::from_secs(9), expiry));
+        assert_eq!(ids.len(), 1, "a refusal keeps the record");
+        assert!(!ids.refuses(id(2), t, expiry));
+        assert!(!ids.refuses(id(1), t + expiry, expiry), "due at the expiry");
+        assert_eq!(ids.len(), 0, "an expired record is forgotten when read");
+        ids.insert(id(1), t);
+        ids.insert(id(2), t + Duration::from_secs(5));
+        ids.forget_expired(t + expiry, expiry);
+        assert!(!ids.refuses(id(1), t + expiry, Duration::MAX));
+        assert!(ids.refuses(id(2), t + expiry, expiry));
+    }
+
+    /// The bound forgets the earliest first (ties by id), down to seven eighths of it.
+    #[test]
+    fn the_bound_forgets_the_earliest_first() {
+        let t = Instant::now();
+        let mut ids = InactiveIds::new(16);
+        // Ids 1..=16 at t, t+1s, ...; id 17 at the same instant as id 16.
+        for n in 1..=16u64 {
+            ids.insert(id(u128::from(n)), t + Duration::from_secs(n));
+        }
+        assert_eq!(ids.len(), 16);
+        ids.insert(id(17), t + Duration::from_secs(16));
+        assert_eq!(ids.len(), 14, "down to 16 - 16/8");
+        for n in 1..=3 {
+            assert!(!ids.refuses(id(n), t, Duration::MAX), "{n} forgotten");
+        }
+        for n in 4..=17 {
+            assert!(ids.refuses(id(n), t, Duration::MAX), "{n} kept");
+        }
+        // Equal instants: the smaller id goes first.
+        let mut tied = InactiveIds::new(2);
+        for n in [9, 3, 7] {
+            tied.insert(id(n), t);
+        }
+        assert_eq!(tied.len(), 2);
+        assert!(!tied.refuses(id(3), t, Duration::MAX));
+        assert!(tied.refuses(id(7), t, Duration::MAX));
+        assert!(tied.refuses(id(9), t, Duration::MAX));
+    }
+
+    #[test]
+    fn a_zero_bound_remembers_nothing() {
+        let t = Instant::now();
+        let mut ids = InactiveIds::new(0);
+        ids.insert(id(1), t);
+        assert_eq!(ids.len(), 0);
+        assert!(!ids.refuses(id(1), t, Duration::MAX));
+        let mut one = InactiveIds::new(1);
+        one.insert(id(1), t);
+        one.insert(id(2), t + Duration::from_secs(1));
+        assert_eq!(one.len(), 1);
+        assert!(one.refuses(id(2), t, Duration::MAX));
+    }
+}
