@@ -551,6 +551,13 @@ impl<E> Registry<E> {
             })?,
             None => Uuid::new_v4(),
         };
+        // Asked first, reported in Spark's order below: a re-submitted id's record is
+        // usually out of cache, and the checks in between then run while it loads. A live
+        // id has no record, so asking before the duplicate check changes nothing; an
+        // expired record it forgets is forgotten either way.
+        let inactive = session
+            .inactive
+            .refuses(op, now, config.inactive_operation_expiry);
         // Read before the entry holds the map; reported last, in Spark's order.
         let full = session.executions.len() >= config.max_executions_per_session;
         // One lookup: the entry answers the duplicate check and takes the new execution.
@@ -576,10 +583,7 @@ impl<E> Registry<E> {
                 handle: canonical(op),
             });
         }
-        if session
-            .inactive
-            .refuses(op, now, config.inactive_operation_expiry)
-        {
+        if inactive {
             return Err(ConnectError::OperationAbandoned {
                 handle: canonical(op),
             });
