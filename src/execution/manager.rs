@@ -207,7 +207,16 @@ fn owned(id: &Arc<str>) -> String {
     String::from(&**id)
 }
 
-fn canonical_arc(id: Uuid) -> Arc<str> {
+/// The canonical (lower-case, hyphenated) spelling of `id` (rx §1.9): `raw`, the request's
+/// own spelling of it, when that already is canonical (a handle that parsed is 8-4-4-4-12
+/// hex digits, so lower case is all it takes; clients send lower case), else formatted.
+fn canonical_arc(id: Uuid, raw: Option<&str>) -> Arc<str> {
+    if let Some(raw) = raw
+        && !raw.bytes().any(|b| b.is_ascii_uppercase())
+    {
+        debug_assert_eq!(super::keys::parse_uuid(raw), Some(id));
+        return Arc::from(raw);
+    }
     let mut buf = Uuid::encode_buffer();
     Arc::from(&*id.hyphenated().encode_lower(&mut buf))
 }
@@ -408,7 +417,10 @@ impl ExecutionManager {
                 let stamp = Stamp {
                     session_id: new.session_id.clone(),
                     server_side_session_id: new.server_side.clone(),
-                    operation_id: canonical_arc(new.key.operation_id),
+                    operation_id: canonical_arc(
+                        new.key.operation_id,
+                        request.operation_id.as_deref(),
+                    ),
                 };
                 let mut core = ExecutionCore::new(reattachable, config.log, config.stream, stamp);
                 if let Some(budget) = &self.inner.budget {
