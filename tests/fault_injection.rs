@@ -1107,16 +1107,14 @@ mod per_plan {
 /// under `futures::executor::block_on`).
 #[test]
 fn a_delay_outside_a_tokio_runtime_is_skipped_not_a_stall() {
-    use futures::future::poll_fn;
+    use tether::connection::ConnectionExt;
     let (a, mut b) = pair::<UdfRequest, UdfResponse>(8);
     let plan = FaultPlan::new().delay(Direction::Send, 0, Duration::from_millis(1));
     let mut a = FaultyConnection::new(a, plan);
     let counters = a.counters();
     let got = futures::executor::block_on(async {
-        poll_fn(|cx| a.poll_ready(cx)).await.expect("ready");
-        a.start_send(UdfRequest::finish()).expect("send");
-        poll_fn(|cx| a.poll_flush(cx)).await.expect("flush");
-        poll_fn(|cx| b.poll_recv(cx)).await
+        a.send_message(UdfRequest::finish()).await.expect("send");
+        b.recv_message().await
     });
     let got = got.expect("the message arrives").expect("no error");
     assert_eq!(got.kind(), Some(tether::wire::RequestKind::Finish));

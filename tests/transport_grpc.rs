@@ -10,8 +10,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::StreamExt;
-use futures::future::poll_fn;
-use tether::connection::{Connection, ConnectionError};
+use tether::connection::{ConnectionError, ConnectionExt};
 use tether::spark::udf_grpc::{
     GrpcChannel, GrpcConfig, GrpcEngineConnection, GrpcTransport, ManageCallError, StatusError,
     WorkerServer, WorkerService,
@@ -167,19 +166,13 @@ fn status_of(error: &SessionError) -> Option<tonic::Status> {
 // Raw `Execute` stream helpers (for what a Session never does).
 
 async fn raw_send(connection: &mut GrpcEngineConnection, request: UdfRequest) {
-    poll_fn(|cx| connection.poll_ready(cx))
-        .await
-        .expect("ready");
-    connection.start_send(request).expect("send");
-    poll_fn(|cx| connection.poll_flush(cx))
-        .await
-        .expect("flush");
+    connection.send_message(request).await.expect("send");
 }
 
 async fn raw_recv(
     connection: &mut GrpcEngineConnection,
 ) -> Option<Result<ResponseMessage, ConnectionError>> {
-    tokio::time::timeout(PROMPT, poll_fn(|cx| connection.poll_recv(cx)))
+    tokio::time::timeout(PROMPT, connection.recv_message())
         .await
         .expect("a worker message in time")
         .map(|r| r.map(|m: UdfResponse| m.into_message().expect("well-formed")))
@@ -717,7 +710,7 @@ async fn request_stream_half_close_without_finish_is_a_violation_not_a_finish() 
     let channel = worker.channel().await;
     let mut connection = raw_streaming(&channel).await;
     // A clean END_STREAM with no Finish.
-    poll_fn(|cx| connection.poll_close(cx)).await.unwrap();
+    connection.close_send().await.unwrap();
 
     let mut kinds = Vec::new();
     let mut protocol_error = None;

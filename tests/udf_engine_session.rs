@@ -7,8 +7,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use futures::future::poll_fn;
-use tether::connection::{Connection, ConnectionError, MemoryConnection, pair};
+use tether::connection::{Connection, ConnectionError, ConnectionExt, MemoryConnection, pair};
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, InitResponse, MalformedMessage, RequestKind,
     RequestMessage, UdfRequest, UdfResponse,
@@ -903,7 +902,7 @@ async fn udf_s042_failed_first_send_fails_init_with_the_cause() {
     assert_eq!(t.kind(), TerminationKind::TransportFailed);
     assert_released_once(&h, true);
     // Nothing reached the worker (no Init, no Cancel): it only sees the stream go away.
-    assert!(poll_fn(|cx| worker.poll_recv(cx)).await.is_none());
+    assert!(worker.recv_message().await.is_none());
 }
 
 #[tokio::test(start_paused = true)]

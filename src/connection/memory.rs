@@ -251,25 +251,20 @@ impl<Out, In> Connection<Out, In> for MemoryConnection<Out, In> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use futures::future::poll_fn;
-
-    async fn send<O, I>(c: &mut MemoryConnection<O, I>, m: O) -> Result<(), ConnectionError> {
-        poll_fn(|cx| c.poll_ready(cx)).await?;
-        c.start_send(m)
-    }
+    use crate::connection::ConnectionExt;
 
     #[test]
     fn messages_flow_both_ways_in_order() {
         futures::executor::block_on(async {
             let (mut a, mut b) = pair::<u32, &'static str>(4);
             for i in 0..3 {
-                send(&mut a, i).await.unwrap();
+                a.send_message(i).await.unwrap();
             }
-            send(&mut b, "x").await.unwrap();
+            b.send_message("x").await.unwrap();
             for i in 0..3 {
-                assert_eq!(poll_fn(|cx| b.poll_recv(cx)).await.unwrap().unwrap(), i);
+                assert_eq!(b.recv_message().await.unwrap().unwrap(), i);
             }
-            assert_eq!(poll_fn(|cx| a.poll_recv(cx)).await.unwrap().unwrap(), "x");
+            assert_eq!(a.recv_message().await.unwrap().unwrap(), "x");
         });
     }
 

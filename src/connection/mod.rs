@@ -11,8 +11,10 @@
 //! `tokio_util::codec::Framed` and channel pairs plug in without wrapper code; [`Pair`] joins
 //! a separate sink and stream (for example a gRPC request sender and response stream).
 //! [`memory::pair`] gives a bounded, backpressured in-memory pair for tests and for running an
-//! engine and a worker in one process.
+//! engine and a worker in one process. [`ConnectionExt`] gives every connection async
+//! `send_message` / `recv_message` / `close_send`, for driving one by hand.
 
+mod ext;
 #[cfg(feature = "tokio")]
 pub mod framed;
 mod memory;
@@ -25,6 +27,7 @@ use std::task::{Context, Poll};
 
 use futures::{Sink, Stream};
 
+pub use ext::{CloseSend, ConnectionExt, RecvMessage, SendMessage};
 pub use memory::{MemoryConnection, pair};
 
 /// A failure of the transport underneath a session: the channel is unusable afterwards. The

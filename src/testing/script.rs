@@ -72,13 +72,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::future::poll_fn;
 use futures::{SinkExt, StreamExt};
 use tokio::task::JoinHandle;
 
 use super::echo::{EchoUdf, Probe, echo_config};
 use super::fixtures::{cancel_ok, finish_response_ok, init_ok};
-use crate::connection::{Connection, ConnectionError, MemoryConnection, Pair, pair};
+use crate::connection::{Connection, ConnectionError, ConnectionExt, MemoryConnection, Pair, pair};
 use crate::time::ManualClock;
 use crate::wire::{
     RequestKind, RequestMessage, ResponseKind, ResponseMessage, UdfRequest, UdfResponse,
@@ -125,21 +124,11 @@ async fn next_of<C, O, I>(conn: &mut C, bound: Duration) -> Came<Result<I, Conne
 where
     C: Connection<O, I>,
 {
-    match tokio::time::timeout(bound, poll_fn(|cx| conn.poll_recv(cx))).await {
+    match tokio::time::timeout(bound, conn.recv_message()).await {
         Err(_) => Came::Silence(bound),
         Ok(None) => Came::End,
         Ok(Some(r)) => Came::Message(r),
     }
-}
-
-/// Sends `msg` on `conn`, waiting for capacity and flushing (udf §4.7 backpressure).
-async fn send_on<C, O, I>(conn: &mut C, msg: O) -> Result<(), ConnectionError>
-where
-    C: Connection<O, I>,
-{
-    poll_fn(|cx| conn.poll_ready(cx)).await?;
-    conn.start_send(msg)?;
-    poll_fn(|cx| conn.poll_flush(cx)).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -180,7 +169,8 @@ impl WorkerScript {
     /// On a transport error (the in-memory pair has none unless aborted).
     pub async fn recv(&mut self) -> Option<UdfRequest> {
         self.step += 1;
-        poll_fn(|cx| self.conn.poll_recv(cx))
+        self.conn
+            .recv_message()
             .await
             .map(|r| r.expect("the in-memory connection failed"))
     }
@@ -198,7 +188,7 @@ impl WorkerScript {
 
     /// Sends one response; `Err` when the engine is gone (udf §1.2).
     pub async fn try_send(&mut self, msg: UdfResponse) -> Result<(), ConnectionError> {
-        send_on(&mut self.conn, msg).await
+        self.conn.send_message(msg).await
     }
 
     /// Sends one response, ignoring an engine that is already gone: a scripted worker's
@@ -263,7 +253,7 @@ impl WorkerScript {
     /// Half-closes the response side without a terminator: the engine sees the worker's
     /// stream end (udf §4.5: an end before the terminal is a transport failure).
     pub async fn close_responses(&mut self) {
-        let _ = poll_fn(|cx| self.conn.poll_close(cx)).await;
+        let _ = self.conn.close_send().await;
     }
 
     /// Drops both directions abruptly, like a crashed worker (udf §6.5: a transport failure).
@@ -461,7 +451,7 @@ impl EngineScript {
 
     /// Sends one request, waiting for capacity (udf §4.7); `Err` when the worker is gone.
     pub async fn try_send(&mut self, request: UdfRequest) -> Result<(), ConnectionError> {
-        send_on(&mut self.conn, request).await
+        self.conn.send_message(request).await
     }
 
     /// Sends one request (udf §1.2).
@@ -577,7 +567,7 @@ impl EngineScript {
     /// after an error the worker waits for the Cancel).
     pub async fn expect_silence(&mut self, quiet: Duration) {
         self.step += 1;
-        if let Ok(next) = tokio::time::timeout(quiet, poll_fn(|cx| self.conn.poll_recv(cx))).await {
+        if let Ok(next) = tokio::time::timeout(quiet, self.conn.recv_message()).await {
             panic!(
                 "engine script step {}: expected silence for {quiet:?}, the worker sent {:?}",
                 self.step,
@@ -593,9 +583,7 @@ impl EngineScript {
     ///
     /// When the connection cannot be closed.
     pub async fn close_requests(&mut self) {
-        poll_fn(|cx| self.conn.poll_close(cx))
-            .await
-            .expect("half-close");
+        self.conn.close_send().await.expect("half-close");
     }
 
     /// Drops both directions abruptly, like a crashed engine (udf §2.1 `onError`).
@@ -771,8 +759,8 @@ mod tests {
     async fn a_worker_step_names_its_number_what_it_expected_and_what_came() {
         let (mut engine, worker) = pair::<UdfRequest, UdfResponse>(CAPACITY);
         let mut worker = WorkerScript::new(worker);
-        send_on(&mut engine, init_request("udf")).await.unwrap();
-        send_on(&mut engine, data_request("row")).await.unwrap();
+        engine.send_message(init_request("udf")).await.unwrap();
+        engine.send_message(data_request("row")).await.unwrap();
         let message = panic_of(async move {
             worker.expect(RequestKind::Init).reply(init_ok()).await;
             worker.expect(RequestKind::Finish).await;
