@@ -144,9 +144,11 @@ impl ManualClock {
 
     /// Moves the clock forward by `by` and wakes every sleep that is now due: expires the
     /// udf §7 session timeouts and the rx §4.5 execution deadlines that fall within it
-    /// (Spark's `ManualClock.advance`).
+    /// (Spark's `ManualClock.advance`). A `by` past what an [`Instant`] can hold moves the
+    /// clock about 100 years on instead of panicking.
     pub fn advance(&self, by: Duration) {
-        let to = self.now() + by;
+        // Saturating: `advance(Duration::MAX)` moves the clock about 100 years on.
+        let to = deadline_after(self.now(), by);
         self.set(to);
     }
 
@@ -269,5 +271,23 @@ mod tests {
         assert!(sleep.now_or_never().is_some());
         assert_eq!(clock.pending_sleeps(), 0);
         assert_eq!(clock.now(), start + Duration::from_secs(5));
+    }
+
+    /// An advance past what an `Instant` holds saturates (about 100 years), fires every
+    /// sleep, and the clock keeps working; `set` never moves it back.
+    #[test]
+    fn a_huge_advance_saturates() {
+        let clock = ManualClock::new();
+        let start = clock.now();
+        let mut sleep = Timer::sleep_until(&clock, start + Duration::from_secs(3600));
+        assert!((&mut sleep).now_or_never().is_none());
+        clock.advance(Duration::MAX);
+        assert!(sleep.now_or_never().is_some());
+        let far = clock.now();
+        assert!(far >= start + Duration::from_secs(99 * 365 * 24 * 3600));
+        clock.advance(Duration::MAX);
+        assert!(clock.now() >= far);
+        clock.set(start);
+        assert!(clock.now() >= far, "never backwards");
     }
 }

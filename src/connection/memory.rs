@@ -191,10 +191,16 @@ impl<Out, In> Connection<Out, In> for MemoryConnection<Out, In> {
         }
         let waker = {
             let mut q = self.tx.lock();
-            // Full only when `poll_ready` was skipped: refused, as futures' bounded sender
-            // refuses it, so the bound holds.
-            if q.receiver_gone || q.items.len() >= q.capacity {
+            if q.receiver_gone {
                 return Err(ConnectionError::Closed);
+            }
+            // Full only when `poll_ready` was skipped: refused, as futures' bounded sender
+            // refuses it, so the bound holds. Not `Closed`: the connection is not closed, the
+            // caller broke the `Connection` contract (udf §1.4 backpressure).
+            if q.items.len() >= q.capacity {
+                return Err(ConnectionError::transport(
+                    "start_send on a full in-memory queue without poll_ready: the message was not sent",
+                ));
             }
             q.items.push_back(msg);
             self.credit = q.capacity - q.items.len();
@@ -394,8 +400,21 @@ mod tests {
         let noop = futures::task::noop_waker();
         let mut cx = Context::from_waker(&noop);
         a.start_send(1).unwrap();
-        assert!(matches!(a.start_send(2), Err(ConnectionError::Closed)));
+        // Refused as a broken contract, not reported as a closed connection: it is open.
+        match a.start_send(2) {
+            Err(e @ ConnectionError::Transport(_)) => assert!(
+                std::error::Error::source(&e)
+                    .is_some_and(|s| s.to_string().contains("without poll_ready")),
+                "{e:?}"
+            ),
+            other => panic!("expected a transport error, got {other:?}"),
+        }
+        assert!(a.is_active());
         assert!(matches!(b.poll_recv(&mut cx), Poll::Ready(Some(Ok(1)))));
         assert!(b.poll_recv(&mut cx).is_pending());
+        // Room again: the connection still works.
+        assert!(matches!(a.poll_ready(&mut cx), Poll::Ready(Ok(()))));
+        a.start_send(3).unwrap();
+        assert!(matches!(b.poll_recv(&mut cx), Poll::Ready(Some(Ok(3)))));
     }
 }

@@ -10,7 +10,7 @@
 //! `Result<inbound, E>` is a connection through the blanket impl, so
 //! `tokio_util::codec::Framed` and channel pairs plug in without wrapper code; [`Pair`] joins
 //! a separate sink and stream (for example a gRPC request sender and response stream).
-//! [`memory::pair`] gives a bounded, backpressured in-memory pair for tests and for running an
+//! [`pair`] gives a bounded, backpressured in-memory pair for tests and for running an
 //! engine and a worker in one process. [`ConnectionExt`] gives every connection async
 //! `send_message` / `recv_message` / `close_send`, for driving one by hand.
 

@@ -42,12 +42,14 @@ impl RunnerState {
 pub struct StreamLimits {
     /// End a stream gracefully (no `ResultComplete`) this long after it attached (Spark's
     /// `spark.connect.execute.reattachable.senderMaxStreamDuration`, default 2 min, rx §4.5).
-    /// `None` = unlimited (Spark's 0).
+    /// `None` = unlimited; so is `Some(Duration::ZERO)`, as Spark's 0 (rx §4.2: a deadline
+    /// only for a positive duration), rather than a stream that ends before it sends.
     pub max_duration: Option<Duration>,
     /// End a stream gracefully once more than this many bytes were sent on it; the response
     /// that crosses the limit is still sent (Spark's
     /// `spark.connect.execute.reattachable.senderMaxStreamSize`, default 1 GiB, rx §4.2,
-    /// §4.5). `None` = unlimited (Spark's 0).
+    /// §4.5). `None` = unlimited; so is `Some(0)`, as Spark's 0 (rx §4.2: a size limit only
+    /// when positive).
     pub max_bytes: Option<u64>,
 }
 
@@ -425,6 +427,7 @@ impl ExecutionCore {
         let deadline = if self.reattachable {
             self.limits
                 .max_duration
+                .filter(|d| !d.is_zero())
                 .map(|d| crate::time::deadline_after(now, d))
         } else {
             None
@@ -513,7 +516,10 @@ impl ExecutionCore {
             };
         }
         if self.reattachable {
-            let over_bytes = self.limits.max_bytes.is_some_and(|m| cursor.bytes_sent > m);
+            let over_bytes = self
+                .limits
+                .max_bytes
+                .is_some_and(|m| m > 0 && cursor.bytes_sent > m);
             let over_time = cursor.deadline.is_some_and(|d| now >= d);
             if over_bytes || over_time {
                 self.end_consumer(now);
@@ -957,6 +963,37 @@ mod tests {
             ConsumerEvent::End(StreamEnd::Complete)
         );
         assert_eq!(c.log().final_index(), Some(2));
+    }
+
+    /// rx §4.2: zero limits are Spark's 0, unlimited: a zero duration does not end every
+    /// stream before it sends (a reattach livelock), a zero size does not rotate after each
+    /// response.
+    #[test]
+    fn zero_limits_are_unlimited() {
+        let t = Instant::now();
+        let mut c = core(
+            true,
+            StreamLimits {
+                max_duration: Some(Duration::ZERO),
+                max_bytes: Some(0),
+            },
+        );
+        let _ = c.start();
+        let (a, _) = c.attach(1, t);
+        assert_eq!(c.deadline(a), None);
+        for _ in 0..3 {
+            c.push(batch(10)).unwrap();
+        }
+        c.finish().unwrap();
+        let late = t + Duration::from_secs(1_000_000);
+        for _ in 0..3 {
+            next(&mut c, a, late);
+        }
+        assert!(next(&mut c, a, late).is_result_complete());
+        assert_eq!(
+            c.poll_consumer(a, late),
+            ConsumerEvent::End(StreamEnd::Complete)
+        );
     }
 
     /// rx §5.5 ReattachExecute step 3 and SPARK-49492 (scenario 17): refused before start,

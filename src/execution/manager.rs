@@ -391,14 +391,20 @@ impl ExecutionManager {
     /// `ExecutePlan` (rx §5.5, §2.2 T1): gets or creates the session, validates the
     /// operation id and tags, applies the duplicate-id rules of Spark 4.3.0 (rx §5.2) and
     /// registers a new execution, or reattaches from the start for a duplicate with the
-    /// same plan.
+    /// same plan ([`Submitted::Reattached`], SPARK-52397): that reattach is a
+    /// ReattachExecute without `last_response_id`, so it preempts the execution's attached
+    /// consumer (which gets `INVALID_CURSOR.DISCONNECTED`, rx §4.4) as
+    /// [`reattach_execute`](Self::reattach_execute) does.
     ///
     /// # Errors
     /// `INVALID_HANDLE.FORMAT` (session or operation id not a UUID), `SESSION_CLOSED`,
     /// `SESSION_CHANGED`, `OPERATION_ALREADY_EXISTS` (live, different plan),
     /// `OPERATION_ABANDONED` (tombstoned, or released/completed and still remembered),
     /// `NOT_REATTACHABLE` / orphan (same plan, but not reattachable), an invalid tag, or
-    /// `EXECUTION_LIMIT_EXCEEDED`. On any error nothing is registered.
+    /// `EXECUTION_LIMIT_EXCEEDED`: on these nothing is registered. For a duplicate with the
+    /// same plan, the reattach's own errors: `POSITION_NOT_AVAILABLE` once the client has
+    /// released the first response with ReleaseUntil (the attached consumer is preempted
+    /// all the same, as Spark's sender does, rx §5.5).
     pub fn execute_plan(&self, request: &ExecutePlanRequest) -> Result<Submitted, ConnectError> {
         let now = self.now();
         let config = &self.inner.config;
