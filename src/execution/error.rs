@@ -187,8 +187,9 @@ pub enum ConnectError {
         /// The operation id.
         handle: String,
     },
-    /// tether-specific `EXECUTION_LIMIT_EXCEEDED`: the session already has `limit` live
-    /// executions (default 1 000). Status code `RESOURCE_EXHAUSTED`; not retried by Spark
+    /// tether-specific `EXECUTION_LIMIT_EXCEEDED`: the session is at its limit of `limit`
+    /// live executions (`ManagerConfig::max_executions_per_session`, default 1 000; 0 refuses
+    /// every execution). Status code `RESOURCE_EXHAUSTED`; not retried by Spark
     /// clients. Release finished executions (ReleaseExecute(ReleaseAll)) first.
     ExecutionLimitExceeded {
         /// The session id.
@@ -461,8 +462,8 @@ impl ConnectError {
                 );
             }
             Self::ExecutionLimitExceeded { session, limit } => format!(
-                "Session {session} already has {limit} live executions; release some before \
-                 starting more."
+                "Session {session} is at its limit of {limit} live executions \
+                 (ManagerConfig::max_executions_per_session); release some before starting more."
             ),
             Self::Failed { message, .. } => return message.clone(),
             Self::Spark(e) => return e.message(),
@@ -744,8 +745,8 @@ mod tests {
                     session: "s-1".into(),
                     limit: 1000,
                 },
-                "[EXECUTION_LIMIT_EXCEEDED] Session s-1 already has 1000 live executions; \
-                 release some before starting more.",
+                "[EXECUTION_LIMIT_EXCEEDED] Session s-1 is at its limit of 1000 live executions \
+                 (ManagerConfig::max_executions_per_session); release some before starting more.",
             ),
             (
                 ConnectError::failed("[DIVIDE_BY_ZERO] boom"),

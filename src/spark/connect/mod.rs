@@ -68,6 +68,9 @@
 //!             let refusal = SparkError::illegal_argument("only spark.range(start, end) runs here");
 //!             return Err(refusal.into());
 //!         };
+//!         if r.step != 1 {
+//!             return Err(SparkError::illegal_argument("only a step of 1 runs here").into());
+//!         }
 //!         // Every batch is a whole Arrow IPC stream (schema, record batch, end marker).
 //!         let ids = Int64Array::from_iter_values(r.start.unwrap_or(0)..r.end);
 //!         let ids: ArrayRef = Arc::new(ids);
