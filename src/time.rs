@@ -147,7 +147,6 @@ impl ManualClock {
     /// (Spark's `ManualClock.advance`). A `by` past what an [`Instant`] can hold moves the
     /// clock about 100 years on instead of panicking.
     pub fn advance(&self, by: Duration) {
-        // Saturating: `advance(Duration::MAX)` moves the clock about 100 years on.
         let to = deadline_after(self.now(), by);
         self.set(to);
     }

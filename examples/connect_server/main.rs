@@ -156,10 +156,6 @@ enum Baseline {
     BareRotating,
 }
 
-fn millis(ms: u64) -> Option<Duration> {
-    (ms > 0).then(|| Duration::from_millis(ms))
-}
-
 // ---------------------------------------------------------------------------------------------
 // Plans
 // ---------------------------------------------------------------------------------------------
@@ -837,8 +833,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let manager = ExecutionManager::new(ManagerConfig {
         stream: StreamLimits {
-            max_duration: millis(args.max_stream_duration_ms),
-            max_bytes: (args.max_stream_bytes > 0).then_some(args.max_stream_bytes),
+            // 0 is unlimited, as Spark's 0 (`StreamLimits`).
+            max_duration: Some(Duration::from_millis(args.max_stream_duration_ms)),
+            max_bytes: Some(args.max_stream_bytes),
         },
         detached_timeout: Duration::from_millis(args.detached_timeout_ms),
         maintenance_interval: Duration::from_millis(args.maintenance_interval_ms.max(1)),
