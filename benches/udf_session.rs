@@ -132,8 +132,8 @@
 //! # Running
 //!
 //! ```text
-//! CARGO_TARGET_DIR=/work/target-bench cargo bench --bench udf_session                    # (a) (b) (d)
-//! CARGO_TARGET_DIR=/work/target-bench cargo bench --features grpc --bench udf_session    # + (c)
+//! cargo bench --bench udf_session                    # (a) (b) (d)
+//! cargo bench --features grpc --bench udf_session    # + (c)
 //! ```
 //!
 //! Criterion's options apply (`-- udf_memory` filters, `--measurement-time 5`,

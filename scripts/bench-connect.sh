@@ -1,18 +1,18 @@
 #!/usr/bin/env bash
-# The Spark Connect benchmark (README "Benchmarks"): tether's example server against the
+# The Spark Connect benchmark (docs/benchmarks.md): tether's example server against the
 # real Spark 4.3.0 server and a bare tonic baseline, read by the real PySpark client and by
 # tether's Rust client, on loopback. What it measures and how: scripts/bench_connect.py.
 #
 #   bash scripts/bench-connect.sh [--rows N] [--runs R] [--warmup W]
 #
-# Needs java 17, python3 and ../shared/oracle (as scripts/real-spark.sh); builds the
+# Needs java 17 and python3 (Spark itself comes from scripts/spark-oracle.sh); builds the
 # examples in release mode and target/pyspark-venv first. About 15 minutes with the defaults
 # (5 000 000 rows, 3 warm-up runs, median of 5). Not part of .ci/run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing() { echo "bench-connect: $1" >&2; exit 1; }
 command -v java >/dev/null || missing "no java on PATH (the Spark 4.3.0 server needs java 17)"
-[ -f ../shared/oracle/spark-connect-server.sh ] || missing "no ../shared/oracle beside the repository"
+bash scripts/spark-oracle.sh home >/dev/null || missing "no Spark 4.3.0 distribution (see the lines above)"
 bash scripts/pyspark-env.sh
 python=$PWD/target/pyspark-venv/bin/python
 [ -x "$python" ] || missing "no pyspark-client venv at target/pyspark-venv"

@@ -4,7 +4,7 @@ tether's own Rust client, all on loopback in one run.
 
 Servers, in two phases (one JVM at a time):
 
-- default settings: Spark (`spark-connect-server.sh start`), tether's
+- default settings: Spark (`spark-oracle.sh start`), tether's
   examples/connect_server, and the same engine served bare (`--baseline bare`);
 - 123-byte rotation (every stream ends after one response): Spark (`rotate`), tether with
   `--max-stream-bytes 123 --max-stream-duration-ms 1000`, and the bare rotating baseline
@@ -42,7 +42,7 @@ from client_env import require  # noqa: E402
 (connect_session,) = require("pyspark.sql.connect.session")
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ORACLE = os.path.join(REPO, "..", "shared", "oracle", "spark-connect-server.sh")
+ORACLE = os.path.join(REPO, "scripts", "spark-oracle.sh")
 ROTATION = ["--max-stream-bytes", "123", "--max-stream-duration-ms", "1000"]
 
 

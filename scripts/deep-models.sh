@@ -10,13 +10,13 @@
 # The registry's model (proptest-state-machine inside the crate: the registry is
 # crate-private; no delivery tally) runs last.
 #
-# On the shared 2-core machine, prefix cargo with the build lock as usual (the script does
-# when /work/.cargo-build.lock exists).
+# On a machine shared by several builds, set CARGO_BUILD_LOCK to a lock file (as for
+# scripts/loom.sh): the build then runs under `flock` on it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cases="${1:-100000}"
 lock=()
-if [[ -e /work/.cargo-build.lock ]]; then lock=(flock /work/.cargo-build.lock); fi
+if [[ -n "${CARGO_BUILD_LOCK:-}" ]]; then lock=(flock "$CARGO_BUILD_LOCK"); fi
 
 # test target : test name
 models=(

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 read -r features rustdoc_args < <(cargo metadata --format-version 1 --no-deps | python3 -c '
 import json, sys
-package = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "tether")
+package = next(p for p in json.load(sys.stdin)["packages"] if p["name"] == "spark-tether")
 docs_rs = package["metadata"]["docs"]["rs"]
 print(",".join(docs_rs["features"]), " ".join(docs_rs["rustdoc-args"]))
 ')

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Sets up the Python side of the wire-conformance tests (tests/conformance/): a venv at
 # target/py-venv with exactly the packages pinned in tests/python/requirements.txt, and the
-# classes generated from Spark's official .proto files (../shared/oracle/udf-protos.sh) under
-# target/py-gen/. Called by scripts/test.sh before `cargo test`; safe to run any time.
+# classes generated from Spark's official .proto files under target/py-gen/ (the files are
+# fetched, checked and cached by scripts/spark-oracle.sh protos, which the Rust schema checks
+# read too). Called by scripts/test.sh before `cargo test`; safe to run any time.
 #
 # Idempotent: the venv is (re)created only when it is missing, or when requirements.txt or
 # the Python version changed since it was built (a stamp file holds the requirements' SHA-256
@@ -23,6 +24,13 @@ if venv_begin python-env target/py-venv tests/python/requirements.txt \
   venv_done
 fi
 
+if ! protos=$(bash scripts/spark-oracle.sh protos); then
+  # The venv is fine; only the schema is missing, so it stays.
+  [ "${CI:-}" = "true" ] && { echo "python-env: FAILED (CI=true): no official .proto files" >&2; exit 1; }
+  echo "python-env: WARNING: no official .proto files: the conformance tests will be SKIPPED" >&2
+  exit 0
+fi
+echo "python-env: the official .proto files are in $protos"
 gen=$("$venv/bin/python" tests/python/udf_protos.py --generate) ||
   venv_unavailable "generating the Python classes from the official .proto files failed"
 echo "python-env: classes generated in $gen"

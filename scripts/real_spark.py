@@ -3,7 +3,7 @@ the real Spark 4.3.0 Spark Connect server, on loopback.
 
 It starts both servers with the same settings: every stream rotated after one response
 (123 bytes) or 1 s, detached executions abandoned after 2 s, maintenance every 1 s (the
-real one by ../shared/oracle/spark-connect-server.sh rotate, tether's examples/connect_server).
+real one by scripts/spark-oracle.sh rotate, tether's examples/connect_server).
 Then, printing the time of each:
 
 1. tether's client (examples/connect_client) reads spark.range(5000000) from Spark, and from
@@ -33,7 +33,7 @@ import time
 import uuid
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-ORACLE = os.path.join(REPO, "..", "shared", "oracle", "spark-connect-server.sh")
+ORACLE = os.path.join(REPO, "scripts", "spark-oracle.sh")
 ROTATION = ["--max-stream-bytes", "123", "--max-stream-duration-ms", "1000"]
 SPARK_CONFS = [
     "--conf", "spark.connect.execute.manager.detachedTimeout=2s",

@@ -9,13 +9,14 @@
 #   TETHER_SOAK_SEED=7 bash scripts/soak.sh 60   # repeat a run's random choices
 #
 # The same as `TETHER_SOAK_SECS=SECONDS cargo test --release --all-features -- --ignored soak`,
-# built for the soak's target alone and run from its binary. The build takes the shared
-# machine's build lock when /work/.cargo-build.lock exists; the run does not hold it.
+# built for the soak's target alone and run from its binary. With CARGO_BUILD_LOCK set to a
+# lock file (a machine shared by several builds), the build runs under `flock` on it; the run
+# does not hold it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-600}"
 lock=()
-if [[ -e /work/.cargo-build.lock ]]; then lock=(flock /work/.cargo-build.lock); fi
+if [[ -n "${CARGO_BUILD_LOCK:-}" ]]; then lock=(flock "$CARGO_BUILD_LOCK"); fi
 
 built="$("${lock[@]}" cargo test --release --all-features --test soak --no-run 2>&1)" || {
   echo "$built"

@@ -180,7 +180,7 @@ name = "fresh-engine"
 path = "src/bin/engine.rs"
 
 [dependencies]
-tether = {{ path = {:?}, features = ["grpc"] }}
+spark-tether = {{ path = {:?}, features = ["grpc"] }}
 bytes = "1"
 futures = "0.3"
 tokio = {{ version = "1", features = ["macros", "rt-multi-thread"] }}

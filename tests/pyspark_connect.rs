@@ -50,49 +50,53 @@ fn repo() -> &'static Path {
 /// `target/<profile>/examples/connect_server`, built once per test process.
 fn server_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
-    BINARY.get_or_init(|| {
-        if let Some(path) = std::env::var_os("TETHER_CONNECT_SERVER") {
-            return PathBuf::from(path);
-        }
-        // This test runs as target/<profile>/deps/pyspark_connect-<hash>.
-        let exe = std::env::current_exe().expect("the test's path");
-        let profile_dir = exe
-            .parent()
-            .and_then(Path::parent)
-            .expect("target/<profile>");
-        let target_dir = profile_dir.parent().expect("the target directory");
-        let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
-            Some("debug") | None => "dev",
-            Some(other) => other,
-        };
-        // The same features as this test, so the library built for it is reused.
-        let features: Vec<&str> = [
-            ("tokio", cfg!(feature = "tokio")),
-            ("grpc", cfg!(feature = "grpc")),
-            ("spark-connect", cfg!(feature = "spark-connect")),
-        ]
-        .into_iter()
-        .filter_map(|(name, on)| on.then_some(name))
-        .collect();
-        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
-        let output = Command::new(cargo)
-            .args(["build", "--quiet", "--example", "connect_server"])
-            .args(["--profile", profile, "--no-default-features", "--features"])
-            .arg(features.join(","))
-            .arg("--manifest-path")
-            .arg(repo().join("Cargo.toml"))
-            .arg("--target-dir")
-            .arg(target_dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("cargo runs");
-        assert!(
-            output.status.success(),
-            "building examples/connect_server failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        profile_dir.join("examples").join("connect_server")
+    BINARY.get_or_init(|| match std::env::var_os("TETHER_CONNECT_SERVER") {
+        Some(path) => PathBuf::from(path),
+        None => example_binary("connect_server"),
     })
+}
+
+/// `target/<profile>/examples/NAME`, built with `cargo build --example NAME` and this test's
+/// features (a no-op when `cargo test` already built the examples).
+fn example_binary(name: &str) -> PathBuf {
+    // This test runs as target/<profile>/deps/pyspark_connect-<hash>.
+    let exe = std::env::current_exe().expect("the test's path");
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("target/<profile>");
+    let target_dir = profile_dir.parent().expect("the target directory");
+    let profile = match profile_dir.file_name().and_then(|n| n.to_str()) {
+        Some("debug") | None => "dev",
+        Some(other) => other,
+    };
+    // The same features as this test, so the library built for it is reused.
+    let features: Vec<&str> = [
+        ("tokio", cfg!(feature = "tokio")),
+        ("grpc", cfg!(feature = "grpc")),
+        ("spark-connect", cfg!(feature = "spark-connect")),
+    ]
+    .into_iter()
+    .filter_map(|(name, on)| on.then_some(name))
+    .collect();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| env!("CARGO").into());
+    let output = Command::new(cargo)
+        .args(["build", "--quiet", "--example", name])
+        .args(["--profile", profile, "--no-default-features", "--features"])
+        .arg(features.join(","))
+        .arg("--manifest-path")
+        .arg(repo().join("Cargo.toml"))
+        .arg("--target-dir")
+        .arg(target_dir)
+        .stdin(Stdio::null())
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "building examples/{name} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    profile_dir.join("examples").join(name)
 }
 
 /// The counters of the server's last `stats …` line.
@@ -308,6 +312,62 @@ fn long_column(name: &str, metadata: Option<&str>) -> DataType {
             type_variation_reference: 0,
         })),
     }
+}
+
+/// The README's client (`examples/range_client.rs`, the README's block after
+/// `<!-- example: range_client -->`, which must be that file without its `//!` docs) reads
+/// `spark.range(1000000)` from the example server with every stream rotated after one
+/// response: all rows, across reattaches, and the execution released (rx §6).
+#[test]
+fn the_readme_client_reads_a_million_rows_across_reattaches() {
+    let readme = std::fs::read_to_string(repo().join("README.md")).unwrap();
+    let marker = "<!-- example: range_client -->";
+    let block = readme
+        .split_once(marker)
+        .and_then(|(_, after)| after.trim_start().strip_prefix("```rust\n"))
+        .and_then(|body| body.split_once("\n```"))
+        .map(|(code, _)| format!("{code}\n"))
+        .unwrap_or_else(|| panic!("README.md has no ```rust block after {marker}"));
+    let example = std::fs::read_to_string(repo().join("examples/range_client.rs")).unwrap();
+    let example: String = example
+        .lines()
+        .skip_while(|l| l.starts_with("//!"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    assert_eq!(
+        block, example,
+        "the README's client differs from examples/range_client.rs"
+    );
+
+    let server = Server::rotating(&[]);
+    let run = Command::new(example_binary("range_client"))
+        .arg(server.url())
+        .stdin(Stdio::null())
+        .output()
+        .expect("the client runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    assert!(
+        run.status.success(),
+        "range_client failed ({}): {stdout}{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    // "1000000 rows, N reattaches": 100 responses of 10 000 rows, one stream each.
+    let (rows, reattaches) = stdout
+        .trim()
+        .strip_suffix(" reattaches")
+        .and_then(|s| s.split_once(" rows, "))
+        .unwrap_or_else(|| panic!("unexpected output {stdout:?}"));
+    assert_eq!(rows, "1000000");
+    let reattaches: u64 = reattaches.parse().unwrap();
+    assert!(
+        reattaches >= 99,
+        "{reattaches} reattaches for 100 rotated streams"
+    );
+    let stats = server.wait_for_stats(Duration::from_secs(10), "the execution released", |s| {
+        stat(s, "live_executions") == 0 && stat(s, "created") == 1 && stat(s, "released") == 1
+    });
+    println!("range_client: {rows} rows, {reattaches} reattaches; server {stats:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

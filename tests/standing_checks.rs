@@ -5,6 +5,7 @@
 //!   import nothing from each other;
 //! - no new import cycle between sibling modules (the known ones are listed, with the work
 //!   that removes them);
+//! - no file reaches a path outside the repository (the repository stands alone);
 //! - no comment or document cites a file outside the repository, and every citation of the
 //!   protocol reference (`udf §4.5`, `rx §3.5`, `connect §2`) names a section that exists in
 //!   the chapter under `docs/reference/`;
@@ -269,6 +270,135 @@ fn citations_resolve_and_stay_inside_the_repository() {
                         &cap[1]
                     ));
                 }
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// Every tracked-looking text file of the repository (sources, scripts, manifests, docs, CI),
+/// skipping build output, fuzz corpora and `.git`.
+fn repository_text_files() -> Vec<PathBuf> {
+    const SKIP: &[&str] = &[
+        ".git",
+        "target",
+        "corpus",
+        "artifacts",
+        "coverage",
+        "__pycache__",
+    ];
+    const EXTS: &[&str] = &["rs", "sh", "py", "toml", "md", "txt", "yml", "yaml", "json"];
+    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
+        let Ok(entries) = fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if path.is_dir() {
+                if !SKIP.contains(&name.as_str()) && !name.starts_with("target-") {
+                    walk(&path, out);
+                }
+            } else if path
+                .extension()
+                .is_some_and(|e| EXTS.iter().any(|x| e == *x))
+                || path.ends_with(".ci/run")
+            {
+                out.push(path);
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(&root(), &mut out);
+    out.sort();
+    out
+}
+
+/// `dir` joined with the relative `path` (`..` and `.` resolved by hand), or `None` when it
+/// climbs above the repository root.
+fn resolve_inside(dir: &Path, path: &str) -> Option<PathBuf> {
+    let mut parts: Vec<String> = relative(dir)
+        .split('/')
+        .filter(|p| !p.is_empty())
+        .map(str::to_owned)
+        .collect();
+    for part in path.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop()?;
+            }
+            other => parts.push(other.to_owned()),
+        }
+    }
+    Some(parts.iter().fold(root(), |p, part| p.join(part)))
+}
+
+/// The repository stands alone: no file reaches a path outside it. A relative path that
+/// climbs (`../x`, or a `".."` component of a join such as `"..", "tests"`) must resolve, from
+/// the file's own directory, to something that exists inside the repository; the former
+/// sibling folder (`shared/`) and absolute paths under `/work` are rejected outright.
+#[test]
+fn no_path_leaves_the_repository() {
+    let climbing = Regex::new(r#"(?:^|[^.\w])((?:\.\./)+[\w.\-/]*)"#).unwrap();
+    let joined = Regex::new(r#""\.\."((?:\s*,\s*"[\w.\-]+")*)"#).unwrap();
+    let sibling = Regex::new(r"\bshared/(oracle|spec|reviews|hooks|DESIGN)|/work/").unwrap();
+    let mut problems = Vec::new();
+    let files = repository_text_files();
+    assert!(
+        files.len() > 100,
+        "the walk found only {} files",
+        files.len()
+    );
+    for file in files {
+        if file.ends_with("tests/standing_checks.rs") {
+            continue; // this check's own patterns
+        }
+        let Ok(text) = fs::read_to_string(&file) else {
+            continue;
+        };
+        let dir = file.parent().unwrap();
+        for (i, line) in text.lines().enumerate() {
+            let mut paths: Vec<String> = climbing
+                .captures_iter(line)
+                .map(|c| c[1].trim_end_matches(['.', ',']).to_owned())
+                .collect();
+            for c in joined.captures_iter(line) {
+                let rest: Vec<&str> = c[1]
+                    .split(',')
+                    .map(|p| p.trim().trim_matches('"'))
+                    .filter(|p| !p.is_empty())
+                    .collect();
+                paths.push(
+                    std::iter::once("..")
+                        .chain(rest)
+                        .collect::<Vec<_>>()
+                        .join("/"),
+                );
+            }
+            for path in paths {
+                match resolve_inside(dir, &path) {
+                    Some(target) if target.exists() => {}
+                    Some(target) => problems.push(format!(
+                        "{}:{}: `{path}` names {}, which does not exist in the repository",
+                        relative(&file),
+                        i + 1,
+                        relative(&target)
+                    )),
+                    None => problems.push(format!(
+                        "{}:{}: `{path}` climbs out of the repository",
+                        relative(&file),
+                        i + 1
+                    )),
+                }
+            }
+            if sibling.is_match(line) {
+                problems.push(format!(
+                    "{}:{}: names a path outside the repository: {}",
+                    relative(&file),
+                    i + 1,
+                    line.trim()
+                ));
             }
         }
     }

@@ -1,6 +1,7 @@
-//! Test-only conformance oracle: reads the shipped Spark 4.3.0 `.proto` files at test time
-//! (they are reference data outside this repository, never copied into it) and checks the
-//! hand-written prost types against them, field by field.
+//! Test-only conformance oracle: reads Spark 4.3.0's official `.proto` files at test time
+//! (fetched and checked by `scripts/spark-oracle.sh`, cached outside the work tree, never
+//! copied into the repository) and checks the hand-written prost types against them, field
+//! by field.
 //!
 //! Each test module supplies "probes": for every schema field, the encoding of its message with
 //! only that field set (and, for scalars, the encoding with the field set to its zero value).
@@ -63,13 +64,30 @@ struct Schema {
     enum_values: Vec<(String, String, i32)>,
 }
 
-fn oracle_dir() -> Option<PathBuf> {
-    let dir = std::env::var_os("TETHER_UDF_PROTO_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| {
-            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared/oracle/udf-proto-4.3.0")
-        });
-    dir.join("udf_message.proto").is_file().then_some(dir)
+/// The directory of the official `.proto` files: `TETHER_UDF_PROTO_DIR`, else the cache that
+/// `scripts/spark-oracle.sh protos` fills (asked with `--cached`: a test never downloads).
+/// `Err` says why neither holds the files.
+fn oracle_dir() -> Result<PathBuf, String> {
+    let dir = match std::env::var_os("TETHER_UDF_PROTO_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => {
+            let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("scripts/spark-oracle.sh");
+            let out = std::process::Command::new("bash")
+                .arg(&script)
+                .args(["protos", "--cached"])
+                .output()
+                .map_err(|e| format!("cannot run {}: {e}", script.display()))?;
+            if !out.status.success() {
+                return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+            }
+            PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    if dir.join("udf_message.proto").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!("{} holds no udf_message.proto", dir.display()))
+    }
 }
 
 fn strip_comments(text: &str) -> String {
@@ -247,17 +265,18 @@ const VARINT_SCALARS: &[&str] = &[
 /// field and enum value defined in `files` of the oracle directory. Enum type names are
 /// resolved across all oracle files. Skips (with a notice) when the oracle is not present.
 pub(crate) fn check(files: &[&str], probes: &[Probe], enums: &[(&str, i32, &str)]) {
-    let Some(dir) = oracle_dir() else {
+    let dir = match oracle_dir() {
+        Ok(dir) => dir,
         // Under CI the oracle must be there: a missing one fails instead of passing silently.
-        assert!(
-            std::env::var_os("CI").is_none(),
-            "proto oracle not found under CI (expected ../shared/oracle/udf-proto-4.3.0 or \
-             TETHER_UDF_PROTO_DIR)"
-        );
-        eprintln!(
-            "SKIPPED: proto oracle not found (set TETHER_UDF_PROTO_DIR); schema check not run"
-        );
-        return;
+        Err(why) if std::env::var("CI").as_deref() == Ok("true") => {
+            panic!("FAILED (CI=true, no skipping): proto oracle: {why}")
+        }
+        Err(why) => {
+            eprintln!(
+                "SKIPPED: proto oracle: {why}; schema check not run (scripts/test.sh fetches it)"
+            );
+            return;
+        }
     };
     let mut all = Schema::default();
     let mut mine = Schema::default();

@@ -1,8 +1,8 @@
 """Official protobuf classes of Spark 4.3.0's UDF-worker protocol, for tether's conformance tests.
 
-The .proto files are never copied into the repository: they are located at run time with
-`../shared/oracle/udf-protos.sh` (relative to the repository root; override with the
-environment variable TETHER_UDF_PROTO_DIR) and compiled with grpcio-tools' bundled protoc
+The .proto files are never copied into the repository: they are located at run time in the
+cache that `scripts/spark-oracle.sh protos` fills (asked with `--cached`, so nothing is
+downloaded here; override with the environment variable TETHER_UDF_PROTO_DIR) and compiled with grpcio-tools' bundled protoc
 into `target/py-gen/<hash>/`, where <hash> covers the .proto contents and the grpcio-tools
 version. Generation is cached, atomic (built in a temporary directory, then renamed) and safe
 when several test processes race.
@@ -69,12 +69,12 @@ def proto_dir():
     if override:
         path = Path(override)
     else:
-        script = REPO.parent / "shared" / "oracle" / "udf-protos.sh"
-        if not script.is_file():
-            env_error(f"{script} not found: the official .proto files cannot be located")
-        done = subprocess.run(["bash", str(script)], capture_output=True, text=True)
+        script = REPO / "scripts" / "spark-oracle.sh"
+        done = subprocess.run(
+            ["bash", str(script), "protos", "--cached"], capture_output=True, text=True
+        )
         if done.returncode != 0:
-            env_error(f"{script} failed ({done.returncode}): {done.stderr.strip()}")
+            env_error(f"{script} protos --cached failed ({done.returncode}): {done.stderr.strip()}")
         path = Path(done.stdout.strip())
     missing = [f for f in PROTO_FILES if not (path / f).is_file()]
     if missing:

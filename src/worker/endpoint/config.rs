@@ -50,7 +50,7 @@ pub struct EndpointConfig {
     /// A worker that reads 64 batches of 64 KiB ahead holds 4 MiB per session, which
     /// falls out of the CPU caches before the UDF reads it; with many sessions per worker
     /// that costs more CPU per byte than the protocol itself (`benches/scaling.rs`,
-    /// README "Scaling"). Small batches still queue up to `input_buffer` of them.
+    /// docs/benchmarks.md "Scaling"). Small batches still queue up to `input_buffer` of them.
     pub input_buffer_bytes: usize,
     /// How long a new session waits for the engine's first message, its `Init` (udf §2: `Init`
     /// opens every stream, §4.6). On expiry the session ends

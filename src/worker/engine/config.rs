@@ -33,7 +33,7 @@ pub struct SessionConfig {
     /// Why so little: the transport keeps its own buffer (the socket's, the HTTP/2
     /// window), so a deeper queue adds no overlap, only memory where received batches wait
     /// until they are no longer in the CPU caches when the consumer reads them (the worker
-    /// side's read-ahead measured so, `EndpointConfig::input_buffer_bytes`, README
+    /// side's read-ahead measured so, `EndpointConfig::input_buffer_bytes`, docs/benchmarks.md
     /// "Scaling"). Small batches still queue up to `output_buffer` of them.
     pub output_buffer_bytes: usize,
     /// The clock the three udf §7 deadlines above run on. `None` disables every timeout (the
