@@ -29,10 +29,10 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use criterion::{BenchmarkId, Criterion};
 use tether::execution::{ConsumerEvent, ExecutionManager, ManagerConfig, Producer, ResponseStream};
-use tether::testing::connect::{Caller, ManualManager, start};
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, ReattachExecuteRequest, ReleaseExecuteRequest,
 };
+use tether_testing::connect::{Caller, ManualManager, start};
 use uuid::Uuid;
 
 const USER: &str = "bench-user";

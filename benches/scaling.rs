@@ -87,10 +87,10 @@ use futures::StreamExt;
 use futures::future::{LocalBoxFuture, join_all};
 use tether::connection::Connection;
 use tether::connection::framed::{FramedConfig, connect_unix};
-use tether::testing::echo::EchoUdf;
-use tether::testing::fixtures::{ScratchDir, init, pattern};
 use tether::wire::{UdfRequest, UdfResponse};
 use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
+use tether_testing::echo::EchoUdf;
+use tether_testing::fixtures::{ScratchDir, init, pattern};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
@@ -745,7 +745,7 @@ mod grpc {
     use bytes::Bytes;
     use futures::future::join_all;
     use tether::spark::udf_grpc::{GrpcChannel, GrpcConfig};
-    use tether::worker::engine::WorkerEndpoint;
+    use tether::worker::engine::WorkerAddress;
     use tokio::runtime::Runtime;
 
     use super::plain_grpc::{plain_channel, plain_exchange};
@@ -764,7 +764,7 @@ mod grpc {
         let worker_pids = [worker.pid(), plain.pid()];
         let config = GrpcConfig::default();
         let (channel, bare) = rt.block_on(async {
-            let channel = GrpcChannel::connect(&WorkerEndpoint::Unix(worker.path.clone()), &config)
+            let channel = GrpcChannel::connect(&WorkerAddress::Unix(worker.path.clone()), &config)
                 .await
                 .expect("connect to the gRPC worker");
             (channel, plain_channel(&plain.path, &config).await)
@@ -818,10 +818,10 @@ mod executions {
     use tether::spark::connect::{
         ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
     };
-    use tether::testing::connect::Caller;
     use tether::wire::connect::{
         ExecutePlanRequest, ExecutePlanResponse, execute_plan_response::ResponseType, plan::OpType,
     };
+    use tether_testing::connect::Caller;
     use tokio::net::TcpListener;
     use tonic::transport::server::TcpIncoming;
     use tonic::transport::{Channel, Endpoint};

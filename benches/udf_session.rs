@@ -108,7 +108,7 @@
 //!   14 % (one `recv` and one `send` future per batch, each asking the connection once), the
 //!   cores 14 % (building the `DataRequest`/`DataResponse`, the `VecDeque` moves of the four
 //!   core queues, decoding the oneof), tokio's scheduler and its `epoll` ticks 10 %, the
-//!   engine's `Process::poll_next` 5 %, clock reads 4.5 % (half of them tokio's own; tether
+//!   engine's `ProcessStream::poll_next` 5 %, clock reads 4.5 % (half of them tokio's own; tether
 //!   reads it once per wait on the engine, never in the worker's data phase), malloc 1 %.
 //!   What is left is the price of two protocol state machines and four more queues than
 //!   the bare channel; ≥ 0.9 would need under ≈ 20 ns of overhead per batch round trip.
@@ -167,13 +167,13 @@ use futures::{SinkExt, StreamExt};
 use tether::connection::Connection;
 use tether::connection::framed::{FramedConfig, connect_unix};
 use tether::connection::pair;
-use tether::testing::echo::EchoUdf;
-use tether::testing::fixtures::{ScratchDir, direct_worker_spec, init, pattern};
 use tether::wire::{ProcessCallable, UdfRequest, UdfResponse};
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::endpoint::{EndpointConfig, OutcomeKind, serve};
 use tether::worker::engine::FramedTransport;
 use tether::worker::engine::{CountingHandle, Session, SessionConfig, TerminationKind};
+use tether_testing::echo::EchoUdf;
+use tether_testing::fixtures::{ScratchDir, direct_worker_spec, init, pattern};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::runtime::Runtime;
@@ -1028,7 +1028,7 @@ async fn read_frame<R: AsyncRead + Unpin>(r: &mut R) -> io::Result<Bytes> {
 mod grpc {
     use criterion::Throughput;
     use tether::spark::udf_grpc::GrpcConfig;
-    use tether::worker::engine::WorkerEndpoint;
+    use tether::worker::engine::WorkerAddress;
 
     use super::plain_grpc::{plain_channel, plain_exchange};
     use super::{
@@ -1050,7 +1050,7 @@ mod grpc {
         let tonic_worker = spawn_worker(ROLE_TONIC, scratch);
         let config = GrpcConfig::default();
         let (channel, bare) = bench.rt.block_on(async {
-            let endpoint = WorkerEndpoint::Unix(tether_worker.path.clone());
+            let endpoint = WorkerAddress::Unix(tether_worker.path.clone());
             let channel = GrpcChannel::connect(&endpoint, &config)
                 .await
                 .expect("connect to the tether gRPC worker");

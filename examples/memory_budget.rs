@@ -28,8 +28,8 @@ use tether::spark::connect::{
     ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
     TransportLimits, serve_bounded,
 };
-use tether::testing::connect::{self, Caller};
 use tether::wire::connect::{ExecutePlanRequest, ExecutePlanResponse};
+use tether_testing::connect::{self, Caller};
 use tonic::transport::Endpoint;
 
 #[derive(Parser, Debug)]

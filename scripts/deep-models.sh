@@ -20,16 +20,16 @@ if [[ -n "${CARGO_BUILD_LOCK:-}" ]]; then lock=(flock "$CARGO_BUILD_LOCK"); fi
 
 # test target : test name
 models=(
-  "udf_core_model:engine_core_matches_reference_model"
-  "worker_core_model:worker_core_matches_reference_model"
-  "rx_model:rx_model_server_matches_reference"
-  "rx_client_model:client_core_matches_reference_model"
+  "udf:core_model::engine_core_matches_reference_model"
+  "udf:worker_core_model::worker_core_matches_reference_model"
+  "rx:server_model::rx_model_server_matches_reference"
+  "rx:client_model::client_core_matches_reference_model"
   "lib:execution::registry::tests::registry_matches_the_model"
 )
 
 targets() {
-  for m in "${models[@]}"; do
-    if [[ ${m%%:*} == lib ]]; then printf -- '--lib '; else printf -- '--test %s ' "${m%%:*}"; fi
+  for m in "${models[@]}"; do echo "${m%%:*}"; done | sort -u | while read -r target; do
+    if [[ $target == lib ]]; then printf -- '--lib '; else printf -- '--test %s ' "$target"; fi
   done
 }
 # shellcheck disable=SC2046

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up the real Spark Connect Python client for tests/pyspark_connect.rs: a venv at
+# Sets up the real Spark Connect Python client for tests/rx/pyspark_connect.rs: a venv at
 # target/pyspark-venv with exactly the packages pinned in tests/python/pyspark-requirements.txt
 # (pyspark-client 4.2.0 and its dependencies). Called by scripts/test.sh before `cargo test`;
 # safe to run any time.

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The test command (README): every test suite of the crate, with all features.
+# The test command (README): every test suite of the workspace, with all features.
 # Extra arguments are passed to `cargo test` (e.g. a test-name filter).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -7,7 +7,8 @@ cd "$(dirname "$0")/.."
 # packages and the classes generated from the official .proto files.
 bash scripts/python-env.sh
 export TETHER_PYTHON="${TETHER_PYTHON:-$PWD/target/py-venv/bin/python}"
-# The real Spark Connect Python client (pyspark-client) for tests/pyspark_connect.rs.
+# The real Spark Connect Python client (pyspark-client) for tests/rx/pyspark_connect.rs.
 bash scripts/pyspark-env.sh
 export TETHER_PYSPARK_PYTHON="${TETHER_PYSPARK_PYTHON:-$PWD/target/pyspark-venv/bin/python}"
-cargo test --all-features "$@"
+# Every crate of the workspace: the library, tether-testing and the compile-fail cases.
+cargo test --workspace --all-features "$@"

@@ -180,9 +180,9 @@
 //!   [`execution::ExecutionManager`] and a client for
 //!   [`execution::client::ReattachingStream`]. The messages themselves
 //!   ([`wire::connect`]) need no feature.
-//! - `test-util`: `tether::testing`, the test-support layer tether's own suites use
-//!   (message fixtures, scripted peers, the engine × worker core pair, fault injection).
-//!   For tests only; not covered by semver.
+//!
+//! Test support (message fixtures, scripted peers, the engine × worker core pair, fault
+//! injection) is a crate of its own in this repository, `tether-testing` (not published).
 #![cfg_attr(docsrs, feature(doc_cfg))]
 #![forbid(unsafe_code)]
 #![forbid(unused_must_use)]
@@ -234,8 +234,6 @@ pub mod reference;
 #[cfg(any(feature = "grpc", feature = "spark-connect"))]
 pub mod spark;
 pub(crate) mod sync;
-#[cfg(feature = "test-util")]
-pub mod testing;
 pub mod time;
 pub mod wire;
 pub mod worker;

@@ -82,7 +82,9 @@ const FOREVER: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
 /// `now + after`, saturating at [`FOREVER`] from `now`: adding a duration to an `Instant`
 /// panics on overflow, and every deadline of udf §7 and rx §4.5, §6.1 is built this way.
-pub(crate) fn deadline_after(now: Instant, after: Duration) -> Instant {
+/// Shared with the test-support crate; hidden, not covered by semver.
+#[doc(hidden)]
+pub fn deadline_after(now: Instant, after: Duration) -> Instant {
     now.checked_add(after)
         .or_else(|| now.checked_add(FOREVER))
         .unwrap_or(now)

@@ -32,12 +32,12 @@ use tether::execution::{
     ConnectError, ExecutionManager, LogConfig, ManagerConfig, ProduceError, Producer,
     ResponseStream,
 };
-use tether::testing::connect::{self, Caller, ManualManager, batch, condition, rows};
 use tether::time::ManualClock;
 use tether::wire::{UdfRequest, UdfResponse};
 use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, TerminationKind, WorkerHandle,
 };
+use tether_testing::connect::{self, Caller, ManualManager, batch, condition, rows};
 
 /// Runs `f` under loom with the bounds of the environment (`LOOM_MAX_PREEMPTIONS`, 3 in
 /// `scripts/loom.sh`; `LOOM_MAX_BRANCHES` raised for the manager's many lock steps), and

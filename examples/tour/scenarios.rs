@@ -18,7 +18,7 @@ use nix::unistd::Pid;
 use tether::wire::{Init, UdfPayload, UdfWorkerDataFormat};
 use tether::worker::dispatcher::{Dispatcher, WorkerInfo};
 use tether::worker::engine::{Session, Termination, TerminationKind, WorkerHandle};
-use tether::worker::engine::{WorkerEndpoint, WorkerTransport};
+use tether::worker::engine::{WorkerAddress, WorkerTransport};
 use tether::worker::state;
 
 use super::data::Dataset;
@@ -93,8 +93,8 @@ impl Report {
 
     fn saw(&mut self, info: &WorkerInfo) {
         let socket = match &info.endpoint {
-            WorkerEndpoint::Unix(p) => Some(p.clone()),
-            WorkerEndpoint::Tcp(_) => None,
+            WorkerAddress::Unix(p) => Some(p.clone()),
+            WorkerAddress::Tcp(_) => None,
         };
         self.workers.insert(info.pid, socket);
     }
@@ -658,8 +658,8 @@ where
         dispatcher.settle().await;
         let gone = !process_exists(pid);
         let socket = match &opened.info.endpoint {
-            WorkerEndpoint::Unix(p) => Some(p.clone()),
-            WorkerEndpoint::Tcp(_) => None,
+            WorkerAddress::Unix(p) => Some(p.clone()),
+            WorkerAddress::Tcp(_) => None,
         };
         let socket_gone = socket.as_ref().is_none_or(|p| !p.exists());
         let tracked = dispatcher.worker(opened.handle.id()).is_some();

@@ -1,6 +1,6 @@
 //! Operation sequences on the engine core (udf §4): calls of the engine, hostile worker
 //! messages, transport events and waits on a fuzzed clock. Invariants (checked by
-//! `tether::testing::pair::EngineWatch` after every step): one terminal, first terminal wins, the udf §2 request
+//! `tether_testing::pair::EngineWatch` after every step): one terminal, first terminal wins, the udf §2 request
 //! order, nothing transmitted after a terminal except the best-effort Cancel of a timeout
 //! or an interrupt, the deadline table of udf §7, output in order; and at the end `close()`
 //! always reaches a terminal through the core's own timers.
@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tether::testing::fixtures::tagged;
-use tether::testing::pair::{CoreWatch, EngineWatch, conn_error};
+use tether_testing::fixtures::tagged;
+use tether_testing::pair::{CoreWatch, EngineWatch, conn_error};
 use tether::worker::engine::EnginePhase;
 use tether_fuzz::{FuzzResponse, engine_config, init_message};
 

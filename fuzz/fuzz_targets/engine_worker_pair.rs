@@ -1,4 +1,4 @@
-//! The engine core × the worker core (udf §2, §4) as `tether::testing::pair::Pair` runs
+//! The engine core × the worker core (udf §2, §4) as `tether_testing::pair::Pair` runs
 //! them, with fuzzed schedules: calls on either side, deliveries of any number of in-flight
 //! messages (order within each direction preserved, arbitrary delays), Cancel / close /
 //! interrupt at any point, a cut stream, and time passing on the pair's clock so that
@@ -18,8 +18,8 @@ use std::time::Duration;
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tether::testing::fixtures::tagged;
-use tether::testing::pair::{Pair, WorkerUser};
+use tether_testing::fixtures::tagged;
+use tether_testing::pair::{Pair, WorkerUser};
 use tether_fuzz::{Answer, engine_config, init_message, worker_config};
 
 #[derive(Arbitrary, Debug)]

@@ -24,7 +24,7 @@ use futures::task::noop_waker_ref;
 use libfuzzer_sys::fuzz_target;
 use tether::connection::framed::{FramedConfig, FramedConnection, FramedError};
 use tether::connection::{Connection, ConnectionError};
-use tether::testing::fixtures::tagged;
+use tether_testing::fixtures::tagged;
 use tether::wire::{FrameCodec, FrameError, UdfRequest, UdfResponse};
 use tether_fuzz::FuzzRequest;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};

@@ -1,6 +1,6 @@
 //! Operation sequences on the worker core (udf §2): hostile engine requests, the user's
 //! answers in any order, transport events and waits on a fuzzed clock. Invariants
-//! (checked by `tether::testing::pair::WorkerWatch` after every step): one outcome (only a transport failure
+//! (checked by `tether_testing::pair::WorkerWatch` after every step): one outcome (only a transport failure
 //! before the terminator may replace it), exactly one terminator on the wire, nothing after
 //! it, no DataResponse before the InitResponse or after a Cancel, an error or the
 //! terminator, tickets that move once, misuse that changes nothing, the R4 deadline; and at
@@ -11,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use arbitrary::Arbitrary;
 use libfuzzer_sys::fuzz_target;
-use tether::testing::fixtures::tagged;
-use tether::testing::pair::{CoreWatch, WorkerWatch, conn_error};
+use tether_testing::fixtures::tagged;
+use tether_testing::pair::{CoreWatch, WorkerWatch, conn_error};
 use tether::wire::{CancelResponse, FinishResponse, UdfRequest};
 use tether::worker::endpoint::WorkerPhase;
 use tether_fuzz::{Answer, FuzzRequest, worker_config};

@@ -1,12 +1,12 @@
 //! The fuzz-specific pieces of tether's fuzz targets: the structured inputs (`arbitrary`)
 //! the core targets share. The watchers that check the udf §2 / §4 invariants on every
 //! message a core hands out, the engine × worker pair and the message helpers live in the
-//! crate, as `tether::testing::pair` (feature `test-util`), shared with tether's own tests.
+//! crate, as `tether_testing::pair` (the workspace's test-support crate), shared with tether's own tests.
 
 use arbitrary::Arbitrary;
 use bytes::Bytes;
-use tether::testing::fixtures::tagged;
-use tether::testing::pair::UserAnswer;
+use tether_testing::fixtures::tagged;
+use tether_testing::pair::UserAnswer;
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, UdfRequest, UdfResponse,
 };
@@ -25,7 +25,7 @@ pub fn engine_config(output_buffer: u8) -> SessionConfig {
         } else {
             SessionConfig::new().output_buffer_bytes
         },
-        ..tether::testing::pair::engine_config()
+        ..tether_testing::pair::engine_config()
     }
 }
 
@@ -41,13 +41,13 @@ pub fn worker_config(input_buffer: u8) -> EndpointConfig {
         } else {
             EndpointConfig::new().input_buffer_bytes
         },
-        ..tether::testing::pair::worker_config()
+        ..tether_testing::pair::worker_config()
     }
 }
 
 /// An `Init` whose payload is `len` bytes (chunked by the engine when asked).
 pub fn init_message(len: u8) -> Init {
-    tether::testing::fixtures::init(vec![0x5a; usize::from(len)])
+    tether_testing::fixtures::init(vec![0x5a; usize::from(len)])
 }
 
 /// One answer of the worker's user code (udf §2.1), as a fuzzer picks it: an index into

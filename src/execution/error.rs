@@ -9,78 +9,9 @@
 
 use std::fmt;
 
-/// A gRPC status code category (the canonical `google.rpc.Code` values). Spark sends every
-/// recoverable server error as `INTERNAL` and fatal ones as `UNKNOWN` (rx §1.8); its clients
-/// decide retries by code and message (rx §6.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Code {
-    /// 0: not an error.
-    Ok = 0,
-    /// 1: cancelled by the caller.
-    Cancelled = 1,
-    /// 2: unknown error; Spark uses it for fatal throwables (rx §1.8).
-    Unknown = 2,
-    /// 3: the client sent an invalid argument.
-    InvalidArgument = 3,
-    /// 4: the deadline expired before the operation completed.
-    DeadlineExceeded = 4,
-    /// 5: an entity was not found.
-    NotFound = 5,
-    /// 6: an entity already exists.
-    AlreadyExists = 6,
-    /// 7: permission denied.
-    PermissionDenied = 7,
-    /// 8: a resource (quota, capacity) is exhausted.
-    ResourceExhausted = 8,
-    /// 9: the system is not in a state required for the operation.
-    FailedPrecondition = 9,
-    /// 10: aborted (concurrency conflict).
-    Aborted = 10,
-    /// 11: out of range.
-    OutOfRange = 11,
-    /// 12: not implemented.
-    Unimplemented = 12,
-    /// 13: internal error; Spark's code for every recoverable server error (rx §1.8).
-    Internal = 13,
-    /// 14: the service is unavailable (transient; clients retry it, rx §6.1).
-    Unavailable = 14,
-    /// 15: unrecoverable data loss.
-    DataLoss = 15,
-    /// 16: the request lacks valid credentials.
-    Unauthenticated = 16,
-}
-
-impl Code {
-    /// The code's canonical upper-case name, e.g. `"INTERNAL"`, as status texts print it
-    /// (rx §1.8, §6.1).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Ok => "OK",
-            Self::Cancelled => "CANCELLED",
-            Self::Unknown => "UNKNOWN",
-            Self::InvalidArgument => "INVALID_ARGUMENT",
-            Self::DeadlineExceeded => "DEADLINE_EXCEEDED",
-            Self::NotFound => "NOT_FOUND",
-            Self::AlreadyExists => "ALREADY_EXISTS",
-            Self::PermissionDenied => "PERMISSION_DENIED",
-            Self::ResourceExhausted => "RESOURCE_EXHAUSTED",
-            Self::FailedPrecondition => "FAILED_PRECONDITION",
-            Self::Aborted => "ABORTED",
-            Self::OutOfRange => "OUT_OF_RANGE",
-            Self::Unimplemented => "UNIMPLEMENTED",
-            Self::Internal => "INTERNAL",
-            Self::Unavailable => "UNAVAILABLE",
-            Self::DataLoss => "DATA_LOSS",
-            Self::Unauthenticated => "UNAUTHENTICATED",
-        }
-    }
-}
-
-impl fmt::Display for Code {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+use super::Code;
+use super::condition::{self, Condition};
+use crate::execution::client::RpcError;
 
 /// Every error the server side of the execution layer reports to a client (rx §1.8, §3.5,
 /// rx §4.4, §5). The status message, [`message`](Self::message) (and `Display`), starts with
@@ -480,29 +411,38 @@ impl ConnectError {
     /// Spark raises as plain exceptions ([`InvalidTag`](Self::InvalidTag),
     /// [`UnknownReleaseType`](Self::UnknownReleaseType), [`Orphaned`](Self::Orphaned)) and
     /// for [`Failed`](Self::Failed), whose condition, if any, is inside its message, and
-    /// [`Spark`](Self::Spark), whose condition is [`SparkError::condition`].
+    /// [`Spark`](Self::Spark), whose condition is [`SparkError::condition`]. The name of
+    /// [`spark_condition`](Self::spark_condition).
     pub fn condition(&self) -> Option<&'static str> {
+        self.spark_condition().map(Condition::name)
+    }
+
+    /// The condition of [`condition`](Self::condition) with its SQLSTATE and code, from
+    /// [`execution::condition`](super::condition), the one table both sides share (rx §1.8).
+    pub fn spark_condition(&self) -> Option<Condition> {
         Some(match self {
-            Self::InvalidHandleFormat { .. } => "INVALID_HANDLE.FORMAT",
-            Self::OperationAbandoned { .. } => "INVALID_HANDLE.OPERATION_ABANDONED",
-            Self::OperationAlreadyExists { .. } => "INVALID_HANDLE.OPERATION_ALREADY_EXISTS",
-            Self::OperationNotFound { .. } => "INVALID_HANDLE.OPERATION_NOT_FOUND",
-            Self::SessionChanged { .. } => "INVALID_HANDLE.SESSION_CHANGED",
-            Self::SessionClosed { .. } => "INVALID_HANDLE.SESSION_CLOSED",
-            Self::SessionNotFound { .. } => "INVALID_HANDLE.SESSION_NOT_FOUND",
-            Self::Disconnected => "INVALID_CURSOR.DISCONNECTED",
-            Self::NotReattachable => "INVALID_CURSOR.NOT_REATTACHABLE",
-            Self::PositionNotAvailable { .. } => "INVALID_CURSOR.POSITION_NOT_AVAILABLE",
-            Self::PositionNotFound { .. } => "INVALID_CURSOR.POSITION_NOT_FOUND",
-            Self::OperationCanceled => "OPERATION_CANCELED",
+            Self::InvalidHandleFormat { .. } => condition::INVALID_HANDLE_FORMAT,
+            Self::OperationAbandoned { .. } => condition::INVALID_HANDLE_OPERATION_ABANDONED,
+            Self::OperationAlreadyExists { .. } => {
+                condition::INVALID_HANDLE_OPERATION_ALREADY_EXISTS
+            }
+            Self::OperationNotFound { .. } => condition::INVALID_HANDLE_OPERATION_NOT_FOUND,
+            Self::SessionChanged { .. } => condition::INVALID_HANDLE_SESSION_CHANGED,
+            Self::SessionClosed { .. } => condition::INVALID_HANDLE_SESSION_CLOSED,
+            Self::SessionNotFound { .. } => condition::INVALID_HANDLE_SESSION_NOT_FOUND,
+            Self::Disconnected => condition::INVALID_CURSOR_DISCONNECTED,
+            Self::NotReattachable => condition::INVALID_CURSOR_NOT_REATTACHABLE,
+            Self::PositionNotAvailable { .. } => condition::INVALID_CURSOR_POSITION_NOT_AVAILABLE,
+            Self::PositionNotFound { .. } => condition::INVALID_CURSOR_POSITION_NOT_FOUND,
+            Self::OperationCanceled => condition::OPERATION_CANCELED,
             Self::InterruptTagRequiresTag => {
-                "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG"
+                condition::INVALID_PARAMETER_VALUE_INTERRUPT_TYPE_TAG_REQUIRES_TAG
             }
             Self::InterruptOperationIdRequiresId => {
-                "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID"
+                condition::INVALID_PARAMETER_VALUE_INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID
             }
-            Self::UnsupportedInterruptType { .. } => "UNSUPPORTED_FEATURE.INTERRUPT_TYPE",
-            Self::ExecutionLimitExceeded { .. } => "EXECUTION_LIMIT_EXCEEDED",
+            Self::UnsupportedInterruptType { .. } => condition::UNSUPPORTED_FEATURE_INTERRUPT_TYPE,
+            Self::ExecutionLimitExceeded { .. } => condition::EXECUTION_LIMIT_EXCEEDED,
             Self::InvalidTag { .. }
             | Self::UnknownReleaseType
             | Self::Orphaned { .. }
@@ -511,41 +451,23 @@ impl ConnectError {
         })
     }
 
-    /// The SQLSTATE sent with the condition, if any, as measured on Spark 4.3.0
-    /// (connect §2): `08003` for `INVALID_HANDLE.SESSION_*`, `HY000` for the other
-    /// `INVALID_HANDLE.*`, `HY109` for `INVALID_CURSOR.*`, `HY008` for `OPERATION_CANCELED`
-    /// (rx §1.8), `22023` for `INVALID_PARAMETER_VALUE.*` and `0A000` for
-    /// `UNSUPPORTED_FEATURE.*` (Spark's `error-conditions.json`); `None` without a
-    /// condition and for tether's `EXECUTION_LIMIT_EXCEEDED`.
+    /// The SQLSTATE sent with the condition, if any ([`Condition::sql_state`], measured on
+    /// Spark 4.3.0, connect §2); `None` without a condition.
     pub fn sql_state(&self) -> Option<&'static str> {
-        let condition = self.condition()?;
-        if condition.starts_with("INVALID_HANDLE.SESSION_") {
-            Some("08003")
-        } else if condition.starts_with("INVALID_HANDLE.") {
-            Some("HY000")
-        } else if condition.starts_with("INVALID_CURSOR.") {
-            Some("HY109")
-        } else if condition == "OPERATION_CANCELED" {
-            Some("HY008")
-        } else if condition.starts_with("INVALID_PARAMETER_VALUE.") {
-            Some("22023")
-        } else if condition.starts_with("UNSUPPORTED_FEATURE.") {
-            Some("0A000")
-        } else {
-            None
-        }
+        self.spark_condition()?.sql_state()
     }
 
-    /// The gRPC status code category a transport should send this error with: `INTERNAL`
-    /// (as Spark does for every recoverable server error, rx §1.8), except
-    /// [`ExecutionLimitExceeded`](Self::ExecutionLimitExceeded) (`RESOURCE_EXHAUSTED`) and
-    /// [`Failed`](Self::Failed) (the producer's code).
+    /// The gRPC status code category a transport should send this error with: the
+    /// condition's ([`Condition::code`]: `INTERNAL`, as Spark does for every recoverable
+    /// server error, rx §1.8, except `RESOURCE_EXHAUSTED` for
+    /// [`ExecutionLimitExceeded`](Self::ExecutionLimitExceeded)), the producer's code for
+    /// [`Failed`](Self::Failed), else `INTERNAL`.
     pub fn code(&self) -> Code {
         match self {
-            Self::ExecutionLimitExceeded { .. } => Code::ResourceExhausted,
             Self::Failed { code, .. } => *code,
-            Self::Spark(_) => Code::Internal,
-            _ => Code::Internal,
+            other => other
+                .spark_condition()
+                .map_or(Code::Internal, Condition::code),
         }
     }
 
@@ -556,14 +478,6 @@ impl ConnectError {
             message: message.into(),
             code: Code::Internal,
         }
-    }
-
-    /// Finds the Spark error condition named in a status message, the way Spark clients
-    /// classify errors (substring search, rx §1.8). Returns the first of the conditions
-    /// this module knows that the message contains, longest names first so that e.g.
-    /// `INVALID_HANDLE.OPERATION_NOT_FOUND` is never mistaken for a shorter one.
-    pub fn condition_in(message: &str) -> Option<&'static str> {
-        CONDITIONS.iter().copied().find(|c| message.contains(c))
     }
 }
 
@@ -576,27 +490,25 @@ impl fmt::Display for ConnectError {
 
 impl std::error::Error for ConnectError {}
 
-/// Every condition name [`ConnectError::condition`] can return — the server conditions of
-/// rx §1.8 and §5.7, and tether's `EXECUTION_LIMIT_EXCEEDED` — longest first (the order
-/// [`ConnectError::condition_in`] searches in).
-pub const CONDITIONS: &[&str] = &[
-    "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID",
-    "INVALID_PARAMETER_VALUE.INTERRUPT_TYPE_TAG_REQUIRES_TAG",
-    "INVALID_HANDLE.OPERATION_ALREADY_EXISTS",
-    "INVALID_CURSOR.POSITION_NOT_AVAILABLE",
-    "INVALID_HANDLE.OPERATION_ABANDONED",
-    "INVALID_HANDLE.OPERATION_NOT_FOUND",
-    "UNSUPPORTED_FEATURE.INTERRUPT_TYPE",
-    "INVALID_CURSOR.POSITION_NOT_FOUND",
-    "INVALID_HANDLE.SESSION_NOT_FOUND",
-    "INVALID_CURSOR.NOT_REATTACHABLE",
-    "INVALID_HANDLE.SESSION_CHANGED",
-    "INVALID_HANDLE.SESSION_CLOSED",
-    "INVALID_CURSOR.DISCONNECTED",
-    "EXECUTION_LIMIT_EXCEEDED",
-    "INVALID_HANDLE.FORMAT",
-    "OPERATION_CANCELED",
-];
+/// What a client receives for a server-side [`ConnectError`]: its status code, its
+/// [`message`](ConnectError::message) and its condition as the rich-status condition — what a
+/// gRPC adapter would carry over the wire (rx §1.8). In-memory transports use this directly.
+impl From<&ConnectError> for RpcError {
+    fn from(error: &ConnectError) -> Self {
+        let rpc = Self::new(error.code(), error.message());
+        match error.condition() {
+            Some(condition) => rpc.with_condition(condition),
+            None => rpc,
+        }
+    }
+}
+
+/// As `From<&ConnectError>` (rx §1.8).
+impl From<ConnectError> for RpcError {
+    fn from(error: ConnectError) -> Self {
+        Self::from(&error)
+    }
+}
 
 #[cfg(test)]
 mod tests {
@@ -633,8 +545,9 @@ mod tests {
         for e in errors {
             let c = e.condition().unwrap();
             assert!(e.to_string().starts_with(&format!("[{c}] ")), "{e}");
-            assert_eq!(ConnectError::condition_in(&e.to_string()), Some(c));
-            assert!(CONDITIONS.contains(&c));
+            let known = e.spark_condition().unwrap();
+            assert_eq!(Condition::find_in(&e.to_string()), Some(known));
+            assert!(condition::ALL.contains(&known));
         }
         assert_eq!(ConnectError::UnknownReleaseType.condition(), None);
         assert_eq!(ConnectError::failed("boom").to_string(), "boom");
@@ -780,6 +693,18 @@ mod tests {
             Code::ResourceExhausted
         );
         assert_eq!(Code::Unavailable.to_string(), "UNAVAILABLE");
-        assert!(CONDITIONS.windows(2).all(|w| w[0].len() >= w[1].len()));
+    }
+
+    #[test]
+    fn from_server_error() {
+        let e = RpcError::from(ConnectError::Disconnected);
+        assert_eq!(e.code(), Code::Internal);
+        assert!(crate::execution::client::RetryPolicy::default_can_retry(&e));
+        let nf = RpcError::from(ConnectError::SessionNotFound { handle: "s".into() });
+        assert!(nf.is_not_found());
+        assert_eq!(
+            nf.condition(),
+            Some(condition::INVALID_HANDLE_SESSION_NOT_FOUND.name())
+        );
     }
 }

@@ -7,6 +7,9 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
+/// Handles parse as the wire layer parses them (rx §1.9); re-exported for the server side.
+pub(crate) use crate::wire::connect::parse_uuid;
+
 /// Identifies a session: `(user_id, session_id)` (rx §5.6: sessions are isolated by that
 /// pair). Another user's identical `session_id` is another session.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -85,17 +88,6 @@ impl SessionRef<'_> {
             session_id: self.session_id,
         }
     }
-}
-
-/// Parses a handle (a session, operation or response id) in the one form Spark accepts:
-/// hyphenated, 36 characters, 8-4-4-4-12 hexadecimal digits in either case (Java's
-/// `UUID.fromString` as Spark uses it, rx §1.9). The braced, URN and unhyphenated
-/// spellings the `uuid` crate also reads are not handles.
-pub(crate) fn parse_uuid(s: &str) -> Option<Uuid> {
-    if s.len() != 36 {
-        return None;
-    }
-    Uuid::try_parse(s).ok()
 }
 
 /// Longest client-supplied id echoed whole in an error message or a log line.

@@ -75,6 +75,8 @@
 
 mod budget;
 pub mod client;
+mod code;
+pub mod condition;
 mod core;
 mod error;
 mod inactive;
@@ -92,7 +94,8 @@ pub use self::core::{
     RunnerState, StreamEnd, StreamLimits,
 };
 pub use budget::{BudgetUsage, MemoryBudget};
-pub use error::{CONDITIONS, Code, ConnectError, SparkError};
+pub use code::Code;
+pub use error::{ConnectError, SparkError};
 pub use keys::{ExecuteKey, SessionKey};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
 pub use manager::{ExecutionManager, ManagerConfig, Submitted};

@@ -1,5 +1,5 @@
 //! The one I/O pump both worker-session drivers run on: the engine's
-//! [`Session`](super::engine::Session) and [`Process`](super::engine::Process), and the
+//! [`Session`](super::engine::Session) and [`ProcessStream`](super::engine::ProcessStream), and the
 //! worker's [`Endpoint`](super::endpoint::Endpoint).
 //!
 //! A [`Pump`] moves messages between a sans-IO core ([`PumpCore`]: `EngineCore` or
@@ -216,7 +216,7 @@ impl<C> Pump<C> {
         self.closed || self.aborted || self.send_broken
     }
 
-    /// A new poll of a driver future begins (a `drive`, `Process::poll_next`): the
+    /// A new poll of a driver future begins (a `drive`, `ProcessStream::poll_next`): the
     /// connection is asked again for messages and room. Within one poll, a connection that
     /// answered `Pending` holds the task's waker and wakes it on any change, so asking it
     /// again in the same poll finds nothing new; the pump skips that (each skipped ask is a

@@ -15,13 +15,13 @@ use tether::wire::{
     UdfWorkerDataFormat, execution_error,
 };
 
-use tether::testing::fixtures::{ScratchDir, pattern};
 use tether::worker::endpoint::{EndpointConfig, EndpointOutcome, EngineViolation, Udf, serve};
-use tether::worker::engine::WorkerEndpoint;
+use tether::worker::engine::WorkerAddress;
 use tether::worker::engine::{
     CountingHandle, Session, SessionConfig, SessionError, TerminationKind, WorkerHandle,
 };
 use tether::worker::state;
+use tether_testing::fixtures::{ScratchDir, pattern};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout};
 use tokio::sync::mpsc;
@@ -53,7 +53,7 @@ struct PythonWorker {
     events: Lines<BufReader<ChildStdout>>,
     /// Events read while waiting for another one.
     pending: Vec<Value>,
-    endpoint: WorkerEndpoint,
+    endpoint: WorkerAddress,
     stderr: PathBuf,
     _dir: ScratchDir,
 }
@@ -78,7 +78,7 @@ impl PythonWorker {
             child,
             events: BufReader::new(stdout).lines(),
             pending: Vec::new(),
-            endpoint: WorkerEndpoint::Unix(dir.join("w.sock")),
+            endpoint: WorkerAddress::Unix(dir.join("w.sock")),
             stderr,
             _dir: dir,
         };

@@ -1,6 +1,6 @@
 //! The runner shared by tether's state-machine models (issue 11 item 1): one
 //! `ReferenceStateMachine` + `StateMachineTest` per core, each run here with its depth taken
-//! from `tether::testing::model_cases` (`TETHER_MODEL_CASES`), and a tally of what flowed
+//! from `tether_testing::model_cases` (`TETHER_MODEL_CASES`), and a tally of what flowed
 //! through the cases so that a deep run shows its "0 lost or duplicated responses" (udf §2
 //! R5: every batch of a `Finished` session crossed once, in order; rx §3: every response
 //! delivered exactly once, in order).
@@ -47,12 +47,12 @@ impl Tally {
     }
 }
 
-/// The proptest configuration of every model: `tether::testing::model_cases(default_cases)`
+/// The proptest configuration of every model: `tether_testing::model_cases(default_cases)`
 /// cases, a generous shrink budget, no persisted failures (a failing case prints its seed
 /// and its shrunk transitions instead).
 pub fn config(default_cases: u32) -> Config {
     Config {
-        cases: tether::testing::model_cases(default_cases),
+        cases: tether_testing::model_cases(default_cases),
         max_shrink_iters: 4096,
         // A model with preconditions filters transitions; proptest counts every filtered
         // one against a per-run limit (65 536 by default) that a deep run would exhaust.
@@ -76,7 +76,7 @@ pub fn samples<S: Strategy>(strategy: S, n: usize) -> Vec<S::Value> {
         .collect()
 }
 
-/// Runs the state machine `H` for `tether::testing::model_cases(default_cases)` cases of
+/// Runs the state machine `H` for `tether_testing::model_cases(default_cases)` cases of
 /// `steps` transitions each (shrinking a failure), then prints one summary line: cases,
 /// time, cases/s and the tally (`--nocapture` shows it), and checks the tally once more.
 pub fn run<H>(name: &str, what: &str, default_cases: u32, steps: Range<usize>, tally: &Tally)

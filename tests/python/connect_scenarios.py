@@ -1,5 +1,5 @@
 """Spark Connect error, abandonment and isolation scenarios, run against any Spark Connect
-server: tether's example server (tests/pyspark_connect.rs) and, in CI, the real Spark 4.3.0
+server: tether's example server (tests/rx/pyspark_connect.rs) and, in CI, the real Spark 4.3.0
 server, so that both servers' answers can be compared.
 
 Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):

@@ -1,6 +1,6 @@
 """The real Spark Connect Python client (pyspark-client) against tether's example server.
 
-Run by tests/pyspark_connect.rs with the interpreter of target/pyspark-venv
+Run by tests/rx/pyspark_connect.rs with the interpreter of target/pyspark-venv
 (scripts/pyspark-env.sh), against examples/connect_server listening on loopback:
 
     python tests/python/pyspark_checks.py data PORT [--rows N] [--short-queries Q] [--real-spark]

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A stand-in UDF worker for the dispatcher tests (tests/udf_dispatcher.rs). It speaks no
+# A stand-in UDF worker for the dispatcher tests (tests/udf/dispatcher.rs). It speaks no
 # protocol: the tests pair it with a transport whose readiness is "the socket file exists".
 #
 # Arguments: whatever the runner spec lists, then `--id ID --connection PATH` (appended by

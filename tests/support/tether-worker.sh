@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Runs the dispatcher test binary ($1) as a real tether UDF worker: the `worker_mode` test
-# (ignored in normal runs) serves the echo UDF with `endpoint::serve` on the socket path the
-# dispatcher passes as `--connection`.
+# Runs the udf test binary ($1) as a real tether UDF worker: its `dispatcher::worker_mode`
+# test (ignored in normal runs) serves the echo UDF with `endpoint::serve` on the socket path
+# the dispatcher passes as `--connection`.
 set -eu
 bin="$1"; shift
 while [ $# -gt 0 ]; do
@@ -11,4 +11,4 @@ while [ $# -gt 0 ]; do
     *) shift ;;
   esac
 done
-exec "$bin" worker_mode --exact --ignored --nocapture --test-threads=1
+exec "$bin" dispatcher::worker_mode --exact --ignored --nocapture --test-threads=1

@@ -234,7 +234,7 @@ impl ReattachCore {
         config: &ClientConfig,
     ) -> Result<Self, ClientError> {
         let operation_id = match request.operation_id.as_deref() {
-            Some(id) if !id.is_empty() => crate::execution::keys::parse_uuid(id)
+            Some(id) if !id.is_empty() => crate::wire::connect::parse_uuid(id)
                 .ok_or_else(|| ClientError::InvalidOperationId(id.to_owned()))?
                 .hyphenated()
                 .to_string(),
@@ -713,7 +713,7 @@ impl ReattachCore {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::execution::client::error::condition;
+    use crate::execution::condition;
     use crate::wire::connect::UserContext;
 
     fn request() -> ExecutePlanRequest {

@@ -12,37 +12,7 @@ use std::fmt;
 use std::time::Duration;
 
 use crate::execution::Code;
-use crate::execution::ConnectError;
-
-/// Spark error-condition names the client reacts to (rx §1.8). Each is the exact string
-/// Spark puts, in brackets, at the start of the status message.
-pub mod condition {
-    /// The RPC was cut by the server: another attach preempted it, or an interrupt / release /
-    /// close interrupted the sender (rx §4.4). Retryable (SPARK-44835).
-    pub const INVALID_CURSOR_DISCONNECTED: &str = "INVALID_CURSOR.DISCONNECTED";
-    /// The execution is not reattachable (rx §5.5).
-    pub const INVALID_CURSOR_NOT_REATTACHABLE: &str = "INVALID_CURSOR.NOT_REATTACHABLE";
-    /// The response after `last_response_id` was already evicted (rx §3.5).
-    pub const INVALID_CURSOR_POSITION_NOT_AVAILABLE: &str = "INVALID_CURSOR.POSITION_NOT_AVAILABLE";
-    /// `last_response_id` was never produced by this execution (rx §3.5).
-    pub const INVALID_CURSOR_POSITION_NOT_FOUND: &str = "INVALID_CURSOR.POSITION_NOT_FOUND";
-    /// No such operation in the session: it never arrived, or it was released (rx §5.5).
-    /// With nothing delivered yet the client re-executes (SPARK-44624).
-    pub const INVALID_HANDLE_OPERATION_NOT_FOUND: &str = "INVALID_HANDLE.OPERATION_NOT_FOUND";
-    /// No such session (rx §5.5). Treated like `OPERATION_NOT_FOUND` (SPARK-48056).
-    pub const INVALID_HANDLE_SESSION_NOT_FOUND: &str = "INVALID_HANDLE.SESSION_NOT_FOUND";
-    /// The operation was abandoned by the server (rx §5.3, §5.4).
-    pub const INVALID_HANDLE_OPERATION_ABANDONED: &str = "INVALID_HANDLE.OPERATION_ABANDONED";
-    /// The session was closed or expired (rx §5.6).
-    pub const INVALID_HANDLE_SESSION_CLOSED: &str = "INVALID_HANDLE.SESSION_CLOSED";
-    /// The server-side session changed under the client (rx §5.5).
-    pub const INVALID_HANDLE_SESSION_CHANGED: &str = "INVALID_HANDLE.SESSION_CHANGED";
-    /// The execution was interrupted (rx §5.7).
-    pub const OPERATION_CANCELED: &str = "OPERATION_CANCELED";
-    /// Client-only: an operation or session was not found after responses had been delivered,
-    /// so re-executing would duplicate results (rx §1.8, §6.3, Python's condition name).
-    pub const RESPONSE_ALREADY_RECEIVED: &str = "RESPONSE_ALREADY_RECEIVED";
-}
+use crate::execution::condition::{self, Condition};
 
 /// A failed RPC as the client sees it: a status [`Code`], the status message, and what a rich
 /// status may add (the Spark error condition from `ErrorInfo.metadata["errorClass"]`, the
@@ -73,11 +43,11 @@ impl RpcError {
 
     /// A Spark error as a Spark server sends it: the message is `"[<condition>] <detail>"`
     /// and the condition is also recorded as if read from the rich status (rx §1.8).
-    pub fn spark(code: Code, condition: &str, detail: impl fmt::Display) -> Self {
+    pub fn spark(code: Code, condition: Condition, detail: impl fmt::Display) -> Self {
         Self {
             code,
             message: format!("[{condition}] {detail}"),
-            condition: Some(condition.to_owned()),
+            condition: Some(condition.name().to_owned()),
             retry_delay: None,
         }
     }
@@ -129,8 +99,9 @@ impl RpcError {
     /// Whether this error carries the Spark condition `condition` (for example
     /// [`condition::INVALID_CURSOR_DISCONNECTED`]): as the rich-status condition, or anywhere
     /// in the message, the way Spark's clients search it (rx §1.8).
-    pub fn has_condition(&self, condition: &str) -> bool {
-        self.condition.as_deref() == Some(condition) || self.message.contains(condition)
+    pub fn has_condition(&self, condition: Condition) -> bool {
+        let name = condition.name();
+        self.condition.as_deref() == Some(name) || self.message.contains(name)
     }
 
     /// Whether this is `INVALID_HANDLE.OPERATION_NOT_FOUND` or
@@ -149,26 +120,6 @@ impl fmt::Display for RpcError {
 }
 
 impl std::error::Error for RpcError {}
-
-/// What a client receives for a server-side [`ConnectError`]: its status code, its
-/// [`message`](ConnectError::message) and its condition as the rich-status condition — what a
-/// gRPC adapter would carry over the wire (rx §1.8). In-memory transports use this directly.
-impl From<&ConnectError> for RpcError {
-    fn from(error: &ConnectError) -> Self {
-        Self {
-            code: error.code(),
-            message: error.message(),
-            condition: error.condition().map(str::to_owned),
-            retry_delay: None,
-        }
-    }
-}
-
-impl From<ConnectError> for RpcError {
-    fn from(error: ConnectError) -> Self {
-        Self::from(&error)
-    }
-}
 
 /// A response the server sent that breaks the protocol (rx §1.3: `operation_id` and a
 /// fresh `response_id` on every response); the stream fails with
@@ -282,7 +233,7 @@ impl ClientError {
     /// clients find it, rx §1.8). The client-only
     /// [`condition::RESPONSE_ALREADY_RECEIVED`] (rx §6.3) and
     /// `INVALID_HANDLE.SESSION_CHANGED` (rx §6.2) match their variants.
-    pub fn has_condition(&self, condition: &str) -> bool {
+    pub fn has_condition(&self, condition: Condition) -> bool {
         match self {
             Self::ResponseAlreadyReceived { .. }
                 if condition == condition::RESPONSE_ALREADY_RECEIVED =>
@@ -349,19 +300,6 @@ mod tests {
         );
         assert!(msg.is_not_found());
         assert_eq!(msg.condition(), None);
-    }
-
-    #[test]
-    fn from_server_error() {
-        let e = RpcError::from(ConnectError::Disconnected);
-        assert_eq!(e.code(), Code::Internal);
-        assert!(crate::execution::client::RetryPolicy::default_can_retry(&e));
-        let nf = RpcError::from(ConnectError::SessionNotFound { handle: "s".into() });
-        assert!(nf.is_not_found());
-        assert_eq!(
-            nf.condition(),
-            Some(condition::INVALID_HANDLE_SESSION_NOT_FOUND)
-        );
     }
 
     #[test]

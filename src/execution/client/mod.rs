@@ -88,10 +88,11 @@ mod stream;
 
 pub use config::{ClientConfig, ReleaseMode};
 pub use core::{ClientPhase, ClientStats, Command, ReattachCore, ResponseId};
-pub use error::{ClientError, ReleaseError, RpcError, Violation, condition};
-/// The seeded SplitMix64 source, shared with the fault plans of the test-support layer.
-#[cfg(feature = "test-util")]
-pub(crate) use retry::Jitter;
+pub use error::{ClientError, ReleaseError, RpcError, Violation};
+/// The seeded SplitMix64 source of the retry jitter, shared with the fault plans of the
+/// test-support crate (`tether-testing`). Not part of the API: hidden, not covered by semver.
+#[doc(hidden)]
+pub use retry::Jitter;
 pub use retry::{RetryDecision, RetryPolicy, Retrying};
 pub use rpc::ExecutionRpc;
 pub use stream::{ExecuteStream, ReattachingStream, ReleaseStats};

@@ -10,8 +10,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::error::{RpcError, condition};
+use super::error::RpcError;
 use crate::execution::Code;
+use crate::execution::condition;
 
 /// One retry policy (Spark's `RetryPolicy`, in Scala's `org.apache.spark.sql.connect.client`
 /// and PySpark's `retries.py`; rx §6.1). [`RetryPolicy::default`] is Spark's
@@ -213,17 +214,19 @@ impl Retrying {
     }
 }
 
-/// A small deterministic random source (SplitMix64) for retry jitter: seeded from the OS (via
-/// a v4 UUID) by default, or from a fixed seed for reproducible tests.
+/// A small deterministic random source (SplitMix64) for the retry jitter of rx §6.1: seeded
+/// from the OS (via a v4 UUID) by default, or from a fixed seed for reproducible tests.
 #[derive(Debug, Clone)]
-pub(crate) struct Jitter(u64);
+pub struct Jitter(u64);
 
 impl Jitter {
-    pub(crate) fn new(seed: Option<u64>) -> Self {
+    /// A source seeded with `seed`, or from the OS when `None` (rx §6.1 jitter).
+    pub fn new(seed: Option<u64>) -> Self {
         Self(seed.unwrap_or_else(|| uuid::Uuid::new_v4().as_u64_pair().0))
     }
 
-    pub(crate) fn next_u64(&mut self) -> u64 {
+    /// The next 64 random bits (SplitMix64; the rx §6.1 jitter's source).
+    pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
         let mut z = self.0;
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
@@ -231,8 +234,8 @@ impl Jitter {
         z ^ (z >> 31)
     }
 
-    /// A uniform number in `[0, 1)`.
-    pub(crate) fn unit(&mut self) -> f64 {
+    /// A uniform number in `[0, 1)` (the rx §6.1 jitter's factor).
+    pub fn unit(&mut self) -> f64 {
         (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
     }
 }

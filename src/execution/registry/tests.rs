@@ -924,9 +924,9 @@ impl StateMachineTest for RegistryTest {
     }
 }
 
-/// The model's depth: `TETHER_MODEL_CASES` when set (the variable of the crate's
-/// `testing::model_cases`, read here directly because the layer order keeps `execution`
-/// from importing `testing`), else `default`. A malformed value fails rather than running
+/// The model's depth: `TETHER_MODEL_CASES` when set (the variable of
+/// `tether_testing::model_cases`, read here directly: a unit test inside the crate cannot
+/// use the test-support crate without a second copy of tether's types), else `default`. A malformed value fails rather than running
 /// at the default depth.
 fn model_cases(default: u32) -> u32 {
     match std::env::var("TETHER_MODEL_CASES") {

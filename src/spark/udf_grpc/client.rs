@@ -27,7 +27,7 @@ use crate::wire::{
     Heartbeat, HeartbeatResponse, ShutdownRequest, ShutdownResponse, UdfRequest, UdfResponse,
     WorkerRequest, WorkerResponse, worker_request, worker_response,
 };
-use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
+use crate::worker::engine::{WorkerAddress, WorkerTransport};
 
 /// Why a typed `Manage` call ([`GrpcChannel::heartbeat`], [`GrpcChannel::shutdown`]) failed
 /// (udf §1.7).
@@ -79,7 +79,7 @@ pub struct GrpcChannel {
 struct ChannelInner {
     /// `None` once closed.
     channels: Mutex<Option<Channels>>,
-    endpoint: WorkerEndpoint,
+    endpoint: WorkerAddress,
     config: GrpcConfig,
 }
 
@@ -112,7 +112,7 @@ impl GrpcChannel {
     /// The socket error (its kind kept: `NotFound`, `ConnectionRefused`, …), `TimedOut`
     /// when the attempt exceeded its bound, or another error when the worker answered the
     /// heartbeat with a transport failure.
-    pub async fn connect(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> io::Result<Self> {
+    pub async fn connect(endpoint: &WorkerAddress, config: &GrpcConfig) -> io::Result<Self> {
         let bound = config.connect_timeout;
         let attempt = async {
             let channel = tonic_endpoint(config)
@@ -144,13 +144,13 @@ impl GrpcChannel {
     /// streams past it are refused (`REFUSED_STREAM`: never seen by the worker, safe to run
     /// again) and those sessions fail as transport failures. [`connect`](Self::connect)
     /// waits for the settings.
-    pub fn connect_lazy(endpoint: &WorkerEndpoint, config: &GrpcConfig) -> Self {
+    pub fn connect_lazy(endpoint: &WorkerAddress, config: &GrpcConfig) -> Self {
         let channel =
             tonic_endpoint(config).connect_with_connector_lazy(connector(endpoint.clone()));
         Self::from_channel(channel, endpoint.clone(), config.clone())
     }
 
-    fn from_channel(execute: Channel, endpoint: WorkerEndpoint, config: GrpcConfig) -> Self {
+    fn from_channel(execute: Channel, endpoint: WorkerAddress, config: GrpcConfig) -> Self {
         let manage =
             tonic_endpoint(&config).connect_with_connector_lazy(connector(endpoint.clone()));
         Self {
@@ -184,7 +184,7 @@ impl GrpcChannel {
     }
 
     /// Where the worker listens (the `--connection` address, udf §1.9).
-    pub fn endpoint(&self) -> &WorkerEndpoint {
+    pub fn endpoint(&self) -> &WorkerAddress {
         &self.inner.endpoint
     }
 
@@ -349,7 +349,7 @@ type Socket = TokioIo<Box<dyn Io>>;
 /// Connects every (re)connection of the channel to the worker's socket; the URI (always
 /// `http://localhost`) is ignored.
 fn connector(
-    endpoint: WorkerEndpoint,
+    endpoint: WorkerAddress,
 ) -> impl tower::Service<
     Uri,
     Response = Socket,
@@ -361,12 +361,12 @@ fn connector(
         let endpoint = endpoint.clone();
         let connect: BoxFuture<'static, io::Result<Socket>> = Box::pin(async move {
             let io: Box<dyn Io> = match &endpoint {
-                WorkerEndpoint::Unix(path) => Box::new(
+                WorkerAddress::Unix(path) => Box::new(
                     tokio::net::UnixStream::connect(path)
                         .await
                         .map_err(|e| socket_path_error("connect to", path, e))?,
                 ),
-                WorkerEndpoint::Tcp(addr) => {
+                WorkerAddress::Tcp(addr) => {
                     let stream = tokio::net::TcpStream::connect(addr).await?;
                     stream.set_nodelay(true)?;
                     Box::new(stream)
@@ -794,7 +794,7 @@ impl WorkerTransport for GrpcTransport {
     /// [`GrpcChannel::connect`]: one bounded readiness attempt.
     fn connect<'a>(
         &'a self,
-        endpoint: &'a WorkerEndpoint,
+        endpoint: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<GrpcChannel>> {
         Box::pin(GrpcChannel::connect(endpoint, &self.config))
     }
@@ -803,7 +803,7 @@ impl WorkerTransport for GrpcTransport {
     fn open_session<'a>(
         &'a self,
         channel: &'a GrpcChannel,
-        _endpoint: &'a WorkerEndpoint,
+        _endpoint: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<GrpcEngineConnection>> {
         Box::pin(std::future::ready(channel.open_session()))
     }

@@ -18,7 +18,7 @@ use super::{GrpcConfig, WorkerServer, WorkerService};
 use crate::connection::framed::{FramedConfig, FramedListener};
 use crate::wire::{UdfRequest, UdfResponse};
 use crate::worker::endpoint::{EndpointConfig, Udf, serve};
-use crate::worker::engine::WorkerEndpoint;
+use crate::worker::engine::WorkerAddress;
 
 /// The worker's command line as the engine's dispatcher writes it (udf §1.9
 /// `ProcessCallable`): the spec's own `arguments`, then `--id <worker id>` and
@@ -38,7 +38,7 @@ pub struct WorkerArgs {
     /// TCP on `127.0.0.1` (`LocalTcpConnection`; udf §1.9 has the worker bind `::1` as well,
     /// [`WorkerMain`] binds only `127.0.0.1`, where tether's dispatcher connects), any other
     /// value a Unix socket path (`UnixDomainSocket`).
-    pub connection: WorkerEndpoint,
+    pub connection: WorkerAddress,
     /// Every other argument, in order: the spec's `ProcessCallable.arguments` (udf §1.9).
     pub arguments: Vec<String>,
 }
@@ -160,15 +160,12 @@ impl WorkerArgs {
 
 /// `--connection`'s value: digits are a loopback TCP port, anything else a socket path
 /// (udf §1.9 `WorkerConnectionSpec`).
-fn endpoint(value: String) -> Result<WorkerEndpoint, UsageError> {
+fn endpoint(value: String) -> Result<WorkerAddress, UsageError> {
     if !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Ok(WorkerEndpoint::Unix(PathBuf::from(value)));
+        return Ok(WorkerAddress::Unix(PathBuf::from(value)));
     }
     match value.parse::<u16>() {
-        Ok(port) if port != 0 => Ok(WorkerEndpoint::Tcp(SocketAddr::from((
-            [127, 0, 0, 1],
-            port,
-        )))),
+        Ok(port) if port != 0 => Ok(WorkerAddress::Tcp(SocketAddr::from(([127, 0, 0, 1], port)))),
         _ => Err(UsageError::InvalidPort { value }),
     }
 }
@@ -253,7 +250,7 @@ pub enum WorkerMainError {
     #[error("cannot listen on {endpoint}")]
     Bind {
         /// The `--connection` endpoint.
-        endpoint: WorkerEndpoint,
+        endpoint: WorkerAddress,
         /// The OS error.
         #[source]
         source: io::Error,
@@ -460,7 +457,7 @@ where
     pub async fn serve(self, args: &WorkerArgs) -> Result<StopReason, WorkerMainError> {
         // The handlers exist before the socket does: a SIGTERM after readiness is ours.
         let mut stops = Stops::install(self.parent_poll)?;
-        if let WorkerEndpoint::Unix(path) = &args.connection {
+        if let WorkerAddress::Unix(path) = &args.connection {
             clear_stale_socket(path)?;
         }
         let bind_error = |source| WorkerMainError::Bind {
@@ -474,8 +471,8 @@ where
                 let service = WorkerService::for_udf(move || make_udf(), self.endpoint_config)
                     .with_config(config);
                 let server = match &args.connection {
-                    WorkerEndpoint::Unix(path) => WorkerServer::bind_unix(path, service),
-                    WorkerEndpoint::Tcp(addr) => WorkerServer::bind_tcp(*addr, service).await,
+                    WorkerAddress::Unix(path) => WorkerServer::bind_unix(path, service),
+                    WorkerAddress::Tcp(addr) => WorkerServer::bind_tcp(*addr, service).await,
                 }
                 .map_err(bind_error)?;
                 let manage = server.shutdown_handle();
@@ -489,8 +486,8 @@ where
             }
             Served::Framed(config) => {
                 let listener = match &args.connection {
-                    WorkerEndpoint::Unix(path) => FramedListener::bind_unix(path),
-                    WorkerEndpoint::Tcp(addr) => FramedListener::bind_tcp(*addr).await,
+                    WorkerAddress::Unix(path) => FramedListener::bind_unix(path),
+                    WorkerAddress::Tcp(addr) => FramedListener::bind_tcp(*addr).await,
                 }
                 .map_err(bind_error)?;
                 let framed = Framed {
@@ -614,7 +611,7 @@ where
 {
     /// Serves sessions until a stop; then stops accepting, removes the socket file and
     /// gives open sessions the grace (udf §6.1).
-    async fn serve(self, endpoint: &WorkerEndpoint, mut stops: Stops) -> StopReason {
+    async fn serve(self, endpoint: &WorkerAddress, mut stops: Stops) -> StopReason {
         let mut sessions = JoinSet::new();
         let reason = loop {
             tokio::select! {
@@ -639,7 +636,7 @@ where
             }
         };
         drop(self.listener);
-        if let WorkerEndpoint::Unix(path) = endpoint
+        if let WorkerAddress::Unix(path) = endpoint
             && let Err(e) = std::fs::remove_file(path)
             && e.kind() != io::ErrorKind::NotFound
         {
@@ -683,7 +680,7 @@ mod tests {
             args,
             Ok(WorkerArgs {
                 id: "w-1".into(),
-                connection: WorkerEndpoint::Unix("/tmp/w.sock".into()),
+                connection: WorkerAddress::Unix("/tmp/w.sock".into()),
                 arguments: vec!["--worker".into(), "-v".into()],
             })
         );
@@ -691,7 +688,7 @@ mod tests {
         assert_eq!(inline.id, "w-2");
         assert_eq!(
             inline.connection,
-            WorkerEndpoint::Tcp(SocketAddr::from(([127, 0, 0, 1], 8080)))
+            WorkerAddress::Tcp(SocketAddr::from(([127, 0, 0, 1], 8080)))
         );
         assert!(inline.arguments.is_empty());
     }

@@ -11,8 +11,8 @@ use tokio::sync::watch;
 use crate::wire::ProcessCallable;
 
 use super::error::{CallableStage, DispatchError, EnvironmentError};
+use super::monitor::Monitor;
 use super::process::{CallableRun, run_callable};
-use super::sync::Monitor;
 
 /// Where a dispatcher's environment setup stands (udf §6.3 states).
 #[derive(Debug, Clone)]

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::connection::ConnectionError;
-use crate::worker::engine::WorkerEndpoint;
+use crate::worker::engine::WorkerAddress;
 
 /// Why a [`UdfWorkerSpecification`](crate::wire::UdfWorkerSpecification) cannot be run by a
 /// [`Dispatcher`](super::Dispatcher) (udf §6.2, §6.4; scenarios 79–80, 92–95, 99–100,
@@ -347,7 +347,7 @@ pub enum DispatchError {
         /// The worker's id.
         id: String,
         /// Where it should have listened.
-        endpoint: WorkerEndpoint,
+        endpoint: WorkerAddress,
         /// Its exit code or signal.
         reason: ExitReason,
         /// Its output tail.
@@ -360,7 +360,7 @@ pub enum DispatchError {
         /// The worker's id.
         id: String,
         /// Where it should have listened.
-        endpoint: WorkerEndpoint,
+        endpoint: WorkerAddress,
         /// The initialization timeout that expired.
         waited: Duration,
         /// What was observed (socket file never created; last connect error).
@@ -376,7 +376,7 @@ pub enum DispatchError {
         /// The worker's id.
         id: String,
         /// Its endpoint.
-        endpoint: WorkerEndpoint,
+        endpoint: WorkerAddress,
         /// The transport's error.
         source: io::Error,
     },

@@ -1,6 +1,6 @@
-//! The process dispatcher: runs UDF workers as child processes from a
-//! [`UdfWorkerSpecification`] and opens one [`Session`] per UDF execution on them (udf §3,
-//! udf §6). Feature `tokio`.
+//! The process dispatcher, engine side: runs UDF workers as child processes from a
+//! [`UdfWorkerSpecification`] and opens one engine [`Session`] per UDF execution on them
+//! (udf §3, udf §6). Feature `tokio`.
 //!
 //! ```text
 //!   Dispatcher::new(spec, transport, config)   validate (udf §6.2, §6.4), private socket dir 0700
@@ -50,10 +50,10 @@
 
 mod environment;
 mod error;
+mod monitor;
 mod process;
 mod shared;
 mod socket;
-mod sync;
 mod validate;
 
 use std::path::{Path, PathBuf};
@@ -65,7 +65,7 @@ use crate::worker::Chain;
 use crate::worker::engine::Session;
 use crate::worker::engine::SessionConfig;
 use crate::worker::engine::WorkerHandle;
-use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
+use crate::worker::engine::{WorkerAddress, WorkerTransport};
 use crate::worker::state;
 
 pub use environment::EnvironmentState;
@@ -189,7 +189,7 @@ pub struct WorkerInfo {
     /// Its process id.
     pub pid: u32,
     /// Where it listens (passed as `--connection`, udf §1.9).
-    pub endpoint: WorkerEndpoint,
+    pub endpoint: WorkerAddress,
     /// Its merged stdout/stderr log (deleted when it stops; udf §6.1 artifacts).
     pub log_path: PathBuf,
     /// Sessions currently using it (udf §6.1 `activeSessions`, the ref-count).
@@ -382,7 +382,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         let (endpoint, socket_path, log_path) = match shared.settings.endpoint {
             EndpointKind::Unix => {
                 let (socket, log) = socket::allocate_leaf(&shared.dir, &hex[..16])?;
-                (WorkerEndpoint::Unix(socket.clone()), Some(socket), log)
+                (WorkerAddress::Unix(socket.clone()), Some(socket), log)
             }
             EndpointKind::Tcp => {
                 let addr = socket::free_tcp_port().map_err(|source| DispatchError::Io {
@@ -390,7 +390,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
                     source,
                 })?;
                 let log = shared.dir.join(format!("w-{}.log", &hex[..16]));
-                (WorkerEndpoint::Tcp(addr), None, log)
+                (WorkerAddress::Tcp(addr), None, log)
             }
         };
         let log = process::create_log(&log_path).map_err(|source| DispatchError::Io {

@@ -20,12 +20,12 @@ use crate::connection::ConnectionError;
 use crate::wire::UdfWorkerSpecification;
 use crate::worker::engine::Termination;
 use crate::worker::engine::{HandleError, WorkerHandle};
-use crate::worker::engine::{WorkerEndpoint, WorkerTransport};
+use crate::worker::engine::{WorkerAddress, WorkerTransport};
 
 use super::environment::Environment;
 use super::error::{DispatchError, ExitReason, WorkerLost};
+use super::monitor::Monitor;
 use super::process;
-use super::sync::Monitor;
 use super::validate::Settings;
 use super::{DispatcherConfig, DispatcherStats, WorkerInfo};
 
@@ -81,7 +81,7 @@ pub(crate) struct Life {
 pub(crate) struct Worker<T: WorkerTransport> {
     pub(crate) id: String,
     pub(crate) pid: u32,
-    pub(crate) endpoint: WorkerEndpoint,
+    pub(crate) endpoint: WorkerAddress,
     pub(crate) socket_path: Option<PathBuf>,
     pub(crate) log_path: PathBuf,
     child: Mutex<Option<Child>>,
@@ -235,7 +235,7 @@ impl<T: WorkerTransport> Worker<T> {
         shared: Arc<Shared<T>>,
         this: Weak<Self>,
         id: String,
-        endpoint: WorkerEndpoint,
+        endpoint: WorkerAddress,
         socket_path: Option<PathBuf>,
         log_path: PathBuf,
         child: Child,

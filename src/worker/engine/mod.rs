@@ -3,7 +3,7 @@
 //! [`Termination`].
 //!
 //! - [`Session`]: the typestate API over a [`Connection`](crate::connection::Connection),
-//!   with [`Process`] for Spark's iterator-to-iterator style and [`AnySession`] for maps.
+//!   with [`ProcessStream`] for Spark's iterator-to-iterator style and [`AnySession`] for maps.
 //! - [`EngineCore`]: the engine's protocol rules as a sans-IO state machine.
 //! - [`Termination`], [`SessionError`]: the single terminal outcome and its errors.
 //! - [`WorkerHandle`]: the worker a session runs on, released exactly once per session.
@@ -20,10 +20,10 @@ mod transport;
 pub use self::config::SessionConfig;
 pub use self::core::{CoreStats, EngineCore, EnginePhase, InitStatus, Misuse};
 pub use self::handle::{CountingHandle, HandleError, IntoWorkerHandle, WorkerHandle};
-pub use self::session::{AnySession, Process, Session, SessionFailed, TerminationWatch};
+pub use self::session::{AnySession, ProcessStream, Session, SessionFailed, TerminationWatch};
 pub use self::termination::{
     Interrupted, PeerViolation, SessionError, Termination, TerminationKind, TransportFailure, Wait,
 };
 #[cfg(feature = "tokio")]
 pub use self::transport::{FramedSessionConnection, FramedTransport};
-pub use self::transport::{WorkerEndpoint, WorkerTransport};
+pub use self::transport::{WorkerAddress, WorkerTransport};

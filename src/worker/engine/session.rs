@@ -640,7 +640,7 @@ where
     /// Runs the session Spark's iterator-to-iterator way (udf §4.7): returns a stream of the
     /// worker's output that pulls the next input batch only when no output is waiting, sends
     /// `Finish` once `input` ends, and ends after the terminator. A worker error or failure is
-    /// the stream's last item. [`Process::close`] finalizes the session.
+    /// the stream's last item. [`ProcessStream::close`] finalizes the session.
     ///
     /// Read-ahead: as in Spark, nothing but the connection's flow control bounds how far the
     /// input runs ahead of the worker (the protocol has no acknowledgements, udf §1.4); over
@@ -649,11 +649,11 @@ where
     /// closing such a stream early waits until the worker has read them, up to
     /// [`SessionConfig::terminal_timeout`]. Bound the backlog with the transport's window
     /// (`GrpcConfig`) or by pacing the input stream.
-    pub fn process<I>(self, input: I) -> Process<C, I>
+    pub fn process<I>(self, input: I) -> ProcessStream<C, I>
     where
         I: Stream<Item = Bytes> + Unpin,
     {
-        Process {
+        ProcessStream {
             session: self,
             input,
             input_done: false,
@@ -759,16 +759,16 @@ impl<C> Session<state::Terminated, C> {
 /// and stays ended. Finalize with [`close`](Self::close) (dropping it drops the session, see
 /// [`Session`]'s drop rule).
 #[must_use = "streams do nothing unless polled"]
-pub struct Process<C, I> {
+pub struct ProcessStream<C, I> {
     session: Session<state::Streaming, C>,
     input: I,
     input_done: bool,
     done: bool,
 }
 
-impl<C, I> fmt::Debug for Process<C, I> {
+impl<C, I> fmt::Debug for ProcessStream<C, I> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Process")
+        f.debug_struct("ProcessStream")
             .field("session", &self.session)
             .field("input_done", &self.input_done)
             .field("done", &self.done)
@@ -776,7 +776,7 @@ impl<C, I> fmt::Debug for Process<C, I> {
     }
 }
 
-impl<C, I> Process<C, I>
+impl<C, I> ProcessStream<C, I>
 where
     C: Connection<UdfRequest, UdfResponse>,
 {
@@ -795,7 +795,7 @@ where
     }
 }
 
-impl<C, I> Stream for Process<C, I>
+impl<C, I> Stream for ProcessStream<C, I>
 where
     C: Connection<UdfRequest, UdfResponse> + Unpin,
     I: Stream<Item = Bytes> + Unpin,

@@ -18,14 +18,14 @@ use crate::wire::{UdfRequest, UdfResponse};
 /// Where a worker listens (the value behind its `--connection` argument): one of the
 /// transports of udf §1.9 `WorkerConnectionSpec`.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum WorkerEndpoint {
+pub enum WorkerAddress {
     /// A Unix-domain socket path (udf §1.9 `UnixDomainSocket`, §6.4).
     Unix(PathBuf),
     /// A TCP address (loopback; udf §1.9 `LocalTcpConnection`).
     Tcp(SocketAddr),
 }
 
-impl WorkerEndpoint {
+impl WorkerAddress {
     /// The string passed to the worker as `--connection`: the socket path, or the port for
     /// TCP (udf §1.9 `ProcessCallable`).
     pub fn to_argument(&self) -> String {
@@ -36,7 +36,7 @@ impl WorkerEndpoint {
     }
 }
 
-impl std::fmt::Display for WorkerEndpoint {
+impl std::fmt::Display for WorkerAddress {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Unix(p) => write!(f, "unix:{}", p.display()),
@@ -61,7 +61,7 @@ pub trait WorkerTransport: Send + Sync + 'static {
     /// readiness, udf §6.4); dispatchers call it in a loop until their readiness deadline.
     fn connect<'a>(
         &'a self,
-        endpoint: &'a WorkerEndpoint,
+        endpoint: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<Self::Channel>>;
 
     /// Opens the connection of a new session on `channel` (Spark's `newSession`, udf §6.4;
@@ -69,7 +69,7 @@ pub trait WorkerTransport: Send + Sync + 'static {
     fn open_session<'a>(
         &'a self,
         channel: &'a Self::Channel,
-        endpoint: &'a WorkerEndpoint,
+        endpoint: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<Self::Connection>>;
 
     /// Whether `channel` is still usable (udf §3 `WorkerConnection.isActive`).
@@ -96,11 +96,11 @@ impl WorkerTransport for FramedTransport {
     type Channel = ();
     type Connection = FramedSessionConnection;
 
-    fn connect<'a>(&'a self, endpoint: &'a WorkerEndpoint) -> BoxFuture<'a, io::Result<()>> {
+    fn connect<'a>(&'a self, endpoint: &'a WorkerAddress) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
             match endpoint {
-                WorkerEndpoint::Unix(p) => drop(tokio::net::UnixStream::connect(p).await?),
-                WorkerEndpoint::Tcp(a) => drop(tokio::net::TcpStream::connect(a).await?),
+                WorkerAddress::Unix(p) => drop(tokio::net::UnixStream::connect(p).await?),
+                WorkerAddress::Tcp(a) => drop(tokio::net::TcpStream::connect(a).await?),
             }
             Ok(())
         })
@@ -109,15 +109,15 @@ impl WorkerTransport for FramedTransport {
     fn open_session<'a>(
         &'a self,
         _channel: &'a (),
-        endpoint: &'a WorkerEndpoint,
+        endpoint: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<FramedSessionConnection>> {
         use crate::connection::framed::{connect_tcp, connect_unix};
         Box::pin(async move {
             Ok(match endpoint {
-                WorkerEndpoint::Unix(p) => {
+                WorkerAddress::Unix(p) => {
                     FramedSessionConnection::Unix(connect_unix(p, &self.config).await?)
                 }
-                WorkerEndpoint::Tcp(a) => {
+                WorkerAddress::Tcp(a) => {
                     FramedSessionConnection::Tcp(connect_tcp(*a, &self.config).await?)
                 }
             })

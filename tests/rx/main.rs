@@ -1,0 +1,21 @@
+//! Reattachable executions (rx) and Spark Connect: every suite of the server, the client and
+//! the gRPC service in one test binary, one module per former suite.
+//!
+//! - [`server`], [`client`]: the ported rx §7 scenarios (`rx_sNN_…`) on each side;
+//! - [`server_model`], [`client_model`]: the cores against reference models;
+//! - [`memory_budget`]: the manager-wide byte budget (rx §3.1);
+//! - [`connect_grpc`], [`connect_bounded`]: `ConnectService` and `ConnectClient` over gRPC;
+//! - [`pyspark_connect`]: the example server as a process, read by tether's client and by
+//!   the real PySpark client.
+
+#[path = "../model_support/mod.rs"]
+mod model_support;
+
+mod client;
+mod client_model;
+mod connect_bounded;
+mod connect_grpc;
+mod memory_budget;
+mod pyspark_connect;
+mod server;
+mod server_model;
