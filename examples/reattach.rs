@@ -425,7 +425,10 @@ async fn run() {
         },
         ..ManagerConfig::default()
     };
-    let manager = ExecutionManager::with_clock(config, Arc::new(clock.clone()));
+    let manager = ExecutionManager::new(ManagerConfig {
+        timer: Arc::new(clock.clone()),
+        ..config
+    });
 
     vanishing_client(&manager, &clock).await;
 

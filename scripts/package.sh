@@ -16,13 +16,14 @@ list=$(cargo package --list --quiet "$@")
 problems=()
 for required in Cargo.toml src/lib.rs build.rs README.md LICENSE CHANGELOG.md \
   docs/reference/udf-worker-protocol.md docs/reference/reattach-protocol.md \
-  docs/reference/spark-connect.md examples/tour/main.rs examples/data/penguins.csv; do
+  docs/reference/spark-connect.md docs/diagrams/engine-session.md examples/tour/main.rs \
+  examples/data/penguins.csv; do
   grep -qxF "$required" <<<"$list" || problems+=("missing: $required")
 done
 while IFS= read -r file; do
   case "$file" in
     Cargo.toml | Cargo.toml.orig | Cargo.lock | .cargo_vcs_info.json | build.rs | README.md | \
-      LICENSE | CHANGELOG.md | src/* | examples/* | docs/reference/*.md) ;;
+      LICENSE | CHANGELOG.md | src/* | examples/* | docs/reference/*.md | docs/diagrams/*.md) ;;
     *) problems+=("not for the package: $file") ;;
   esac
 done <<<"$list"

@@ -55,26 +55,7 @@
 //! One UDF execution on an external worker process: `Init`, data streamed both ways, then
 //! `Finish` or `Cancel`, and exactly one terminal outcome ([`worker::engine::Termination`]):
 //!
-//! ```text
-//!                    init() ─ InitResponse ok
-//!   ┌──────┐ ───────────────────────────────────► ┌───────────┐ send()/recv()
-//!   │ Init │                                      │ Streaming │ ◄────────────┐
-//!   └──────┘ ──┐ InitResponse.error /             └───────────┘ ─────────────┘
-//!              │ ErrorResponse: Cancel round trip    │      │
-//!              │                          finish()   │      │ cancel(), ErrorResponse
-//!              │                                     ▼      ▼
-//!              │                            ┌───────────┐ cancel() ┌────────────┐
-//!              │                            │ Finishing │ ───────► │ Cancelling │
-//!              │                            └───────────┘          └────────────┘
-//!              │                  FinishResponse │   CancelResponse │
-//!              ▼                                 ▼                  ▼
-//!   ┌─────────────────────────────────────────────────────────────────────────┐
-//!   │ Terminated: Finished | Cancelled | Failed | TransportFailed | Interrupted │
-//!   └─────────────────────────────────────────────────────────────────────────┘
-//!        any state ── transport error, peer violation, timeout ──► TransportFailed
-//!        any state ── dropped, Cancel not acknowledged in 2 s ───► Interrupted
-//!        any state ── close() ──► Cancel if needed ──► Terminated ──► handle released once
-//! ```
+#![doc = include_str!("../docs/diagrams/engine-session.md")]
 //!
 //! - Methods exist only where the protocol allows them: no data before `init`, no second
 //!   `init`, no `finish` before `init`, nothing but inspection and `close` after
@@ -88,13 +69,7 @@
 //!
 //! ## Worker sessions (worker side, [`worker::endpoint`])
 //!
-//! ```text
-//!   AwaitingInit ─ Init (+ PayloadChunks … last) ─► InitPending ─ accept ─► Data ─ Finish ─► Draining
-//!        │                                              │ reject                │ fail        │ finish
-//!        │                                              ▼                       ▼             ▼
-//!        └── Cancel (any time) ──► CancelResponse    PostError ─ Cancel ─► CancelResponse   FinishResponse
-//!   engine protocol violation ─► ErrorResponse(ProtocolError) (or in InitResponse) ─► CancelResponse ─► close
-//! ```
+#![doc = include_str!("../docs/diagrams/worker-session.md")]
 //!
 //! ## Reattachable executions ([`execution`])
 //!
@@ -105,20 +80,7 @@
 //! [`execution::ResponseLog`] and [`execution::Execution`] typestates; client side:
 //! [`execution::client::ReattachingStream`].
 //!
-//! ```text
-//!              ExecutePlan              responses flow         ResultComplete seen
-//!   ┌──────┐ ─────────────► ┌───────────┐ ─────────────► ┌───────────┐
-//!   │ Init │                │ Streaming │ reattach,      │ Finishing │ release-all only
-//!   └──────┘                └───────────┘ release-until  └───────────┘
-//!                                 │ interrupt / release-all      │ ReleaseAll
-//!                                 ▼                              ▼
-//!                           ┌────────────┐  OPERATION_CANCELED  ┌────────────┐
-//!                           │ Cancelling │ ───────────────────► │ Terminated │ absorbs all
-//!                           └────────────┘                      └────────────┘
-//!   one attached stream at a time (a new attach interrupts the old with
-//!   INVALID_CURSOR.DISCONNECTED); streams rotate after 2 min / 1 GiB; detached executions
-//!   are abandoned after 5 min and leave a tombstone (OPERATION_ABANDONED).
-//! ```
+#![doc = include_str!("../docs/diagrams/execution.md")]
 //!
 //! ## Layers
 //!

@@ -1,6 +1,13 @@
 //! The clock shared by both protocols: the [`Timer`] trait that every deadline runs on,
-//! [`TokioTimer`] (feature `tokio`), the [`ManualClock`] for tests and simulations, and the
-//! crate's one [`default_timer`].
+//! [`TokioTimer`] (feature `tokio`), the [`ManualClock`] for tests and simulations, and
+//! [`NoTimeouts`], the explicit choice of no deadlines at all.
+//!
+//! Every configuration that has deadlines takes its clock the same way, as a required
+//! `timer: Arc<dyn Timer>` field ([`SessionConfig`](crate::worker::engine::SessionConfig),
+//! [`EndpointConfig`](crate::worker::endpoint::EndpointConfig),
+//! [`ClientConfig`](crate::execution::client::ClientConfig),
+//! [`ManagerConfig`](crate::execution::ManagerConfig)); their `Default` (feature `tokio`)
+//! is [`TokioTimer`], and `with_timer` builds one on any other clock.
 //!
 //! This is the bottom layer of the crate: it imports nothing from [`worker`](crate::worker)
 //! or [`execution`](crate::execution), which both take their time from here. Deadlines are
@@ -29,6 +36,33 @@ pub trait Timer: Send + Sync + fmt::Debug + 'static {
     /// A future that completes at `deadline` (at once if it has passed; Spark's
     /// `Clock.waitTillTime`, without blocking a thread).
     fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>>;
+    /// Whether a sleep on this timer ever completes: `true` for every clock but
+    /// [`NoTimeouts`]. Drivers arm no deadline on a timer that never fires (udf §7, rx §4.5)
+    /// and wait for no backoff on it (rx §6.1).
+    fn fires(&self) -> bool {
+        true
+    }
+}
+
+/// The explicit "no deadlines" clock: its sleeps never complete, so no udf §7 or rx §4.5
+/// deadline fires on it, and a reattaching client does not wait out its retry backoff
+/// (rx §6.1): the retry follows at once. [`now`](Timer::now) is the system's monotonic clock.
+/// For sans-IO use and executors without timers, where the caller owns time.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NoTimeouts;
+
+impl Timer for NoTimeouts {
+    fn now(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn sleep_until(&self, _deadline: Instant) -> Pin<Box<dyn Future<Output = ()> + Send>> {
+        Box::pin(std::future::pending())
+    }
+
+    fn fires(&self) -> bool {
+        false
+    }
 }
 
 /// [`Timer`] on tokio's clock (`tokio::time`), available with the `tokio` feature: the
@@ -57,21 +91,6 @@ impl Timer for TokioTimer {
         Box::pin(tokio::time::sleep_until(tokio::time::Instant::from_std(
             deadline,
         )))
-    }
-}
-
-/// The timer every configuration with a `timer` field uses unless told otherwise (the
-/// session timeouts of udf §7, the client backoff of rx §6.1): [`TokioTimer`] with the
-/// `tokio` feature, else `None` (the deadlines that depend on it are then disabled, as each
-/// configuration's `timer` field documents).
-pub fn default_timer() -> Option<Arc<dyn Timer>> {
-    #[cfg(feature = "tokio")]
-    {
-        Some(Arc::new(TokioTimer))
-    }
-    #[cfg(not(feature = "tokio"))]
-    {
-        None
     }
 }
 

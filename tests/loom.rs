@@ -71,10 +71,7 @@ fn idle_session(
     MemoryConnection<UdfResponse, UdfRequest>,
 ) {
     let (engine, worker) = pair::<UdfRequest, UdfResponse>(4);
-    let config = SessionConfig {
-        timer: None,
-        ..SessionConfig::default()
-    };
+    let config = SessionConfig::with_timer(Arc::new(tether::time::NoTimeouts));
     (Session::new(engine, Arc::clone(handle), config), worker)
 }
 

@@ -150,7 +150,7 @@ fuzz_target!(|input: Input| {
     };
     let mut config = config;
     config.log.max_unsent_responses = usize::from(input.max_unsent % 32) + 1;
-    let m = ExecutionManager::with_clock(config, Arc::new(clock.clone()));
+    let m = ExecutionManager::new(ManagerConfig { timer: Arc::new(clock.clone()), ..config });
     let (producer, stream) = match m.execute_plan(&execute()).expect("a new execution") {
         s @ Submitted::Reattachable(_) => s.start(),
         other => panic!("{other:?}"),

@@ -76,10 +76,15 @@ pub struct ManagerConfig {
     /// [`log`](Self::log). Producers past it wait in FIFO order, none is dropped, and an
     /// execution that holds nothing may always take one response (see [`MemoryBudget`]).
     pub memory_budget: Option<u64>,
+    /// The clock every timeout of rx §4.5, §5.3 and §5.6 is measured on:
+    /// [`TokioTimer`](crate::time::TokioTimer) by default (monotonic, as Spark 4.0+ measures
+    /// its timeouts), a [`ManualClock`](crate::time::ManualClock) in tests and simulations.
+    pub timer: Arc<dyn Timer>,
 }
 
-impl Default for ManagerConfig {
-    fn default() -> Self {
+impl ManagerConfig {
+    /// Spark's defaults (rx §4.5, §5.2–§5.6) and tether's bounds, on `timer`.
+    pub fn with_timer(timer: Arc<dyn Timer>) -> Self {
         Self {
             log: LogConfig::REATTACHABLE,
             stream: StreamLimits::default(),
@@ -93,7 +98,16 @@ impl Default for ManagerConfig {
             inactive_operation_expiry: Duration::from_secs(30 * 60),
             inactive_operations_per_session: 10_000,
             memory_budget: Some(MemoryBudget::DEFAULT_LIMIT),
+            timer,
         }
+    }
+}
+
+/// [`ManagerConfig::with_timer`] on tokio's clock (feature `tokio`; rx §4.5).
+#[cfg(feature = "tokio")]
+impl Default for ManagerConfig {
+    fn default() -> Self {
+        Self::with_timer(Arc::new(crate::time::TokioTimer))
     }
 }
 
@@ -274,16 +288,10 @@ impl ManagerInner {
 }
 
 impl ExecutionManager {
-    /// A manager on tokio's clock ([`TokioTimer`](crate::time::TokioTimer)): monotonic, as
-    /// Spark 4.0+ measures its timeouts (rx §5.3).
-    #[cfg(feature = "tokio")]
+    /// A manager with `config`, its timeouts (rx §5.3, §5.6) on
+    /// [`config.timer`](ManagerConfig::timer).
     pub fn new(config: ManagerConfig) -> Self {
-        Self::with_clock(config, Arc::new(crate::time::TokioTimer))
-    }
-
-    /// A manager on the given clock (e.g. a [`ManualClock`](crate::time::ManualClock)),
-    /// which every timeout of rx §5.3 and §5.6 is measured on.
-    pub fn with_clock(config: ManagerConfig, clock: Arc<dyn Timer>) -> Self {
+        let clock = config.timer.clone();
         Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
@@ -766,7 +774,7 @@ mod tests {
     use crate::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, Plan, UserContext};
 
     fn manager() -> ExecutionManager {
-        ExecutionManager::with_clock(ManagerConfig::default(), Arc::new(ManualClock::new()))
+        ExecutionManager::new(ManagerConfig::with_timer(Arc::new(ManualClock::new())))
     }
 
     fn submit(m: &ExecutionManager, reattachable: bool) -> Submitted {

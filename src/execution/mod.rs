@@ -33,9 +33,18 @@
 //!   [`release_execute`](ExecutionManager::release_execute),
 //!   [`interrupt`](ExecutionManager::interrupt),
 //!   [`release_session`](ExecutionManager::release_session)) and the maintenance pass.
-//! - Typestates: [`Execution<S, K>`](Execution) with `state::Init`, `state::Streaming`,
-//!   `state::Finishing`, `state::Cancelling`, `state::Terminated` (rx §2.3); a
-//!   [`NonReattachable`] execution has no reattach or release API at all.
+//! - The inspection and management handle: [`Execution<S, K>`](Execution), with
+//!   `state::Init`, `state::Streaming`, `state::Finishing`, `state::Cancelling`,
+//!   `state::Terminated` (rx §2.3); a [`NonReattachable`] execution has no reattach or
+//!   release API at all. It is what a program that runs executions in process holds
+//!   ([`Submitted`] before `start`, [`ExecutionManager::lookup`] after): illegal orders do
+//!   not compile, and its phase is re-read from the live execution. It is *not* how
+//!   executions are served: the data path is [`Producer`] and [`ResponseStream`], and every
+//!   state change a remote client asks for arrives as an RPC that
+//!   `spark::connect` hands straight to the manager's handlers, because
+//!   other parties (a client's ReleaseAll, an Interrupt, abandonment) change an execution
+//!   under any handle. So `ConnectService` keeps no handle, and `Submitted::start` returns
+//!   the producer and the stream only.
 //!
 //! Errors are [`ConnectError`]s whose `Display` starts with Spark's condition
 //! (`[INVALID_CURSOR.DISCONNECTED] …`) and whose [`code`](ConnectError::code) is the gRPC
@@ -52,7 +61,7 @@
 //! use tether::wire::connect::execute_plan_request::RequestOption;
 //!
 //! # futures::executor::block_on(async {
-//! let manager = ExecutionManager::with_clock(ManagerConfig::default(), Arc::new(ManualClock::new()));
+//! let manager = ExecutionManager::new(ManagerConfig::with_timer(Arc::new(ManualClock::new())));
 //! let request = ExecutePlanRequest {
 //!     session_id: "00112233-4455-6677-8899-aabbccddeeff".into(),
 //!     user_context: Some(UserContext::new("alice")),

@@ -61,18 +61,7 @@ pub struct ExecutionOutcome {
 ///
 /// `S` is the state the holder has driven the execution to, `K` whether it is reattachable:
 ///
-/// ```text
-///             start()                    producer finishes / fails
-///   ┌──────┐ ─────────► ┌───────────┐ ───────────────────────────► ┌───────────┐
-///   │ Init │            │ Streaming │  reattach, release_until      │ Finishing │ release_all
-///   └──────┘            └───────────┘  (Reattachable only)          └───────────┘ (Reattachable)
-///      │ interrupt()        │ interrupt(), release_all()                  │  │
-///      │                    ▼                                             │  │ removed
-///      │              ┌────────────┐  release_all / producer stopped      │  ▼
-///      │              │ Cancelling │ ─────────────────────────────► ┌────────────┐
-///      └────────────────────────────────────────────────────────── ►│ Terminated │
-///                                                                    └────────────┘
-/// ```
+#[doc = include_str!("../../docs/diagrams/execution.md")]
 ///
 /// - A [`NonReattachable`] execution has no `reattach`, `release_until` or `release_all`
 ///   at all; it is released when its single stream ends (rx §2.2 T14).

@@ -152,7 +152,7 @@ pub(crate) use forward_pump_core;
 /// The shared I/O pump over one [`Connection`] (see the module docs for its flags).
 pub(crate) struct Pump<C> {
     conn: C,
-    timer: Option<Arc<dyn Timer>>,
+    timer: Arc<dyn Timer>,
     /// The sleep mirroring the core's deadline, and the instant it was armed for. Kept while
     /// the deadline only moves later: it then fires early and is re-armed, so a per-poll
     /// deadline that moves on every message costs no new sleep per message.
@@ -175,9 +175,10 @@ pub(crate) struct Pump<C> {
 }
 
 impl<C> Pump<C> {
-    /// A pump over `conn` whose deadlines run on `timer` (`None`: the core's deadlines are
-    /// never armed, so no timeout fires).
-    pub(crate) fn new(conn: C, timer: Option<Arc<dyn Timer>>) -> Self {
+    /// A pump over `conn` whose deadlines run on `timer` (on
+    /// [`NoTimeouts`](crate::time::NoTimeouts) the core's deadlines are never armed, so no
+    /// timeout fires, udf §7).
+    pub(crate) fn new(conn: C, timer: Arc<dyn Timer>) -> Self {
         Self {
             conn,
             timer,
@@ -205,10 +206,10 @@ impl<C> Pump<C> {
         &mut self.conn
     }
 
-    /// Whether the pump has a timer (deadlines can fire).
+    /// Whether the pump's timer fires (deadlines can fire; not on `NoTimeouts`).
     #[cfg(feature = "tokio")]
     pub(crate) fn has_timer(&self) -> bool {
-        self.timer.is_some()
+        self.timer.fires()
     }
 
     /// Whether nothing more can be sent: the send side was half-closed, aborted or failed.
@@ -351,9 +352,10 @@ impl<C> Pump<C> {
     /// has passed and the core handled it (the caller polls again), `false` when the waker
     /// is registered.
     pub(crate) fn poll_timer<K: PumpCore>(&mut self, core: &mut K, cx: &mut Context<'_>) -> bool {
-        let Some(timer) = &self.timer else {
+        let timer = &self.timer;
+        if !timer.fires() {
             return false;
-        };
+        }
         core.begin_wait_with(|| timer.now());
         let Some(at) = core.poll_timeout() else {
             return false;

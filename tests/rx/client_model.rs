@@ -234,10 +234,11 @@ impl ClientSut {
     /// wrapper unfaulted and bounces (rx §5.5, §6.3 `call_iter` step 3).
     fn next_rpc(&mut self) -> Option<Open> {
         loop {
-            match self.core.poll_command() {
+            match self.core.poll_command(self.clock.now()) {
                 Command::Sleep(until) => {
+                    assert_eq!(self.core.poll_timeout(), Some(until));
                     self.clock.set(until);
-                    self.core.on_wait_elapsed();
+                    self.core.handle_timeout(until);
                 }
                 Command::ExecutePlan(req) => {
                     assert_eq!(req.operation_id.as_deref(), Some(self.core.operation_id()));
@@ -301,7 +302,10 @@ impl ClientSut {
             Err(e) => self.core.on_error(e, self.clock.now()),
             Ok(mut stream) => {
                 while self.core.phase() == ClientPhase::Attached {
-                    assert!(matches!(self.core.poll_command(), Command::Read));
+                    assert!(matches!(
+                        self.core.poll_command(self.clock.now()),
+                        Command::Read
+                    ));
                     let item = stream
                         .next()
                         .now_or_never()

@@ -282,7 +282,10 @@ async fn waiting_producers_are_admitted_in_fifo_order() {
 #[test]
 fn try_push_reports_budget_full_and_keeps_the_response() {
     let clock = Arc::new(tether::time::ManualClock::new());
-    let m = ExecutionManager::with_clock(small_budget_config(1_000), clock);
+    let m = ExecutionManager::new(ManagerConfig {
+        timer: clock,
+        ..small_budget_config(1_000)
+    });
     let caller = Caller::new("u", "6f1b7c4e-8a39-4d2c-9e51-0b3a2f7d8c91");
     let (mut p, mut s) = connect::start(&m, &caller.execute(&connect::op_id()));
     p.try_push(connect::batch_of_len(1, 900)).unwrap();
@@ -314,7 +317,10 @@ fn try_push_reports_budget_full_and_keeps_the_response() {
 #[test]
 fn eviction_under_pressure_keeps_a_reattach_from_the_last_sent_response() {
     let clock = Arc::new(tether::time::ManualClock::new());
-    let m = ExecutionManager::with_clock(small_budget_config(1_500), clock);
+    let m = ExecutionManager::new(ManagerConfig {
+        timer: clock,
+        ..small_budget_config(1_500)
+    });
     let caller = Caller::new("u", "6f1b7c4e-8a39-4d2c-9e51-0b3a2f7d8c91");
     let op = connect::op_id();
     let (mut p, mut s) = connect::start(&m, &caller.execute(&op));

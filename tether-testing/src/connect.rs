@@ -368,7 +368,10 @@ impl ManualManager {
     /// A manager with `config` on a new [`ManualClock`] (rx §5.3).
     pub fn new(config: ManagerConfig) -> Self {
         let clock = ManualClock::new();
-        let manager = ExecutionManager::with_clock(config, Arc::new(clock.clone()));
+        let manager = ExecutionManager::new(ManagerConfig {
+            timer: Arc::new(clock.clone()),
+            ..config
+        });
         Self { clock, manager }
     }
 }

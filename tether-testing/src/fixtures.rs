@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use tether::time::ManualClock;
+use tether::time::{ManualClock, NoTimeouts};
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, ResponseKind,
     ResponseMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, execution_error,
@@ -306,21 +306,20 @@ pub fn huge_timeouts() -> SessionConfig {
 /// [`session_config`] with its deadlines on `clock` instead of tokio's (udf §7 timers).
 pub fn session_config_on(clock: &ManualClock) -> SessionConfig {
     SessionConfig {
-        timer: Some(Arc::new(clock.clone())),
+        timer: Arc::new(clock.clone()),
         ..session_config()
     }
 }
 
-/// An endpoint configuration with the R4 cancel deadline [`TEST_CANCEL`] and no timer: for
+/// An endpoint configuration with the R4 cancel deadline [`TEST_CANCEL`] on `NoTimeouts`: for
 /// the sans-IO [`WorkerCore`](tether::worker::endpoint::WorkerCore), whose caller drives time
 /// (udf §7). Under [`serve`](tether::worker::endpoint::serve) or an `Endpoint` its deadlines
-/// never fire (no timer); use [`echo_config`](crate::echo::echo_config) or set
+/// never fire (`NoTimeouts`); use [`echo_config`](crate::echo::echo_config) or set
 /// `timer` there.
 pub fn endpoint_config() -> EndpointConfig {
     EndpointConfig {
         cancel_timeout: Some(TEST_CANCEL),
-        timer: None,
-        ..EndpointConfig::default()
+        ..EndpointConfig::with_timer(Arc::new(NoTimeouts))
     }
 }
 

@@ -63,16 +63,18 @@ pub struct ClientConfig {
     /// Seed of the retry jitter (the policies' `jitter`, rx §6.1); `None` (default) seeds
     /// from the OS.
     pub jitter_seed: Option<u64>,
-    /// The clock for backoff waits (rx §6.1) and the stream deadline. Default: tokio's clock
-    /// ([`TokioTimer`](crate::time::TokioTimer), which honours `tokio::time::pause`) with
-    /// the `tokio` feature, else `None`. With `None`, backoff waits are skipped (retries
-    /// happen at once, still bounded by the policy) and `stream_deadline` is ignored. Outside
-    /// a tokio runtime `TokioTimer` never fires: supply a timer for other executors.
-    pub timer: Option<Arc<dyn Timer>>,
+    /// The clock for backoff waits (rx §6.1) and the stream deadline: by default tokio's
+    /// ([`TokioTimer`](crate::time::TokioTimer), which honours `tokio::time::pause`; outside
+    /// a tokio runtime it never fires, so supply a timer for other executors). On
+    /// [`NoTimeouts`](crate::time::NoTimeouts) backoff waits are skipped (retries happen at
+    /// once, still bounded by the policy) and `stream_deadline` never fires.
+    pub timer: Arc<dyn Timer>,
 }
 
-impl Default for ClientConfig {
-    fn default() -> Self {
+impl ClientConfig {
+    /// Spark's client defaults (rx §6.1: one [`RetryPolicy::default`], releases after
+    /// delivery, no stream deadline), every wait on `timer`.
+    pub fn with_timer(timer: Arc<dyn Timer>) -> Self {
         Self {
             retry_policies: vec![RetryPolicy::default()],
             release_mode: ReleaseMode::AfterDelivery,
@@ -82,7 +84,15 @@ impl Default for ClientConfig {
             max_immediate_retry_elapsed: Duration::from_secs(3600),
             max_empty_rotations: None,
             jitter_seed: None,
-            timer: crate::time::default_timer(),
+            timer,
         }
+    }
+}
+
+/// [`ClientConfig::with_timer`] on tokio's clock (feature `tokio`; rx §6.1).
+#[cfg(feature = "tokio")]
+impl Default for ClientConfig {
+    fn default() -> Self {
+        Self::with_timer(Arc::new(crate::time::TokioTimer))
     }
 }

@@ -75,7 +75,7 @@ pub enum ClientPhase {
     Idle,
     /// An RPC was issued; its responses, end or error are expected.
     Attached,
-    /// Waiting out a retry backoff; then [`on_wait_elapsed`](ReattachCore::on_wait_elapsed).
+    /// Waiting out a retry backoff; then [`handle_timeout`](ReattachCore::handle_timeout).
     Backoff,
     /// The result is complete: `ResultComplete` was delivered (reattachable), or the stream
     /// ended (non-reattachable).
@@ -97,8 +97,8 @@ pub enum Command {
     ReattachExecute(ReattachExecuteRequest),
     /// Keep reading the open RPC's stream.
     Read,
-    /// Wait until this instant (a retry backoff), then call
-    /// [`on_wait_elapsed`](ReattachCore::on_wait_elapsed).
+    /// Wait until this instant (a retry backoff, also [`ReattachCore::poll_timeout`]), then
+    /// call [`handle_timeout`](ReattachCore::handle_timeout).
     Sleep(Instant),
     /// Yield this error to the caller; every later call gives [`Command::Done`].
     Fail(ClientError),
@@ -145,9 +145,11 @@ enum Open {
 /// initial request, the graceful reattach loop, the retry scope around each wait for a
 /// response, re-execute on `OPERATION_NOT_FOUND` / `SESSION_NOT_FOUND` only while nothing was
 /// delivered, `ReleaseUntil` per delivered response, exactly one `ReleaseAll`, the
-/// `server_side_session_id` check. It does no I/O and reads no clock: the caller asks it what
-/// to do next ([`poll_command`](ReattachCore::poll_command)), performs that RPC or wait, and
-/// reports back (`on_*`); release RPCs to send come out of
+/// `server_side_session_id` check, and both of its deadlines (the RPC deadline, the retry
+/// backoff). It does no I/O and reads no clock: the caller asks it what to do next
+/// ([`poll_command`](ReattachCore::poll_command)), performs that RPC, reports back (`on_*`),
+/// sleeps until [`poll_timeout`](ReattachCore::poll_timeout) and then calls
+/// [`handle_timeout`](ReattachCore::handle_timeout); release RPCs to send come out of
 /// [`poll_release`](ReattachCore::poll_release). The async
 /// [`ReattachingStream`](super::ReattachingStream) is a thin driver over it; property tests
 /// drive it directly.
@@ -181,6 +183,10 @@ pub struct ReattachCore {
     phase: ClientPhase,
     next: Open,
     backoff_until: Option<Instant>,
+    /// [`ClientConfig::stream_deadline`]: how long one RPC may stay attached.
+    stream_deadline: Option<Duration>,
+    /// When the attached RPC's deadline expires (armed as the RPC is issued).
+    rpc_deadline: Option<Instant>,
     /// Responses delivered on the RPC currently attached.
     stream_delivered: u64,
     last: Option<ResponseId>,
@@ -263,6 +269,8 @@ impl ReattachCore {
             phase: ClientPhase::Idle,
             next: Open::Execute,
             backoff_until: None,
+            stream_deadline: config.stream_deadline,
+            rpc_deadline: None,
             stream_delivered: 0,
             last: None,
             released_index: 0,
@@ -346,15 +354,19 @@ impl ReattachCore {
         }
     }
 
-    /// What to do next (rx §6.3 `call_iter`: `ExecutePlan` first, `ReattachExecute` once the
-    /// RPC is unset). Issuing an RPC moves `Idle → Attached`; the error of a failed stream
-    /// is handed out once, then [`Command::Done`] forever.
+    /// What to do next at `now` (rx §6.3 `call_iter`: `ExecutePlan` first, `ReattachExecute`
+    /// once the RPC is unset). Issuing an RPC moves `Idle → Attached` and arms its deadline
+    /// ([`ClientConfig::stream_deadline`] from `now`, see [`poll_timeout`](Self::poll_timeout));
+    /// the error of a failed stream is handed out once, then [`Command::Done`] forever.
     #[must_use]
-    pub fn poll_command(&mut self) -> Command {
+    pub fn poll_command(&mut self, now: Instant) -> Command {
         match self.phase {
             ClientPhase::Idle => {
                 self.phase = ClientPhase::Attached;
                 self.stream_delivered = 0;
+                self.rpc_deadline = self
+                    .stream_deadline
+                    .map(|d| crate::time::deadline_after(now, d));
                 match self.next {
                     Open::Execute => {
                         self.stats.execute_plans += 1;
@@ -371,7 +383,7 @@ impl ReattachCore {
                 Some(until) => Command::Sleep(until),
                 None => {
                     self.phase = ClientPhase::Idle;
-                    self.poll_command()
+                    self.poll_command(now)
                 }
             },
             ClientPhase::Failed => match self.error.take() {
@@ -548,32 +560,42 @@ impl ReattachCore {
         }
     }
 
-    /// The client-side deadline of the attached RPC expired at `now`
-    /// ([`ClientConfig::stream_deadline`]); the driver has dropped the RPC. Reattachable: the
-    /// server keeps the execution, so reattach at once (no retry consumed, bounded like a
-    /// re-execute; SPARK-56538). Non-reattachable: fatal `DEADLINE_EXCEEDED`.
-    pub fn on_stream_deadline(&mut self, now: Instant) {
-        if self.phase != ClientPhase::Attached {
-            self.stats.ignored += 1;
-            return;
-        }
-        let error = RpcError::new(
-            Code::DeadlineExceeded,
-            "the client-side deadline of the RPC expired",
-        );
-        if self.reattachable {
-            self.immediate_retry(Open::Reattach, error, now);
-        } else {
-            self.fail(ClientError::Rpc(error));
+    /// The next instant at which [`handle_timeout`](Self::handle_timeout) has work: the
+    /// attached RPC's deadline ([`ClientConfig::stream_deadline`]) or the end of a retry
+    /// backoff (rx §6.1); `None` when nothing is timed. The core owns both deadlines, as the
+    /// UDF cores own theirs (udf §7): a driver sleeps until this instant and never picks one.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match self.phase {
+            ClientPhase::Attached => self.rpc_deadline,
+            ClientPhase::Backoff => self.backoff_until,
+            _ => None,
         }
     }
 
-    /// The backoff wait of a [`Command::Sleep`] is over (rx §6.1): the next command opens
-    /// an RPC.
-    pub fn on_wait_elapsed(&mut self) {
-        if self.phase == ClientPhase::Backoff {
-            self.phase = ClientPhase::Idle;
-            self.backoff_until = None;
+    /// Time has reached `now`: a backoff that is over lets the next command open an RPC
+    /// (rx §6.1); an attached RPC whose deadline passed is given up (the driver drops it, as
+    /// the phase is no longer `Attached`). Reattachable: the server keeps the execution, so
+    /// it reattaches at once (no retry consumed, bounded like a re-execute; SPARK-56538).
+    /// Non-reattachable: fatal `DEADLINE_EXCEEDED`. Before the deadline it does nothing.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        match self.phase {
+            ClientPhase::Backoff if self.backoff_until.is_none_or(|at| at <= now) => {
+                self.phase = ClientPhase::Idle;
+                self.backoff_until = None;
+            }
+            ClientPhase::Attached if self.rpc_deadline.is_some_and(|at| at <= now) => {
+                self.rpc_deadline = None;
+                let error = RpcError::new(
+                    Code::DeadlineExceeded,
+                    "the client-side deadline of the RPC expired",
+                );
+                if self.reattachable {
+                    self.immediate_retry(Open::Reattach, error, now);
+                } else {
+                    self.fail(ClientError::Rpc(error));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -727,8 +749,7 @@ mod tests {
     fn config() -> ClientConfig {
         ClientConfig {
             jitter_seed: Some(1),
-            timer: None,
-            ..ClientConfig::default()
+            ..ClientConfig::with_timer(Arc::new(crate::time::NoTimeouts))
         }
     }
 
@@ -787,31 +808,34 @@ mod tests {
     #[test]
     fn graceful_reattach_names_last_delivered() {
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        assert!(matches!(core.poll_command(), Command::ExecutePlan(_)));
+        assert!(matches!(
+            core.poll_command(Instant::now()),
+            Command::ExecutePlan(_)
+        ));
         assert!(core.on_response(resp("r1")).is_some());
         assert_eq!(drain(&mut core), vec![until("r1")]);
         core.on_stream_end();
-        let Command::ReattachExecute(r) = core.poll_command() else {
+        let Command::ReattachExecute(r) = core.poll_command(Instant::now()) else {
             panic!("expected reattach")
         };
         assert_eq!(r.last_response_id.as_deref(), Some("r1"));
         core.on_stream_end(); // an empty rotation
-        let Command::ReattachExecute(r) = core.poll_command() else {
+        let Command::ReattachExecute(r) = core.poll_command(Instant::now()) else {
             panic!("expected reattach")
         };
         assert_eq!(r.last_response_id.as_deref(), Some("r1"));
         assert!(core.on_response(complete("r2")).is_some());
         assert_eq!(drain(&mut core), vec![Release::ReleaseAll(ReleaseAll {})]);
-        assert_eq!(core.poll_command(), Command::Done);
+        assert_eq!(core.poll_command(Instant::now()), Command::Done);
         assert_eq!(core.stats().empty_rotations, 1);
     }
 
     #[test]
     fn reattach_without_delivery_omits_last_response_id() {
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        let _ = core.poll_command();
+        let _ = core.poll_command(Instant::now());
         core.on_stream_end();
-        let Command::ReattachExecute(r) = core.poll_command() else {
+        let Command::ReattachExecute(r) = core.poll_command(Instant::now()) else {
             panic!("expected reattach")
         };
         assert_eq!(r.last_response_id, None);
@@ -826,18 +850,18 @@ mod tests {
         );
         let now = Instant::now();
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        let _ = core.poll_command();
+        let _ = core.poll_command(Instant::now());
         core.on_error(nf.clone(), now);
-        let Command::ExecutePlan(again) = core.poll_command() else {
+        let Command::ExecutePlan(again) = core.poll_command(Instant::now()) else {
             panic!("expected re-execute")
         };
         assert_eq!(again.operation_id.as_deref(), Some(core.operation_id()));
         let _ = core.on_response(resp("r1"));
         assert_eq!(drain(&mut core), vec![until("r1")]);
         core.on_stream_end();
-        let _ = core.poll_command();
+        let _ = core.poll_command(Instant::now());
         core.on_error(nf, now);
-        let Command::Fail(e) = core.poll_command() else {
+        let Command::Fail(e) = core.poll_command(Instant::now()) else {
             panic!("expected failure")
         };
         assert!(e.has_condition(condition::RESPONSE_ALREADY_RECEIVED));
@@ -848,20 +872,66 @@ mod tests {
     fn retryable_error_backs_off_then_reattaches() {
         let now = Instant::now();
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        let _ = core.poll_command();
+        let _ = core.poll_command(Instant::now());
         core.on_error(RpcError::unavailable("down"), now);
+        let until = now + Duration::from_millis(50);
+        assert_eq!(core.poll_command(now), Command::Sleep(until));
+        assert_eq!(core.poll_timeout(), Some(until));
+        core.handle_timeout(until - Duration::from_millis(1));
         assert_eq!(
-            core.poll_command(),
-            Command::Sleep(now + Duration::from_millis(50))
+            core.poll_command(now),
+            Command::Sleep(until),
+            "not yet over"
         );
-        core.on_wait_elapsed();
-        assert!(matches!(core.poll_command(), Command::ReattachExecute(_)));
+        core.handle_timeout(until);
+        assert!(matches!(
+            core.poll_command(until),
+            Command::ReattachExecute(_)
+        ));
+    }
+
+    /// The RPC deadline is the core's (ClientConfig::stream_deadline, SPARK-56538): armed when
+    /// the RPC is issued, reported by poll_timeout, and on expiry a reattachable execution
+    /// reattaches at once while a non-reattachable one fails with DEADLINE_EXCEEDED.
+    #[test]
+    fn the_rpc_deadline_is_armed_by_the_core_and_expires_in_it() {
+        let config = ClientConfig {
+            stream_deadline: Some(Duration::from_secs(5)),
+            ..config()
+        };
+        let t0 = Instant::now();
+        let deadline = t0 + Duration::from_secs(5);
+        let mut core = ReattachCore::reattachable(request(), &config).unwrap();
+        assert_eq!(core.poll_timeout(), None, "nothing attached, nothing timed");
+        assert!(matches!(core.poll_command(t0), Command::ExecutePlan(_)));
+        assert_eq!(core.poll_timeout(), Some(deadline));
+        core.handle_timeout(deadline - Duration::from_millis(1));
+        assert_eq!(
+            core.phase(),
+            ClientPhase::Attached,
+            "before the deadline: nothing"
+        );
+        core.handle_timeout(deadline);
+        assert_ne!(core.phase(), ClientPhase::Attached, "the RPC is given up");
+        assert!(matches!(
+            core.poll_command(deadline),
+            Command::ReattachExecute(_)
+        ));
+        assert_eq!(core.poll_timeout(), Some(deadline + Duration::from_secs(5)));
+
+        let mut plain = ReattachCore::non_reattachable(request(), &config).unwrap();
+        let _ = plain.poll_command(t0);
+        plain.handle_timeout(deadline);
+        let Command::Fail(ClientError::Rpc(e)) = plain.poll_command(deadline) else {
+            panic!("a non-reattachable RPC past its deadline fails");
+        };
+        assert_eq!(e.code(), Code::DeadlineExceeded);
     }
 
     #[test]
     fn session_id_change_is_fatal() {
         let mut core = ReattachCore::reattachable(request(), &config()).unwrap();
-        let _ = core.poll_command();
+        let _ = core.poll_command(Instant::now());
         let mut a = resp("r1");
         a.server_side_session_id = "s1".into();
         assert!(core.on_response(a).is_some());
@@ -869,7 +939,7 @@ mod tests {
         b.server_side_session_id = "s2".into();
         assert!(core.on_response(b).is_none());
         assert!(matches!(
-            core.poll_command(),
+            core.poll_command(Instant::now()),
             Command::Fail(ClientError::SessionChanged { .. })
         ));
     }
@@ -878,10 +948,10 @@ mod tests {
     fn non_reattachable_never_releases_or_reattaches() {
         let mut core = ReattachCore::non_reattachable(request(), &config()).unwrap();
         assert!(!core.request().is_reattachable());
-        let _ = core.poll_command();
+        let _ = core.poll_command(Instant::now());
         let _ = core.on_response(ExecutePlanResponse::arrow_batch(1, &b"x"[..]));
         core.on_stream_end();
-        assert_eq!(core.poll_command(), Command::Done);
+        assert_eq!(core.poll_command(Instant::now()), Command::Done);
         assert!(core.poll_release().is_none());
         assert_eq!(core.stats().reattaches, 0);
     }
@@ -894,8 +964,8 @@ mod tests {
         };
         let mut core = ReattachCore::reattachable(request(), &cfg).unwrap();
         let mut other = ReattachCore::reattachable(request(), &cfg).unwrap();
-        let _ = core.poll_command();
-        let _ = other.poll_command();
+        let _ = core.poll_command(Instant::now());
+        let _ = other.poll_command(Instant::now());
         let _ = core.on_response(resp("r1"));
         let r1 = core.last_response_id().unwrap().clone();
         let _ = core.on_response(resp("r2"));

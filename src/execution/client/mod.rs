@@ -32,6 +32,7 @@
 //! use std::sync::{Arc, Mutex};
 //! use futures::{StreamExt, future::BoxFuture, stream::{self, BoxStream}};
 //! use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream, RpcError};
+//! use tether::time::NoTimeouts;
 //! use tether::wire::connect::*;
 //!
 //! /// Three responses; each RPC sends one and ends without ResultComplete.
@@ -66,7 +67,7 @@
 //! # futures::executor::block_on(async {
 //! let rpc = Arc::new(Rotating(Mutex::new(Vec::new())));
 //! let request = ExecutePlanRequest { session_id: "6f1c3d2e-1111-4222-8333-444455556666".into(), ..Default::default() };
-//! let config = ClientConfig { timer: None, ..ClientConfig::default() };
+//! let config = ClientConfig::with_timer(Arc::new(NoTimeouts));
 //! let mut results = ReattachingStream::new(rpc.clone(), request, config).unwrap();
 //! let mut ids = Vec::new();
 //! while let Some(response) = results.next().await {

@@ -123,7 +123,7 @@ struct Releaser<R: ExecutionRpc + ?Sized> {
     lane: Arc<Lane>,
     inline: FuturesUnordered<BoxFuture<'static, ()>>,
     policies: Arc<[RetryPolicy]>,
-    timer: Option<Arc<dyn Timer>>,
+    timer: Arc<dyn Timer>,
     jitter: Jitter,
     cap: usize,
 }
@@ -190,7 +190,7 @@ fn release_task<R: ExecutionRpc + ?Sized>(
     rpc: Arc<R>,
     lane: Arc<Lane>,
     policies: Arc<[RetryPolicy]>,
-    timer: Option<Arc<dyn Timer>>,
+    timer: Arc<dyn Timer>,
     seed: u64,
     mut req: ReleaseExecuteRequest,
     mut call: BoxFuture<'static, Result<crate::wire::connect::ReleaseExecuteResponse, RpcError>>,
@@ -207,8 +207,9 @@ fn release_task<R: ExecutionRpc + ?Sized>(
                     }
                     Err(error) => match retrying.on_error(&error, jitter.unit()) {
                         RetryDecision::Retry(wait) => {
-                            if let Some(t) = &timer {
-                                t.sleep_until(t.now() + wait).await;
+                            if timer.fires() {
+                                let until = crate::time::deadline_after(timer.now(), wait);
+                                timer.sleep_until(until).await;
                             }
                             call = start_release(&*rpc, &lane, req.clone());
                         }
@@ -239,12 +240,12 @@ fn release_task<R: ExecutionRpc + ?Sized>(
 struct Driver<R: ExecutionRpc + ?Sized> {
     core: ReattachCore,
     rpc: Arc<R>,
-    timer: Option<Arc<dyn Timer>>,
-    stream_deadline: Option<std::time::Duration>,
+    timer: Arc<dyn Timer>,
     opening: Option<BoxFuture<'static, Result<R::Stream, RpcError>>>,
     current: Option<Pin<Box<R::Stream>>>,
-    rpc_deadline: Option<Sleep>,
-    backoff: Option<Sleep>,
+    /// The one sleep, armed for the core's [`poll_timeout`](ReattachCore::poll_timeout)
+    /// (the RPC deadline or the end of a backoff) and the instant it was armed for.
+    timeout: Option<(Instant, Sleep)>,
     releases: Releaser<R>,
 }
 
@@ -263,44 +264,57 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
             core,
             rpc,
             timer: config.timer.clone(),
-            stream_deadline: config.stream_deadline,
             opening: None,
             current: None,
-            rpc_deadline: None,
-            backoff: None,
+            timeout: None,
             releases,
         }
     }
 
-    fn now(&self) -> Instant {
-        self.timer.as_ref().map_or_else(Instant::now, |t| t.now())
-    }
-
-    /// Drops the RPC when the core no longer expects it (completed, failed, retrying).
+    /// Drops the RPC when the core no longer expects it (completed, failed, retrying, its
+    /// deadline passed).
     fn sync_rpc(&mut self) {
         if self.core.phase() != ClientPhase::Attached {
             self.opening = None;
             self.current = None;
-            self.rpc_deadline = None;
         }
     }
 
-    fn arm_rpc_deadline(&mut self) {
-        self.rpc_deadline = match (&self.timer, self.stream_deadline) {
-            (Some(t), Some(d)) => Some(t.sleep_until(t.now() + d)),
-            _ => None,
+    /// Sleeps until the core's next deadline; when it has passed, hands the time to the core
+    /// ([`ReattachCore::handle_timeout`]) and returns `true` (the caller polls again). On a
+    /// timer that never fires ([`NoTimeouts`](crate::time::NoTimeouts)) no RPC deadline is
+    /// armed and a backoff is not waited for: its end is handed over at once.
+    fn poll_timeout(&mut self, cx: &mut Context<'_>) -> bool {
+        let Some(at) = self.core.poll_timeout() else {
+            self.timeout = None;
+            return false;
         };
-    }
-
-    fn rpc_deadline_expired(&mut self, cx: &mut Context<'_>) -> bool {
-        let expired = self
-            .rpc_deadline
-            .as_mut()
-            .is_some_and(|s| s.as_mut().poll(cx).is_ready());
-        if expired {
-            self.rpc_deadline = None;
+        if !self.timer.fires() {
+            if self.core.phase() != ClientPhase::Backoff {
+                return false;
+            }
+            self.core.handle_timeout(at);
+            self.sync_rpc();
+            return true;
         }
-        expired
+        loop {
+            if !matches!(&self.timeout, Some((armed, _)) if *armed == at) {
+                self.timeout = Some((at, self.timer.sleep_until(at)));
+            }
+            let Some((_, sleep)) = self.timeout.as_mut() else {
+                return false;
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return false;
+            }
+            self.timeout = None;
+            let now = self.timer.now();
+            if now >= at {
+                self.core.handle_timeout(now);
+                self.sync_rpc();
+                return true;
+            }
+        }
     }
 
     fn flush_releases(&mut self, cx: &mut Context<'_>) {
@@ -324,18 +338,14 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
                     }
                     Poll::Ready(Err(e)) => {
                         self.opening = None;
-                        let now = self.now();
+                        let now = self.timer.now();
                         self.core.on_error(e, now);
                         self.sync_rpc();
                     }
                     Poll::Pending => {
-                        if !self.rpc_deadline_expired(cx) {
+                        if !self.poll_timeout(cx) {
                             break Poll::Pending;
                         }
-                        let now = self.now();
-                        self.core.on_stream_deadline(now);
-                        self.opening = None;
-                        self.sync_rpc();
                     }
                 }
                 continue;
@@ -351,7 +361,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
                     }
                     Poll::Ready(Some(Err(e))) => {
                         self.current = None;
-                        let now = self.now();
+                        let now = self.timer.now();
                         self.core.on_error(e, now);
                         self.sync_rpc();
                     }
@@ -361,33 +371,17 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
                         self.sync_rpc();
                     }
                     Poll::Pending => {
-                        if !self.rpc_deadline_expired(cx) {
+                        if !self.poll_timeout(cx) {
                             break Poll::Pending;
                         }
-                        let now = self.now();
-                        self.current = None;
-                        self.core.on_stream_deadline(now);
-                        self.sync_rpc();
                     }
                 }
                 continue;
             }
-            if let Some(sleep) = self.backoff.as_mut() {
-                if sleep.as_mut().poll(cx).is_pending() {
-                    break Poll::Pending;
-                }
-                self.backoff = None;
-                self.core.on_wait_elapsed();
-                continue;
-            }
-            match self.core.poll_command() {
-                Command::ExecutePlan(req) => {
-                    self.opening = Some(self.rpc.execute_plan(req));
-                    self.arm_rpc_deadline();
-                }
+            match self.core.poll_command(self.timer.now()) {
+                Command::ExecutePlan(req) => self.opening = Some(self.rpc.execute_plan(req)),
                 Command::ReattachExecute(req) => {
                     self.opening = Some(self.rpc.reattach_execute(req));
-                    self.arm_rpc_deadline();
                 }
                 Command::Read => {
                     // Attached without an RPC cannot happen: every command that attaches
@@ -395,10 +389,11 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
                     debug_assert!(false, "core attached without an RPC");
                     self.core.on_stream_end();
                 }
-                Command::Sleep(until) => match &self.timer {
-                    Some(t) => self.backoff = Some(t.sleep_until(until)),
-                    None => self.core.on_wait_elapsed(),
-                },
+                Command::Sleep(_) => {
+                    if !self.poll_timeout(cx) {
+                        break Poll::Pending;
+                    }
+                }
                 Command::Fail(e) => break Poll::Ready(Some(Err(e))),
                 Command::Done => break Poll::Ready(None),
             }
@@ -410,7 +405,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
     fn close_now(&mut self) {
         self.core.close();
         self.sync_rpc();
-        self.backoff = None;
+        self.timeout = None;
         while let Some(req) = self.core.poll_release() {
             self.releases.dispatch(req);
         }

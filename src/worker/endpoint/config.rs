@@ -14,8 +14,8 @@ use crate::wire::UdfWorkerDataFormat;
 /// [`UdfWorkerDataFormat::Arrow`] data, payloads up to 1 GiB, buffers 64 input batches,
 /// waits at most 30 s for the engine's `Init` on a new session and at most 30 s for the
 /// engine's `Cancel` after the worker reported an error (on
-/// [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature; without a timer it waits
-/// indefinitely).
+/// [`TokioTimer`](crate::time::TokioTimer), feature `tokio`; on
+/// [`NoTimeouts`](crate::time::NoTimeouts) it waits indefinitely).
 #[derive(Debug, Clone)]
 pub struct EndpointConfig {
     /// The data formats this worker declared in its `WorkerCapabilities`
@@ -73,17 +73,25 @@ pub struct EndpointConfig {
     /// `None` waits indefinitely. Default 30 s, Spark's terminal timeout (udf §7).
     pub cancel_timeout: Option<Duration>,
     /// The clock [`init_timeout`](Self::init_timeout) (udf §4.6) and
-    /// [`cancel_timeout`](Self::cancel_timeout) (udf §2 R4) run on; `None` disables both.
-    /// Default: [`TokioTimer`](crate::time::TokioTimer) with the `tokio` feature (which
-    /// needs a tokio runtime when the timeout is armed), else `None`.
-    pub timer: Option<Arc<dyn Timer>>,
+    /// [`cancel_timeout`](Self::cancel_timeout) (udf §2 R4) run on:
+    /// [`TokioTimer`](crate::time::TokioTimer) by default (which needs a tokio runtime when
+    /// a timeout is armed), or [`NoTimeouts`](crate::time::NoTimeouts) to disable both.
+    pub timer: Arc<dyn Timer>,
 }
 
 impl EndpointConfig {
-    /// The defaults listed on [`EndpointConfig`]: the reference worker's protocol version
-    /// and ARROW format (udf §2.1, §1.9), a 30 s `Init` wait (udf §7 `initResponseTimeoutMs`)
-    /// and a 30 s Cancel wait (udf §7 `terminalTimeoutMs`).
+    /// [`with_timer`](Self::with_timer) on [`TokioTimer`](crate::time::TokioTimer) (feature
+    /// `tokio`): the defaults listed on [`EndpointConfig`] (udf §2.1, §7).
+    #[cfg(feature = "tokio")]
     pub fn new() -> Self {
+        Self::with_timer(Arc::new(crate::time::TokioTimer))
+    }
+
+    /// The defaults listed on [`EndpointConfig`], with both deadlines on `timer`: the
+    /// reference worker's protocol version and ARROW format (udf §2.1, §1.9), a 30 s `Init`
+    /// wait (udf §7 `initResponseTimeoutMs`) and a 30 s Cancel wait (udf §7
+    /// `terminalTimeoutMs`).
+    pub fn with_timer(timer: Arc<dyn Timer>) -> Self {
         Self {
             supported_data_formats: vec![UdfWorkerDataFormat::Arrow],
             protocol_version: 1,
@@ -92,7 +100,7 @@ impl EndpointConfig {
             input_buffer_bytes: 64 * 1024,
             init_timeout: Some(Duration::from_secs(30)),
             cancel_timeout: Some(Duration::from_secs(30)),
-            timer: crate::time::default_timer(),
+            timer,
         }
     }
 
@@ -108,6 +116,8 @@ impl EndpointConfig {
     }
 }
 
+/// [`EndpointConfig::new`]: the defaults on tokio's clock (udf §7).
+#[cfg(feature = "tokio")]
 impl Default for EndpointConfig {
     fn default() -> Self {
         Self::new()

@@ -325,9 +325,13 @@ pub struct WorkerCore {
     input_buffer_bytes: usize,
 }
 
+/// The core of the default configuration: Spark's deadlines (udf §7), which the core only
+/// reads as durations (its caller owns time, so the config's timer is not used).
 impl Default for WorkerCore {
     fn default() -> Self {
-        Self::new(&EndpointConfig::default())
+        Self::new(&EndpointConfig::with_timer(std::sync::Arc::new(
+            crate::time::NoTimeouts,
+        )))
     }
 }
 

@@ -13,15 +13,7 @@
 //! - [`WorkerCore`]: the rules as a sans-IO state machine (events in, `UdfResponse`s out),
 //!   for property tests, fuzzing and custom drivers.
 //!
-//! ```text
-//!   AwaitingInit ─ Init (+ PayloadChunk* … last) ─► InitPending ─ accept ─► Data ─ Finish ─► Draining
-//!     │ Cancel: CancelResponse       │ reject / bad Init       │ fail   │ Cancel           │ finish
-//!     ▼                              ▼                         ▼        ▼                  ▼
-//!    Done               PostError (InitResponse.error / ErrorResponse)  Cancelling ─► CancelResponse ─► Done
-//!                           └── Cancel ──► Cancelling          Draining ─ Cancel ─► Cancelling (R5 c)
-//!   engine violation (any phase) ─► ProtocolError (in InitResponse / ErrorResponse / CancelResponse)
-//!                                   ─► CancelResponse ─► Done, stream closed
-//! ```
+#![doc = include_str!("../../../docs/diagrams/worker-session.md")]
 //!
 //! A minimal worker:
 //!

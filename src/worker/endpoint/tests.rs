@@ -3,6 +3,7 @@
 //! request sequences.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -23,10 +24,7 @@ use EngineViolation as V;
 // ---------------------------------------------------------------------------------------------
 
 fn config() -> EndpointConfig {
-    EndpointConfig {
-        timer: None,
-        ..EndpointConfig::default()
-    }
+    EndpointConfig::with_timer(Arc::new(crate::time::NoTimeouts))
 }
 
 fn core() -> WorkerCore {

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::time::{Timer, default_timer};
+use crate::time::Timer;
 
 /// Timeouts and bounds of an engine-side worker session. Defaults are Spark's (udf §7).
 #[derive(Debug, Clone)]
@@ -36,28 +36,37 @@ pub struct SessionConfig {
     /// side's read-ahead measured so, `EndpointConfig::input_buffer_bytes`, docs/benchmarks.md
     /// "Scaling"). Small batches still queue up to `output_buffer` of them.
     pub output_buffer_bytes: usize,
-    /// The clock the three udf §7 deadlines above run on. `None` disables every timeout (the
-    /// default without the `tokio` feature unless one is supplied).
-    pub timer: Option<Arc<dyn Timer>>,
+    /// The clock the three udf §7 deadlines above run on: [`TokioTimer`](crate::time::TokioTimer)
+    /// by default, a [`ManualClock`](crate::time::ManualClock) in simulations, or
+    /// [`NoTimeouts`](crate::time::NoTimeouts) to disable every timeout explicitly.
+    pub timer: Arc<dyn Timer>,
 }
 
 impl SessionConfig {
     /// Spark's defaults (udf §7 `initResponseTimeoutMs`, `terminalTimeoutMs`,
     /// `interruptCancelTimeoutMs`): 30 s init, 30 s terminal, 2 s interrupt-cancel; plus
-    /// tether's output buffer of 64 batches or 64 KiB and [`TokioTimer`](crate::time::TokioTimer) when the
-    /// `tokio` feature is on.
-    pub fn new() -> Self {
+    /// tether's output buffer of 64 batches or 64 KiB; every deadline on `timer`.
+    pub fn with_timer(timer: Arc<dyn Timer>) -> Self {
         Self {
             init_timeout: Duration::from_secs(30),
             terminal_timeout: Duration::from_secs(30),
             interrupt_cancel_timeout: Duration::from_secs(2),
             output_buffer: 64,
             output_buffer_bytes: 64 * 1024,
-            timer: default_timer(),
+            timer,
         }
+    }
+
+    /// [`with_timer`](Self::with_timer) on [`TokioTimer`](crate::time::TokioTimer) (feature
+    /// `tokio`): Spark's defaults (udf §7).
+    #[cfg(feature = "tokio")]
+    pub fn new() -> Self {
+        Self::with_timer(Arc::new(crate::time::TokioTimer))
     }
 }
 
+/// [`SessionConfig::new`]: Spark's defaults on tokio's clock (udf §7).
+#[cfg(feature = "tokio")]
 impl Default for SessionConfig {
     fn default() -> Self {
         Self::new()

@@ -230,9 +230,13 @@ enum Rule {
     Shutdown,
 }
 
+/// The core of the default configuration: Spark's deadlines (udf §7), which the core only
+/// reads as durations (its caller owns time, so the config's timer is not used).
 impl Default for EngineCore {
     fn default() -> Self {
-        Self::new(&SessionConfig::default())
+        Self::new(&SessionConfig::with_timer(std::sync::Arc::new(
+            crate::time::NoTimeouts,
+        )))
     }
 }
 

@@ -292,13 +292,7 @@ impl<C: Connection<UdfRequest, UdfResponse>> Drop for FinalizeGuard<C> {
 
 /// One UDF execution on a worker, from the engine's side, as a typestate (udf §4–§5).
 ///
-/// ```text
-///            init() ok                 finish()                 FinishResponse
-///   Init ───────────────► Streaming ───────────────► Finishing ─────────────────┐
-///    │  init() err           │  │ cancel()              │ cancel()              ▼
-///    │  (Cancel round trip)  │  └────────► Cancelling ◄─┘   CancelResponse   Terminated
-///    └───────────────────────┴─────────────────┴──── errors, timeouts ───────►  (close)
-/// ```
+#[doc = include_str!("../../../docs/diagrams/engine-session.md")]
 ///
 /// - `S` is the typestate ([`state`]); `C` the [`Connection`] carrying `UdfRequest` out and
 ///   `UdfResponse` in.

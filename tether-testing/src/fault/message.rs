@@ -325,11 +325,11 @@ struct Pending {
 /// of udf §6.5 (cut, stall, failed write, half-close without terminator) and delays, at
 /// chosen messages, with [`FaultCounters`] to check they fired.
 ///
-/// Delays run on the [`Timer`] given to [`with_timer`](Self::with_timer), by default the
-/// crate's [`default_timer`](tether::time::default_timer) (tokio's clock) if the wrapper is
-/// created inside a tokio runtime, else none; with a
+/// Delays run on the [`Timer`] given to [`with_timer`](Self::with_timer), by default tokio's
+/// clock if the wrapper is created inside a tokio runtime, else
+/// [`NoTimeouts`](tether::time::NoTimeouts); with a
 /// [`ManualClock`](tether::time::ManualClock) a delay ends when the clock is advanced past
-/// it. Without any timer a delay is not applied (and not counted).
+/// it. On a timer that never fires (`NoTimeouts`) a delay is not applied (and not counted).
 ///
 /// Errors it injects are [`ConnectionError::Transport`] with an [`InjectedFault`] as the
 /// cause; [`is_injected`](super::is_injected) recognises them.
@@ -337,7 +337,7 @@ pub struct FaultyConnection<C> {
     inner: Option<C>,
     faults: Vec<MessageFault>,
     fired: Vec<bool>,
-    timer: Option<Arc<dyn Timer>>,
+    timer: Arc<dyn Timer>,
     counters: FaultCounters,
     sent: u64,
     received: u64,
@@ -392,7 +392,7 @@ impl<C> FaultyConnection<C> {
     /// Runs delays on `timer` (a [`ManualClock`](tether::time::ManualClock) in a simulation;
     /// the same clock as the session's udf §7 deadlines).
     pub fn with_timer(mut self, timer: Arc<dyn Timer>) -> Self {
-        self.timer = Some(timer);
+        self.timer = timer;
         self
     }
 
@@ -454,11 +454,12 @@ impl<C> FaultyConnection<C> {
             let MessageFault::Delay { by, .. } = self.faults[fault] else {
                 return Poll::Ready(());
             };
-            let Some(timer) = &self.timer else {
+            let timer = &self.timer;
+            if !timer.fires() {
                 // No clock to measure the delay on: it is not applied.
                 self.fired[fault] = true;
                 continue;
-            };
+            }
             let sleep = timer.sleep_until(tether::time::deadline_after(timer.now(), by));
             let pending = Some(Pending {
                 fault,

@@ -210,15 +210,16 @@ impl SplitMix {
     }
 }
 
-/// The timer a fault wrapper's delays run on by default: the crate's
-/// [`default_timer`](tether::time::default_timer) (tokio's clock) when created inside a tokio
-/// runtime, else none, so that outside a runtime a delay is skipped as documented instead of
-/// waiting forever on a sleep no runtime drives (udf §6.5, rx §6.3 delays).
-fn ambient_timer() -> Option<std::sync::Arc<dyn tether::time::Timer>> {
+/// The timer a fault wrapper's delays run on by default: tokio's clock
+/// ([`TokioTimer`](tether::time::TokioTimer)) when created inside a tokio runtime, else
+/// [`NoTimeouts`](tether::time::NoTimeouts), so that outside a runtime a delay is skipped as
+/// documented instead of waiting forever on a sleep no runtime drives (udf §6.5, rx §6.3
+/// delays).
+fn ambient_timer() -> std::sync::Arc<dyn tether::time::Timer> {
     if tokio::runtime::Handle::try_current().is_err() {
-        return None;
+        return std::sync::Arc::new(tether::time::NoTimeouts);
     }
-    tether::time::default_timer()
+    std::sync::Arc::new(tether::time::TokioTimer)
 }
 
 #[cfg(test)]

@@ -409,10 +409,10 @@ struct CallFaults {
 /// every response exactly once and in order (rx §6.3, §6.4) whenever its retry policy
 /// covers the errors (rx §6.1).
 ///
-/// Delays run on the [`Timer`] given to [`with_timer`](Self::with_timer), by default the
-/// crate's [`default_timer`](tether::time::default_timer) (tokio's clock) if the wrapper is
-/// created inside a tokio runtime, else none; without any timer
-/// a delay is not applied (and not counted). Faults can also be added while the wrapper is
+/// Delays run on the [`Timer`] given to [`with_timer`](Self::with_timer), by default tokio's
+/// clock if the wrapper is created inside a tokio runtime, else
+/// [`NoTimeouts`](tether::time::NoTimeouts), on which a delay is not applied (and not
+/// counted). Faults can also be added while the wrapper is
 /// in use ([`add`](Self::add)), which is how a model test strikes the next call.
 ///
 /// A client over a server that rotates nothing still reattaches through a break and a
@@ -434,7 +434,7 @@ struct CallFaults {
 /// let counters = rpc.counters();
 /// let request = Caller::new("alice", "6f1c3d2e-1111-4222-8333-444455556666").plan("p");
 /// // No timer: the client's backoff is skipped.
-/// let config = ClientConfig { timer: None, ..ClientConfig::default() };
+/// let config = ClientConfig::with_timer(Arc::new(tether::time::NoTimeouts));
 /// let mut results = ReattachingStream::new(Arc::new(rpc), request, config).unwrap();
 /// let mut ids = Vec::new();
 /// while let Some(response) = results.next().await {
@@ -450,7 +450,7 @@ struct CallFaults {
 pub struct FaultyRpc<R> {
     inner: Arc<R>,
     plan: Arc<Mutex<PlanState>>,
-    timer: Option<Arc<dyn Timer>>,
+    timer: Arc<dyn Timer>,
     counters: RpcCounters,
 }
 
@@ -483,7 +483,7 @@ impl<R> FaultyRpc<R> {
     /// Runs delays on `timer` (a [`ManualClock`](tether::time::ManualClock) in a simulation;
     /// the clock of the client's rx §6.1 backoff).
     pub fn with_timer(mut self, timer: Arc<dyn Timer>) -> Self {
-        self.timer = Some(timer);
+        self.timer = timer;
         self
     }
 
@@ -593,7 +593,7 @@ impl<R> FaultyRpc<R> {
         let timer = self.timer.clone();
         let counters = self.counters.clone();
         Box::pin(async move {
-            if let (Some(by), Some(timer)) = (faults.delay, &timer) {
+            if let Some(by) = faults.delay.filter(|_| timer.fires()) {
                 timer
                     .sleep_until(tether::time::deadline_after(timer.now(), by))
                     .await;

@@ -63,11 +63,13 @@
 mod watch;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 
 use tether::connection::ConnectionError;
+use tether::time::NoTimeouts;
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, RequestMessage, ResponseKind,
     ResponseMessage, UdfRequest, UdfResponse,
@@ -104,7 +106,7 @@ pub fn conn_error() -> ConnectionError {
 }
 
 /// The engine config of a [`Pair`] (udf §7): a 10 s init timeout, 30 s terminal timeout,
-/// 2 s interrupt-cancel timeout, 64 output batches, and no timer (the pair is the clock).
+/// 2 s interrupt-cancel timeout, 64 output batches, and `NoTimeouts` (the pair is the clock).
 pub fn engine_config() -> SessionConfig {
     SessionConfig {
         init_timeout: Duration::from_secs(10),
@@ -112,7 +114,7 @@ pub fn engine_config() -> SessionConfig {
         interrupt_cancel_timeout: Duration::from_secs(2),
         output_buffer: 64,
         output_buffer_bytes: 64 * 1024,
-        timer: None,
+        timer: Arc::new(NoTimeouts),
     }
 }
 
@@ -120,13 +122,12 @@ pub fn engine_config() -> SessionConfig {
 /// R4 cancel timeout at 15 s (udf §2 R4), half the engine's terminal timeout so that the
 /// two never expire at the same instant, the wait for the `Init` at 20 s (udf §4.6), twice
 /// the engine's init timeout so that an engine whose `Init` is merely late gives up first,
-/// and no timer (the pair is the clock).
+/// and `NoTimeouts` (the pair is the clock).
 pub fn worker_config() -> EndpointConfig {
     EndpointConfig {
         init_timeout: Some(Duration::from_secs(20)),
         cancel_timeout: Some(Duration::from_secs(15)),
-        timer: None,
-        ..EndpointConfig::new()
+        ..EndpointConfig::with_timer(Arc::new(NoTimeouts))
     }
 }
 
