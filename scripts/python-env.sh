@@ -2,8 +2,9 @@
 # Sets up the Python side of the wire-conformance tests (tests/conformance/): a venv at
 # target/py-venv with exactly the packages pinned in tests/python/requirements.txt, and the
 # classes generated from Spark's official .proto files under target/py-gen/ (the files are
-# fetched, checked and cached by scripts/spark-oracle.sh protos, which the Rust schema checks
-# read too). Called by scripts/test.sh before `cargo test`; safe to run any time.
+# fetched, checked and cached by scripts/spark-oracle.sh protos; the Rust schema checks of
+# tests/conformance/schema.rs read them too). Called by scripts/test.sh before `cargo test`;
+# safe to run any time.
 #
 # Idempotent: the venv is (re)created only when it is missing, or when requirements.txt or
 # the Python version changed since it was built (a stamp file holds the requirements' SHA-256

@@ -190,6 +190,32 @@ macro_rules! typestate_markers {
     };
 }
 
+/// The conversions between a typestate handle and its erased enum, for each of the five
+/// markers: `From<Typed<state::S, P>> for Any<P>` and `TryFrom<Any<P>> for Typed<state::S, P>`
+/// (the error hands the enum back). Used for [`worker::engine::AnySession`] (udf §4.1) and
+/// [`execution::AnyExecution`] (rx §2.3); `state` is resolved where it is invoked. The
+/// parameter's bound is required (`Sized` where there is none).
+macro_rules! any_state_conversions {
+    ($any:ident, $typed:ident<$param:ident: $bound:path>: $($state:ident),*) => {$(
+        impl<$param: $bound> From<$typed<state::$state, $param>> for $any<$param> {
+            fn from(typed: $typed<state::$state, $param>) -> Self {
+                $any::$state(typed)
+            }
+        }
+
+        impl<$param: $bound> TryFrom<$any<$param>> for $typed<state::$state, $param> {
+            type Error = $any<$param>;
+
+            fn try_from(any: $any<$param>) -> Result<Self, Self::Error> {
+                match any {
+                    $any::$state(typed) => Ok(typed),
+                    other => Err(other),
+                }
+            }
+        }
+    )*};
+}
+
 pub mod connection;
 pub mod execution;
 pub mod reference;

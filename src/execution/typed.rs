@@ -418,28 +418,7 @@ impl<K: Kind> AnyExecution<K> {
     }
 }
 
-macro_rules! any_conv {
-    ($($state:ident),*) => {$(
-        impl<K: Kind> From<Execution<state::$state, K>> for AnyExecution<K> {
-            fn from(e: Execution<state::$state, K>) -> Self {
-                AnyExecution::$state(e)
-            }
-        }
-
-        impl<K: Kind> TryFrom<AnyExecution<K>> for Execution<state::$state, K> {
-            type Error = AnyExecution<K>;
-
-            fn try_from(any: AnyExecution<K>) -> Result<Self, Self::Error> {
-                match any {
-                    AnyExecution::$state(e) => Ok(e),
-                    other => Err(other),
-                }
-            }
-        }
-    )*};
-}
-
-any_conv!(Init, Streaming, Finishing, Cancelling, Terminated);
+any_state_conversions!(AnyExecution, Execution<K: Kind>: Init, Streaming, Finishing, Cancelling, Terminated);
 
 /// A handle found by [`ExecutionManager::lookup`](super::ExecutionManager::lookup) (Spark's
 /// `getExecuteHolder`, rx §5.1), by kind (rx §1.2).

@@ -23,9 +23,6 @@ pub mod connect;
 mod messages;
 mod spec;
 
-#[cfg(test)]
-mod proto_oracle;
-
 pub use codec::{DEFAULT_MAX_FRAME_LEN, FrameCodec, FrameError};
 pub use messages::*;
 pub use spec::*;

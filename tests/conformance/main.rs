@@ -15,6 +15,8 @@
 //!   field values by tether's field names ([`fields`]), checks that the official decoder reads
 //!   tether's bytes as exactly that message, and encodes it deterministically; those bytes
 //!   must equal tether's own encoding and decode in tether to the same value.
+//! - `schema::*`: the prost types against the `.proto` text itself, field by field (number,
+//!   wire type, presence) and enum value by enum value, with the small reader in `oracle`.
 //! - `grpc::*` (feature `grpc`): a tether engine [`Session`](tether::worker::engine::Session)
 //!   drives a Python grpcio worker, and a Python grpcio engine drives a tether worker
 //!   ([`WorkerServer`](tether::spark::udf_grpc::WorkerServer) + `endpoint::serve`), over a
@@ -25,7 +27,9 @@ mod cases;
 mod fields;
 #[cfg(feature = "grpc")]
 mod grpc;
+mod oracle;
 mod python;
+mod schema;
 
 use base64::prelude::{BASE64_STANDARD, Engine as _};
 use serde_json::{Value, json};

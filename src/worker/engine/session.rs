@@ -866,26 +866,7 @@ pub enum AnySession<C> {
     Terminated(Session<state::Terminated, C>),
 }
 
-macro_rules! any_session_conversions {
-    ($($state:ident),*) => {$(
-        impl<C> From<Session<state::$state, C>> for AnySession<C> {
-            fn from(s: Session<state::$state, C>) -> Self {
-                AnySession::$state(s)
-            }
-        }
-        impl<C> TryFrom<AnySession<C>> for Session<state::$state, C> {
-            type Error = AnySession<C>;
-            fn try_from(any: AnySession<C>) -> Result<Self, AnySession<C>> {
-                match any {
-                    AnySession::$state(s) => Ok(s),
-                    other => Err(other),
-                }
-            }
-        }
-    )*};
-}
-
-any_session_conversions!(Init, Streaming, Finishing, Cancelling, Terminated);
+any_state_conversions!(AnySession, Session<C: Sized>: Init, Streaming, Finishing, Cancelling, Terminated);
 
 impl<C> AnySession<C>
 where

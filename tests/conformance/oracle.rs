@@ -1,4 +1,4 @@
-//! Test-only conformance oracle: reads Spark 4.3.0's official `.proto` files at test time
+//! The schema oracle: reads Spark 4.3.0's official `.proto` files at test time
 //! (fetched and checked by `scripts/spark-oracle.sh`, cached outside the work tree, never
 //! copied into the repository) and checks the hand-written prost types against them, field
 //! by field.
