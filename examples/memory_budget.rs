@@ -28,8 +28,10 @@ use tether::spark::connect::{
     ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
     TransportLimits, serve_bounded,
 };
-use tether::wire::connect::{ExecutePlanRequest, ExecutePlanResponse};
-use tether_testing::connect::{self, Caller};
+use tether::wire::connect::{
+    ExecutePlanRequest, ExecutePlanResponse, Plan, UserContext,
+    execute_plan_request::RequestOption, execute_plan_response::ResponseType,
+};
 use tonic::transport::Endpoint;
 
 #[derive(Parser, Debug)]
@@ -147,7 +149,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for i in 0..n {
         let client = clients[i % clients.len()].clone();
         let session = format!("6f1b7c4e-8a39-4d2c-9e51-{:012}", i % 16);
-        let request = Caller::new("u", &session).execute(&connect::op_id());
+        // A reattachable ExecutePlan (rx §1.2); this server's engine ignores the plan.
+        let request = ExecutePlanRequest {
+            session_id: session,
+            user_context: Some(UserContext::new("u")),
+            operation_id: Some(uuid::Uuid::new_v4().to_string()),
+            plan: Some(Plan::root(Bytes::from_static(b"relation"))),
+            request_options: vec![RequestOption::reattach(true)],
+            ..Default::default()
+        };
         let first_seen = first_seen.clone();
         let mut drain = drain_rx.clone();
         let expected = args.responses;
@@ -158,7 +168,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut complete = false;
             let mut take = |r: ExecutePlanResponse| {
                 complete |= r.is_result_complete();
-                rows.extend(connect::rows(&r));
+                if let Some(ResponseType::ArrowBatch(batch)) = &r.response_type {
+                    rows.push(batch.row_count);
+                }
                 ids.push(r.response_id);
             };
             if let Some(r) = stream.next().await {

@@ -69,6 +69,10 @@
 //!
 //! ## Worker sessions (worker side, [`worker::endpoint`])
 //!
+//! The same session from the worker's side: a [`worker::endpoint::Udf`] of yours answers
+//! each step, and [`worker::endpoint::serve`] (or the [`worker::endpoint::Endpoint`]
+//! typestates) turns its answers into the protocol's messages:
+//!
 #![doc = include_str!("../docs/diagrams/worker-session.md")]
 //!
 //! ## Reattachable executions ([`execution`])
@@ -103,8 +107,10 @@
 //! - [`execution`]: reattachable executions — [`execution::ResponseLog`],
 //!   [`execution::ExecutionCore`] (sans-IO, time passed in), [`execution::ExecutionManager`],
 //!   and the client [`execution::client::ReattachingStream`].
-//! - `spark` (feature `grpc`): the official `UdfWorker` gRPC service over a Unix socket —
-//!   an engine channel opening one `Execute` stream per session and a worker server.
+//! - `spark`: Spark's own transports. `spark::udf_grpc` (feature `grpc`): the official
+//!   `UdfWorker` gRPC service over a Unix socket — an engine channel opening one `Execute`
+//!   stream per session, a worker server and `WorkerMain`. `spark::connect` (feature
+//!   `spark-connect`): the Spark Connect service over an `ExecutionManager` and its client.
 //!
 //! ## Naming conventions
 //!

@@ -1,11 +1,16 @@
 //! A sans-IO length-delimited frame codec for carrying protocol messages over byte streams:
 //! tether's own framing, where Spark carries the udf §1.1 `Execute` stream over gRPC.
 
+#[cfg(feature = "tokio")]
 use std::any::Any;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-
-use super::{DataRequest, DataResponse, UdfRequest, UdfResponse, udf_request, udf_response};
+use bytes::{Buf, BufMut, BytesMut};
+// What the framed transport's by-reference writes (`encode_head`) look inside.
+#[cfg(feature = "tokio")]
+use {
+    super::{DataRequest, DataResponse, UdfRequest, UdfResponse, udf_request, udf_response},
+    bytes::Bytes,
+};
 
 /// Default upper bound on a frame body: 128 MiB (134 217 728 bytes), excluding the 4-byte
 /// length prefix — Spark's gRPC max inbound message size for worker channels
@@ -18,11 +23,13 @@ const HEADER_LEN: usize = 4;
 /// Largest buffer reservation made at once while waiting for a frame body, in bytes (64 KiB).
 const MAX_RESERVE: usize = 64 * 1024;
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// Smallest trailing `bytes` payload that [`FrameCodec::encode_head`] leaves out of the
 /// encoded head, to be written by reference (1 KiB): below it, copying is cheaper than an
 /// extra slice in the write.
 pub(crate) const BY_REFERENCE_MIN: usize = 1024;
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// Protobuf wire type of length-delimited fields (`bytes`, nested messages).
 const LENGTH_DELIMITED: u64 = 2;
 
@@ -127,6 +134,7 @@ impl FrameCodec {
         msg.encode(dst).map_err(|_| oversize)
     }
 
+    #[cfg(feature = "tokio")] // the framed transport's vectored writes only
     /// Appends to `dst` the frame holding `msg`, like [`encode`](Self::encode), except for a
     /// message whose encoding ends with a `bytes` field of at least [`BY_REFERENCE_MIN`]
     /// bytes (a data batch of udf §1.4, in its envelope or alone): then only the head goes
@@ -260,12 +268,15 @@ impl FrameCodec {
     }
 }
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// Deepest nesting of a trailing `bytes` field that [`trailing_bytes`] reports.
 const MAX_DEPTH: usize = 2;
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// Longest varint: 10 bytes for a `u64`.
 const MAX_VARINT_LEN: usize = 10;
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// The field numbers from the frame body down to the `bytes` field that ends `msg`'s
 /// encoding, and that field, for the messages whose large part is a data batch (udf §1.4):
 /// `UdfRequest.data` (2) → `DataRequest.data` (1), `UdfResponse.data` (2) →
@@ -293,11 +304,13 @@ fn trailing_bytes(msg: &dyn Any) -> Option<(&'static [u32], &Bytes)> {
     (!data.is_empty()).then_some((path, data))
 }
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// The key of length-delimited field `tag`.
 fn key(tag: u32) -> u64 {
     (u64::from(tag) << 3) | LENGTH_DELIMITED
 }
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// Bytes in the varint encoding of `v`.
 fn varint_len(v: u64) -> usize {
     // One byte per started group of 7 bits; zero takes one byte.
@@ -305,6 +318,7 @@ fn varint_len(v: u64) -> usize {
     bits.div_ceil(7)
 }
 
+#[cfg(feature = "tokio")] // the framed transport's vectored writes only
 /// Appends the varint encoding of `v`.
 fn put_varint(mut v: u64, dst: &mut BytesMut) {
     while v >= 0x80 {

@@ -212,6 +212,26 @@ fn each_spark_condition_is_written_once() {
     );
 }
 
+/// The examples ship in the package (users learn from them, docs.rs shows them), where the
+/// workspace's test-support crate does not exist: no example may use `tether_testing`.
+#[test]
+fn no_example_uses_the_test_support_crate() {
+    let mut offenders = Vec::new();
+    for file in files("examples", &["rs"]) {
+        let text = fs::read_to_string(&file).unwrap();
+        for (line, code) in code_lines(&text) {
+            if code.contains("tether_testing") {
+                offenders.push(format!("{}:{line}", relative(&file)));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "examples using tether_testing:\n{}",
+        offenders.join("\n")
+    );
+}
+
 /// Import cycles between sibling modules that exist today, each owned by a tracked piece of
 /// work. A cycle not listed here fails the check; a listed one that is gone fails it too,
 /// so the list shrinks as the work lands.

@@ -140,11 +140,17 @@ fn spark_status(error: &SparkError, message: String) -> tonic::Status {
 /// `RetryInfo.retry_delay` the server asked for.
 ///
 /// A connection lost mid-call is `UNAVAILABLE`, as gRPC's C and Java clients report it
-/// (and as Spark's retry policy expects, rx §6.1): tonic reports it as `UNKNOWN` with the
-/// transport error as the status's source, which a status the server sent never has.
+/// (and as Spark's retry policy expects, rx §6.1). tonic reports it with the transport error
+/// as the status's source, which a status the server sent never has: as `UNKNOWN` (a broken
+/// connection), `INTERNAL` (an h2 error, such as a GOAWAY from a server shutting down) or
+/// `CANCELLED` (the stream reset with `CANCEL` as a server drops it). Each of those is the
+/// transport's word, not the server's, so the client reattaches instead of failing.
 pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
-    let transport_lost =
-        status.code() == tonic::Code::Unknown && std::error::Error::source(status).is_some();
+    let transport_lost = std::error::Error::source(status).is_some()
+        && matches!(
+            status.code(),
+            tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
+        );
     let code = if transport_lost {
         Code::Unavailable
     } else {
@@ -168,6 +174,34 @@ pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What tonic reports when the transport, not the server, ends a call (h2's reset or
+    /// GOAWAY reasons, a broken connection) becomes UNAVAILABLE, which the client retries
+    /// (rx §6.1); the same codes sent by a server (no source) keep their code.
+    #[test]
+    fn transport_errors_are_unavailable_and_server_statuses_keep_their_code() {
+        for reason in [
+            h2::Reason::CANCEL,
+            h2::Reason::NO_ERROR,
+            h2::Reason::INTERNAL_ERROR,
+        ] {
+            let status = tonic::Status::from_error(Box::new(h2::Error::from(reason)));
+            assert!(std::error::Error::source(&status).is_some(), "{status:?}");
+            let error = to_rpc_error(&status);
+            assert_eq!(error.code(), Code::Unavailable, "{reason:?}: {status:?}");
+            assert!(crate::execution::client::RetryPolicy::default_can_retry(
+                &error
+            ));
+        }
+        for code in [
+            tonic::Code::Internal,
+            tonic::Code::Cancelled,
+            tonic::Code::Unknown,
+        ] {
+            let error = to_rpc_error(&tonic::Status::new(code, "from the server"));
+            assert_eq!(error.code(), code_back(code));
+        }
+    }
 
     #[test]
     fn spark_conditions_travel_as_internal_with_error_info() {

@@ -240,6 +240,8 @@ where
 /// known so `Drop` needs no bounds.
 type Cleanup<C> = fn(Box<Inner<C>>);
 
+// With `tokio` the box moves into the spawned clean-up task; without, it is only finalized here.
+#[cfg_attr(not(feature = "tokio"), allow(clippy::boxed_local))]
 fn cleanup_on_drop<C>(mut inner: Box<Inner<C>>)
 where
     C: Connection<UdfRequest, UdfResponse> + Send + 'static,
