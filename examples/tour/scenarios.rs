@@ -92,7 +92,7 @@ impl Report {
     }
 
     fn saw(&mut self, info: &WorkerInfo) {
-        let socket = match &info.endpoint {
+        let socket = match &info.address {
             WorkerAddress::Unix(p) => Some(p.clone()),
             WorkerAddress::Tcp(_) => None,
         };
@@ -430,7 +430,7 @@ where
         let done = self.run_to_end(self.spark, RATIO, &self.inputs).await?;
         self.report.saw(&done.info);
         let t = &done.termination;
-        println!("    worker pid {} on {}", done.info.pid, done.info.endpoint);
+        println!("    worker pid {} on {}", done.info.pid, done.info.address);
         println!("    termination: {t}");
         // The UDF output is row-aligned with the input: join it back to the species.
         let outputs = decode_outputs(&done.outputs)?;
@@ -657,7 +657,7 @@ where
         // The worker's stop (reap, socket removal) runs in the background: wait for it.
         dispatcher.settle().await;
         let gone = !process_exists(pid);
-        let socket = match &opened.info.endpoint {
+        let socket = match &opened.info.address {
             WorkerAddress::Unix(p) => Some(p.clone()),
             WorkerAddress::Tcp(_) => None,
         };

@@ -368,8 +368,8 @@ async fn udf_s072_sequential_sessions_each_spawn_and_clean_their_own_worker() {
         assert_eq!(out.len(), 1, "round {round}");
         d.settle().await;
         assert!(!exists(info.pid), "worker of round {round} reaped");
-        assert!(!socket_of(&info.endpoint).exists());
-        seen.push((info.pid, info.endpoint));
+        assert!(!socket_of(&info.address).exists());
+        seen.push((info.pid, info.address));
     }
     assert_ne!(seen[0], seen[1], "a fresh process and socket per session");
     assert_eq!(d.stats().spawned, 2);
@@ -381,7 +381,7 @@ async fn udf_s073_session_close_kills_the_worker_and_removes_its_socket() {
     let d = framed_dispatcher(tether_spec(), config());
     let s = d.create_session().await.expect("session");
     let info = d.worker(s.worker().id()).expect("tracked");
-    let socket = socket_of(&info.endpoint);
+    let socket = socket_of(&info.address);
     assert!(running(info.pid) && socket.exists());
     let (s, _) = s.init(init("udf")).await.expect("init");
     assert_eq!(s.close().await.kind(), TerminationKind::Cancelled);
@@ -626,7 +626,7 @@ async fn udf_s083_killed_worker_fails_the_stream_and_is_invalidated() {
     assert!(handle.is_invalid());
     d.settle().await;
     assert!(!exists(pid), "reaped");
-    assert!(!socket_of(&info.endpoint).exists());
+    assert!(!socket_of(&info.address).exists());
     d.close().await;
 }
 
@@ -704,7 +704,7 @@ async fn udf_s087_five_mib_payload_round_trip_then_cleanup() {
     assert_eq!(out.concat(), big);
     d.settle().await;
     assert!(!exists(info.pid));
-    assert!(!socket_of(&info.endpoint).exists());
+    assert!(!socket_of(&info.address).exists());
     d.close().await;
     assert!(!dir.exists());
 }
@@ -847,7 +847,7 @@ async fn udf_s098_session_holds_a_live_worker_until_closed() {
     let info = d.worker(s.worker().id()).expect("tracked");
     assert!(running(info.pid));
     assert_eq!(info.active_sessions, 1);
-    assert!(socket_of(&info.endpoint).exists());
+    assert!(socket_of(&info.address).exists());
     let handle = s.worker().clone();
     let _ = s.close().await;
     assert!(
@@ -888,7 +888,7 @@ async fn udf_s101_concurrent_sessions_get_distinct_workers_and_sockets() {
     let sessions: Vec<_> = sessions.into_iter().map(|s| s.expect("session")).collect();
     let infos = d.workers();
     assert_eq!(infos.len(), 8);
-    let mut sockets: Vec<_> = infos.iter().map(|i| socket_of(&i.endpoint)).collect();
+    let mut sockets: Vec<_> = infos.iter().map(|i| socket_of(&i.address)).collect();
     sockets.sort();
     sockets.dedup();
     assert_eq!(sockets.len(), 8);
@@ -947,7 +947,7 @@ async fn udf_s104_session_close_stops_the_worker_and_removes_the_socket() {
     // release_session never blocks: the stop runs in the background; settle() awaits it.
     d.settle().await;
     assert!(!exists(info.pid));
-    assert!(!socket_of(&info.endpoint).exists());
+    assert!(!socket_of(&info.address).exists());
     assert!(!info.log_path.exists(), "output log deleted");
     d.close().await;
 }
@@ -1057,7 +1057,7 @@ async fn udf_s110_socket_directory_is_private() {
         .mode();
     assert_eq!(mode & 0o777, 0o700, "rwx------");
     let s = d.create_session().await.unwrap();
-    let socket = socket_of(&d.worker(s.worker().id()).unwrap().endpoint);
+    let socket = socket_of(&d.worker(s.worker().id()).unwrap().address);
     assert_eq!(socket.parent(), Some(d.socket_dir()));
     let leaf = socket.file_name().unwrap().to_str().unwrap().to_string();
     assert!(
@@ -1450,7 +1450,7 @@ async fn udf_spawn_appends_id_and_connection_and_passes_runner_env() {
         .lines()
         .map(String::from)
         .collect();
-    let socket = socket_of(&info.endpoint);
+    let socket = socket_of(&info.address);
     assert_eq!(
         args,
         vec![
@@ -1542,7 +1542,7 @@ async fn udf_tcp_endpoint_when_allowed() {
     let d = framed_dispatcher(spec, cfg);
     let s = d.create_session().await.expect("session over loopback TCP");
     let info = d.worker(s.worker().id()).unwrap();
-    assert!(matches!(info.endpoint, WorkerAddress::Tcp(a) if a.ip().is_loopback()));
+    assert!(matches!(info.address, WorkerAddress::Tcp(a) if a.ip().is_loopback()));
     let (out, t) = echo_round(s, &[b"tcp"]).await;
     assert_eq!(
         (out, t),

@@ -808,7 +808,9 @@ fn run_schedule(echo: bool, buffers: (usize, usize), ops: &[Op]) -> Pair {
         WorkerUser::Manual
     };
     let mut pair = Pair::new(&engine, &worker).with_worker_user(user);
-    let (mut data, mut out) = (0u32, 1_000_000u32);
+    // The pair's convention (tether_testing::pair::watch): the engine's tags below 2^31, the
+    // worker's own from 2^31 up, so each source's order is checked apart.
+    let (mut data, mut out) = (0u32, 1u32 << 31);
     for op in ops {
         match op {
             Op::StartInit { chunk, len } => {
@@ -871,6 +873,27 @@ proptest! {
         let pair = run_schedule(echo, buffers, &ops);
         prop_assert!(pair.is_settled());
     }
+}
+
+/// The schedule a random run once shrank to: a manual worker's own batch reaches the engine
+/// before the engine's first batch, which the completing echo then returns. Each source's
+/// batches are in order (udf §4.7); the worker's tags were once below 2^31 and were checked
+/// as if they came from the engine.
+#[test]
+fn a_worker_batch_before_the_engines_first_then_its_echo_are_each_in_order() {
+    let ops = [
+        Op::StartInit {
+            chunk: None,
+            len: 0,
+        },
+        Op::ToWorker(1),
+        Op::User(UserAnswer::Accept),
+        Op::WorkerSend,
+        Op::ToEngine(1),
+        Op::Send,
+    ];
+    let pair = run_schedule(false, (1, 1), &ops);
+    assert!(pair.is_settled());
 }
 
 /// Cancel at every point of a finishing echo session: after each prefix of a fixed

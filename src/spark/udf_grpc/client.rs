@@ -79,7 +79,7 @@ pub struct GrpcChannel {
 struct ChannelInner {
     /// `None` once closed.
     channels: Mutex<Option<Channels>>,
-    endpoint: WorkerAddress,
+    address: WorkerAddress,
     config: GrpcConfig,
 }
 
@@ -94,14 +94,14 @@ struct Channels {
 impl fmt::Debug for GrpcChannel {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("GrpcChannel")
-            .field("endpoint", &self.inner.endpoint)
+            .field("address", &self.inner.address)
             .field("active", &self.is_active())
             .finish()
     }
 }
 
 impl GrpcChannel {
-    /// Connects to the worker at `endpoint` and checks once that it serves (udf §6.4
+    /// Connects to the worker at `address` and checks once that it serves (udf §6.4
     /// readiness): the socket connects, the HTTP/2 connection is set up, and — with
     /// [`GrpcConfig::readiness_heartbeat`] — a `Manage` heartbeat is answered (any answer
     /// from the worker, including `UNIMPLEMENTED`, proves it serves gRPC). The whole
@@ -112,16 +112,16 @@ impl GrpcChannel {
     /// The socket error (its kind kept: `NotFound`, `ConnectionRefused`, …), `TimedOut`
     /// when the attempt exceeded its bound, or another error when the worker answered the
     /// heartbeat with a transport failure.
-    pub async fn connect(endpoint: &WorkerAddress, config: &GrpcConfig) -> io::Result<Self> {
+    pub async fn connect(address: &WorkerAddress, config: &GrpcConfig) -> io::Result<Self> {
         let bound = config.connect_timeout;
         let attempt = async {
             let channel = tonic_endpoint(config)
-                .connect_with_connector(connector(endpoint.clone()))
+                .connect_with_connector(connector(address.clone()))
                 .await
                 .map_err(|e| {
-                    io_error(e, format!("could not connect to the worker at {endpoint}"))
+                    io_error(e, format!("could not connect to the worker at {address}"))
                 })?;
-            let channel = Self::from_channel(channel, endpoint.clone(), config.clone());
+            let channel = Self::from_channel(channel, address.clone(), config.clone());
             if config.readiness_heartbeat {
                 channel.probe().await?;
             }
@@ -132,7 +132,7 @@ impl GrpcChannel {
             .unwrap_or_else(|_| {
                 Err(io::Error::new(
                     io::ErrorKind::TimedOut,
-                    format!("the worker at {endpoint} did not become reachable within {bound:?}"),
+                    format!("the worker at {address} did not become reachable within {bound:?}"),
                 ))
             })
     }
@@ -144,19 +144,19 @@ impl GrpcChannel {
     /// streams past it are refused (`REFUSED_STREAM`: never seen by the worker, safe to run
     /// again) and those sessions fail as transport failures. [`connect`](Self::connect)
     /// waits for the settings.
-    pub fn connect_lazy(endpoint: &WorkerAddress, config: &GrpcConfig) -> Self {
+    pub fn connect_lazy(address: &WorkerAddress, config: &GrpcConfig) -> Self {
         let channel =
-            tonic_endpoint(config).connect_with_connector_lazy(connector(endpoint.clone()));
-        Self::from_channel(channel, endpoint.clone(), config.clone())
+            tonic_endpoint(config).connect_with_connector_lazy(connector(address.clone()));
+        Self::from_channel(channel, address.clone(), config.clone())
     }
 
-    fn from_channel(execute: Channel, endpoint: WorkerAddress, config: GrpcConfig) -> Self {
+    fn from_channel(execute: Channel, address: WorkerAddress, config: GrpcConfig) -> Self {
         let manage =
-            tonic_endpoint(&config).connect_with_connector_lazy(connector(endpoint.clone()));
+            tonic_endpoint(&config).connect_with_connector_lazy(connector(address.clone()));
         Self {
             inner: Arc::new(ChannelInner {
                 channels: Mutex::new(Some(Channels { execute, manage })),
-                endpoint,
+                address,
                 config,
             }),
         }
@@ -177,15 +177,15 @@ impl GrpcChannel {
                 StatusError::from(status),
                 format!(
                     "the worker at {} did not answer the readiness heartbeat",
-                    self.inner.endpoint
+                    self.inner.address
                 ),
             )),
         }
     }
 
     /// Where the worker listens (the `--connection` address, udf §1.9).
-    pub fn endpoint(&self) -> &WorkerAddress {
-        &self.inner.endpoint
+    pub fn address(&self) -> &WorkerAddress {
+        &self.inner.address
     }
 
     /// The settings this channel was built with ([`GrpcConfig`], udf §6.4).
@@ -349,7 +349,7 @@ type Socket = TokioIo<Box<dyn Io>>;
 /// Connects every (re)connection of the channel to the worker's socket; the URI (always
 /// `http://localhost`) is ignored.
 fn connector(
-    endpoint: WorkerAddress,
+    address: WorkerAddress,
 ) -> impl tower::Service<
     Uri,
     Response = Socket,
@@ -358,9 +358,9 @@ fn connector(
 > + Send
 + 'static {
     tower::service_fn(move |_: Uri| {
-        let endpoint = endpoint.clone();
+        let address = address.clone();
         let connect: BoxFuture<'static, io::Result<Socket>> = Box::pin(async move {
-            let io: Box<dyn Io> = match &endpoint {
+            let io: Box<dyn Io> = match &address {
                 WorkerAddress::Unix(path) => Box::new(
                     tokio::net::UnixStream::connect(path)
                         .await
@@ -792,11 +792,8 @@ impl WorkerTransport for GrpcTransport {
     type Connection = GrpcEngineConnection;
 
     /// [`GrpcChannel::connect`]: one bounded readiness attempt.
-    fn connect<'a>(
-        &'a self,
-        endpoint: &'a WorkerAddress,
-    ) -> BoxFuture<'a, io::Result<GrpcChannel>> {
-        Box::pin(GrpcChannel::connect(endpoint, &self.config))
+    fn connect<'a>(&'a self, address: &'a WorkerAddress) -> BoxFuture<'a, io::Result<GrpcChannel>> {
+        Box::pin(GrpcChannel::connect(address, &self.config))
     }
 
     /// [`GrpcChannel::open_session`]: a new `Execute` stream on the shared channel.

@@ -143,7 +143,7 @@ impl WorkerArgs {
         let connection = connection.ok_or(UsageError::MissingConnection)?;
         Ok(Self {
             id,
-            connection: endpoint(connection)?,
+            connection: address(connection)?,
             arguments,
         })
     }
@@ -160,7 +160,7 @@ impl WorkerArgs {
 
 /// `--connection`'s value: digits are a loopback TCP port, anything else a socket path
 /// (udf §1.9 `WorkerConnectionSpec`).
-fn endpoint(value: String) -> Result<WorkerAddress, UsageError> {
+fn address(value: String) -> Result<WorkerAddress, UsageError> {
     if !value.bytes().all(|b| b.is_ascii_digit()) {
         return Ok(WorkerAddress::Unix(PathBuf::from(value)));
     }
@@ -208,7 +208,7 @@ impl fmt::Display for StopReason {
 }
 
 /// Why a [`WorkerMain`] could not serve (udf §1.9: the worker creates and listens on its
-/// `--connection` endpoint; §6.4). [`WorkerMain::run`] prints it, with its
+/// `--connection` address; §6.4). [`WorkerMain::run`] prints it, with its
 /// [`source`](std::error::Error::source) chain, on stderr and exits with status 1.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -246,11 +246,11 @@ pub enum WorkerMainError {
         #[source]
         source: io::Error,
     },
-    /// Binding the `--connection` endpoint failed.
-    #[error("cannot listen on {endpoint}")]
+    /// Binding the `--connection` address failed.
+    #[error("cannot listen on {address}")]
     Bind {
-        /// The `--connection` endpoint.
-        endpoint: WorkerAddress,
+        /// The `--connection` address.
+        address: WorkerAddress,
         /// The OS error.
         #[source]
         source: io::Error,
@@ -453,7 +453,7 @@ where
     ///
     /// # Errors
     /// [`WorkerMainError`]: a signal handler could not be installed, the socket path is in
-    /// use or not a socket, or the endpoint could not be bound.
+    /// use or not a socket, or the address could not be bound.
     pub async fn serve(self, args: &WorkerArgs) -> Result<StopReason, WorkerMainError> {
         // The handlers exist before the socket does: a SIGTERM after readiness is ours.
         let mut stops = Stops::install(self.parent_poll)?;
@@ -461,7 +461,7 @@ where
             clear_stale_socket(path)?;
         }
         let bind_error = |source| WorkerMainError::Bind {
-            endpoint: args.connection.clone(),
+            address: args.connection.clone(),
             source,
         };
         match self.served {
@@ -611,7 +611,7 @@ where
 {
     /// Serves sessions until a stop; then stops accepting, removes the socket file and
     /// gives open sessions the grace (udf §6.1).
-    async fn serve(self, endpoint: &WorkerAddress, mut stops: Stops) -> StopReason {
+    async fn serve(self, address: &WorkerAddress, mut stops: Stops) -> StopReason {
         let mut sessions = JoinSet::new();
         let reason = loop {
             tokio::select! {
@@ -636,7 +636,7 @@ where
             }
         };
         drop(self.listener);
-        if let WorkerAddress::Unix(path) = endpoint
+        if let WorkerAddress::Unix(path) = address
             && let Err(e) = std::fs::remove_file(path)
             && e.kind() != io::ErrorKind::NotFound
         {

@@ -272,7 +272,7 @@ impl EnvironmentError {
 /// Everything [`Dispatcher::new`](super::Dispatcher::new) and
 /// [`Dispatcher::create_session`](super::Dispatcher::create_session) can report (udf §6.2).
 ///
-/// Worker start failures carry the worker's id, its endpoint and the tail of its merged
+/// Worker start failures carry the worker's id, its address and the tail of its merged
 /// stdout/stderr (last 50 lines of the last 1 MiB); by the time one is returned the process
 /// has been killed and reaped and its socket file removed.
 #[derive(Debug, thiserror::Error)]
@@ -340,14 +340,14 @@ pub enum DispatchError {
     },
     /// The worker died before it became reachable (udf §8 scenario 117: "exited with code 42").
     #[error(
-        "worker {id} exited with {reason} before becoming reachable at {endpoint}{}",
+        "worker {id} exited with {reason} before becoming reachable at {address}{}",
         OutputTail(output)
     )]
     ExitedAtStart {
         /// The worker's id.
         id: String,
         /// Where it should have listened.
-        endpoint: WorkerAddress,
+        address: WorkerAddress,
         /// Its exit code or signal.
         reason: ExitReason,
         /// Its output tail.
@@ -355,12 +355,12 @@ pub enum DispatchError {
     },
     /// The worker did not accept a connection within the initialization timeout (scenarios
     /// 91, 118).
-    #[error("worker {id} did not become reachable at {endpoint} within {}ms: {detail}{}", waited.as_millis(), OutputTail(output))]
+    #[error("worker {id} did not become reachable at {address} within {}ms: {detail}{}", waited.as_millis(), OutputTail(output))]
     NotReachable {
         /// The worker's id.
         id: String,
         /// Where it should have listened.
-        endpoint: WorkerAddress,
+        address: WorkerAddress,
         /// The initialization timeout that expired.
         waited: Duration,
         /// What was observed (socket file never created; last connect error).
@@ -371,12 +371,12 @@ pub enum DispatchError {
     /// The worker was ready but the session's connection could not be opened; the worker
     /// was marked invalid and stopped (udf §8 scenario 112). The transport's error is the
     /// source.
-    #[error("could not open a session to worker {id} at {endpoint}")]
+    #[error("could not open a session to worker {id} at {address}")]
     OpenSession {
         /// The worker's id.
         id: String,
-        /// Its endpoint.
-        endpoint: WorkerAddress,
+        /// Its address.
+        address: WorkerAddress,
         /// The transport's error.
         source: io::Error,
     },

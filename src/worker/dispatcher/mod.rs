@@ -189,7 +189,7 @@ pub struct WorkerInfo {
     /// Its process id.
     pub pid: u32,
     /// Where it listens (passed as `--connection`, udf §1.9).
-    pub endpoint: WorkerAddress,
+    pub address: WorkerAddress,
     /// Its merged stdout/stderr log (deleted when it stops; udf §6.1 artifacts).
     pub log_path: PathBuf,
     /// Sessions currently using it (udf §6.1 `activeSessions`, the ref-count).
@@ -347,7 +347,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         let shared = &self.shared;
         match shared
             .transport
-            .open_session(&channel, &worker.endpoint)
+            .open_session(&channel, &worker.address)
             .await
         {
             Ok(connection) => {
@@ -365,7 +365,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
                 }
                 Err(DispatchError::OpenSession {
                     id: worker.id.clone(),
-                    endpoint: worker.endpoint.clone(),
+                    address: worker.address.clone(),
                     source,
                 })
             }
@@ -379,7 +379,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         let uuid = uuid::Uuid::new_v4();
         let id = uuid.to_string();
         let hex = uuid.simple().to_string();
-        let (endpoint, socket_path, log_path) = match shared.settings.endpoint {
+        let (address, socket_path, log_path) = match shared.settings.endpoint {
             EndpointKind::Unix => {
                 let (socket, log) = socket::allocate_leaf(&shared.dir, &hex[..16])?;
                 (WorkerAddress::Unix(socket.clone()), Some(socket), log)
@@ -402,7 +402,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
             "--id".to_string(),
             id.clone(),
             "--connection".to_string(),
-            endpoint.to_argument(),
+            address.to_argument(),
         ];
         let child = match process::spawn(runner, &extra, Some(&log), shared.config.process_group) {
             Ok(child) => child,
@@ -416,13 +416,13 @@ impl<T: WorkerTransport> Dispatcher<T> {
         };
         drop(log);
         shared.state.update(|st| st.stats.spawned += 1);
-        tracing::debug!(worker = %id, pid = child.id(), %endpoint, "worker spawned");
+        tracing::debug!(worker = %id, pid = child.id(), %address, "worker spawned");
         let worker = Arc::new_cyclic(|this| {
             Worker::new(
                 shared.clone(),
                 this.clone(),
                 id,
-                endpoint,
+                address,
                 socket_path,
                 log_path,
                 child,
@@ -446,13 +446,13 @@ impl<T: WorkerTransport> Dispatcher<T> {
             Failure::Closed => DispatchError::Closed,
             Failure::Exited(reason) => DispatchError::ExitedAtStart {
                 id: worker.id.clone(),
-                endpoint: worker.endpoint.clone(),
+                address: worker.address.clone(),
                 reason,
                 output,
             },
             Failure::Timeout(detail) => DispatchError::NotReachable {
                 id: worker.id.clone(),
-                endpoint: worker.endpoint.clone(),
+                address: worker.address.clone(),
                 waited: shared.settings.init_timeout,
                 detail,
                 output,
@@ -488,8 +488,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
                 );
                 return Err(Failure::Timeout(format!("{socket}{last}")));
             }
-            match tokio::time::timeout_at(deadline, shared.transport.connect(&worker.endpoint))
-                .await
+            match tokio::time::timeout_at(deadline, shared.transport.connect(&worker.address)).await
             {
                 Ok(Ok(channel)) => return Ok(channel),
                 Ok(Err(e)) => last_error = Some(e),

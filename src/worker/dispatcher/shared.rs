@@ -81,7 +81,7 @@ pub(crate) struct Life {
 pub(crate) struct Worker<T: WorkerTransport> {
     pub(crate) id: String,
     pub(crate) pid: u32,
-    pub(crate) endpoint: WorkerAddress,
+    pub(crate) address: WorkerAddress,
     pub(crate) socket_path: Option<PathBuf>,
     pub(crate) log_path: PathBuf,
     child: Mutex<Option<Child>>,
@@ -99,7 +99,7 @@ impl<T: WorkerTransport> fmt::Debug for Worker<T> {
         f.debug_struct("DispatchedWorker")
             .field("id", &self.id)
             .field("pid", &self.pid)
-            .field("endpoint", &self.endpoint)
+            .field("address", &self.address)
             .field("invalid", &self.invalid.load(Ordering::SeqCst))
             .finish_non_exhaustive()
     }
@@ -235,7 +235,7 @@ impl<T: WorkerTransport> Worker<T> {
         shared: Arc<Shared<T>>,
         this: Weak<Self>,
         id: String,
-        endpoint: WorkerAddress,
+        address: WorkerAddress,
         socket_path: Option<PathBuf>,
         log_path: PathBuf,
         child: Child,
@@ -243,7 +243,7 @@ impl<T: WorkerTransport> Worker<T> {
         Self {
             id,
             pid: child.id(),
-            endpoint,
+            address,
             socket_path,
             log_path,
             child: Mutex::new(Some(child)),
@@ -300,7 +300,7 @@ impl<T: WorkerTransport> Worker<T> {
         WorkerInfo {
             id: self.id.clone(),
             pid: self.pid,
-            endpoint: self.endpoint.clone(),
+            address: self.address.clone(),
             log_path: self.log_path.clone(),
             active_sessions: life.sessions,
             idle: life.idle_since.is_some(),

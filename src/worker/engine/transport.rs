@@ -1,6 +1,6 @@
 //! How a dispatcher reaches a worker process and opens one connection per session.
 //!
-//! A worker listens on one endpoint (udf §1.1, §6.4: a Unix socket path passed as
+//! A worker listens on one address (udf §1.1, §6.4: a Unix socket path passed as
 //! `--connection`, or a loopback TCP port). [`WorkerTransport`] says how to reach it: first a
 //! per-worker [`Channel`](WorkerTransport::Channel) (nothing for the framed transport, an
 //! HTTP/2 channel shared by all sessions for gRPC), then one
@@ -56,12 +56,12 @@ pub trait WorkerTransport: Send + Sync + 'static {
     /// One session's connection to the worker: its `Execute` stream (udf §1.1).
     type Connection: Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static;
 
-    /// Tries once to reach the worker at `endpoint` (Spark's `connectWorker`, udf §6.2
+    /// Tries once to reach the worker at `address` (Spark's `connectWorker`, udf §6.2
     /// step 4). `Ok` means the worker serves sessions now (a socket file alone is not
     /// readiness, udf §6.4); dispatchers call it in a loop until their readiness deadline.
     fn connect<'a>(
         &'a self,
-        endpoint: &'a WorkerAddress,
+        address: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<Self::Channel>>;
 
     /// Opens the connection of a new session on `channel` (Spark's `newSession`, udf §6.4;
@@ -69,7 +69,7 @@ pub trait WorkerTransport: Send + Sync + 'static {
     fn open_session<'a>(
         &'a self,
         channel: &'a Self::Channel,
-        endpoint: &'a WorkerAddress,
+        address: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<Self::Connection>>;
 
     /// Whether `channel` is still usable (udf §3 `WorkerConnection.isActive`).
@@ -96,9 +96,9 @@ impl WorkerTransport for FramedTransport {
     type Channel = ();
     type Connection = FramedSessionConnection;
 
-    fn connect<'a>(&'a self, endpoint: &'a WorkerAddress) -> BoxFuture<'a, io::Result<()>> {
+    fn connect<'a>(&'a self, address: &'a WorkerAddress) -> BoxFuture<'a, io::Result<()>> {
         Box::pin(async move {
-            match endpoint {
+            match address {
                 WorkerAddress::Unix(p) => drop(tokio::net::UnixStream::connect(p).await?),
                 WorkerAddress::Tcp(a) => drop(tokio::net::TcpStream::connect(a).await?),
             }
@@ -109,11 +109,11 @@ impl WorkerTransport for FramedTransport {
     fn open_session<'a>(
         &'a self,
         _channel: &'a (),
-        endpoint: &'a WorkerAddress,
+        address: &'a WorkerAddress,
     ) -> BoxFuture<'a, io::Result<FramedSessionConnection>> {
         use crate::connection::framed::{connect_tcp, connect_unix};
         Box::pin(async move {
-            Ok(match endpoint {
+            Ok(match address {
                 WorkerAddress::Unix(p) => {
                     FramedSessionConnection::Unix(connect_unix(p, &self.config).await?)
                 }
