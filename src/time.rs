@@ -94,6 +94,51 @@ impl Timer for TokioTimer {
     }
 }
 
+/// A sleep of a [`Timer`].
+pub(crate) type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
+
+/// The one sleep a driver keeps for its sans-IO core's next deadline (udf §7, rx §4.5,
+/// §6.1): the drivers of both protocols ask their core for `poll_timeout()`, wait here, and
+/// hand the time back with `handle_timeout(now)`. A sleep armed for an earlier instant is
+/// kept when the deadline moves later: it fires early and is re-armed, so a deadline that
+/// moves on every message costs no new sleep per message.
+#[derive(Default)]
+pub(crate) struct DeadlineSleep(Option<(Instant, Sleep)>);
+
+impl DeadlineSleep {
+    /// Waits on `timer` until `at`: `Ready(now)` once the timer's clock has reached it (the
+    /// sleep is then disarmed), `Pending` with `cx`'s waker registered otherwise.
+    pub(crate) fn poll_until(
+        &mut self,
+        timer: &dyn Timer,
+        at: Instant,
+        cx: &mut Context<'_>,
+    ) -> Poll<Instant> {
+        loop {
+            if !matches!(&self.0, Some((armed, _)) if *armed <= at) {
+                self.0 = Some((at, timer.sleep_until(at)));
+            }
+            let Some((_, sleep)) = self.0.as_mut() else {
+                return Poll::Pending;
+            };
+            if sleep.as_mut().poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.0 = None;
+            let now = timer.now();
+            if now >= at {
+                return Poll::Ready(now);
+            }
+            // Fired for an earlier deadline that has since moved: sleep again.
+        }
+    }
+
+    /// Drops the sleep (nothing is timed any more).
+    pub(crate) fn clear(&mut self) {
+        self.0 = None;
+    }
+}
+
 /// The longest wait a deadline is armed for: about 100 years. A configured or
 /// peer-supplied duration beyond it (`Duration::MAX` as "never", a hostile `RetryInfo`
 /// delay, rx §6.1) waits this long instead of overflowing an `Instant`.

@@ -28,8 +28,6 @@
 //! which every transport takes as an abort (gRPC resets the stream, `RST_STREAM(CANCEL)`,
 //! Spark's `onError`; a socket or an in-memory channel just ends without a clean close).
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Instant;
@@ -37,7 +35,7 @@ use std::time::Instant;
 use futures::future::{BoxFuture, poll_fn};
 
 use crate::connection::{Connection, ConnectionError};
-use crate::time::Timer;
+use crate::time::{DeadlineSleep, Timer};
 
 /// What a [`Pump`] needs from a sans-IO core. Implemented by `EngineCore` and `WorkerCore`;
 /// every method forwards to the core's public method of the same purpose.
@@ -77,9 +75,6 @@ pub(crate) trait PumpCore {
     /// The deadline passed; `now` is the current time.
     fn handle_timeout(&mut self, now: Instant);
 }
-
-/// A sleep of the session's [`Timer`].
-type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Explains a lost connection before the core sees it: given the connection's error (`None`
 /// when the peer ended its side), a future of the error to report instead, or `None` to
@@ -153,10 +148,8 @@ pub(crate) use forward_pump_core;
 pub(crate) struct Pump<C> {
     conn: C,
     timer: Arc<dyn Timer>,
-    /// The sleep mirroring the core's deadline, and the instant it was armed for. Kept while
-    /// the deadline only moves later: it then fires early and is re-armed, so a per-poll
-    /// deadline that moves on every message costs no new sleep per message.
-    sleep: Option<(Instant, Sleep)>,
+    /// The sleep mirroring the core's deadline.
+    sleep: DeadlineSleep,
     /// Asked once when the connection is lost before the core settled.
     explainer: Option<LossExplainer>,
     /// The explanation being awaited; the core hears of the loss when it resolves. In a
@@ -182,7 +175,7 @@ impl<C> Pump<C> {
         Self {
             conn,
             timer,
-            sleep: None,
+            sleep: DeadlineSleep::default(),
             explainer: None,
             explaining: None,
             needs_flush: false,
@@ -360,23 +353,12 @@ impl<C> Pump<C> {
         let Some(at) = core.poll_timeout() else {
             return false;
         };
-        loop {
-            if !matches!(&self.sleep, Some((armed, _)) if *armed <= at) {
-                self.sleep = Some((at, timer.sleep_until(at)));
-            }
-            let Some((_, sleep)) = self.sleep.as_mut() else {
-                return false;
-            };
-            if sleep.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-            self.sleep = None;
-            let now = timer.now();
-            if now >= at {
+        match self.sleep.poll_until(&**timer, at, cx) {
+            Poll::Ready(now) => {
                 core.handle_timeout(now);
-                return true;
+                true
             }
-            // Fired for an earlier deadline that has since moved: sleep again.
+            Poll::Pending => false,
         }
     }
 

@@ -26,7 +26,18 @@ fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Every file under `dir` (relative to the repository) whose name ends with one of `exts`.
+/// Build output, fuzz corpora and VCS data: never the repository's own text.
+const NOT_SOURCES: &[&str] = &[
+    ".git",
+    "target",
+    "corpus",
+    "artifacts",
+    "coverage",
+    "__pycache__",
+];
+
+/// Every file under `dir` (relative to the repository; `""` for all of it) whose name ends
+/// with one of `exts`, skipping [`NOT_SOURCES`] and `target-*` directories.
 fn files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
     fn walk(dir: &Path, exts: &[&str], out: &mut Vec<PathBuf>) {
         let Ok(entries) = fs::read_dir(dir) else {
@@ -34,12 +45,12 @@ fn files(dir: &str, exts: &[&str]) -> Vec<PathBuf> {
         };
         for entry in entries.flatten() {
             let path = entry.path();
+            let name = entry.file_name().to_string_lossy().into_owned();
             if path.is_dir() {
-                walk(&path, exts, out);
-            } else if exts
-                .iter()
-                .any(|e| path.to_string_lossy().ends_with(&format!(".{e}")))
-            {
+                if !NOT_SOURCES.contains(&name.as_str()) && !name.starts_with("target-") {
+                    walk(&path, exts, out);
+                }
+            } else if exts.iter().any(|e| name.ends_with(&format!(".{e}"))) {
                 out.push(path);
             }
         }
@@ -379,41 +390,13 @@ fn citations_resolve_and_stay_inside_the_repository() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// Every tracked-looking text file of the repository (sources, scripts, manifests, docs, CI),
-/// skipping build output, fuzz corpora and `.git`.
+/// Every text file of the repository (sources, scripts, manifests, docs, CI).
 fn repository_text_files() -> Vec<PathBuf> {
-    const SKIP: &[&str] = &[
-        ".git",
-        "target",
-        "corpus",
-        "artifacts",
-        "coverage",
-        "__pycache__",
-    ];
-    const EXTS: &[&str] = &["rs", "sh", "py", "toml", "md", "txt", "yml", "yaml", "json"];
-    fn walk(dir: &Path, out: &mut Vec<PathBuf>) {
-        let Ok(entries) = fs::read_dir(dir) else {
-            return;
-        };
-        for entry in entries.flatten() {
-            let path = entry.path();
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if path.is_dir() {
-                if !SKIP.contains(&name.as_str()) && !name.starts_with("target-") {
-                    walk(&path, out);
-                }
-            } else if path
-                .extension()
-                .is_some_and(|e| EXTS.iter().any(|x| e == *x))
-                || path.ends_with(".ci/run")
-            {
-                out.push(path);
-            }
-        }
-    }
-    let mut out = Vec::new();
-    walk(&root(), &mut out);
-    out.sort();
+    let mut out = files(
+        "",
+        &["rs", "sh", "py", "toml", "md", "txt", "yml", "yaml", "json"],
+    );
+    out.push(root().join(".ci/run"));
     out
 }
 

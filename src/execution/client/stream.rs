@@ -2,17 +2,15 @@
 //! [`ExecuteStream`], thin drivers over [`ReattachCore`].
 
 use std::fmt;
-use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
 
 use futures::future::{BoxFuture, poll_fn};
 use futures::stream::{FusedStream, FuturesUnordered, Stream, StreamExt};
 
-use crate::time::Timer;
+use crate::time::{DeadlineSleep, Timer};
 use crate::wire::connect::{ExecutePlanRequest, ExecutePlanResponse, ReleaseExecuteRequest};
 
 use super::config::ClientConfig;
@@ -20,8 +18,6 @@ use super::core::{ClientPhase, ClientStats, Command, ReattachCore, ResponseId};
 use super::error::{ClientError, ReleaseError, RpcError};
 use super::retry::{Jitter, RetryDecision, RetryPolicy, Retrying};
 use super::rpc::ExecutionRpc;
-
-type Sleep = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// Counters of the release RPCs a stream sent (the fire-and-forget `ReleaseExecute`s of
 /// rx §6.3; shared with its background release tasks, so they keep counting after the
@@ -244,8 +240,8 @@ struct Driver<R: ExecutionRpc + ?Sized> {
     opening: Option<BoxFuture<'static, Result<R::Stream, RpcError>>>,
     current: Option<Pin<Box<R::Stream>>>,
     /// The one sleep, armed for the core's [`poll_timeout`](ReattachCore::poll_timeout)
-    /// (the RPC deadline or the end of a backoff) and the instant it was armed for.
-    timeout: Option<(Instant, Sleep)>,
+    /// (the RPC deadline or the end of a backoff).
+    timeout: DeadlineSleep,
     releases: Releaser<R>,
 }
 
@@ -266,7 +262,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
             timer: config.timer.clone(),
             opening: None,
             current: None,
-            timeout: None,
+            timeout: DeadlineSleep::default(),
             releases,
         }
     }
@@ -286,7 +282,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
     /// armed and a backoff is not waited for: its end is handed over at once.
     fn poll_timeout(&mut self, cx: &mut Context<'_>) -> bool {
         let Some(at) = self.core.poll_timeout() else {
-            self.timeout = None;
+            self.timeout.clear();
             return false;
         };
         if !self.timer.fires() {
@@ -297,23 +293,13 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
             self.sync_rpc();
             return true;
         }
-        loop {
-            if !matches!(&self.timeout, Some((armed, _)) if *armed == at) {
-                self.timeout = Some((at, self.timer.sleep_until(at)));
-            }
-            let Some((_, sleep)) = self.timeout.as_mut() else {
-                return false;
-            };
-            if sleep.as_mut().poll(cx).is_pending() {
-                return false;
-            }
-            self.timeout = None;
-            let now = self.timer.now();
-            if now >= at {
+        match self.timeout.poll_until(&*self.timer, at, cx) {
+            Poll::Ready(now) => {
                 self.core.handle_timeout(now);
                 self.sync_rpc();
-                return true;
+                true
             }
+            Poll::Pending => false,
         }
     }
 
@@ -405,7 +391,7 @@ impl<R: ExecutionRpc + ?Sized> Driver<R> {
     fn close_now(&mut self) {
         self.core.close();
         self.sync_rpc();
-        self.timeout = None;
+        self.timeout.clear();
         while let Some(req) = self.core.poll_release() {
             self.releases.dispatch(req);
         }
