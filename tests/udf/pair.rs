@@ -960,3 +960,128 @@ fn schedules_per_second() {
         1.0 / per_case.as_secs_f64()
     );
 }
+
+// ---------------------------------------------------------------------------------------------
+// answer_pending: the Udf mapping over a bare WorkerCore (what the pair's echo worker runs)
+// ---------------------------------------------------------------------------------------------
+
+mod answer_pending {
+    use bytes::Bytes;
+    use tether::wire::{ResponseKind, UdfRequest};
+    use tether::worker::endpoint::{
+        Delivery, OutcomeKind, WorkerCore, WorkerPhase, answer_pending,
+    };
+    use tether_testing::echo::{ERROR_BATCH, EchoUdf, INIT_ERROR_PAYLOAD};
+    use tether_testing::fixtures::{
+        self, USER_ERROR_CLASS, data_request, endpoint_config, init_request,
+    };
+
+    fn sent(core: &mut WorkerCore) -> Vec<ResponseKind> {
+        std::iter::from_fn(|| core.poll_transmit())
+            .map(|r| r.kind().expect("a response with its oneof set"))
+            .collect()
+    }
+
+    #[test]
+    fn a_whole_session_is_answered_in_order_with_finish_metrics() {
+        let (mut udf, probe) = EchoUdf::with_probe();
+        let mut core = WorkerCore::new(&endpoint_config());
+        core.handle_request(init_request("udf"));
+        let first = answer_pending(&mut core, &mut udf).unwrap();
+        assert!(first.acted && first.queued.is_empty());
+        core.handle_request(data_request("a"));
+        core.handle_request(data_request("b"));
+        core.handle_request(UdfRequest::finish());
+        let second = answer_pending(&mut core, &mut udf).unwrap();
+        assert_eq!(second.queued.len(), 2, "both batches echoed");
+        assert!(
+            second
+                .queued
+                .iter()
+                .all(|t| core.delivery(*t) == Delivery::Queued)
+        );
+        let out: Vec<_> = std::iter::from_fn(|| core.poll_transmit())
+            .map(|r| r.into_message().unwrap())
+            .collect();
+        assert_eq!(
+            fixtures::kinds(&out),
+            [
+                ResponseKind::Init,
+                ResponseKind::Data,
+                ResponseKind::Data,
+                ResponseKind::Finish
+            ]
+        );
+        assert_eq!(fixtures::data_strings(&out), ["a", "b"]);
+        assert_eq!(fixtures::finish_response(&out[3]), &fixtures::finish_ok());
+        assert_eq!(
+            core.outcome().map(|o| o.kind()),
+            Some(OutcomeKind::Finished)
+        );
+        let calls = probe.lock().unwrap();
+        assert_eq!((calls.batches, calls.finishes, calls.cancels), (2, 1, 0));
+        // Nothing is pending any more.
+        drop(calls);
+        assert!(!answer_pending(&mut core, &mut udf).unwrap().acted);
+    }
+
+    #[test]
+    fn a_failing_batch_sends_an_error_drops_the_rest_and_waits_for_the_cancel() {
+        let (mut udf, probe) = EchoUdf::with_probe();
+        let mut core = WorkerCore::new(&endpoint_config());
+        core.handle_request(init_request("udf"));
+        // Data only after the InitResponse (udf §2 R6).
+        answer_pending(&mut core, &mut udf).unwrap();
+        core.handle_request(data_request("a"));
+        core.handle_request(data_request(ERROR_BATCH));
+        core.handle_request(data_request("never read"));
+        answer_pending(&mut core, &mut udf).unwrap();
+        assert_eq!(core.phase(), WorkerPhase::PostError);
+        assert_eq!(
+            sent(&mut core),
+            [ResponseKind::Init, ResponseKind::Data, ResponseKind::Error]
+        );
+        assert_eq!(
+            core.reported_error().and_then(|e| e.error_class()),
+            Some(USER_ERROR_CLASS)
+        );
+        core.handle_request(UdfRequest::cancel(None));
+        answer_pending(&mut core, &mut udf).unwrap();
+        assert_eq!(sent(&mut core), [ResponseKind::Cancel]);
+        assert_eq!(
+            core.outcome().map(|o| o.kind()),
+            Some(OutcomeKind::Cancelled)
+        );
+        let calls = probe.lock().unwrap();
+        assert_eq!(
+            (calls.batches, calls.cancels),
+            (2, 1),
+            "the third batch was dropped"
+        );
+    }
+
+    #[test]
+    fn an_init_held_when_the_cancel_came_reaches_init_before_cancel() {
+        let (mut udf, probe) = EchoUdf::with_probe();
+        let mut core = WorkerCore::new(&endpoint_config());
+        core.handle_request(init_request(INIT_ERROR_PAYLOAD));
+        core.handle_request(UdfRequest::cancel(Some("stop".into())));
+        assert_eq!(core.phase(), WorkerPhase::Cancelling);
+        answer_pending(&mut core, &mut udf).unwrap();
+        let out: Vec<_> = std::iter::from_fn(|| core.poll_transmit())
+            .map(|r| r.into_message().unwrap())
+            .collect();
+        // Only the CancelResponse goes out, carrying the init's error (udf §2 R7).
+        assert_eq!(fixtures::kinds(&out), [ResponseKind::Cancel]);
+        assert_eq!(
+            fixtures::cancel_response(&out[0])
+                .error
+                .as_ref()
+                .map(|e| e.message().to_owned()),
+            Some(fixtures::INIT_FAILURE.to_owned())
+        );
+        let calls = probe.lock().unwrap();
+        assert_eq!(calls.init_payloads, [Bytes::from_static(b"INIT_ERROR")]);
+        assert_eq!(calls.cancels, 1);
+    }
+}

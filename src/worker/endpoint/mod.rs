@@ -58,6 +58,6 @@ pub use self::core::{
     WorkerPhase, WorkerStats,
 };
 pub use config::EndpointConfig;
-pub use serve::{ManageError, Udf, WorkerControl, handle_manage, serve};
+pub use serve::{Answered, ManageError, Udf, WorkerControl, answer_pending, handle_manage, serve};
 pub use typed::{Endpoint, EndpointError, InitRequest, InputEnd};
 pub use violation::{EngineViolation, InitRejection, InitTimeout};

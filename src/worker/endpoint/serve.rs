@@ -14,11 +14,13 @@ use crate::wire::{
 use crate::worker::state;
 
 use super::config::EndpointConfig;
-use super::core::EndpointOutcome;
+use super::core::{DataSent, DataTicket, EndpointMisuse, EndpointOutcome, WorkerCore, WorkerPhase};
 use super::typed::{Endpoint, InputEnd};
 
 /// One UDF as the worker runs it, one instance per session: the callbacks [`serve`] calls as
-/// the protocol unfolds (udf §1.3–§1.5).
+/// the protocol unfolds (udf §1.3–§1.5), over an [`Endpoint`] and any
+/// [`Connection`]; [`answer_pending`] makes the same calls, synchronously, over a
+/// [`WorkerCore`] its caller drives.
 ///
 /// Output goes into the `out` vector and is sent, in order, as `DataResponse`s right after
 /// the callback returns. Errors become the protocol's error messages: see each method.
@@ -120,10 +122,7 @@ where
     U: Udf,
 {
     let mut out = Vec::new();
-    let response = udf.finish(&mut out).unwrap_or_else(|error| FinishResponse {
-        error: Some(error),
-        ..FinishResponse::default()
-    });
+    let response = finish_response(udf, &mut out);
     for output in out {
         if endpoint.send(output).await.is_err() {
             break;
@@ -156,6 +155,102 @@ where
         Err(_) => CancelResponse::default(),
     };
     endpoint.cancelled(response).await.close()
+}
+
+/// [`Udf::finish`]'s answer as the `FinishResponse` to send: its error, if it failed, goes
+/// into `FinishResponse.error` (udf §1.5). Trailing output is pushed to `out`.
+fn finish_response<U: Udf + ?Sized>(udf: &mut U, out: &mut Vec<Bytes>) -> FinishResponse {
+    udf.finish(out).unwrap_or_else(|error| FinishResponse {
+        error: Some(error),
+        ..FinishResponse::default()
+    })
+}
+
+/// What one [`answer_pending`] call did (udf §2.1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Answered {
+    /// Whether any [`Udf`] callback ran (so the core may hold new responses to
+    /// [`poll_transmit`](WorkerCore::poll_transmit)).
+    pub acted: bool,
+    /// The `DataResponse`s queued, in order, each named for
+    /// [`WorkerCore::delivery`] (udf §1.4).
+    pub queued: Vec<DataTicket>,
+}
+
+/// Answers whatever `core` holds for `udf`, synchronously: the [`Udf`] mapping of [`serve`]
+/// for a caller that drives a sans-I/O [`WorkerCore`] itself (udf §2.1).
+///
+/// In order: a pending `Init` is handed to [`Udf::init`] (`Ok` ⇒
+/// [`accept_init`](WorkerCore::accept_init), `Err` ⇒ [`reject_init`](WorkerCore::reject_init));
+/// each queued input batch, while the phase is `Data` or `Draining`, to [`Udf::process`],
+/// whose output is queued as `DataResponse`s (the rest is not sent once the core drops one:
+/// after a Cancel) and whose error goes to [`fail`](WorkerCore::fail), which drops the
+/// unread input (udf §2 R4); once `Finish` arrived and the input is read, [`Udf::finish`]
+/// with its trailing output and `FinishResponse` (its error in `FinishResponse.error`,
+/// udf §1.5); in `Cancelling`, [`Udf::cancel`]'s `CancelResponse` (udf §2 R7). An `Init`
+/// still held when a Cancel arrived is handed to [`Udf::init`] first, as [`serve`] does, so
+/// `cancel` is only ever called after `init`. Nothing else is waited for: call it again after
+/// the next event ([`handle_request`](WorkerCore::handle_request) and the like), then drain
+/// [`poll_transmit`](WorkerCore::poll_transmit).
+///
+/// # Errors
+/// [`EndpointMisuse`] if the core was answered outside this function in a way that leaves
+/// one of these answers out of turn (for example a `finish` already given by hand); the
+/// answers before it stand.
+pub fn answer_pending<U: Udf + ?Sized>(
+    core: &mut WorkerCore,
+    udf: &mut U,
+) -> Result<Answered, EndpointMisuse> {
+    let mut answered = Answered::default();
+    if let Some(init) = core.take_init() {
+        answered.acted = true;
+        match udf.init(&init) {
+            Ok(data) => core.accept_init(data)?,
+            Err(error) => core.reject_init(error)?,
+        }
+    }
+    let mut out = Vec::new();
+    while matches!(core.phase(), WorkerPhase::Data | WorkerPhase::Draining) {
+        let Some(batch) = core.pop_input() else {
+            break;
+        };
+        answered.acted = true;
+        let result = udf.process(batch, &mut out);
+        queue_output(core, &mut out, &mut answered.queued)?;
+        if let Err(error) = result {
+            core.fail(error)?;
+        }
+    }
+    match core.phase() {
+        WorkerPhase::Draining if core.input_len() == 0 => {
+            answered.acted = true;
+            let response = finish_response(udf, &mut out);
+            queue_output(core, &mut out, &mut answered.queued)?;
+            core.finish(response)?;
+        }
+        WorkerPhase::Cancelling => {
+            answered.acted = true;
+            core.cancelled(udf.cancel())?;
+        }
+        _ => {}
+    }
+    Ok(answered)
+}
+
+/// Queues `out` as `DataResponse`s, in order, until the core drops one (udf §1.4, §2 R7).
+fn queue_output(
+    core: &mut WorkerCore,
+    out: &mut Vec<Bytes>,
+    queued: &mut Vec<DataTicket>,
+) -> Result<(), EndpointMisuse> {
+    for output in out.drain(..) {
+        match core.send_data(output)? {
+            DataSent::Queued(ticket) => queued.push(ticket),
+            DataSent::Dropped => break,
+        }
+    }
+    Ok(())
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,10 +9,12 @@
 //!   [`Pair::cancel`], [`Pair::close`], [`Pair::interrupt`]. Its reader pops the output
 //!   during [`Pair::drive`] ([`Pair::output`]).
 //! - The worker side's user code is the reference echo worker of udf §2.1 by default
-//!   ([`WorkerUser::Echo`]): it accepts the `Init` (rejects it with a `WorkerError` when the
-//!   payload is `INIT_ERROR`), echoes every batch (answers the batch `ERROR` with a
-//!   `UserError` of class `SimulatedError`), answers `Finish` with `FinishResponse` and
-//!   `Cancel` with `CancelResponse`. With [`WorkerUser::Manual`] the test answers instead:
+//!   ([`WorkerUser::Echo`]): [`EchoUdf`], run by the library's
+//!   [`answer_pending`](tether::worker::endpoint::answer_pending), the same `Udf` mapping
+//!   `serve` runs. It accepts the `Init` (rejects it with a `WorkerError` when the payload is
+//!   `INIT_ERROR`), echoes every batch (answers the batch `ERROR` with a `UserError` of class
+//!   `SimulatedError`), answers `Finish` with `FinishResponse { metrics: {status = ok} }`
+//!   and `Cancel` with `CancelResponse`. With [`WorkerUser::Manual`] the test answers instead:
 //!   [`Pair::worker_accept_init`], [`Pair::worker_echo`], [`Pair::worker_fail`],
 //!   [`Pair::worker_finish`], [`Pair::worker_cancelled`], …
 //! - [`Pair::drive`] delivers every in-flight message and, when nothing is in flight and no
@@ -76,8 +78,10 @@ use tether::wire::{
 };
 use tether::worker::endpoint::{
     EndpointConfig, EndpointMisuse, EndpointOutcome, EngineViolation, InitTimeout, OutcomeKind,
-    WorkerPhase,
+    Udf, WorkerPhase, answer_pending,
 };
+
+use crate::echo::EchoUdf;
 use tether::worker::engine::{
     EnginePhase, Misuse, SessionConfig, Termination, TerminationKind, TransportFailure,
 };
@@ -202,6 +206,35 @@ pub struct Pair {
     /// How many batches of the worker's input and of the engine's output were checked.
     checked_in: usize,
     checked_out: usize,
+    /// The worker's user code under [`WorkerUser::Echo`].
+    echo: RecordingEcho,
+}
+
+/// The reference echo worker ([`EchoUdf`], udf §2.1) as the pair runs it: every batch
+/// handed to [`Udf::process`] is also kept, for the worker watcher's order checks.
+#[derive(Debug, Default)]
+struct RecordingEcho {
+    udf: EchoUdf,
+    read: Vec<Bytes>,
+}
+
+impl Udf for RecordingEcho {
+    fn init(&mut self, init: &Init) -> Result<Option<Bytes>, ExecutionError> {
+        self.udf.init(init)
+    }
+
+    fn process(&mut self, batch: Bytes, out: &mut Vec<Bytes>) -> Result<(), ExecutionError> {
+        self.read.push(batch.clone());
+        self.udf.process(batch, out)
+    }
+
+    fn finish(&mut self, out: &mut Vec<Bytes>) -> Result<FinishResponse, ExecutionError> {
+        self.udf.finish(out)
+    }
+
+    fn cancel(&mut self) -> CancelResponse {
+        self.udf.cancel()
+    }
 }
 
 impl Default for Pair {
@@ -232,6 +265,7 @@ impl Pair {
             drained: false,
             checked_in: 0,
             checked_out: 0,
+            echo: RecordingEcho::default(),
         }
     }
 
@@ -540,51 +574,27 @@ impl Pair {
         r
     }
 
-    /// The reference echo worker's answer to whatever is pending (udf §2.1); whether it did
+    /// The reference echo worker's answer to whatever is pending (udf §2.1): the library's
+    /// [`answer_pending`] (the mapping `serve` runs) over [`EchoUdf`]; whether it did
     /// anything.
     fn echo_step(&mut self) -> bool {
         let w = &mut self.worker;
         let phase = w.core.phase();
         let had = w.core.has_transmit();
-        let mut acted = false;
-        if phase == WorkerPhase::InitPending {
-            let init = w.core.take_init();
-            let r = match init {
-                Some(init) if init.payload().as_ref() == b"INIT_ERROR" => w
-                    .core
-                    .reject_init(ExecutionError::worker("simulated init failure")),
-                _ => w.core.accept_init(None),
-            };
-            w.after_user(phase, had, &r);
-            acted = true;
+        let r = answer_pending(&mut w.core, &mut self.echo);
+        for batch in self.echo.read.drain(..) {
+            w.record_input(batch);
         }
-        for batch in w.pop_all() {
-            acted = true;
-            if batch.as_ref() == b"ERROR" {
-                let phase = w.core.phase();
-                let had = w.core.has_transmit();
-                let error = crate::fixtures::simulated_user_error();
-                let r = w.core.fail(error);
-                w.after_user(phase, had, &r);
-                // The rest of the input is dropped with the error (udf §2 R4).
-                break;
+        if let Ok(answered) = &r {
+            for ticket in &answered.queued {
+                w.track(*ticket);
             }
-            let _ = w.send_data(batch);
         }
-        let phase = w.core.phase();
-        let had = w.core.has_transmit();
-        let r = match phase {
-            WorkerPhase::Draining if w.core.input_len() == 0 => {
-                Some(w.core.finish(FinishResponse::default()))
-            }
-            WorkerPhase::Cancelling => Some(w.core.cancelled(CancelResponse::default())),
-            _ => None,
-        };
-        if let Some(r) = r {
-            w.after_user(phase, had, &r);
-            acted = true;
+        w.after_user(phase, had, &r);
+        match r {
+            Ok(answered) => answered.acted,
+            Err(misuse) => panic!("the echo worker answered out of turn: {misuse}"),
         }
-        acted
     }
 
     fn run_echo(&mut self) -> bool {

@@ -584,16 +584,30 @@ impl WorkerWatch {
     pub fn pop_all(&mut self) -> Vec<Bytes> {
         let mut read = Vec::new();
         while let Some(b) = self.core.pop_input() {
-            if let (Some(next), Some(prev)) = (tag_of(&b), last_of_source(&self.input, &b)) {
-                assert!(
-                    prev < next,
-                    "worker (udf §1.4): input out of order or duplicated: {prev} then {next}"
-                );
-            }
-            self.input.push(b.clone());
+            self.record_input(b.clone());
             read.push(b);
         }
         read
+    }
+
+    /// Records one input batch the user read from the core by other means (the echo
+    /// worker's [`answer_pending`](tether::worker::endpoint::answer_pending)), checked as
+    /// [`pop_all`](Self::pop_all) checks it (udf §1.4).
+    pub fn record_input(&mut self, b: Bytes) {
+        if let (Some(next), Some(prev)) = (tag_of(&b), last_of_source(&self.input, &b)) {
+            assert!(
+                prev < next,
+                "worker (udf §1.4): input out of order or duplicated: {prev} then {next}"
+            );
+        }
+        self.input.push(b);
+    }
+
+    /// Tracks a `DataResponse` queued by other means (the echo worker's
+    /// [`answer_pending`](tether::worker::endpoint::answer_pending)), as
+    /// [`send_data`](Self::send_data) tracks its own (udf §1.4).
+    pub fn track(&mut self, ticket: DataTicket) {
+        self.tickets.push((ticket, Delivery::Queued));
     }
 
     /// Runs one user answer (udf §2.1); a misuse must leave the core as it was.
