@@ -224,6 +224,7 @@ macro_rules! any_state_conversions {
 
 pub mod connection;
 pub mod execution;
+pub mod observe;
 pub mod reference;
 #[cfg(any(feature = "grpc", feature = "spark-connect"))]
 pub mod spark;

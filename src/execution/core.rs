@@ -3,8 +3,11 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use smallvec::SmallVec;
+
 use super::budget::{MemoryBudget, Waiter};
 use super::error::ConnectError;
+use super::events::{IllegalTransition, Lifecycle, OperationStatus, RotationReason, StatusEvent};
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use crate::wire::connect::ExecutePlanResponse;
 
@@ -237,6 +240,14 @@ pub struct ExecutionCore {
     detached_since: Option<Instant>,
     attaches: u64,
     delivered_result_complete: bool,
+    /// Spark's operation status (rx §2.1 item 4): what the events posted so far say.
+    status: OperationStatus,
+    /// The lifecycle this core decided and the driver has not forwarded yet.
+    lifecycle: SmallVec<[Lifecycle; 2]>,
+    /// Rows of the Arrow batches produced (`producedRowCount`), once one was.
+    rows: Option<u64>,
+    /// The highest response index handed to any consumer (0: none).
+    sent_high: u64,
 }
 
 impl ExecutionCore {
@@ -266,7 +277,70 @@ impl ExecutionCore {
             detached_since: None,
             attaches: 0,
             delivered_result_complete: false,
+            status: OperationStatus::Started,
+            // Registered: Spark posts Started with the holder (rx §2.2 T1).
+            lifecycle: smallvec::smallvec![Lifecycle::Status(StatusEvent::Started)],
+            rows: None,
+            sent_high: 0,
         }
+    }
+
+    /// Spark's operation status (rx §2.1 item 4): the last operation event this core
+    /// decided. A new core is [`Started`](OperationStatus::Started) (registered, T1).
+    pub fn status(&self) -> OperationStatus {
+        self.status
+    }
+
+    /// Posts `event` if Spark's status machine allows it from the current status.
+    fn post(&mut self, event: StatusEvent) -> Result<(), IllegalTransition> {
+        let to = event.status();
+        if !self.status.allows(to) {
+            return Err(IllegalTransition {
+                from: self.status,
+                to,
+            });
+        }
+        self.status = to;
+        self.lifecycle.push(Lifecycle::Status(event));
+        Ok(())
+    }
+
+    /// The engine analyzed the plan (Spark's `postAnalyzed`, rx §2.1 item 4), with the
+    /// statement text it wants reported, if any.
+    ///
+    /// # Errors
+    /// [`IllegalTransition`] unless the status is `Started` or `Analyzed` (for example once
+    /// the execution was canceled): nothing is posted.
+    pub fn analyzed(&mut self, statement_text: Option<String>) -> Result<(), IllegalTransition> {
+        self.post(StatusEvent::Analyzed(statement_text))
+    }
+
+    /// The engine is about to execute (Spark's `postReadyForExecution`, rx §2.1 item 4).
+    ///
+    /// # Errors
+    /// [`IllegalTransition`] unless the status is `Analyzed`: nothing is posted.
+    pub fn ready_for_execution(&mut self) -> Result<(), IllegalTransition> {
+        self.post(StatusEvent::ReadyForExecution)
+    }
+
+    /// Whether lifecycle events wait to be forwarded ([`take_lifecycle`](Self::take_lifecycle)).
+    pub(crate) fn has_lifecycle(&self) -> bool {
+        !self.lifecycle.is_empty()
+    }
+
+    /// The lifecycle events decided since the last call, oldest first.
+    pub(crate) fn take_lifecycle(&mut self) -> SmallVec<[Lifecycle; 2]> {
+        std::mem::take(&mut self.lifecycle)
+    }
+
+    /// Sets the attached consumer, noting a change of the attached-streams count.
+    fn set_consumer(&mut self, consumer: Option<Cursor>) -> Option<Cursor> {
+        let had = self.consumer.is_some();
+        let previous = std::mem::replace(&mut self.consumer, consumer);
+        if had != self.consumer.is_some() {
+            self.lifecycle.push(Lifecycle::Attached(!had));
+        }
+        previous
     }
 
     /// Charges this execution's held responses to a budget shared with other executions
@@ -420,7 +494,7 @@ impl ExecutionCore {
         self.generation += 1;
         self.attaches += 1;
         let id = ConsumerId(self.generation);
-        let preempted = self.consumer.take().map(|c| c.id);
+        let preempted = self.set_consumer(None).map(|c| c.id);
         if self.removed.is_some() {
             return (id, preempted);
         }
@@ -432,12 +506,12 @@ impl ExecutionCore {
         } else {
             None
         };
-        self.consumer = Some(Cursor {
+        self.set_consumer(Some(Cursor {
             id,
             next: next_index.max(1),
             deadline,
             bytes_sent: 0,
-        });
+        }));
         self.detached_since = None;
         (id, preempted)
     }
@@ -476,12 +550,23 @@ impl ExecutionCore {
             Ok(next) => next,
             Err(e) => return (Err(e), None),
         };
+        let detached_for = match &self.consumer {
+            None => self
+                .detached_since
+                .map(|t| now.saturating_duration_since(t)),
+            Some(_) => None,
+        };
         let (id, preempted) = self.attach(next, now);
         if !self.log.is_available(next) {
             let e = self.log.not_available(next);
             let _ = self.detach(id, now);
             return (Err(e), preempted);
         }
+        self.lifecycle.push(Lifecycle::Reattached {
+            last_response_id: last_response_id.map(str::to_owned),
+            replayed: (self.sent_high + 1).saturating_sub(next.max(1)),
+            detached_for,
+        });
         (Ok(id), preempted)
     }
 
@@ -523,11 +608,18 @@ impl ExecutionCore {
             let over_time = cursor.deadline.is_some_and(|d| now >= d);
             if over_bytes || over_time {
                 self.end_consumer(now);
+                let reason = if over_time {
+                    RotationReason::Duration
+                } else {
+                    RotationReason::Bytes
+                };
+                self.lifecycle.push(Lifecycle::Rotated(reason));
                 return ConsumerEvent::End(StreamEnd::Rotated);
             }
         }
         match self.log.consume(cursor.next) {
             Ok(Consumed::Response(r, size)) => {
+                self.sent_high = self.sent_high.max(cursor.next);
                 cursor.next += 1;
                 cursor.bytes_sent = cursor.bytes_sent.saturating_add(size);
                 self.consumer = Some(cursor);
@@ -563,7 +655,7 @@ impl ExecutionCore {
     }
 
     fn end_consumer(&mut self, now: Instant) {
-        self.consumer = None;
+        self.set_consumer(None);
         if self.removed.is_none() {
             self.detached_since = Some(now);
         }
@@ -586,7 +678,10 @@ impl ExecutionCore {
     /// # Errors
     /// `INVALID_CURSOR.POSITION_NOT_FOUND` for an id this execution never handed out.
     pub fn release_until(&mut self, response_id: &str) -> Result<u64, ConnectError> {
-        self.log.release_until(response_id)
+        let index = self.log.release_until(response_id)?;
+        self.lifecycle
+            .push(Lifecycle::ReleasedUntil(response_id.to_owned()));
+        Ok(index)
     }
 
     /// Where a reattach with `last_response_id` resumes (rx §3.5), see
@@ -609,6 +704,8 @@ impl ExecutionCore {
         };
         if self.reattachable && cursor.deadline.is_some_and(|d| now >= d) {
             self.end_consumer(now);
+            self.lifecycle
+                .push(Lifecycle::Rotated(RotationReason::Duration));
             return Some(ConsumerEvent::End(StreamEnd::Rotated));
         }
         None
@@ -659,7 +756,17 @@ impl ExecutionCore {
     /// `Cancelled`/`Closed`/`Finished`/`NotStarted` when the producer must stop.
     pub fn push(&mut self, response: ExecutePlanResponse) -> Result<u64, ProduceError> {
         self.check_producer()?;
-        self.log.push(response).map_err(ProduceError::from)
+        let rows = response.row_count();
+        let index = self.log.push(response).map_err(ProduceError::from)?;
+        self.count_rows(rows);
+        Ok(index)
+    }
+
+    /// Adds a pushed Arrow batch's rows to `producedRowCount`.
+    fn count_rows(&mut self, rows: Option<u64>) {
+        if let Some(n) = rows {
+            self.rows = Some(self.rows.unwrap_or(0).saturating_add(n));
+        }
     }
 
     /// [`push`](Self::push), queueing `waiter` in the budget's FIFO when it does not fit.
@@ -669,9 +776,13 @@ impl ExecutionCore {
         waiter: &mut Waiter,
     ) -> Result<u64, ProduceError> {
         self.check_producer()?;
-        self.log
+        let rows = response.row_count();
+        let index = self
+            .log
             .push_waiting(response, waiter)
-            .map_err(ProduceError::from)
+            .map_err(ProduceError::from)?;
+        self.count_rows(rows);
+        Ok(index)
     }
 
     /// The producer finished successfully (rx §2.2 T7): a reattachable execution gets its
@@ -690,6 +801,12 @@ impl ExecutionCore {
         // Cannot fail: the log is only finished through the runner, which was `Started`.
         let _ = self.log.finish(self.reattachable);
         self.runner = RunnerState::Completed;
+        // An engine that reported the analysis but not readiness was ready when it
+        // finished: Spark allows Finished only from Started or ReadyForExecution.
+        if self.status == OperationStatus::Analyzed {
+            let _ = self.post(StatusEvent::ReadyForExecution);
+        }
+        let _ = self.post(StatusEvent::Finished(self.rows));
         Ok(())
     }
 
@@ -702,8 +819,10 @@ impl ExecutionCore {
         let r = self.check_producer();
         self.producer_stopped();
         r?;
+        let message = error.to_string();
         let _ = self.log.fail(error);
         self.runner = RunnerState::Completed;
+        let _ = self.post(StatusEvent::Failed(message));
         Ok(())
     }
 
@@ -728,6 +847,11 @@ impl ExecutionCore {
             self.runner = RunnerState::Completed;
             if self.removed.is_none() {
                 self.orphaned = true;
+                let message = ConnectError::Orphaned {
+                    handle: self.log.stamp().operation_id.to_string(),
+                }
+                .to_string();
+                let _ = self.post(StatusEvent::Failed(message));
             }
         }
     }
@@ -751,11 +875,13 @@ impl ExecutionCore {
             RunnerState::NotStarted => {
                 self.runner = RunnerState::Interrupted;
                 let _ = self.log.fail(ConnectError::OperationCanceled);
+                let _ = self.post(StatusEvent::Canceled);
                 true
             }
             RunnerState::Started => {
                 self.runner = RunnerState::StartedInterrupted;
                 let _ = self.log.fail(ConnectError::OperationCanceled);
+                let _ = self.post(StatusEvent::Canceled);
                 true
             }
             _ => false,
@@ -789,7 +915,13 @@ impl ExecutionCore {
         self.removed = Some(removal);
         self.detached_since = None;
         self.log.clear();
-        self.consumer.take().map(|c| c.id)
+        // A run that had not ended is canceled by its removal (rx §2.2 T12); then the
+        // operation is closed, its last event.
+        if !self.status.is_ended() {
+            let _ = self.post(StatusEvent::Canceled);
+        }
+        let _ = self.post(StatusEvent::Closed(removal));
+        self.set_consumer(None).map(|c| c.id)
     }
 }
 

@@ -9,15 +9,17 @@ use uuid::Uuid;
 use super::budget::{BudgetUsage, MemoryBudget};
 use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
 use super::error::ConnectError;
+use super::events::{ExecutionEvent, Observer};
 use super::keys::{ExecuteKey, SessionKey, parse_uuid};
 use super::log::{LogConfig, Stamp};
 use super::registry::{
     Admit, Admitted, InterruptTarget, Leave, MaintenanceReport, ManagerStats, NewExecution,
-    Registry, RegistryConfig,
+    Registry, RegistryConfig, RegistryNote,
 };
 use super::state;
 use super::stream::{ExecEnv, ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
+use crate::observe::EventSender;
 use crate::sync::{Mutex, MutexGuard};
 use crate::time::Timer;
 use crate::wire::connect::{
@@ -76,6 +78,10 @@ pub struct ManagerConfig {
     /// [`log`](Self::log). Producers past it wait in FIFO order, none is dropped, and an
     /// execution that holds nothing may always take one response (see [`MemoryBudget`]).
     pub memory_budget: Option<u64>,
+    /// Where the manager's lifecycle events go (see [`observe`](crate::observe)): the
+    /// sending half of an [`event_channel`](crate::observe::event_channel), or `None`
+    /// (the default) for metrics alone.
+    pub events: Option<EventSender<ExecutionEvent>>,
     /// The clock every timeout of rx §4.5, §5.3 and §5.6 is measured on:
     /// [`TokioTimer`](crate::time::TokioTimer) by default (monotonic, as Spark 4.0+ measures
     /// its timeouts), a [`ManualClock`](crate::time::ManualClock) in tests and simulations.
@@ -98,6 +104,7 @@ impl ManagerConfig {
             inactive_operation_expiry: Duration::from_secs(30 * 60),
             inactive_operations_per_session: 10_000,
             memory_budget: Some(MemoryBudget::DEFAULT_LIMIT),
+            events: None,
             timer,
         }
     }
@@ -256,11 +263,62 @@ fn close(exec: &ExecShared, removal: Removal, wakes: &mut Wakes) {
     st.take_all(wakes);
 }
 
+/// The lock of the registry: on release, the registry's notes (sessions created and closed,
+/// tombstone hits) go to the manager's observer, after the executions' own events of the
+/// same step.
+struct RegGuard<'a> {
+    inner: &'a ManagerInner,
+    reg: MutexGuard<'a, Reg>,
+}
+
+impl std::ops::Deref for RegGuard<'_> {
+    type Target = Reg;
+
+    fn deref(&self) -> &Reg {
+        &self.reg
+    }
+}
+
+impl std::ops::DerefMut for RegGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Reg {
+        &mut self.reg
+    }
+}
+
+impl Drop for RegGuard<'_> {
+    fn drop(&mut self) {
+        self.flush_notes();
+    }
+}
+
+impl RegGuard<'_> {
+    /// Forwards the registry's notes now, before what follows under the same lock.
+    fn flush_notes(&mut self) {
+        if !self.reg.has_notes() {
+            return;
+        }
+        let observer = &self.inner.env.observer;
+        let at = self.inner.env.clock.now();
+        for note in self.reg.take_notes() {
+            match note {
+                RegistryNote::SessionStarted(key) => observer.session(at, &key, true),
+                RegistryNote::SessionClosed(key) => observer.session(at, &key, false),
+                RegistryNote::TombstoneHit(key) => {
+                    observer.tombstone_hit(at, &key.session(), key.operation_id);
+                }
+            }
+        }
+    }
+}
+
 impl ManagerInner {
     /// Locks the registry, first applying what executions reported since the last lock
     /// (their removals, [`RegistryEvent`]): every answer reflects them.
-    fn lock(&self) -> MutexGuard<'_, Reg> {
-        let mut reg = self.registry.lock();
+    fn lock(&self) -> RegGuard<'_> {
+        let mut reg = RegGuard {
+            inner: self,
+            reg: self.registry.lock(),
+        };
         let events = self.env.events.take();
         if !events.is_empty() {
             let now = self.env.clock.now();
@@ -292,6 +350,7 @@ impl ExecutionManager {
     /// [`config.timer`](ManagerConfig::timer).
     pub fn new(config: ManagerConfig) -> Self {
         let clock = config.timer.clone();
+        let observer = Observer::new(config.events.clone());
         Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
@@ -300,6 +359,7 @@ impl ExecutionManager {
                 env: Arc::new(ExecEnv {
                     clock,
                     events: RegistryEvents::default(),
+                    observer,
                 }),
             }),
         }
@@ -443,28 +503,34 @@ impl ExecutionManager {
                 Arc::new(ExecShared::new(
                     new.key,
                     core,
-                    request.tags.clone().into_boxed_slice(),
+                    Arc::from(request.tags.as_slice()),
                     request.plan.clone(),
                     self.inner.env.clone(),
                 ))
             };
-            match reg.admit(admit, now, |e| e.plan == request.plan, make) {
+            let admitted = reg.admit(admit, now, |e| e.plan == request.plan, make);
+            // The session this request created, if any, is reported before the execution.
+            reg.flush_notes();
+            match admitted {
                 // A reattach from the start (rx §5.2, SPARK-52397), under the registry lock
                 // as every attach.
                 Ok(Admitted::Duplicate(existing)) => existing
                     .attach(None, now, &mut wakes)
                     .map(|stream| Submitted::Reattached(Box::new(stream))),
-                Ok(Admitted::New(exec)) if exec.reattachable => {
-                    Ok(Submitted::Reattachable(Execution::new_submitted(exec)))
-                }
                 Ok(Admitted::New(exec)) => {
-                    Ok(Submitted::NonReattachable(Execution::new_submitted(exec)))
+                    // Releasing its first lock forwards its `OperationStarted`.
+                    drop(exec.lock());
+                    Ok(if exec.reattachable {
+                        Submitted::Reattachable(Execution::new_submitted(exec))
+                    } else {
+                        Submitted::NonReattachable(Execution::new_submitted(exec))
+                    })
                 }
                 Err(e) => Err(e),
             }
         };
         wakes.wake();
-        result
+        result.inspect_err(|e| self.inner.env.observer.error(e))
     }
 
     /// `ReattachExecute` (rx §5.5): resumes a reattachable execution after
@@ -495,7 +561,7 @@ impl ExecutionManager {
             )
             .and_then(|exec| exec.attach(request.last_response_id.as_deref(), now, &mut wakes));
         wakes.wake();
-        r
+        r.inspect_err(|e| self.inner.env.observer.error(e))
     }
 
     /// `ReleaseExecute` (rx §5.5): `ReleaseUntil` frees responses (rx §3.4);
@@ -554,13 +620,15 @@ impl ExecutionManager {
         // Closed under the registry lock, as every removal (rx §2.2 T12).
         let r = released.map(|(response, removed)| {
             if let Some(exec) = removed {
+                exec.observer()
+                    .released_all(now, &exec.key.session(), exec.key.operation_id);
                 close(&exec, Removal::Released, &mut wakes);
             }
             response
         });
         drop(reg);
         wakes.wake();
-        r
+        r.inspect_err(|e| self.inner.env.observer.error(e))
     }
 
     /// Gets or creates the session of `(user_id, session_id)` and returns its one
@@ -581,8 +649,9 @@ impl ExecutionManager {
     ) -> Result<String, ConnectError> {
         let now = self.now();
         let mut reg = self.inner.lock();
-        let session = reg.get_or_create_session(user_id, session_id, observed, now)?;
-        Ok(owned(session.server_side()))
+        reg.get_or_create_session(user_id, session_id, observed, now)
+            .map(|session| owned(session.server_side()))
+            .inspect_err(|e| self.inner.env.observer.error(e))
     }
 
     /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
@@ -650,7 +719,7 @@ impl ExecutionManager {
             })
         })();
         wakes.wake();
-        r
+        r.inspect_err(|e| self.inner.env.observer.error(e))
     }
 
     /// `ReleaseSession` (rx §5.6): closes the session if it exists — a closed-session
@@ -737,10 +806,27 @@ impl ExecutionManager {
             for exec in done.with_sessions.iter().chain(&done.detached) {
                 close(exec, Removal::Abandoned, &mut wakes);
             }
+            self.sample(&reg);
             done.report
         };
         wakes.wake();
         report
+    }
+
+    /// Sets the sampled gauges (see [`observe`](crate::observe)): the unsent and retained
+    /// bytes of every execution (rx §3.1) and the memory budget's use.
+    fn sample(&self, reg: &Reg) {
+        let (mut unsent, mut retained) = (0u64, 0u64);
+        for (_, exec) in reg.executions() {
+            let st = exec.lock();
+            unsent = unsent.saturating_add(st.core.log().unsent_bytes());
+            retained = retained.saturating_add(st.core.log().retained_bytes());
+        }
+        let observer = &self.inner.env.observer;
+        observer.sample_held(unsent, retained);
+        if let Some(budget) = &self.inner.budget {
+            observer.sample_budget(&budget.usage());
+        }
     }
 
     /// Runs [`maintain`](Self::maintain) every `maintenance_interval` on the manager's

@@ -88,6 +88,7 @@ mod code;
 pub mod condition;
 mod core;
 mod error;
+mod events;
 mod inactive;
 pub(crate) mod keys;
 mod log;
@@ -105,6 +106,9 @@ pub use self::core::{
 pub use budget::{BudgetUsage, MemoryBudget};
 pub use code::Code;
 pub use error::{ConnectError, SparkError};
+pub use events::{
+    ExecutionEvent, ExecutionEventKind, IllegalTransition, OperationStatus, RotationReason,
+};
 pub use keys::{ExecuteKey, SessionKey};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
 pub use manager::{ExecutionManager, ManagerConfig, Submitted};

@@ -15,10 +15,12 @@ use std::time::Instant;
 
 use futures::future::poll_fn;
 use futures::{Sink, Stream};
+use prost::Message as _;
 
 use super::budget::Waiter;
 use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, StreamEnd};
 use super::error::ConnectError;
+use super::events::{IllegalTransition, Lifecycle, Observer};
 use super::keys::ExecuteKey;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
 use crate::time::Timer;
@@ -68,6 +70,8 @@ impl RegistryEvents {
 pub(crate) struct ExecEnv {
     pub(crate) clock: Arc<dyn Timer>,
     pub(crate) events: RegistryEvents,
+    /// The manager's metrics and event channel.
+    pub(crate) observer: Observer,
 }
 
 /// State shared by everything that refers to one registered execution.
@@ -75,11 +79,44 @@ pub(crate) struct ExecShared {
     pub(crate) key: ExecuteKey,
     pub(crate) operation_id: Arc<str>,
     pub(crate) reattachable: bool,
-    pub(crate) tags: Box<[String]>,
+    pub(crate) tags: Arc<[String]>,
     pub(crate) plan: Option<Plan>,
-    /// Its manager's clock, and where it reports leaving the registry.
+    /// Its manager's clock, where it reports leaving the registry, and its observer.
     env: Arc<ExecEnv>,
+    /// When it was registered (`OperationStarted`), on the manager's clock.
+    started_at: Instant,
     state: Mutex<ExecState>,
+}
+
+/// The lock of one execution: its state, and on release the lifecycle events the core
+/// decided under it, forwarded to the manager's observer in order before the lock is
+/// released (so that one execution's events reach the channel in the order decided).
+pub(crate) struct ExecGuard<'a> {
+    exec: &'a ExecShared,
+    state: MutexGuard<'a, ExecState>,
+}
+
+impl std::ops::Deref for ExecGuard<'_> {
+    type Target = ExecState;
+
+    fn deref(&self) -> &ExecState {
+        &self.state
+    }
+}
+
+impl std::ops::DerefMut for ExecGuard<'_> {
+    fn deref_mut(&mut self) -> &mut ExecState {
+        &mut self.state
+    }
+}
+
+impl Drop for ExecGuard<'_> {
+    fn drop(&mut self) {
+        if self.state.core.has_lifecycle() {
+            let lifecycle = self.state.core.take_lifecycle();
+            self.exec.forward(lifecycle);
+        }
+    }
 }
 
 pub(crate) struct ExecState {
@@ -129,10 +166,13 @@ impl ExecState {
 }
 
 impl ExecShared {
+    /// A registered execution. Its `OperationStarted`, queued by the new core, is forwarded
+    /// with the first lock released: the registry forwards its own notes first (the
+    /// session this execution may have created), then locks it once.
     pub(crate) fn new(
         key: ExecuteKey,
         core: ExecutionCore,
-        tags: Box<[String]>,
+        tags: Arc<[String]>,
         plan: Option<Plan>,
         env: Arc<ExecEnv>,
     ) -> Self {
@@ -142,6 +182,7 @@ impl ExecShared {
             key,
             tags,
             plan,
+            started_at: env.clock.now(),
             env,
             state: Mutex::new(ExecState {
                 core,
@@ -152,8 +193,47 @@ impl ExecShared {
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ExecState> {
-        self.state.lock()
+    pub(crate) fn lock(&self) -> ExecGuard<'_> {
+        ExecGuard {
+            exec: self,
+            state: self.state.lock(),
+        }
+    }
+
+    /// Hands what the core decided to the manager's observer (metrics, then the event
+    /// channel).
+    fn forward(&self, lifecycle: impl IntoIterator<Item = Lifecycle>) {
+        let at = self.env.clock.now();
+        let session = self.key.session();
+        for event in lifecycle {
+            self.env.observer.lifecycle(
+                at,
+                &session,
+                self.key.operation_id,
+                self.started_at,
+                &self.tags,
+                event,
+            );
+        }
+    }
+
+    /// The manager's observer (metrics and events).
+    pub(crate) fn observer(&self) -> &Observer {
+        &self.env.observer
+    }
+
+    /// The producer starts waiting for the memory budget with a response of `bytes`.
+    fn budget_wait(&self, bytes: u64, budget: Option<&Arc<super::MemoryBudget>>) {
+        let observer = &self.env.observer;
+        observer.producer_waiting(
+            self.env.clock.now(),
+            &self.key.session(),
+            self.key.operation_id,
+            bytes,
+        );
+        if let Some(budget) = budget {
+            observer.sample_budget(&budget.usage());
+        }
     }
 
     pub(crate) fn now(&self) -> Instant {
@@ -373,6 +453,9 @@ impl ResponseStream {
         };
         wakes.wake();
         if let Some(end) = terminal_of(&ev) {
+            if let Err(e) = &end {
+                self.exec.observer().error(e);
+            }
             self.terminal = Some(end);
             self.sleep = None;
             self.exec.release_non_reattachable();
@@ -483,6 +566,9 @@ impl ResponseStream {
             wakes.0.append(&mut st.watchers);
             drop(st);
             wakes.wake();
+        }
+        if let Err(e) = &end {
+            self.exec.observer().error(e);
         }
         self.terminal = Some(end);
         self.yielded_terminal = true;
@@ -606,6 +692,29 @@ impl Producer {
         self.exec.plan.as_ref()
     }
 
+    /// The engine analyzed the plan: posts `SparkListenerConnectOperationAnalyzed` with the
+    /// statement text the engine wants reported, if any (Spark's `postAnalyzed`, rx §2.1
+    /// item 4; see [`ExecutionEvent`](super::ExecutionEvent)). Optional: an engine that
+    /// never calls it goes from Started to Finished, as Spark allows.
+    ///
+    /// # Errors
+    /// [`IllegalTransition`] when Spark's status machine refuses it (twice-analyzed is
+    /// allowed; after readiness, an end or a cancel it is not): nothing is posted.
+    pub fn analyzed(&self, statement_text: Option<String>) -> Result<(), IllegalTransition> {
+        self.exec.lock().core.analyzed(statement_text)
+    }
+
+    /// The engine is about to execute: posts
+    /// `SparkListenerConnectOperationReadyForExecution` (Spark's `postReadyForExecution`,
+    /// rx §2.1 item 4). Only after [`analyzed`](Self::analyzed); an engine that reported
+    /// the analysis and finishes without this is ready when it finishes.
+    ///
+    /// # Errors
+    /// [`IllegalTransition`] unless the operation is Analyzed: nothing is posted.
+    pub fn ready_for_execution(&self) -> Result<(), IllegalTransition> {
+        self.exec.lock().core.ready_for_execution()
+    }
+
     /// Whether a response of `size` encoded bytes would have to wait now (tether's unsent
     /// bound; Spark's producer never waits, rx §3.2).
     pub fn would_block(&self, size: u64) -> bool {
@@ -648,6 +757,8 @@ impl Producer {
         let mut pending = Some(response);
         // Our place in the budget's FIFO queue; dropping it (with this future) gives it up.
         let mut waiter: Option<Waiter> = None;
+        // Whether this push reported that it waits for the budget.
+        let mut announced = false;
         poll_fn(|cx| {
             let Some(r) = pending.take() else {
                 return Poll::Ready(Err(ProduceError::Finished));
@@ -668,7 +779,17 @@ impl Producer {
                         wakes.push(st.take_consumer());
                         Poll::Ready(Ok(i))
                     }
-                    Err(ProduceError::WouldBlock(r) | ProduceError::BudgetFull(r)) => {
+                    Err(ProduceError::BudgetFull(r)) => {
+                        if !announced {
+                            announced = true;
+                            let bytes = r.encoded_len() as u64;
+                            self.exec.budget_wait(bytes, st.core.log().budget());
+                        }
+                        st.producer_waker = Some(cx.waker().clone());
+                        pending = Some(*r);
+                        Poll::Pending
+                    }
+                    Err(ProduceError::WouldBlock(r)) => {
                         st.producer_waker = Some(cx.waker().clone());
                         pending = Some(*r);
                         Poll::Pending

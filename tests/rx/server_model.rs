@@ -32,8 +32,9 @@ use tether::execution::{
 };
 use tether::time::ManualClock;
 use tether::wire::connect::{ExecutePlanResponse, InterruptType, interrupt_request};
-use tether_testing::connect::{self, Caller, ManualManager};
+use tether_testing::connect::{self, Caller};
 
+use crate::events::{EventLaw, Observed};
 use crate::model_support;
 
 // ---------------------------------------------------------------------------------------------
@@ -952,6 +953,17 @@ struct Sut {
     delivered: u64,
     lost: u64,
     duplicated: u64,
+    /// The manager's events and metrics (`tether::observe`), checked after every step.
+    observed: Observed,
+    law: EventLaw,
+}
+
+/// Every event since the last call, checked against Spark's status machine (rx §2.1
+/// item 4) and the session order.
+fn check_events(sut: &mut Sut) {
+    for e in sut.observed.rx.drain() {
+        sut.law.check(&e);
+    }
 }
 
 /// The model's user in session `s`: every request of the model comes from one of these.
@@ -1066,10 +1078,12 @@ impl StateMachineTest for Harness {
     type Reference = RefMachine;
 
     fn init_test(_ref_state: &Model) -> Sut {
-        let ManualManager { clock, manager: m } = ManualManager::new(config());
+        let observed = Observed::new(config(), 1 << 16);
         Sut {
-            clock,
-            m,
+            clock: observed.clock.clone(),
+            m: observed.m.clone(),
+            observed,
+            law: EventLaw::default(),
             producers: [None, None, None],
             streams: [None, None, None],
             clients: [Client::new(), Client::new(), Client::new()],
@@ -1272,11 +1286,57 @@ impl StateMachineTest for Harness {
                 sut.m.release_session(&caller(s).release_session(false));
             }
         }
+        check_events(&mut sut);
+        // What the events say is live is what the manager holds.
+        assert_eq!(
+            sut.law.open(),
+            sut.m.execution_count(),
+            "events vs registry"
+        );
+        assert_eq!(
+            sut.law.live_sessions(),
+            (0..SESSIONS.len())
+                .filter(|&s| model.sessions[s].live)
+                .count(),
+            "events vs live sessions"
+        );
         sut
     }
 
-    fn teardown(sut: Sut, _model: Model) {
+    fn teardown(mut sut: Sut, _model: Model) {
         DELIVERY.record("responses", sut.delivered, sut.lost, sut.duplicated);
+        // Everything released: every gauge is back to 0, and the counters equal the events
+        // and the manager's totals (created = released + abandoned + forgotten + live).
+        sut.streams = [None, None, None];
+        sut.producers = [None, None, None];
+        for s in 0..SESSIONS.len() {
+            sut.m.release_session(&caller(s).release_session(true));
+        }
+        check_events(&mut sut);
+        let o = &sut.observed;
+        for gauge in [
+            "tether_connect_executions",
+            "tether_connect_sessions",
+            "tether_connect_attached_streams",
+        ] {
+            assert_eq!(
+                o.metric(gauge, &[]),
+                0.0,
+                "{gauge} after releasing everything"
+            );
+        }
+        assert_eq!(sut.law.open(), 0);
+        assert_eq!(sut.law.live_sessions(), 0);
+        let stats = sut.m.stats();
+        let started = o.metric("tether_connect_executions_started_total", &[]);
+        assert_eq!(started, stats.created as f64);
+        assert_eq!(started, sut.law.started as f64);
+        assert_eq!(
+            o.metric("tether_connect_executions_closed_total", &[]),
+            (stats.released + stats.abandoned + stats.forgotten) as f64
+        );
+        assert_eq!(sut.law.closed, sut.law.started);
+        assert_eq!(sut.observed.rx.dropped(), 0);
     }
 
     fn check_invariants(sut: &Sut, model: &Model) {

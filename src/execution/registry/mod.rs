@@ -263,6 +263,20 @@ pub(crate) struct Registry<E> {
     released: u64,
     abandoned_count: u64,
     forgotten: u64,
+    /// What the manager reports to its observer after this lock (sessions created and
+    /// closed, tombstone hits), oldest first.
+    notes: Vec<RegistryNote>,
+}
+
+/// What a [`Registry`] step tells the manager's observer (rx §5.4, §5.6).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RegistryNote {
+    /// A session was created.
+    SessionStarted(SessionKey),
+    /// A session was closed (released or expired); its executions were removed first.
+    SessionClosed(SessionKey),
+    /// A request named an abandoned operation's tombstone (`OPERATION_ABANDONED`).
+    TombstoneHit(ExecuteKey),
 }
 
 /// `INVALID_TAG` unless `tag` is a valid user tag: not empty, no `,` (rx §1.2; Spark's
@@ -298,7 +312,18 @@ impl<E> Registry<E> {
             released: 0,
             abandoned_count: 0,
             forgotten: 0,
+            notes: Vec::new(),
         }
+    }
+
+    /// Whether notes wait to be taken.
+    pub(crate) fn has_notes(&self) -> bool {
+        !self.notes.is_empty()
+    }
+
+    /// The notes since the last call, oldest first.
+    pub(crate) fn take_notes(&mut self) -> Vec<RegistryNote> {
+        std::mem::take(&mut self.notes)
     }
 
     /// Counters and sizes (rx §5.1, §5.4, §5.6).
@@ -457,6 +482,7 @@ impl<E> Registry<E> {
         let (_, session) = Self::session_entry(
             &mut self.sessions,
             &mut self.closed_sessions,
+            &mut self.notes,
             &self.config,
             user,
             raw_session_id,
@@ -472,6 +498,7 @@ impl<E> Registry<E> {
     fn session_entry<'a>(
         sessions: &'a mut FastMap<SessionKey, Session<E>>,
         closed_sessions: &mut Lru<SessionKey, ()>,
+        notes: &mut Vec<RegistryNote>,
         config: &RegistryConfig,
         user: &str,
         raw_session_id: &str,
@@ -495,6 +522,7 @@ impl<E> Registry<E> {
                     });
                 }
                 let key = key.to_key();
+                notes.push(RegistryNote::SessionStarted(key.clone()));
                 let session = Session {
                     user: key.user_id.clone(),
                     echo_session_id: Arc::from(raw_session_id),
@@ -539,6 +567,7 @@ impl<E> Registry<E> {
         let (sid, session) = Self::session_entry(
             &mut self.sessions,
             &mut self.closed_sessions,
+            &mut self.notes,
             config,
             request.user,
             raw_sid,
@@ -579,6 +608,7 @@ impl<E> Registry<E> {
             operation_id: op,
         };
         if self.abandoned.contains(&key) {
+            self.notes.push(RegistryNote::TombstoneHit(key));
             return Err(ConnectError::OperationAbandoned {
                 handle: canonical(op),
             });
@@ -642,6 +672,7 @@ impl<E> Registry<E> {
             operation_id: op,
         };
         Err(if self.abandoned.contains(&key) {
+            self.notes.push(RegistryNote::TombstoneHit(key));
             ConnectError::OperationAbandoned {
                 handle: canonical(op),
             }
@@ -742,6 +773,7 @@ impl<E> Registry<E> {
             user_id: user,
             session_id: sid,
         })?;
+        self.notes.push(RegistryNote::SessionClosed(key.clone()));
         if tombstone {
             self.closed_sessions.insert(key, ());
         }

@@ -371,6 +371,17 @@ impl ExecutePlanResponse {
             Some(execute_plan_response::ResponseType::ResultComplete(_))
         )
     }
+
+    /// The rows of the Arrow batch this response carries (`ArrowBatch.row_count`, rx §1.3;
+    /// a negative count reads as 0); `None` for any other response.
+    pub fn row_count(&self) -> Option<u64> {
+        match &self.response_type {
+            Some(execute_plan_response::ResponseType::ArrowBatch(batch)) => {
+                Some(u64::try_from(batch.row_count).unwrap_or(0))
+            }
+            _ => None,
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

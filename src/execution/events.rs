@@ -1,0 +1,529 @@
+//! The lifecycle of sessions and executions as typed events (Spark Connect's listener
+//! events, `ExecuteEventsManager` / `SessionEventsManager`, rx §2.1 item 4) plus those only
+//! tether knows, and the metrics derived from them at the same place (see
+//! [`observe`](crate::observe) for the channel and the metric table).
+//!
+//! The order of an operation's events is decided by its [`ExecutionCore`](super::ExecutionCore)
+//! along Spark's status machine ([`OperationStatus`]); the drivers only forward what the
+//! core queued, after each step, under the execution's lock, so that one execution's events
+//! reach the channel in the order the core decided them.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use metrics::{Counter, Gauge, Histogram};
+use uuid::Uuid;
+
+use super::error::ConnectError;
+use super::keys::SessionKey;
+use crate::observe::EventSender;
+
+/// Spark's operation status (`ExecuteStatus`, rx §2.1 item 4): the states of the listener
+/// events an operation posts, in order `Pending → Started → Analyzed → ReadyForExecution →
+/// Finished → Closed`, with `Failed` and `Canceled` as the other ends of the run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum OperationStatus {
+    /// Not yet registered.
+    Pending,
+    /// `SparkListenerConnectOperationStarted`: registered (rx §2.2 T1).
+    Started,
+    /// `SparkListenerConnectOperationAnalyzed`: the engine analyzed the plan.
+    Analyzed,
+    /// `SparkListenerConnectOperationReadyForExecution`: the engine is about to execute.
+    ReadyForExecution,
+    /// `SparkListenerConnectOperationFinished`: the producer finished (rx §2.2 T7), not
+    /// when the results were sent (SPARK-45133).
+    Finished,
+    /// `SparkListenerConnectOperationFailed` (rx §2.2 T8, T15).
+    Failed,
+    /// `SparkListenerConnectOperationCanceled` (rx §2.2 T9, T12 while running).
+    Canceled,
+    /// `SparkListenerConnectOperationClosed`: left the registry (rx §2.2 T12).
+    Closed,
+}
+
+impl OperationStatus {
+    /// Whether Spark's status machine allows posting `next` in state `self`
+    /// (`ExecuteEventsManager.assertStatus`; rx §2.1 item 4, scenarios rx §7.4 40–44):
+    /// Started from Pending; Analyzed from Started or Analyzed; ReadyForExecution from
+    /// Analyzed; Finished from Started or ReadyForExecution; Failed from Started, Analyzed,
+    /// ReadyForExecution or Finished; Canceled from those and Failed, and from Pending
+    /// (SPARK-53339: an execution interrupted or removed before it started); Closed from
+    /// Finished, Failed or Canceled.
+    pub fn allows(self, next: Self) -> bool {
+        use OperationStatus::*;
+        match next {
+            Pending => false,
+            Started => self == Pending,
+            Analyzed => matches!(self, Started | Analyzed),
+            ReadyForExecution => self == Analyzed,
+            Finished => matches!(self, Started | ReadyForExecution),
+            Failed => matches!(self, Started | Analyzed | ReadyForExecution | Finished),
+            Canceled => matches!(
+                self,
+                Pending | Started | Analyzed | ReadyForExecution | Finished | Failed
+            ),
+            Closed => matches!(self, Finished | Failed | Canceled),
+        }
+    }
+
+    /// Whether the run has ended (Finished, Failed, Canceled or Closed).
+    pub fn is_ended(self) -> bool {
+        matches!(
+            self,
+            Self::Finished | Self::Failed | Self::Canceled | Self::Closed
+        )
+    }
+}
+
+/// Why Spark's status machine refused an operation event (Spark throws
+/// `IllegalStateException` from `ExecuteEventsManager.assertStatus`; rx §7.4 41–44).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("operation status {from:?} does not allow the event {to:?} (rx §2.1 item 4)")]
+pub struct IllegalTransition {
+    /// The status the operation is in.
+    pub from: OperationStatus,
+    /// The status the refused event would have moved it to.
+    pub to: OperationStatus,
+}
+
+/// Why a response stream ended gracefully for rotation (rx §4.2).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum RotationReason {
+    /// The stream was attached for `senderMaxStreamDuration`.
+    Duration,
+    /// The stream sent more than `senderMaxStreamSize` bytes.
+    Bytes,
+}
+
+impl RotationReason {
+    fn label(self) -> &'static str {
+        match self {
+            Self::Duration => "duration",
+            Self::Bytes => "bytes",
+        }
+    }
+}
+
+/// One lifecycle event of an [`ExecutionManager`](super::ExecutionManager): when, whose, and
+/// what ([`ExecutionEventKind`]). See [`observe`](crate::observe) for how to receive them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ExecutionEvent {
+    /// When, on the manager's clock ([`ManagerConfig::timer`](super::ManagerConfig::timer);
+    /// Spark's `eventTime` is wall-clock milliseconds).
+    pub at: Instant,
+    /// The session: `UserContext.user_id` and `session_id` (Spark's `userId`,
+    /// `sessionId`).
+    pub session: SessionKey,
+    /// The operation (Spark's `operationId`), for operation events; `None` for session
+    /// events and tombstone hits on a session alone.
+    pub operation_id: Option<Uuid>,
+    /// What happened.
+    pub kind: ExecutionEventKind,
+}
+
+impl ExecutionEvent {
+    /// The operation's Spark job tag, `SparkConnect_OperationTag_User_<user>_Session_<session>_Operation_<operation>`
+    /// (Spark's `ExecuteHolder.jobTag`, rx §2.1), for operation events.
+    pub fn job_tag(&self) -> Option<String> {
+        self.operation_id.map(|op| {
+            format!(
+                "SparkConnect_OperationTag_User_{}_Session_{}_Operation_{}",
+                self.session.user_id, self.session.session_id, op
+            )
+        })
+    }
+}
+
+/// What an [`ExecutionEvent`] reports. The first nine are Spark Connect's listener events
+/// (`SparkListenerConnectSessionStarted`, `…SessionClosed`,
+/// `SparkListenerConnectOperationStarted`, `…Analyzed`, `…ReadyForExecution`, `…Finished`,
+/// `…Failed`, `…Canceled`, `…Closed`); an operation posts them in the order its
+/// [`OperationStatus`] allows, exactly one `OperationClosed` last. The others are tether's.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub enum ExecutionEventKind {
+    /// A session was created by the first RPC naming it (rx §5.5).
+    SessionStarted,
+    /// A session was released (ReleaseSession) or expired (rx §5.6); its executions were
+    /// closed before.
+    SessionClosed,
+    /// An execution was registered (rx §2.2 T1).
+    OperationStarted {
+        /// The operation's tags (`ExecutePlanRequest.tags`).
+        tags: Arc<[String]>,
+    },
+    /// The engine analyzed the plan ([`Producer::analyzed`](super::Producer::analyzed)).
+    OperationAnalyzed {
+        /// The statement text, as the engine supplied it (Spark puts its rendering of the
+        /// plan on `OperationStarted`; tether renders no plan).
+        statement_text: Option<String>,
+    },
+    /// The engine is about to execute
+    /// ([`Producer::ready_for_execution`](super::Producer::ready_for_execution)).
+    OperationReadyForExecution,
+    /// The producer finished (rx §2.2 T7).
+    OperationFinished {
+        /// The rows of the Arrow batches produced (Spark's `producedRowCount`); `None` when
+        /// the execution produced no Arrow batch.
+        produced_row_count: Option<u64>,
+    },
+    /// The producer failed, or vanished without finishing (rx §2.2 T8, T15).
+    OperationFailed {
+        /// The error's message (Spark's `errorMessage`).
+        error_message: String,
+    },
+    /// The execution was interrupted, or released or abandoned while it ran (rx §2.2 T9,
+    /// T12).
+    OperationCanceled,
+    /// The execution left the registry (rx §2.2 T12); the last event of an operation.
+    OperationClosed,
+    /// A stream attached to a running execution again: ReattachExecute, or an ExecutePlan
+    /// repeating a live operation with the same plan (rx §5.2, §5.5).
+    Reattached {
+        /// The `last_response_id` the client resumed after (`None`: from the start).
+        last_response_id: Option<String>,
+        /// How many responses the new stream resends that an earlier stream had sent.
+        replayed: u64,
+    },
+    /// A stream ended gracefully without `ResultComplete`, for the client to reattach
+    /// (rx §4.2).
+    StreamRotated {
+        /// Which budget ran out.
+        reason: RotationReason,
+    },
+    /// ReleaseExecute applied (rx §3.4, §5.5).
+    Released {
+        /// `ReleaseUntil`'s `response_id`; `None` for `ReleaseAll`.
+        until: Option<String>,
+    },
+    /// The execution was abandoned: detached too long, or its session closed (rx §5.3,
+    /// §5.6); its `OperationClosed` follows.
+    Abandoned,
+    /// A request was refused by an abandoned-operation tombstone (`OPERATION_ABANDONED`,
+    /// rx §5.4).
+    TombstoneHit,
+    /// The producer waits for the shared memory budget (tether's bound over rx §3.1).
+    ProducerWaiting {
+        /// The size of the response that does not fit, in bytes.
+        bytes: u64,
+    },
+}
+
+/// What a core step decided that the observer reports: queued by the
+/// [`ExecutionCore`](super::ExecutionCore), drained by the driver after the step.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Lifecycle {
+    /// The operation status moved (the core checked [`OperationStatus::allows`]).
+    Status(StatusEvent),
+    /// A stream attached (`true`) or ended (`false`): the attached-streams gauge.
+    Attached(bool),
+    Reattached {
+        last_response_id: Option<String>,
+        replayed: u64,
+        detached_for: Option<std::time::Duration>,
+    },
+    Rotated(RotationReason),
+    ReleasedUntil(String),
+}
+
+/// A status event with its data.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum StatusEvent {
+    Started,
+    Analyzed(Option<String>),
+    ReadyForExecution,
+    Finished(Option<u64>),
+    Failed(String),
+    Canceled,
+    Closed(super::Removal),
+}
+
+impl StatusEvent {
+    pub(crate) fn status(&self) -> OperationStatus {
+        match self {
+            Self::Started => OperationStatus::Started,
+            Self::Analyzed(_) => OperationStatus::Analyzed,
+            Self::ReadyForExecution => OperationStatus::ReadyForExecution,
+            Self::Finished(_) => OperationStatus::Finished,
+            Self::Failed(_) => OperationStatus::Failed,
+            Self::Canceled => OperationStatus::Canceled,
+            Self::Closed(_) => OperationStatus::Closed,
+        }
+    }
+}
+
+/// The metric handles of one manager, registered once with the recorder installed when it
+/// was built (see [`observe`](crate::observe)).
+pub(crate) struct Metrics {
+    sessions: Gauge,
+    sessions_started: Counter,
+    sessions_closed: Counter,
+    executions: Gauge,
+    executions_started: Counter,
+    ended_finished: Counter,
+    ended_failed: Counter,
+    ended_canceled: Counter,
+    closed_released: Counter,
+    closed_abandoned: Counter,
+    attached_streams: Gauge,
+    reattaches: Counter,
+    replayed: Counter,
+    rotations_duration: Counter,
+    rotations_bytes: Counter,
+    releases_until: Counter,
+    releases_all: Counter,
+    tombstone_hits: Counter,
+    errors: Vec<(&'static str, Counter)>,
+    errors_other: Counter,
+    budget_used: Gauge,
+    budget_waiting: Gauge,
+    producer_waits: Counter,
+    unsent_bytes: Gauge,
+    retained_bytes: Gauge,
+    execution_seconds: Histogram,
+    reattach_gap_seconds: Histogram,
+    events_dropped: Counter,
+}
+
+impl Metrics {
+    fn register() -> Self {
+        let ended = |status: &'static str| metrics::counter!("tether_connect_executions_ended_total", "status" => status);
+        let closed = |removal: &'static str| metrics::counter!("tether_connect_executions_closed_total", "removal" => removal);
+        let rotations = |reason: RotationReason| metrics::counter!("tether_connect_stream_rotations_total", "reason" => reason.label());
+        let releases =
+            |kind: &'static str| metrics::counter!("tether_connect_releases_total", "kind" => kind);
+        Self {
+            sessions: metrics::gauge!("tether_connect_sessions"),
+            sessions_started: metrics::counter!("tether_connect_sessions_started_total"),
+            sessions_closed: metrics::counter!("tether_connect_sessions_closed_total"),
+            executions: metrics::gauge!("tether_connect_executions"),
+            executions_started: metrics::counter!("tether_connect_executions_started_total"),
+            ended_finished: ended("finished"),
+            ended_failed: ended("failed"),
+            ended_canceled: ended("canceled"),
+            closed_released: closed("released"),
+            closed_abandoned: closed("abandoned"),
+            attached_streams: metrics::gauge!("tether_connect_attached_streams"),
+            reattaches: metrics::counter!("tether_connect_reattaches_total"),
+            replayed: metrics::counter!("tether_connect_replayed_responses_total"),
+            rotations_duration: rotations(RotationReason::Duration),
+            rotations_bytes: rotations(RotationReason::Bytes),
+            releases_until: releases("until"),
+            releases_all: releases("all"),
+            tombstone_hits: metrics::counter!("tether_connect_tombstone_hits_total"),
+            errors: super::condition::ALL
+                .iter()
+                .map(|c| {
+                    let name = c.name();
+                    (
+                        name,
+                        metrics::counter!("tether_connect_errors_total", "condition" => name),
+                    )
+                })
+                .collect(),
+            errors_other: metrics::counter!("tether_connect_errors_total", "condition" => "OTHER"),
+            budget_used: metrics::gauge!("tether_connect_memory_budget_used_bytes"),
+            budget_waiting: metrics::gauge!("tether_connect_memory_budget_waiting_producers"),
+            producer_waits: metrics::counter!("tether_connect_producer_waits_total"),
+            unsent_bytes: metrics::gauge!("tether_connect_unsent_bytes"),
+            retained_bytes: metrics::gauge!("tether_connect_retained_bytes"),
+            execution_seconds: metrics::histogram!("tether_connect_execution_seconds"),
+            reattach_gap_seconds: metrics::histogram!("tether_connect_reattach_gap_seconds"),
+            events_dropped: metrics::counter!("tether_events_dropped_total", "side" => "connect"),
+        }
+    }
+}
+
+/// Where a manager's lifecycle goes: its metrics, and the application's event channel if
+/// it gave one. Shared by the manager and its executions.
+pub(crate) struct Observer {
+    metrics: Metrics,
+    events: Option<EventSender<ExecutionEvent>>,
+}
+
+impl Observer {
+    pub(crate) fn new(events: Option<EventSender<ExecutionEvent>>) -> Self {
+        Self {
+            metrics: Metrics::register(),
+            events,
+        }
+    }
+
+    fn send(&self, at: Instant, session: &SessionKey, op: Option<Uuid>, kind: ExecutionEventKind) {
+        if let Some(tx) = &self.events
+            && !tx.send(ExecutionEvent {
+                at,
+                session: session.clone(),
+                operation_id: op,
+                kind,
+            })
+            && tx.is_listened()
+        {
+            self.metrics.events_dropped.increment(1);
+        }
+    }
+
+    fn listened(&self) -> bool {
+        self.events.is_some()
+    }
+
+    /// A session was created (`true`) or closed (`false`).
+    pub(crate) fn session(&self, at: Instant, session: &SessionKey, started: bool) {
+        let m = &self.metrics;
+        let kind = if started {
+            m.sessions.increment(1.0);
+            m.sessions_started.increment(1);
+            ExecutionEventKind::SessionStarted
+        } else {
+            m.sessions.decrement(1.0);
+            m.sessions_closed.increment(1);
+            ExecutionEventKind::SessionClosed
+        };
+        self.send(at, session, None, kind);
+    }
+
+    /// A request was refused by a tombstone (rx §5.4).
+    pub(crate) fn tombstone_hit(&self, at: Instant, session: &SessionKey, op: Uuid) {
+        self.metrics.tombstone_hits.increment(1);
+        self.send(at, session, Some(op), ExecutionEventKind::TombstoneHit);
+    }
+
+    /// An error answered to a client, by RPC or on a response stream (rx §1.8).
+    pub(crate) fn error(&self, error: &ConnectError) {
+        let counter = error
+            .condition()
+            .and_then(|name| self.metrics.errors.iter().find(|(n, _)| *n == name))
+            .map_or(&self.metrics.errors_other, |(_, c)| c);
+        counter.increment(1);
+    }
+
+    /// A `ReleaseAll` (rx §5.5), before the execution's close.
+    pub(crate) fn released_all(&self, at: Instant, session: &SessionKey, op: Uuid) {
+        self.metrics.releases_all.increment(1);
+        self.send(
+            at,
+            session,
+            Some(op),
+            ExecutionEventKind::Released { until: None },
+        );
+    }
+
+    /// A producer starts waiting for the memory budget.
+    pub(crate) fn producer_waiting(&self, at: Instant, session: &SessionKey, op: Uuid, bytes: u64) {
+        self.metrics.producer_waits.increment(1);
+        self.send(
+            at,
+            session,
+            Some(op),
+            ExecutionEventKind::ProducerWaiting { bytes },
+        );
+    }
+
+    /// Samples the shared memory budget's gauges.
+    pub(crate) fn sample_budget(&self, usage: &super::BudgetUsage) {
+        self.metrics.budget_used.set(usage.used as f64);
+        self.metrics.budget_waiting.set(usage.waiting as f64);
+    }
+
+    /// Samples the unsent and retained bytes of every execution (rx §3.1).
+    pub(crate) fn sample_held(&self, unsent: u64, retained: u64) {
+        self.metrics.unsent_bytes.set(unsent as f64);
+        self.metrics.retained_bytes.set(retained as f64);
+    }
+
+    /// What one execution's core queued: metrics, then the event (if anyone listens).
+    /// `started` is when the operation was registered (for the execution histogram).
+    pub(crate) fn lifecycle(
+        &self,
+        at: Instant,
+        session: &SessionKey,
+        op: Uuid,
+        started: Instant,
+        tags: &Arc<[String]>,
+        event: Lifecycle,
+    ) {
+        let m = &self.metrics;
+        let kind = match event {
+            Lifecycle::Attached(attached) => {
+                if attached {
+                    m.attached_streams.increment(1.0);
+                } else {
+                    m.attached_streams.decrement(1.0);
+                }
+                return;
+            }
+            Lifecycle::Reattached {
+                last_response_id,
+                replayed,
+                detached_for,
+            } => {
+                m.reattaches.increment(1);
+                m.replayed.increment(replayed);
+                if let Some(gap) = detached_for {
+                    m.reattach_gap_seconds.record(gap.as_secs_f64());
+                }
+                ExecutionEventKind::Reattached {
+                    last_response_id,
+                    replayed,
+                }
+            }
+            Lifecycle::Rotated(reason) => {
+                match reason {
+                    RotationReason::Duration => m.rotations_duration.increment(1),
+                    RotationReason::Bytes => m.rotations_bytes.increment(1),
+                }
+                ExecutionEventKind::StreamRotated { reason }
+            }
+            Lifecycle::ReleasedUntil(until) => {
+                m.releases_until.increment(1);
+                ExecutionEventKind::Released { until: Some(until) }
+            }
+            Lifecycle::Status(status) => {
+                let ran_for = || at.saturating_duration_since(started).as_secs_f64();
+                match status {
+                    StatusEvent::Started => {
+                        m.executions.increment(1.0);
+                        m.executions_started.increment(1);
+                        ExecutionEventKind::OperationStarted { tags: tags.clone() }
+                    }
+                    StatusEvent::Analyzed(statement_text) => {
+                        ExecutionEventKind::OperationAnalyzed { statement_text }
+                    }
+                    StatusEvent::ReadyForExecution => {
+                        ExecutionEventKind::OperationReadyForExecution
+                    }
+                    StatusEvent::Finished(produced_row_count) => {
+                        m.ended_finished.increment(1);
+                        m.execution_seconds.record(ran_for());
+                        ExecutionEventKind::OperationFinished { produced_row_count }
+                    }
+                    StatusEvent::Failed(error_message) => {
+                        m.ended_failed.increment(1);
+                        m.execution_seconds.record(ran_for());
+                        ExecutionEventKind::OperationFailed { error_message }
+                    }
+                    StatusEvent::Canceled => {
+                        m.ended_canceled.increment(1);
+                        m.execution_seconds.record(ran_for());
+                        ExecutionEventKind::OperationCanceled
+                    }
+                    StatusEvent::Closed(removal) => {
+                        m.executions.decrement(1.0);
+                        match removal {
+                            super::Removal::Released => m.closed_released.increment(1),
+                            super::Removal::Abandoned => {
+                                m.closed_abandoned.increment(1);
+                                self.send(at, session, Some(op), ExecutionEventKind::Abandoned);
+                            }
+                        }
+                        ExecutionEventKind::OperationClosed
+                    }
+                }
+            }
+        };
+        if self.listened() {
+            self.send(at, session, Some(op), kind);
+        }
+    }
+}

@@ -1,0 +1,219 @@
+//! What tether tells an operator: typed lifecycle events through a bounded channel, metrics
+//! through the [`metrics`] facade, and `tracing` spans.
+//!
+//! # Events
+//!
+//! Each protocol side publishes its lifecycle as typed events:
+//! [`ExecutionEvent`](crate::execution::ExecutionEvent)s from an
+//! [`ExecutionManager`](crate::execution::ExecutionManager) (Spark Connect's session and
+//! operation listener events, and those only tether knows: reattaches, rotations,
+//! releases, abandonment, tombstone hits, producers waiting on the memory budget). They go
+//! through an [`EventSender`] the application hands in (for the manager,
+//! [`ManagerConfig::events`](crate::execution::ManagerConfig::events)) and are read from
+//! the matching [`EventReceiver`], on the application's own task or thread.
+//!
+//! The channel is bounded and never blocks the protocol: sending is one push into a
+//! fixed ring (no lock, no allocation); when the ring is full the event is dropped, counted
+//! ([`EventReceiver::dropped`], [`EventSender::dropped`]) and reported in the metric
+//! `tether_events_dropped_total`, never lost silently. A listener that keeps up sees every
+//! event, in the order the protocol decided it (per execution and per session, the order of
+//! Spark's status machine, [`OperationStatus`](crate::execution::OperationStatus)).
+//!
+//! # Metrics
+//!
+//! tether records through the [`metrics`] facade: install a recorder (an exporter such as
+//! `metrics-exporter-prometheus`) **before** building the manager, which registers its
+//! handles once, so that no protocol path looks a metric up or allocates for one. Without a
+//! recorder every update is a no-op. Names follow Prometheus conventions; no label is
+//! unbounded (no ids: those are in the events and spans).
+//!
+//! | name | type | unit | labels | what |
+//! |---|---|---|---|---|
+//! | `tether_connect_sessions` | gauge | sessions | | live sessions (rx §5.6) |
+//! | `tether_connect_sessions_started_total` | counter | sessions | | sessions created |
+//! | `tether_connect_sessions_closed_total` | counter | sessions | | sessions released or expired (rx §5.6) |
+//! | `tether_connect_executions` | gauge | executions | | live (registered) executions (rx §5.1) |
+//! | `tether_connect_executions_started_total` | counter | executions | | executions registered (`OperationStarted`) |
+//! | `tether_connect_executions_ended_total` | counter | executions | `status`: `finished`, `failed`, `canceled` | executions whose run ended (rx §2.2 T7–T9) |
+//! | `tether_connect_executions_closed_total` | counter | executions | `removal`: `released`, `abandoned`, `forgotten` | executions that left the registry (`OperationClosed`, rx §2.2 T12) |
+//! | `tether_connect_attached_streams` | gauge | streams | | response streams attached now (rx §4.4) |
+//! | `tether_connect_reattaches_total` | counter | reattaches | | ReattachExecute (and duplicate ExecutePlan) attaches (rx §5.5) |
+//! | `tether_connect_replayed_responses_total` | counter | responses | | responses a reattach resumed before the last one an earlier stream sent (rx §3.5) |
+//! | `tether_connect_stream_rotations_total` | counter | streams | `reason`: `duration`, `bytes` | streams ended gracefully for rotation (rx §4.2) |
+//! | `tether_connect_releases_total` | counter | requests | `kind`: `until`, `all` | ReleaseExecute applied (rx §3.4, §5.5) |
+//! | `tether_connect_tombstone_hits_total` | counter | requests | | requests refused by an abandoned-operation tombstone (rx §5.4) |
+//! | `tether_connect_errors_total` | counter | errors | `condition`: a Spark condition of [`condition::ALL`](crate::execution::condition::ALL), or `OTHER` | errors answered to a client, by RPC or on a response stream (rx §1.8) |
+//! | `tether_connect_memory_budget_used_bytes` | gauge | bytes | | the shared memory budget in use (unsent and retained responses) |
+//! | `tether_connect_memory_budget_waiting_producers` | gauge | producers | | producers waiting for the memory budget |
+//! | `tether_connect_producer_waits_total` | counter | waits | | times a producer waited for the memory budget |
+//! | `tether_connect_unsent_bytes` | gauge | bytes | | responses produced and not yet sent, all executions (rx §3.1; sampled at each maintenance pass) |
+//! | `tether_connect_retained_bytes` | gauge | bytes | | responses sent and kept for a reattach, all executions (rx §3.1; sampled at each maintenance pass) |
+//! | `tether_connect_execution_seconds` | histogram | seconds | | from `OperationStarted` to the run's end (Finished, Failed, Canceled) |
+//! | `tether_connect_reattach_gap_seconds` | histogram | seconds | | how long an execution was detached before a reattach resumed it |
+//! | `tether_events_dropped_total` | counter | events | `side`: `connect` | events a full channel dropped |
+
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use crossbeam_queue::ArrayQueue;
+use futures::Stream;
+use futures::task::AtomicWaker;
+
+struct Shared<E> {
+    queue: ArrayQueue<E>,
+    waker: AtomicWaker,
+    dropped: AtomicU64,
+    receiver_alive: AtomicBool,
+    senders: AtomicU64,
+}
+
+/// A bounded event channel of `capacity` events (at least 1): the sending half for the
+/// protocol, the receiving half for the application (see the [module docs](self)).
+///
+/// ```
+/// let (tx, mut rx) = tether::observe::event_channel::<u32>(2);
+/// assert!(tx.send(1));
+/// assert!(tx.send(2));
+/// assert!(!tx.send(3)); // full: dropped and counted, the sender never waits
+/// assert_eq!(rx.try_recv(), Some(1));
+/// assert_eq!(rx.try_recv(), Some(2));
+/// assert_eq!(rx.try_recv(), None);
+/// assert_eq!(rx.dropped(), 1);
+/// ```
+pub fn event_channel<E>(capacity: usize) -> (EventSender<E>, EventReceiver<E>) {
+    let shared = Arc::new(Shared {
+        queue: ArrayQueue::new(capacity.max(1)),
+        waker: AtomicWaker::new(),
+        dropped: AtomicU64::new(0),
+        receiver_alive: AtomicBool::new(true),
+        senders: AtomicU64::new(1),
+    });
+    (
+        EventSender {
+            shared: shared.clone(),
+        },
+        EventReceiver { shared },
+    )
+}
+
+/// The sending half of an [`event_channel`]: cheap to clone, never blocks.
+pub struct EventSender<E> {
+    shared: Arc<Shared<E>>,
+}
+
+impl<E> EventSender<E> {
+    /// Queues `event`; `false` if it was dropped because the channel was full (counted in
+    /// [`dropped`](Self::dropped)) or because the receiver is gone (not counted: nobody
+    /// listens). Lock-free, no allocation.
+    pub fn send(&self, event: E) -> bool {
+        if !self.shared.receiver_alive.load(Ordering::Relaxed) {
+            return false;
+        }
+        match self.shared.queue.push(event) {
+            Ok(()) => {
+                self.shared.waker.wake();
+                true
+            }
+            Err(_) => {
+                self.shared.dropped.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
+    }
+
+    /// How many events a full channel dropped so far.
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Whether the receiver still exists.
+    pub fn is_listened(&self) -> bool {
+        self.shared.receiver_alive.load(Ordering::Relaxed)
+    }
+}
+
+impl<E> Clone for EventSender<E> {
+    fn clone(&self) -> Self {
+        self.shared.senders.fetch_add(1, Ordering::Relaxed);
+        Self {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<E> Drop for EventSender<E> {
+    fn drop(&mut self) {
+        if self.shared.senders.fetch_sub(1, Ordering::AcqRel) == 1 {
+            // The last sender: a receiver waiting for more sees the end.
+            self.shared.waker.wake();
+        }
+    }
+}
+
+impl<E> fmt::Debug for EventSender<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventSender")
+            .field("queued", &self.shared.queue.len())
+            .field("capacity", &self.shared.queue.capacity())
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
+
+/// The receiving half of an [`event_channel`]: [`try_recv`](Self::try_recv), or as a
+/// [`Stream`] that ends once every sender is gone and the queue is empty.
+pub struct EventReceiver<E> {
+    shared: Arc<Shared<E>>,
+}
+
+impl<E> EventReceiver<E> {
+    /// The oldest queued event, if any.
+    pub fn try_recv(&mut self) -> Option<E> {
+        self.shared.queue.pop()
+    }
+
+    /// Every queued event, oldest first.
+    pub fn drain(&mut self) -> Vec<E> {
+        std::iter::from_fn(|| self.try_recv()).collect()
+    }
+
+    /// How many events a full channel dropped so far (the listener fell behind).
+    pub fn dropped(&self) -> u64 {
+        self.shared.dropped.load(Ordering::Relaxed)
+    }
+}
+
+impl<E> Drop for EventReceiver<E> {
+    fn drop(&mut self) {
+        self.shared.receiver_alive.store(false, Ordering::Relaxed);
+    }
+}
+
+impl<E> Stream for EventReceiver<E> {
+    type Item = E;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<E>> {
+        if let Some(e) = self.try_recv() {
+            return Poll::Ready(Some(e));
+        }
+        self.shared.waker.register(cx.waker());
+        // Checked again after registering, so a send in between is not missed.
+        match self.try_recv() {
+            Some(e) => Poll::Ready(Some(e)),
+            None if self.shared.senders.load(Ordering::Acquire) == 0 => Poll::Ready(None),
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<E> fmt::Debug for EventReceiver<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EventReceiver")
+            .field("queued", &self.shared.queue.len())
+            .field("dropped", &self.dropped())
+            .finish()
+    }
+}
