@@ -71,7 +71,9 @@ struct Shared<E> {
 }
 
 /// A bounded event channel of `capacity` events (at least 1): the sending half for the
-/// protocol, the receiving half for the application (see the [module docs](self)).
+/// protocol, the receiving half for the application (see the [module docs](self)). Like
+/// Spark's `AsyncEventQueue` behind its listener bus, a full queue drops what it cannot take
+/// and counts it rather than slow the sender down.
 ///
 /// ```
 /// let (tx, mut rx) = tether::observe::event_channel::<u32>(2);
@@ -99,7 +101,8 @@ pub fn event_channel<E>(capacity: usize) -> (EventSender<E>, EventReceiver<E>) {
     )
 }
 
-/// The sending half of an [`event_channel`]: cheap to clone, never blocks.
+/// The sending half of an [`event_channel`]: cheap to clone, never blocks
+/// (as Spark's `AsyncEventQueue.post`).
 pub struct EventSender<E> {
     shared: Arc<Shared<E>>,
 }
@@ -107,7 +110,7 @@ pub struct EventSender<E> {
 impl<E> EventSender<E> {
     /// Queues `event`; `false` if it was dropped because the channel was full (counted in
     /// [`dropped`](Self::dropped)) or because the receiver is gone (not counted: nobody
-    /// listens). Lock-free, no allocation.
+    /// listens). Lock-free, no allocation. Spark's `AsyncEventQueue.post` drops the same way.
     pub fn send(&self, event: E) -> bool {
         if !self.shared.receiver_alive.load(Ordering::Relaxed) {
             return false;
@@ -124,12 +127,14 @@ impl<E> EventSender<E> {
         }
     }
 
-    /// How many events a full channel dropped so far.
+    /// How many events a full channel dropped so far
+    /// (Spark's `AsyncEventQueue.droppedEventsCounter`).
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
     }
 
-    /// Whether the receiver still exists.
+    /// Whether the receiver still exists (Spark's `AsyncEventQueue` after `stop`: posts are
+    /// discarded).
     pub fn is_listened(&self) -> bool {
         self.shared.receiver_alive.load(Ordering::Relaxed)
     }
@@ -164,23 +169,25 @@ impl<E> fmt::Debug for EventSender<E> {
 }
 
 /// The receiving half of an [`event_channel`]: [`try_recv`](Self::try_recv), or as a
-/// [`Stream`] that ends once every sender is gone and the queue is empty.
+/// [`Stream`] that ends once every sender is gone and the queue is empty. It plays the part
+/// of Spark's `AsyncEventQueue` dispatch thread: the application reads at its own pace.
 pub struct EventReceiver<E> {
     shared: Arc<Shared<E>>,
 }
 
 impl<E> EventReceiver<E> {
-    /// The oldest queued event, if any.
+    /// The oldest queued event, if any (first in, first out, as Spark's `AsyncEventQueue`).
     pub fn try_recv(&mut self) -> Option<E> {
         self.shared.queue.pop()
     }
 
-    /// Every queued event, oldest first.
+    /// Every queued event, oldest first (Spark's `AsyncEventQueue` order).
     pub fn drain(&mut self) -> Vec<E> {
         std::iter::from_fn(|| self.try_recv()).collect()
     }
 
-    /// How many events a full channel dropped so far (the listener fell behind).
+    /// How many events a full channel dropped so far: the listener fell behind
+    /// (Spark's `AsyncEventQueue.droppedEventsCounter`).
     pub fn dropped(&self) -> u64 {
         self.shared.dropped.load(Ordering::Relaxed)
     }

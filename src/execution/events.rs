@@ -67,7 +67,7 @@ impl OperationStatus {
         }
     }
 
-    /// Whether the run has ended (Finished, Failed, Canceled or Closed).
+    /// Whether the run has ended: Finished, Failed, Canceled or Closed (rx §2.1 item 4).
     pub fn is_ended(self) -> bool {
         matches!(
             self,
@@ -106,7 +106,9 @@ impl RotationReason {
 }
 
 /// One lifecycle event of an [`ExecutionManager`](super::ExecutionManager): when, whose, and
-/// what ([`ExecutionEventKind`]). See [`observe`](crate::observe) for how to receive them.
+/// what ([`ExecutionEventKind`]); the fields Spark's `ExecuteEventsManager` puts on its
+/// listener events (rx §2.1 item 4). See [`observe`](crate::observe) for how to receive
+/// them.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecutionEvent {
     /// When, on the manager's clock ([`ManagerConfig::timer`](super::ManagerConfig::timer);
@@ -135,7 +137,8 @@ impl ExecutionEvent {
     }
 }
 
-/// What an [`ExecutionEvent`] reports. The first nine are Spark Connect's listener events
+/// What an [`ExecutionEvent`] reports (rx §2.1 item 4). The first nine are Spark Connect's
+/// listener events, as Spark's `ExecuteEventsManager` and `SessionEventsManager` post them
 /// (`SparkListenerConnectSessionStarted`, `…SessionClosed`,
 /// `SparkListenerConnectOperationStarted`, `…Analyzed`, `…ReadyForExecution`, `…Finished`,
 /// `…Failed`, `…Canceled`, `…Closed`); an operation posts them in the order its

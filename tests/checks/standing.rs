@@ -92,8 +92,9 @@ fn top_module(path: &Path) -> String {
 /// its own, and never from the other protocol.
 fn rank(module: &str) -> Option<u8> {
     Some(match module {
-        // `sync`: the std-or-loom facade of locks and atomics (`--cfg tether_loom`).
-        "time" | "reference" | "sync" => 0,
+        // `sync`: the std-or-loom facade of locks and atomics (`--cfg tether_loom`);
+        // `observe`: the event channel both protocols report through.
+        "time" | "reference" | "sync" | "observe" => 0,
         "wire" => 1,
         "connection" => 2,
         "worker" | "execution" => 3,
@@ -124,7 +125,8 @@ fn layers_point_one_way() {
                 let crosses = protocols.contains(&from.as_str()) && protocols.contains(&to);
                 if to_rank > from_rank
                     || crosses
-                    || (from == "time" && !["time", "sync"].contains(&to))
+                    || (["time", "observe"].contains(&from.as_str())
+                        && !["time", "sync"].contains(&to))
                 {
                     violations.push(format!("{}:{line}: {from} → {to}", relative(&file)));
                 }

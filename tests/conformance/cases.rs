@@ -19,6 +19,7 @@ use tether::wire::{
     udf_control_response, udf_request, udf_response, udf_worker_specification,
     worker_connection_spec, worker_request, worker_response,
 };
+use tether_testing::fixtures;
 
 use crate::fields::Fields;
 
@@ -138,9 +139,14 @@ fn worker_error() -> WorkerError {
     }
 }
 
+/// The message of the full `ProtocolError`.
+fn protocol_message() -> String {
+    text("DataRequest before InitResponse")
+}
+
 fn protocol_error() -> ProtocolError {
     ProtocolError {
-        message: text("DataRequest before InitResponse"),
+        message: protocol_message(),
     }
 }
 
@@ -159,7 +165,7 @@ fn full_finish_response() -> FinishResponse {
 fn full_cancel_response() -> CancelResponse {
     CancelResponse {
         metrics: entries("metric"),
-        error: Some(error(execution_error::Kind::Protocol(protocol_error()))),
+        error: Some(fixtures::protocol_error(&protocol_message())),
     }
 }
 
@@ -228,7 +234,7 @@ pub fn cases() -> Vec<Case> {
     use udf_control_response::Control as Resp;
     vec![
         // ---- udf_message.proto: Execute envelopes
-        case("UdfRequest", "empty", UdfRequest::default()),
+        case("UdfRequest", "empty", fixtures::empty_request()),
         case(
             "UdfRequest",
             "full_control",
@@ -372,7 +378,7 @@ pub fn cases() -> Vec<Case> {
             "full",
             InitResponse {
                 data: Some(blob(33, 10)),
-                error: Some(error(Kind::Protocol(protocol_error()))),
+                error: Some(fixtures::protocol_error(&protocol_message())),
             },
         ),
         case(
@@ -470,7 +476,7 @@ pub fn cases() -> Vec<Case> {
         case(
             "ExecutionError",
             "full_protocol",
-            error(Kind::Protocol(protocol_error())),
+            fixtures::protocol_error(&protocol_message()),
         ),
         case(
             "ExecutionError",

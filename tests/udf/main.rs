@@ -2,6 +2,8 @@
 //! module per former suite (linking tonic and Arrow once instead of ten times).
 //!
 //! - [`core_model`], [`worker_core_model`]: the sans-IO cores against reference models;
+//! - [`worker_core`]: the worker core's unit and property tests (`Init` validation, every
+//!   udf §2 R6 violation row, Cancel, the deadlines, invariants over arbitrary sequences);
 //! - [`pair`]: both cores under simulated time (`tether_testing::pair`);
 //! - [`engine_session`], [`protocol_suite`], [`deadlines`]: the ported udf §8 scenarios and
 //!   the udf §7 deadline table;
@@ -22,4 +24,5 @@ mod protocol_suite;
 mod tour_smoke;
 mod transport_framed;
 mod transport_grpc;
+mod worker_core;
 mod worker_core_model;

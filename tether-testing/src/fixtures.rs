@@ -1,8 +1,9 @@
 //! The UDF-protocol message fixtures and the assertions on them, written once for every
-//! suite (udf §1): an `Init` with its payload (inline or chunked, udf §1.3), the worker's
-//! answers (`InitResponse`, `DataResponse`, the terminal responses, udf §1.4–§1.5), tagged
-//! batches whose tag survives a round trip, the three kinds of `ExecutionError`, session
-//! and endpoint configurations with test timeouts (udf §7), and manual-clock helpers.
+//! suite (udf §1): an `Init` with its payload (inline or chunked, udf §1.3), the malformed
+//! envelopes (udf §1.2), the worker's answers (`InitResponse`, `DataResponse`, the terminal
+//! responses, udf §1.4–§1.5), tagged batches whose tag survives a round trip, the three kinds
+//! of `ExecutionError`, session and endpoint configurations with test timeouts (udf §7), and
+//! manual-clock helpers.
 //!
 //! The Spark Connect request builders live beside them in
 //! [`connect`](super::connect).
@@ -32,9 +33,10 @@ use bytes::Bytes;
 use tether::time::{ManualClock, NoTimeouts};
 use tether::wire::{
     CancelResponse, ExecutionError, FinishResponse, Init, InitResponse, ResponseKind,
-    ResponseMessage, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat, execution_error,
+    ResponseMessage, UdfControlRequest, UdfPayload, UdfRequest, UdfResponse, UdfWorkerDataFormat,
+    execution_error, udf_request,
 };
-use tether::worker::endpoint::EndpointConfig;
+use tether::worker::endpoint::{EndpointConfig, WorkerCore};
 use tether::worker::engine::{CountingHandle, SessionConfig, WorkerHandle};
 
 // ---------------------------------------------------------------------------------------------
@@ -75,12 +77,7 @@ pub fn chunked_init(payload: &str, chunks: usize) -> Vec<UdfRequest> {
         chunks >= 1 && payload.len() >= chunks,
         "choose a payload of at least {chunks} bytes"
     );
-    let mut init = init(Bytes::new());
-    init.is_chunking_payload = Some(true);
-    if let Some(udf) = init.udf.as_mut() {
-        udf.payload_size = Some(payload.len() as i64);
-        udf.payload_crc32 = Some(crc32fast::hash(payload.as_bytes()));
-    }
+    let init = chunking_init(Bytes::new(), payload.as_bytes());
     let size = payload.len().div_ceil(chunks);
     let pieces: Vec<&[u8]> = payload.as_bytes().chunks(size).collect();
     assert_eq!(
@@ -98,6 +95,21 @@ pub fn chunked_init(payload: &str, chunks: usize) -> Vec<UdfRequest> {
         .collect()
 }
 
+/// The `Init` of a chunked payload `total` whose first part, `inline`, travels inline: an
+/// Arrow [`init`] with `is_chunking_payload` set and `payload_size` and `payload_crc32` of
+/// the whole of `total` (udf §1.3: the worker appends each `PayloadChunk` to the inline
+/// payload and verifies size and CRC once the last chunk arrived). The chunks are the
+/// caller's to send; [`chunked_init`] sends them for an empty inline part.
+pub fn chunking_init(inline: impl Into<Bytes>, total: &[u8]) -> Init {
+    let mut init = init(inline);
+    init.is_chunking_payload = Some(true);
+    if let Some(udf) = init.udf.as_mut() {
+        udf.payload_size = Some(total.len() as i64);
+        udf.payload_crc32 = Some(crc32fast::hash(total));
+    }
+    init
+}
+
 /// A `DataRequest` carrying `s` (udf §1.4).
 pub fn data_request(s: &str) -> UdfRequest {
     UdfRequest::data(b(s))
@@ -106,6 +118,22 @@ pub fn data_request(s: &str) -> UdfRequest {
 /// The batches `items` as `Bytes`, in order (udf §1.4 `DataRequest.data`).
 pub fn batches(items: &[&str]) -> Vec<Bytes> {
     items.iter().map(|s| b(s)).collect()
+}
+
+/// A request envelope with no branch set: malformed (udf §1.2: exactly one branch must be
+/// set), a protocol-error close at the worker (udf §2.1 "empty oneofs").
+pub fn empty_request() -> UdfRequest {
+    UdfRequest { request: None }
+}
+
+/// A control request with no control message set: malformed like [`empty_request`], one
+/// level down (udf §1.2, §2.1 "empty oneofs").
+pub fn empty_control_request() -> UdfRequest {
+    UdfRequest {
+        request: Some(udf_request::Request::Control(UdfControlRequest {
+            control: None,
+        })),
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -312,15 +340,23 @@ pub fn session_config_on(clock: &ManualClock) -> SessionConfig {
 }
 
 /// An endpoint configuration with the R4 cancel deadline [`TEST_CANCEL`] on `NoTimeouts`: for
-/// the sans-IO [`WorkerCore`](tether::worker::endpoint::WorkerCore), whose caller drives time
-/// (udf §7). Under [`serve`](tether::worker::endpoint::serve) or an `Endpoint` its deadlines
-/// never fire (`NoTimeouts`); use [`echo_config`](crate::echo::echo_config) or set
-/// `timer` there.
+/// the sans-IO [`WorkerCore`], whose caller drives time (udf §7). Under
+/// [`serve`](tether::worker::endpoint::serve) or an `Endpoint` its deadlines never fire
+/// (`NoTimeouts`); use [`echo_config`](crate::echo::echo_config) or set `timer` there.
 pub fn endpoint_config() -> EndpointConfig {
     EndpointConfig {
         cancel_timeout: Some(TEST_CANCEL),
-        ..EndpointConfig::with_timer(Arc::new(NoTimeouts))
+        ..default_endpoint_config()
     }
+}
+
+/// The default endpoint configuration on `NoTimeouts`: Spark's deadlines (udf §7: 30 s for
+/// the `Init`, `initResponseTimeoutMs`, and 30 s for the R4 Cancel, the terminal timeout) as
+/// durations the sans-IO [`WorkerCore`] reads, the reference worker's version and ARROW
+/// format (udf §2.1, §1.9). The configuration of `WorkerCore::default()`, for tests that pin
+/// those defaults or change one field of them.
+pub fn default_endpoint_config() -> EndpointConfig {
+    EndpointConfig::with_timer(Arc::new(NoTimeouts))
 }
 
 /// A millisecond: the step before and at a deadline (udf §7).
@@ -386,6 +422,22 @@ impl Drop for ScratchDir {
 /// The kinds of `messages`, in order (udf §1.2).
 pub fn kinds(messages: &[ResponseMessage]) -> Vec<ResponseKind> {
     messages.iter().map(ResponseMessage::kind).collect()
+}
+
+/// Everything the sans-IO worker `core` has queued for the engine, handed over
+/// (`poll_transmit`) and unwrapped, in order (udf §1.2; the worker never sends an envelope
+/// without its branch).
+///
+/// # Panics
+///
+/// When a queued response has no branch set.
+pub fn drain_responses(core: &mut WorkerCore) -> Vec<ResponseMessage> {
+    std::iter::from_fn(|| core.poll_transmit())
+        .map(|r| {
+            r.into_message()
+                .expect("the worker never sends an empty oneof")
+        })
+        .collect()
 }
 
 /// The payloads of the `DataResponse`s among `messages`, as strings, in order (udf §1.4).

@@ -1099,3 +1099,58 @@ crate::worker::pump::forward_pump_core!(
     handle_recv = handle_request,
     is_settled = is_done,
 );
+
+/// The one test of [`WorkerCore`] that needs a crate-private method, `begin_wait_with` (what
+/// the pump calls with its timer's clock); the others are in `tests/udf/worker_core.rs`.
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+
+    use super::*;
+    use crate::wire::{UdfPayload, UdfWorkerDataFormat};
+
+    /// A core in phase Data: Init accepted, InitResponse drained.
+    fn data_core() -> WorkerCore {
+        let mut c = WorkerCore::default();
+        c.handle_request(UdfRequest::init(Init::new(
+            UdfWorkerDataFormat::Arrow,
+            UdfPayload::new(Bytes::from_static(b"udf"), "test"),
+        )));
+        c.accept_init(None).unwrap();
+        let sent: Vec<_> = std::iter::from_fn(|| c.poll_transmit())
+            .map(|r| r.kind())
+            .collect();
+        assert_eq!(sent, [Some(ResponseKind::Init)]);
+        assert_eq!(c.phase(), WorkerPhase::Data);
+        c
+    }
+
+    #[test]
+    fn a_wait_reads_the_clock_only_when_it_arms_a_deadline() {
+        let t0 = Instant::now();
+        let reads = Cell::new(0);
+        let clock = || {
+            reads.set(reads.get() + 1);
+            t0
+        };
+        // AwaitingInit: the first wait arms the Init deadline, later waits find it running.
+        let mut c = WorkerCore::default();
+        c.begin_wait_with(clock);
+        c.begin_wait_with(clock);
+        assert_eq!(reads.get(), 1);
+        let config = EndpointConfig::with_timer(std::sync::Arc::new(crate::time::NoTimeouts));
+        assert_eq!(c.poll_timeout(), config.init_timeout.map(|t| t0 + t));
+        // The data phase has no deadline (udf §7): no clock read at all.
+        let mut c = data_core();
+        c.begin_wait_with(clock);
+        assert_eq!(reads.get(), 1);
+        assert_eq!(c.poll_timeout(), None);
+        // PostError arms the R4 deadline once.
+        let mut c = data_core();
+        c.fail(ExecutionError::user("boom")).unwrap();
+        c.begin_wait_with(clock);
+        c.begin_wait_with(clock);
+        assert_eq!(reads.get(), 2);
+        assert!(c.poll_timeout().is_some());
+    }
+}

@@ -50,9 +50,6 @@ mod serve;
 mod typed;
 mod violation;
 
-#[cfg(test)]
-mod tests;
-
 pub use self::core::{
     DataSent, DataTicket, Delivery, EndpointMisuse, EndpointOutcome, OutcomeKind, WorkerCore,
     WorkerPhase, WorkerStats,

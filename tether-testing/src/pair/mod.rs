@@ -10,7 +10,7 @@
 //!   during [`Pair::drive`] ([`Pair::output`]).
 //! - The worker side's user code is the reference echo worker of udf §2.1 by default
 //!   ([`WorkerUser::Echo`]): [`EchoUdf`], run by the library's
-//!   [`answer_pending`](tether::worker::endpoint::answer_pending), the same `Udf` mapping
+//!   [`answer_pending`], the same `Udf` mapping
 //!   `serve` runs. It accepts the `Init` (rejects it with a `WorkerError` when the payload is
 //!   `INIT_ERROR`), echoes every batch (answers the batch `ERROR` with a `UserError` of class
 //!   `SimulatedError`), answers `Finish` with `FinishResponse { metrics: {status = ok} }`

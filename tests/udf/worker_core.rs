@@ -1,20 +1,33 @@
-//! Unit and property tests of [`WorkerCore`]: init validation, chunk assembly, every
-//! protocol-violation row, Cancel handling (R5 (c) included), and invariants over arbitrary
-//! request sequences.
+//! Unit and property tests of the sans-IO [`WorkerCore`] through its public API: `Init`
+//! validation and chunk assembly (udf §1.3), every protocol-violation row (udf §2 R6, §2.1
+//! "any other combination"), Cancel handling (R3, R5 (c) included, R7), the two deadlines
+//! (udf §7), transport failures (R8), and invariants over arbitrary request sequences.
+//! Messages and configurations come from [`tether_testing::fixtures`]; what is here is
+//! specific to these tests: cores in a given phase, the carrier of a violation's
+//! `ProtocolError`, the proptest harness.
+//!
+//! One test of the core stays beside it in `src/worker/endpoint/core.rs`
+//! (`a_wait_reads_the_clock_only_when_it_arms_a_deadline`): it counts the clock reads of
+//! `begin_wait_with`, which is crate-private (the public `begin_wait` takes the instant).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
 use proptest::prelude::*;
-
-use super::*;
-use crate::connection::ConnectionError;
-use crate::wire::{
-    CancelResponse, ExecutionError, FinishResponse, Init, MalformedMessage, ResponseKind,
-    ResponseMessage, UdfControlRequest, UdfPayload, UdfRequest, UdfWorkerDataFormat,
-    execution_error, udf_request,
+use tether::connection::ConnectionError;
+use tether::wire::{
+    CancelResponse, ExecutionError, FinishResponse, MalformedMessage, ResponseKind,
+    ResponseMessage, UdfRequest, UdfWorkerDataFormat, execution_error,
+};
+use tether::worker::endpoint::{
+    DataSent, Delivery, EndpointConfig, EndpointOutcome, EngineViolation, InitRejection,
+    InitTimeout, OutcomeKind, WorkerCore, WorkerPhase,
+};
+use tether_testing::fixtures::{
+    MS, b, chunked_init, chunking_init, data_request, default_endpoint_config, drain_responses,
+    empty_control_request, empty_request, init, init_request, kinds, status_ok, user_error,
+    worker_error,
 };
 
 use EngineViolation as V;
@@ -23,51 +36,13 @@ use EngineViolation as V;
 // Helpers
 // ---------------------------------------------------------------------------------------------
 
-fn config() -> EndpointConfig {
-    EndpointConfig::with_timer(Arc::new(crate::time::NoTimeouts))
-}
-
-fn core() -> WorkerCore {
-    WorkerCore::new(&config())
-}
-
-fn b(s: &str) -> Bytes {
-    Bytes::copy_from_slice(s.as_bytes())
-}
-
-fn init(payload: &str) -> Init {
-    Init::new(
-        UdfWorkerDataFormat::Arrow,
-        UdfPayload::new(b(payload), "test"),
-    )
-}
-
-fn chunked_init(inline: &str, total: &str) -> Init {
-    let mut i = init(inline);
-    i.is_chunking_payload = Some(true);
-    let udf = i.udf.as_mut().unwrap();
-    udf.payload_size = Some(total.len() as i64);
-    udf.payload_crc32 = Some(crc32fast::hash(total.as_bytes()));
-    i
-}
-
-/// Everything queued so far, flattened.
-fn drain(core: &mut WorkerCore) -> Vec<ResponseMessage> {
-    std::iter::from_fn(|| core.poll_transmit())
-        .map(|r| r.into_message().unwrap())
-        .collect()
-}
-
-fn kinds(msgs: &[ResponseMessage]) -> Vec<ResponseKind> {
-    msgs.iter().map(ResponseMessage::kind).collect()
-}
-
 fn is_protocol(e: &ExecutionError) -> bool {
     matches!(e.kind, Some(execution_error::Kind::Protocol(_)))
 }
 
-/// The ProtocolError carried by `msg` (InitResponse.error, ErrorResponse, CancelResponse.error).
-fn protocol_error(msg: &ResponseMessage) -> Option<&str> {
+/// The message of the ProtocolError carried by `msg` (InitResponse.error, ErrorResponse,
+/// CancelResponse.error, FinishResponse.error), if it carries one.
+fn protocol_message(msg: &ResponseMessage) -> Option<&str> {
     let e = match msg {
         ResponseMessage::Init(r) => r.error.as_ref(),
         ResponseMessage::Error(r) => r.error.as_ref(),
@@ -80,10 +55,10 @@ fn protocol_error(msg: &ResponseMessage) -> Option<&str> {
 
 /// A core in phase Data: Init accepted, InitResponse drained.
 fn data_core() -> WorkerCore {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(init("udf")));
+    let mut c = WorkerCore::default();
+    c.handle_request(init_request("udf"));
     c.accept_init(None).unwrap();
-    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Init]);
+    assert_eq!(kinds(&drain_responses(&mut c)), [ResponseKind::Init]);
     assert_eq!(c.phase(), WorkerPhase::Data);
     c
 }
@@ -102,26 +77,26 @@ fn assert_violation(c: &WorkerCore, expected: &EngineViolation) {
 
 #[test]
 fn plain_init_waits_for_the_user_then_accept_sends_init_response() {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(init("udf")));
+    let mut c = WorkerCore::default();
+    c.handle_request(init_request("udf"));
     assert_eq!(c.phase(), WorkerPhase::InitPending);
     assert!(!c.has_transmit(), "no InitResponse before the user answers");
     assert_eq!(c.init().unwrap().udf.as_ref().unwrap().payload, b("udf"));
     c.accept_init(Some(b("schema"))).unwrap();
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert!(
         matches!(&out[..], [ResponseMessage::Init(r)] if r.data == Some(b("schema")) && r.error.is_none())
     );
     assert_eq!(c.phase(), WorkerPhase::Data);
     // Output before the first input is allowed (udf §1.4).
     assert!(matches!(c.send_data(b("gen")), Ok(DataSent::Queued(_))));
-    assert_eq!(drain(&mut c), [ResponseMessage::Data(b("gen"))]);
+    assert_eq!(drain_responses(&mut c), [ResponseMessage::Data(b("gen"))]);
 }
 
 #[test]
 fn chunks_are_appended_to_the_inline_payload_and_verified() {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(chunked_init("ab", "abcdef")));
+    let mut c = WorkerCore::default();
+    c.handle_request(UdfRequest::init(chunking_init("ab", b"abcdef")));
     assert_eq!(c.phase(), WorkerPhase::AwaitingChunks);
     c.handle_request(UdfRequest::payload_chunk(b("cd"), false));
     assert_eq!(c.phase(), WorkerPhase::AwaitingChunks);
@@ -134,18 +109,20 @@ fn chunks_are_appended_to_the_inline_payload_and_verified() {
 
 #[test]
 fn chunked_init_with_empty_inline_payload_and_one_last_chunk() {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(chunked_init("", "whole")));
-    c.handle_request(UdfRequest::payload_chunk(b("whole"), true));
+    let mut c = WorkerCore::default();
+    // The Init (nothing inline) and one chunk, "whole", the last.
+    for request in chunked_init("whole", 1) {
+        c.handle_request(request);
+    }
     assert_eq!(c.phase(), WorkerPhase::InitPending);
     assert_eq!(c.init().unwrap().udf.as_ref().unwrap().payload, b("whole"));
 }
 
 fn assert_init_rejected(c: &mut WorkerCore, expected: InitRejection) {
-    let out = drain(c);
+    let out = drain_responses(c);
     assert_eq!(kinds(&out), [ResponseKind::Init], "{out:?}");
     assert_eq!(c.init_rejection(), Some(&expected));
-    let msg = protocol_error(&out[0]).expect("a ProtocolError in the InitResponse");
+    let msg = protocol_message(&out[0]).expect("a ProtocolError in the InitResponse");
     assert_eq!(msg, expected.wire_message());
     assert_eq!(c.phase(), WorkerPhase::PostError);
     // Finish is ignored while the Cancel is due (udf §2.1).
@@ -154,7 +131,7 @@ fn assert_init_rejected(c: &mut WorkerCore, expected: InitRejection) {
     assert!(!c.has_transmit());
     // The Cancel is answered automatically: the user never saw the Init.
     c.handle_request(UdfRequest::cancel(Some("init failed".into())));
-    let out = drain(c);
+    let out = drain_responses(c);
     assert!(
         matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.is_none()),
         "{out:?}"
@@ -173,8 +150,8 @@ fn assert_init_rejected(c: &mut WorkerCore, expected: InitRejection) {
 
 #[test]
 fn crc_mismatch_is_a_protocol_error_in_the_init_response() {
-    let mut c = core();
-    let mut i = chunked_init("", "abc");
+    let mut c = WorkerCore::default();
+    let mut i = chunking_init("", b"abc");
     i.udf.as_mut().unwrap().payload_crc32 = Some(crc32fast::hash(b"abd"));
     c.handle_request(UdfRequest::init(i));
     c.handle_request(UdfRequest::payload_chunk(b("abc"), true));
@@ -186,7 +163,7 @@ fn crc_mismatch_is_a_protocol_error_in_the_init_response() {
         },
     );
 
-    let mut c = core();
+    let mut c = WorkerCore::default();
     let mut i = init("inline");
     i.udf.as_mut().unwrap().payload_crc32 = Some(0xdead_beef);
     c.handle_request(UdfRequest::init(i));
@@ -201,8 +178,8 @@ fn crc_mismatch_is_a_protocol_error_in_the_init_response() {
 
 #[test]
 fn size_mismatch_is_a_protocol_error_in_the_init_response() {
-    let mut c = core();
-    let mut i = chunked_init("a", "abc");
+    let mut c = WorkerCore::default();
+    let mut i = chunking_init("a", b"abc");
     i.udf.as_mut().unwrap().payload_crc32 = None;
     i.udf.as_mut().unwrap().payload_size = Some(4);
     c.handle_request(UdfRequest::init(i));
@@ -215,7 +192,7 @@ fn size_mismatch_is_a_protocol_error_in_the_init_response() {
         },
     );
 
-    let mut c = core();
+    let mut c = WorkerCore::default();
     let mut i = init("abc");
     i.udf.as_mut().unwrap().payload_size = Some(-1);
     c.handle_request(UdfRequest::init(i));
@@ -230,7 +207,7 @@ fn size_mismatch_is_a_protocol_error_in_the_init_response() {
 
 #[test]
 fn matching_size_and_crc_on_an_inline_payload_are_accepted() {
-    let mut c = core();
+    let mut c = WorkerCore::default();
     let mut i = init("abc");
     i.udf.as_mut().unwrap().payload_size = Some(3);
     i.udf.as_mut().unwrap().payload_crc32 = Some(crc32fast::hash(b"abc"));
@@ -246,7 +223,7 @@ fn protocol_version_is_checked_only_when_set() {
         (Some(0), false),
         (Some(1000), false),
     ] {
-        let mut c = core();
+        let mut c = WorkerCore::default();
         let mut i = init("udf");
         i.protocol_version = version;
         c.handle_request(UdfRequest::init(i));
@@ -266,7 +243,7 @@ fn protocol_version_is_checked_only_when_set() {
 #[test]
 fn data_format_must_be_declared_and_specified() {
     for (format, ok) in [(1, true), (0, false), (42, false), (-3, false)] {
-        let mut c = core();
+        let mut c = WorkerCore::default();
         let mut i = init("udf");
         i.data_format = format;
         c.handle_request(UdfRequest::init(i));
@@ -285,7 +262,7 @@ fn data_format_must_be_declared_and_specified() {
     // A worker declaring no formats accepts none; declaring UNSPECIFIED does not help.
     let cfg = EndpointConfig {
         supported_data_formats: vec![UdfWorkerDataFormat::Unspecified],
-        ..config()
+        ..default_endpoint_config()
     };
     for format in [0, 1] {
         let mut c = WorkerCore::new(&cfg);
@@ -304,7 +281,7 @@ fn data_format_must_be_declared_and_specified() {
 
 #[test]
 fn init_without_udf_is_rejected() {
-    let mut c = core();
+    let mut c = WorkerCore::default();
     let mut i = init("x");
     i.udf = None;
     c.handle_request(UdfRequest::init(i));
@@ -313,8 +290,8 @@ fn init_without_udf_is_rejected() {
 
 #[test]
 fn a_bad_chunked_init_is_answered_only_after_the_last_chunk() {
-    let mut c = core();
-    let mut i = chunked_init("", "abc");
+    let mut c = WorkerCore::default();
+    let mut i = chunking_init("", b"abc");
     i.protocol_version = Some(7);
     c.handle_request(UdfRequest::init(i));
     assert_eq!(c.phase(), WorkerPhase::AwaitingChunks);
@@ -337,29 +314,28 @@ fn a_bad_chunked_init_is_answered_only_after_the_last_chunk() {
 fn an_oversized_payload_is_a_violation() {
     let cfg = EndpointConfig {
         max_payload_size: 4,
-        ..config()
+        ..default_endpoint_config()
     };
     let mut c = WorkerCore::new(&cfg);
-    c.handle_request(UdfRequest::init(chunked_init("ab", "abcdef")));
+    c.handle_request(UdfRequest::init(chunking_init("ab", b"abcdef")));
     c.handle_request(UdfRequest::payload_chunk(b("cdef"), true));
     assert_violation(&c, &V::ChunkedPayloadTooLarge { size: 6, limit: 4 });
     assert_eq!(
-        kinds(&drain(&mut c)),
+        kinds(&drain_responses(&mut c)),
         [ResponseKind::Init, ResponseKind::Cancel]
     );
 
     let mut c = WorkerCore::new(&cfg);
-    c.handle_request(UdfRequest::init(init("abcdef")));
+    c.handle_request(init_request("abcdef"));
     assert_violation(&c, &V::InlinePayloadTooLarge { size: 6, limit: 4 });
 }
 
 #[test]
 fn user_rejection_sends_the_error_in_the_init_response_then_waits_for_cancel() {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(init("udf")));
-    c.reject_init(ExecutionError::worker("no such function"))
-        .unwrap();
-    let out = drain(&mut c);
+    let mut c = WorkerCore::default();
+    c.handle_request(init_request("udf"));
+    c.reject_init(worker_error("no such function")).unwrap();
+    let out = drain_responses(&mut c);
     assert!(
         matches!(&out[..], [ResponseMessage::Init(r)] if r.error.as_ref().unwrap().message() == "no such function")
     );
@@ -381,7 +357,7 @@ fn user_rejection_sends_the_error_in_the_init_response_then_waits_for_cancel() {
         error: None,
     })
     .unwrap();
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert!(matches!(&out[..], [ResponseMessage::Cancel(r)] if r.metrics == metrics));
     assert_eq!(
         c.outcome().unwrap().reported_error().unwrap().message(),
@@ -410,10 +386,10 @@ fn check_violation(
     carrier: Carrier,
     expected: EngineViolation,
 ) {
-    drain(&mut c);
+    drain_responses(&mut c);
     trigger(&mut c);
     assert_violation(&c, &expected);
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     let text = expected.wire_message();
     match carrier {
         Carrier::Init => {
@@ -422,8 +398,8 @@ fn check_violation(
                 [ResponseKind::Init, ResponseKind::Cancel],
                 "{expected:?}"
             );
-            assert_eq!(protocol_error(&out[0]), Some(text.as_str()));
-            assert!(protocol_error(&out[1]).is_none());
+            assert_eq!(protocol_message(&out[0]), Some(text.as_str()));
+            assert!(protocol_message(&out[1]).is_none());
         }
         Carrier::Error => {
             assert_eq!(
@@ -431,17 +407,17 @@ fn check_violation(
                 [ResponseKind::Error, ResponseKind::Cancel],
                 "{expected:?}"
             );
-            assert_eq!(protocol_error(&out[0]), Some(text.as_str()));
-            assert!(protocol_error(&out[1]).is_none());
+            assert_eq!(protocol_message(&out[0]), Some(text.as_str()));
+            assert!(protocol_message(&out[1]).is_none());
         }
         Carrier::Cancel => {
             assert_eq!(kinds(&out), [ResponseKind::Cancel], "{expected:?}");
-            assert_eq!(protocol_error(&out[0]), Some(text.as_str()));
+            assert_eq!(protocol_message(&out[0]), Some(text.as_str()));
         }
     }
     // Nothing after the terminator, whatever comes next.
     c.handle_request(UdfRequest::cancel(None));
-    c.handle_request(UdfRequest::data(b("late")));
+    c.handle_request(data_request("late"));
     c.handle_stream_end();
     assert_eq!(c.send_data(b("late")), Ok(DataSent::Dropped));
     assert!(!c.has_transmit());
@@ -449,14 +425,14 @@ fn check_violation(
 }
 
 fn awaiting_chunks() -> WorkerCore {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(chunked_init("", "abc")));
+    let mut c = WorkerCore::default();
+    c.handle_request(UdfRequest::init(chunking_init("", b"abc")));
     c
 }
 
 fn init_pending() -> WorkerCore {
-    let mut c = core();
-    c.handle_request(UdfRequest::init(init("udf")));
+    let mut c = WorkerCore::default();
+    c.handle_request(init_request("udf"));
     c
 }
 
@@ -476,8 +452,7 @@ fn cancelling() -> WorkerCore {
 
 fn post_init_error() -> WorkerCore {
     let mut c = init_pending();
-    c.reject_init(ExecutionError::worker("init failed"))
-        .unwrap();
+    c.reject_init(worker_error("init failed")).unwrap();
     c
 }
 
@@ -485,18 +460,6 @@ fn post_data_error() -> WorkerCore {
     let mut c = data_core();
     c.fail(ExecutionError::user("boom")).unwrap();
     c
-}
-
-fn empty_request() -> UdfRequest {
-    UdfRequest { request: None }
-}
-
-fn empty_control() -> UdfRequest {
-    UdfRequest {
-        request: Some(udf_request::Request::Control(UdfControlRequest {
-            control: None,
-        })),
-    }
 }
 
 fn send(req: UdfRequest) -> impl FnOnce(&mut WorkerCore) {
@@ -507,40 +470,45 @@ fn send(req: UdfRequest) -> impl FnOnce(&mut WorkerCore) {
 fn violations_before_any_init_response_go_into_the_init_response() {
     use Carrier::Init as I;
     check_violation(
-        core(),
-        send(UdfRequest::data(b("x"))),
+        WorkerCore::default(),
+        send(data_request("x")),
         I,
         V::DataBeforeInitResponse,
     );
     check_violation(
-        core(),
+        WorkerCore::default(),
         send(UdfRequest::finish()),
         I,
         V::FinishBeforeInitResponse,
     );
     check_violation(
-        core(),
+        WorkerCore::default(),
         send(UdfRequest::payload_chunk(b("x"), true)),
         I,
         V::ChunkBeforeInit,
     );
     check_violation(
-        core(),
+        WorkerCore::default(),
         send(empty_request()),
         I,
         V::Malformed(MalformedMessage::EmptyRequest),
     );
     check_violation(
-        core(),
-        send(empty_control()),
+        WorkerCore::default(),
+        send(empty_control_request()),
         I,
         V::Malformed(MalformedMessage::EmptyControlRequest),
     );
-    check_violation(core(), |c| c.handle_stream_end(), I, V::RequestStreamEnded);
+    check_violation(
+        WorkerCore::default(),
+        |c| c.handle_stream_end(),
+        I,
+        V::RequestStreamEnded,
+    );
 
     check_violation(
         awaiting_chunks(),
-        send(UdfRequest::init(init("x"))),
+        send(init_request("x")),
         I,
         V::SecondInit {
             awaiting_chunks: true,
@@ -548,7 +516,7 @@ fn violations_before_any_init_response_go_into_the_init_response() {
     );
     check_violation(
         awaiting_chunks(),
-        send(UdfRequest::data(b("x"))),
+        send(data_request("x")),
         I,
         V::DataBeforeInitResponse,
     );
@@ -580,7 +548,7 @@ fn violations_before_any_init_response_go_into_the_init_response() {
     // The user holds the Init but has not answered: still the init phase.
     check_violation(
         init_pending(),
-        send(UdfRequest::init(init("x"))),
+        send(init_request("x")),
         I,
         V::SecondInit {
             awaiting_chunks: false,
@@ -588,7 +556,7 @@ fn violations_before_any_init_response_go_into_the_init_response() {
     );
     check_violation(
         init_pending(),
-        send(UdfRequest::data(b("x"))),
+        send(data_request("x")),
         I,
         V::DataBeforeInitResponse,
     );
@@ -619,7 +587,7 @@ fn violations_in_the_data_phase_go_into_an_error_response() {
     use Carrier::Error as E;
     check_violation(
         data_core(),
-        send(UdfRequest::init(init("x"))),
+        send(init_request("x")),
         E,
         V::SecondInit {
             awaiting_chunks: false,
@@ -639,7 +607,7 @@ fn violations_in_the_data_phase_go_into_an_error_response() {
     );
     check_violation(
         data_core(),
-        send(empty_control()),
+        send(empty_control_request()),
         E,
         V::Malformed(MalformedMessage::EmptyControlRequest),
     );
@@ -649,16 +617,11 @@ fn violations_in_the_data_phase_go_into_an_error_response() {
         E,
         V::RequestStreamEnded,
     );
-    check_violation(
-        draining(),
-        send(UdfRequest::data(b("x"))),
-        E,
-        V::DataAfterFinish,
-    );
+    check_violation(draining(), send(data_request("x")), E, V::DataAfterFinish);
     check_violation(draining(), send(UdfRequest::finish()), E, V::SecondFinish);
     check_violation(
         draining(),
-        send(UdfRequest::init(init("x"))),
+        send(init_request("x")),
         E,
         V::SecondInit {
             awaiting_chunks: false,
@@ -669,12 +632,7 @@ fn violations_in_the_data_phase_go_into_an_error_response() {
 #[test]
 fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
     use Carrier::Cancel as C;
-    check_violation(
-        cancelling(),
-        send(UdfRequest::data(b("x"))),
-        C,
-        V::DataAfterCancel,
-    );
+    check_violation(cancelling(), send(data_request("x")), C, V::DataAfterCancel);
     check_violation(
         cancelling(),
         send(UdfRequest::finish()),
@@ -689,7 +647,7 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
     );
     check_violation(
         cancelling(),
-        send(UdfRequest::init(init("x"))),
+        send(init_request("x")),
         C,
         V::SecondInit {
             awaiting_chunks: false,
@@ -703,13 +661,13 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
     );
     check_violation(
         post_init_error(),
-        send(UdfRequest::data(b("x"))),
+        send(data_request("x")),
         C,
         V::DataAfterFailedInit,
     );
     check_violation(
         post_init_error(),
-        send(UdfRequest::init(init("x"))),
+        send(init_request("x")),
         C,
         V::SecondInit {
             awaiting_chunks: false,
@@ -733,7 +691,7 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
         .unwrap();
     check_violation(
         finished_then_failed,
-        send(UdfRequest::data(b("x"))),
+        send(data_request("x")),
         C,
         V::DataAfterFinish,
     );
@@ -743,8 +701,8 @@ fn violations_after_an_error_or_a_cancel_go_into_the_cancel_response() {
 fn a_violation_during_a_user_cancel_drops_queued_output() {
     let mut c = data_core();
     assert!(matches!(c.send_data(b("queued")), Ok(DataSent::Queued(_))));
-    c.handle_request(UdfRequest::init(init("again")));
-    let out = drain(&mut c);
+    c.handle_request(init_request("again"));
+    let out = drain_responses(&mut c);
     assert_eq!(kinds(&out), [ResponseKind::Error, ResponseKind::Cancel]);
     assert_eq!(c.stats().output_dropped, 1);
 }
@@ -752,7 +710,7 @@ fn a_violation_during_a_user_cancel_drops_queued_output() {
 #[test]
 fn cancel_timeout_closes_a_post_error_session() {
     let mut c = post_data_error();
-    drain(&mut c);
+    drain_responses(&mut c);
     let t0 = std::time::Instant::now();
     let timeout = Duration::from_secs(30);
     c.begin_wait(t0);
@@ -761,15 +719,15 @@ fn cancel_timeout_closes_a_post_error_session() {
     // Total, not per wait: a later wait does not move it.
     c.begin_wait(t0 + Duration::from_secs(10));
     assert_eq!(c.poll_timeout(), Some(at));
-    c.handle_timeout(at - Duration::from_millis(1));
+    c.handle_timeout(at - MS);
     assert_eq!(c.phase(), WorkerPhase::PostError, "not yet due");
     c.handle_timeout(at);
     let expected = V::NoCancelAfterError { after: timeout };
     assert_violation(&c, &expected);
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert_eq!(kinds(&out), [ResponseKind::Cancel]);
     assert_eq!(
-        protocol_error(&out[0]),
+        protocol_message(&out[0]),
         Some(expected.wire_message().as_str())
     );
 
@@ -783,7 +741,7 @@ fn cancel_timeout_closes_a_post_error_session() {
 
 #[test]
 fn init_timeout_ends_a_session_that_never_gets_its_init() {
-    let timeout = config()
+    let timeout = default_endpoint_config()
         .init_timeout
         .expect("the default waits for the Init");
     assert_eq!(
@@ -792,7 +750,7 @@ fn init_timeout_ends_a_session_that_never_gets_its_init() {
         "Spark's initResponseTimeoutMs (udf §7)"
     );
     let t0 = std::time::Instant::now();
-    let mut c = core();
+    let mut c = WorkerCore::default();
     c.begin_wait(t0);
     let at = c
         .poll_timeout()
@@ -800,7 +758,7 @@ fn init_timeout_ends_a_session_that_never_gets_its_init() {
     assert_eq!(at, t0 + timeout);
     c.begin_wait(t0 + Duration::from_secs(10));
     assert_eq!(c.poll_timeout(), Some(at), "total, not per wait");
-    c.handle_timeout(at - Duration::from_millis(1));
+    c.handle_timeout(at - MS);
     assert_eq!(c.phase(), WorkerPhase::AwaitingInit, "not yet due");
     c.handle_timeout(at);
     match c.outcome() {
@@ -810,27 +768,27 @@ fn init_timeout_ends_a_session_that_never_gets_its_init() {
         ),
         other => panic!("expected TransportFailed(InitTimeout), got {other:?}"),
     }
-    assert!(drain(&mut c).is_empty(), "nothing is sent");
+    assert!(drain_responses(&mut c).is_empty(), "nothing is sent");
     assert!(c.wants_half_close());
     assert_eq!(c.poll_timeout(), None);
 
     // An Init in time disarms it; so does a Cancel; and None never arms it.
-    let mut c = core();
+    let mut c = WorkerCore::default();
     c.begin_wait(t0);
-    c.handle_request(UdfRequest::init(init("udf")));
+    c.handle_request(init_request("udf"));
     assert_eq!(c.phase(), WorkerPhase::InitPending);
     c.begin_wait(t0 + timeout);
     assert_eq!(c.poll_timeout(), None);
     c.handle_timeout(t0 + timeout * 2);
     assert_eq!(c.phase(), WorkerPhase::InitPending);
-    let mut c = core();
+    let mut c = WorkerCore::default();
     c.begin_wait(t0);
     c.handle_request(UdfRequest::cancel(None));
     assert_eq!(c.outcome().map(|o| o.kind()), Some(OutcomeKind::Cancelled));
     assert_eq!(c.poll_timeout(), None);
     let mut c = WorkerCore::new(&EndpointConfig {
         init_timeout: None,
-        ..config()
+        ..default_endpoint_config()
     });
     c.begin_wait(t0);
     assert_eq!(c.poll_timeout(), None);
@@ -842,9 +800,9 @@ fn init_timeout_ends_a_session_that_never_gets_its_init() {
 
 #[test]
 fn cancel_before_init_and_after_a_non_final_chunk_is_answered_automatically() {
-    let mut c = core();
+    let mut c = WorkerCore::default();
     c.handle_request(UdfRequest::cancel(Some("early".into())));
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert!(
         matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.is_none() && r.metrics.is_empty())
     );
@@ -855,7 +813,7 @@ fn cancel_before_init_and_after_a_non_final_chunk_is_answered_automatically() {
     let mut c = awaiting_chunks();
     c.handle_request(UdfRequest::payload_chunk(b("a"), false));
     c.handle_request(UdfRequest::cancel(None));
-    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
+    assert_eq!(kinds(&drain_responses(&mut c)), [ResponseKind::Cancel]);
     assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Cancelled);
     // A late Cancel is ignored.
     c.handle_request(UdfRequest::cancel(None));
@@ -872,14 +830,14 @@ fn cancel_while_the_user_holds_the_init_sends_nothing_but_the_cancel_response() 
     assert_eq!(c.send_data(b("x")), Ok(DataSent::Dropped));
     assert!(!c.has_transmit(), "no InitResponse after Cancel");
     c.cancelled(CancelResponse::default()).unwrap();
-    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
+    assert_eq!(kinds(&drain_responses(&mut c)), [ResponseKind::Cancel]);
 
     // A rejection after the Cancel ends up in the CancelResponse.
     let mut c = init_pending();
     c.handle_request(UdfRequest::cancel(None));
-    c.reject_init(ExecutionError::worker("bad udf")).unwrap();
+    c.reject_init(worker_error("bad udf")).unwrap();
     c.cancelled(CancelResponse::default()).unwrap();
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert!(
         matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.as_ref().unwrap().message() == "bad udf")
     );
@@ -924,8 +882,8 @@ fn each_batch_is_transmitted_or_dropped_by_its_ticket() {
 #[test]
 fn cancel_in_the_data_phase_drops_queued_output_and_unread_input() {
     let mut c = data_core();
-    c.handle_request(UdfRequest::data(b("in1")));
-    c.handle_request(UdfRequest::data(b("in2")));
+    c.handle_request(data_request("in1"));
+    c.handle_request(data_request("in2"));
     assert!(matches!(c.send_data(b("out1")), Ok(DataSent::Queued(_))));
     c.handle_request(UdfRequest::cancel(Some("stop".into())));
     assert_eq!(c.phase(), WorkerPhase::Cancelling);
@@ -936,7 +894,7 @@ fn cancel_in_the_data_phase_drops_queued_output_and_unread_input() {
     assert_eq!(c.stats().duplicate_cancels, 1);
     c.fail(ExecutionError::user("while cancelling")).unwrap();
     c.cancelled(CancelResponse::default()).unwrap();
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert!(
         matches!(&out[..], [ResponseMessage::Cancel(r)] if r.error.as_ref().unwrap().message() == "while cancelling")
     );
@@ -956,8 +914,7 @@ fn r5c_cancel_after_finish_before_the_finish_response_gets_a_cancel_response() {
     ));
     c.handle_request(UdfRequest::cancel(None));
     assert_eq!(c.phase(), WorkerPhase::Cancelling);
-    let mut metrics = BTreeMap::new();
-    metrics.insert("status".to_string(), "ok".to_string());
+    let metrics = status_ok();
     // The Cancel is answered with a CancelResponse, never a FinishResponse.
     assert_eq!(
         c.finish(FinishResponse::default()).unwrap_err().call,
@@ -968,7 +925,7 @@ fn r5c_cancel_after_finish_before_the_finish_response_gets_a_cancel_response() {
         ..Default::default()
     })
     .unwrap();
-    let out = drain(&mut c);
+    let out = drain_responses(&mut c);
     assert!(
         matches!(&out[..], [ResponseMessage::Cancel(r)] if r.metrics == metrics),
         "{out:?}"
@@ -981,7 +938,7 @@ fn r5c_cancel_after_the_finish_response_is_ignored() {
     let mut c = draining();
     c.finish(FinishResponse::default()).unwrap();
     c.handle_request(UdfRequest::cancel(None));
-    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Finish]);
+    assert_eq!(kinds(&drain_responses(&mut c)), [ResponseKind::Finish]);
     assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Finished);
     assert_eq!(c.stats().ignored_after_done, 1);
 }
@@ -989,13 +946,12 @@ fn r5c_cancel_after_the_finish_response_is_ignored() {
 #[test]
 fn post_error_ignores_racing_data_and_finish_until_the_cancel() {
     let mut c = data_core();
-    c.handle_request(UdfRequest::data(b("unread")));
+    c.handle_request(data_request("unread"));
     assert!(matches!(
         c.send_data(b("before error")),
         Ok(DataSent::Queued(_))
     ));
-    c.fail(ExecutionError::user_with_class("boom", "ValueError"))
-        .unwrap();
+    c.fail(user_error("boom", "ValueError")).unwrap();
     assert_eq!(c.send_data(b("after error")), Ok(DataSent::Dropped));
     assert_eq!(
         c.fail(ExecutionError::user("second")).unwrap_err().call,
@@ -1003,17 +959,17 @@ fn post_error_ignores_racing_data_and_finish_until_the_cancel() {
     );
     assert_eq!(c.pop_input(), None, "unread input dropped");
     assert_eq!(
-        kinds(&drain(&mut c)),
+        kinds(&drain_responses(&mut c)),
         [ResponseKind::Data, ResponseKind::Error],
         "output before the error"
     );
-    c.handle_request(UdfRequest::data(b("in flight")));
+    c.handle_request(data_request("in flight"));
     c.handle_request(UdfRequest::finish());
     assert_eq!(c.phase(), WorkerPhase::PostError);
     assert_eq!(c.stats().ignored_after_error, 2);
     c.handle_request(UdfRequest::cancel(None));
     c.cancelled(CancelResponse::default()).unwrap();
-    assert_eq!(kinds(&drain(&mut c)), [ResponseKind::Cancel]);
+    assert_eq!(kinds(&drain_responses(&mut c)), [ResponseKind::Cancel]);
     assert_eq!(
         c.outcome().unwrap().reported_error().unwrap().error_class(),
         Some("ValueError")
@@ -1022,11 +978,11 @@ fn post_error_ignores_racing_data_and_finish_until_the_cancel() {
 
 #[test]
 fn user_calls_out_of_phase_are_misuse() {
-    let mut c = core();
+    let mut c = WorkerCore::default();
     assert_eq!(c.send_data(b("x")).unwrap_err().call, "send_data");
     assert!(c.accept_init(None).is_err());
-    assert!(c.reject_init(ExecutionError::worker("x")).is_err());
-    assert!(c.fail(ExecutionError::worker("x")).is_err());
+    assert!(c.reject_init(worker_error("x")).is_err());
+    assert!(c.fail(worker_error("x")).is_err());
     assert!(c.finish(FinishResponse::default()).is_err());
     assert!(c.cancelled(CancelResponse::default()).is_err());
     let mut c = init_pending();
@@ -1034,7 +990,7 @@ fn user_calls_out_of_phase_are_misuse() {
         c.send_data(b("x")).is_err(),
         "no DataResponse before InitResponse (R2)"
     );
-    assert!(c.fail(ExecutionError::worker("x")).is_err());
+    assert!(c.fail(worker_error("x")).is_err());
     let mut c = data_core();
     assert!(c.accept_init(None).is_err(), "one InitResponse");
     assert!(
@@ -1061,7 +1017,7 @@ fn transport_failure_ends_the_session_silently() {
     // Once the terminator was handed over, a failure changes nothing.
     let mut c = draining();
     c.finish(FinishResponse::default()).unwrap();
-    drain(&mut c);
+    drain_responses(&mut c);
     c.handle_connection_error(ConnectionError::Closed);
     c.handle_stream_end();
     assert_eq!(c.outcome().unwrap().kind(), OutcomeKind::Finished);
@@ -1209,16 +1165,11 @@ impl Harness {
                 size,
                 crc,
             } => {
-                let mut udf = UdfPayload::new(Bytes::from(payload.clone()), "t");
+                let crc32 = crc32fast::hash(&payload);
+                let mut i = init(payload);
+                let udf = i.udf.as_mut().expect("the fixture sets udf");
                 udf.payload_size = size;
-                udf.payload_crc32 = crc.map(|ok| {
-                    if ok {
-                        crc32fast::hash(&payload)
-                    } else {
-                        crc32fast::hash(&payload) ^ 1
-                    }
-                });
-                let mut i = Init::new(UdfWorkerDataFormat::Arrow, udf);
+                udf.payload_crc32 = crc.map(|ok| if ok { crc32 } else { crc32 ^ 1 });
                 i.protocol_version = version;
                 i.data_format = format;
                 i.is_chunking_payload = chunking.then_some(true);
@@ -1236,7 +1187,7 @@ impl Harness {
                 c.handle_request(UdfRequest::cancel(None));
             }
             Step::EmptyRequest => c.handle_request(empty_request()),
-            Step::EmptyControl => c.handle_request(empty_control()),
+            Step::EmptyControl => c.handle_request(empty_control_request()),
             Step::StreamEnd => c.handle_stream_end(),
             Step::ConnectionError => {
                 c.handle_connection_error(ConnectionError::Closed);
@@ -1262,7 +1213,7 @@ impl Harness {
             }
             Step::Transmit => self.transmit(),
             Step::Accept => drop(c.accept_init(Some(Bytes::from_static(b"i")))),
-            Step::Reject => drop(c.reject_init(ExecutionError::worker("reject"))),
+            Step::Reject => drop(c.reject_init(worker_error("reject"))),
             Step::Send(d) => drop(c.send_data(Bytes::from(d))),
             Step::Fail => drop(c.fail(ExecutionError::user("fail"))),
             Step::UserFinish => drop(c.finish(FinishResponse::default())),
@@ -1358,7 +1309,8 @@ fn check_invariants(h: &Harness) {
             if let EndpointOutcome::ProtocolViolation(v) = outcome {
                 let text = v.wire_message();
                 assert!(
-                    log.iter().any(|m| protocol_error(m) == Some(text.as_str())),
+                    log.iter()
+                        .any(|m| protocol_message(m) == Some(text.as_str())),
                     "a violation reports its ProtocolError {text:?}: {log:?}"
                 );
             }
@@ -1372,7 +1324,7 @@ proptest! {
 
     #[test]
     fn arbitrary_sequences_keep_the_invariants(steps in session()) {
-        let mut h = Harness { core: core(), log: Vec::new(), cancel_at: None, connection_failed: false };
+        let mut h = Harness { core: WorkerCore::default(), log: Vec::new(), cancel_at: None, connection_failed: false };
         for s in steps {
             h.apply(s);
         }
@@ -1384,15 +1336,9 @@ proptest! {
     fn well_formed_sessions_finish(batches in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..4), 0..8),
                                    chunks in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 1..4), 0..4)) {
         // A correct engine with an echoing user: always Finished, output = input.
-        let mut h = Harness { core: core(), log: Vec::new(), cancel_at: None, connection_failed: false };
+        let mut h = Harness { core: WorkerCore::default(), log: Vec::new(), cancel_at: None, connection_failed: false };
         let total: Vec<u8> = chunks.concat();
-        let mut i = init("");
-        if !chunks.is_empty() {
-            i.is_chunking_payload = Some(true);
-            let udf = i.udf.as_mut().unwrap();
-            udf.payload_size = Some(total.len() as i64);
-            udf.payload_crc32 = Some(crc32fast::hash(&total));
-        }
+        let i = if chunks.is_empty() { init("") } else { chunking_init("", &total) };
         h.core.handle_request(UdfRequest::init(i));
         for (n, chunk) in chunks.iter().enumerate() {
             h.core.handle_request(UdfRequest::payload_chunk(Bytes::from(chunk.clone()), n + 1 == chunks.len()));
@@ -1416,31 +1362,4 @@ proptest! {
         }).collect();
         prop_assert_eq!(echoed, batches);
     }
-}
-
-#[test]
-fn a_wait_reads_the_clock_only_when_it_arms_a_deadline() {
-    let t0 = std::time::Instant::now();
-    let reads = std::cell::Cell::new(0);
-    let clock = || {
-        reads.set(reads.get() + 1);
-        t0
-    };
-    // AwaitingInit: the first wait arms the Init deadline, later waits find it running.
-    let mut c = core();
-    c.begin_wait_with(clock);
-    c.begin_wait_with(clock);
-    assert_eq!(reads.get(), 1);
-    assert_eq!(c.poll_timeout(), config().init_timeout.map(|t| t0 + t));
-    // The data phase has no deadline (udf §7): no clock read at all.
-    let mut c = data_core();
-    c.begin_wait_with(clock);
-    assert_eq!(reads.get(), 1);
-    assert_eq!(c.poll_timeout(), None);
-    // PostError arms the R4 deadline once.
-    let mut c = post_data_error();
-    c.begin_wait_with(clock);
-    c.begin_wait_with(clock);
-    assert_eq!(reads.get(), 2);
-    assert!(c.poll_timeout().is_some());
 }
