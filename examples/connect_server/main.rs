@@ -56,6 +56,11 @@
 //!   (space-separated `key=value` pairs after the word `stats`; more keys may be appended at
 //!   the end).
 //!
+//! With `--metrics-addr HOST:PORT` it serves tether's metrics (the table in
+//! `tether::observe`) as Prometheus text at `http://HOST:PORT/metrics` and prints
+//! `metrics on http://HOST:PORT/metrics`; with `--events-log FILE` it appends every
+//! lifecycle event of its execution manager to `FILE`, one JSON object per line.
+//!
 //! # Faults
 //!
 //! `--faults SEED` ends some response streams as a flaky network or a restarting server
@@ -78,7 +83,11 @@ use arrow::record_batch::RecordBatch;
 use bytes::Bytes;
 use clap::Parser;
 use prost::Message;
-use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, SparkError, StreamLimits};
+use tether::execution::{
+    ConnectError, ExecutionEvent, ExecutionEventKind as EventKind, ExecutionManager, ManagerConfig,
+    SparkError, StreamLimits,
+};
+use tether::observe::{EventReceiver, event_channel};
 use tether::spark::connect::{
     ConnectConfig, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION, SessionContext,
 };
@@ -141,6 +150,15 @@ struct Args {
     /// before its first response) by forgetting the operation as a restarted server would.
     #[arg(long, value_name = "SEED")]
     faults: Option<u64>,
+    /// Serve the metrics (tether's, `tether::observe`) as Prometheus text at
+    /// `http://HOST:PORT/metrics`, through `metrics-exporter-prometheus`.
+    #[arg(long, value_name = "HOST:PORT")]
+    metrics_addr: Option<SocketAddr>,
+    /// Append every lifecycle event of the execution manager to this file, one JSON object
+    /// per line (`tether::execution::ExecutionEvent`: `kind`, `session_id`, `operation_id`,
+    /// and the kind's fields), for tests and scripts.
+    #[arg(long, value_name = "FILE")]
+    events_log: Option<std::path::PathBuf>,
     /// Serve the same engine without tether (module `baseline`): the baseline of
     /// `scripts/bench-connect.sh`. Not a Spark Connect server to use.
     #[arg(long, value_enum, conflicts_with_all = ["faults", "token"])]
@@ -783,6 +801,12 @@ impl QueryEngine for RangeEngine {
         }
     }
 
+    fn statement_text(&self, request: &ExecutePlanRequest) -> Option<String> {
+        interpret_plan(request.plan.as_ref(), self.config)
+            .ok()
+            .map(|output| output.text)
+    }
+
     fn default_conf(&self, key: &str) -> Option<String> {
         match key {
             "spark.sql.execution.arrow.maxRecordsPerBatch" => {
@@ -810,6 +834,88 @@ fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
     line
 }
 
+/// One lifecycle event as a JSON object (`--events-log`).
+fn event_json(e: &ExecutionEvent) -> serde_json::Value {
+    use serde_json::json;
+    let (kind, fields) = match &e.kind {
+        EventKind::SessionStarted => ("SessionStarted", json!({})),
+        EventKind::SessionClosed => ("SessionClosed", json!({})),
+        EventKind::OperationStarted { tags } => ("OperationStarted", json!({ "tags": &**tags })),
+        EventKind::OperationAnalyzed { statement_text } => (
+            "OperationAnalyzed",
+            json!({ "statement_text": statement_text }),
+        ),
+        EventKind::OperationReadyForExecution => ("OperationReadyForExecution", json!({})),
+        EventKind::OperationFinished { produced_row_count } => (
+            "OperationFinished",
+            json!({ "produced_row_count": produced_row_count }),
+        ),
+        EventKind::OperationFailed { error_message } => {
+            ("OperationFailed", json!({ "error_message": error_message }))
+        }
+        EventKind::OperationCanceled => ("OperationCanceled", json!({})),
+        EventKind::OperationClosed => ("OperationClosed", json!({})),
+        EventKind::Reattached {
+            last_response_id,
+            replayed,
+        } => (
+            "Reattached",
+            json!({ "last_response_id": last_response_id, "replayed": replayed }),
+        ),
+        EventKind::StreamRotated { reason } => {
+            ("StreamRotated", json!({ "reason": format!("{reason:?}") }))
+        }
+        EventKind::Released { until } => ("Released", json!({ "until": until })),
+        EventKind::Abandoned => ("Abandoned", json!({})),
+        EventKind::TombstoneHit => ("TombstoneHit", json!({})),
+        EventKind::ProducerWaiting { bytes } => ("ProducerWaiting", json!({ "bytes": bytes })),
+        other => ("Other", json!({ "debug": format!("{other:?}") })),
+    };
+    json!({
+        "kind": kind,
+        "user_id": &*e.session.user_id,
+        "session_id": e.session.session_id.to_string(),
+        "operation_id": e.operation_id.map(|o| o.to_string()),
+        "job_tag": e.job_tag(),
+        "fields": fields,
+    })
+}
+
+/// Writes every event of `events` to `path`, one JSON line each, flushed per line, until
+/// `stop` resolves; then what is queued, and a last line `{"kind":"Dropped","count":N}`
+/// with the events a full channel dropped.
+async fn log_events(
+    mut events: EventReceiver<ExecutionEvent>,
+    path: std::path::PathBuf,
+    stop: tokio::sync::oneshot::Receiver<()>,
+) -> std::io::Result<()> {
+    use futures::StreamExt;
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&path)?;
+    tokio::pin!(stop);
+    loop {
+        let e = tokio::select! {
+            e = events.next() => e,
+            _ = &mut stop => None,
+        };
+        let Some(e) = e else { break };
+        writeln!(file, "{}", event_json(&e))?;
+        file.flush()?;
+    }
+    for e in events.drain() {
+        writeln!(file, "{}", event_json(&e))?;
+    }
+    writeln!(
+        file,
+        "{}",
+        serde_json::json!({ "kind": "Dropped", "count": events.dropped() })
+    )?;
+    file.flush()
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -831,6 +937,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_ansi(std::io::stderr().is_terminal())
         .init();
 
+    // The recorder first: the manager registers its metric handles when it is built.
+    if let Some(addr) = args.metrics_addr {
+        metrics_exporter_prometheus::PrometheusBuilder::new()
+            .with_http_listener(addr)
+            .install()?;
+        println!("metrics on http://{addr}/metrics");
+    }
+    let (events, events_task) = match &args.events_log {
+        Some(path) => {
+            let (tx, rx) = event_channel(1 << 16);
+            let (stop, stopped) = tokio::sync::oneshot::channel();
+            let task = tokio::spawn(log_events(rx, path.clone(), stopped));
+            (Some(tx), Some((stop, task)))
+        }
+        None => (None, None),
+    };
     let manager = ExecutionManager::new(ManagerConfig {
         stream: StreamLimits {
             // 0 is unlimited, as Spark's 0 (`StreamLimits`).
@@ -839,6 +961,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         },
         detached_timeout: Duration::from_millis(args.detached_timeout_ms),
         maintenance_interval: Duration::from_millis(args.maintenance_interval_ms.max(1)),
+        events,
         ..ManagerConfig::default()
     });
     let engine = RangeEngine {
@@ -917,6 +1040,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     stats.abort();
     maintenance.abort();
     println!("{}", stats_line(&manager, faults.as_deref()));
+    if let Some((stop, task)) = events_task {
+        let _ = stop.send(());
+        match task.await {
+            Ok(Err(e)) => tracing::error!(error = %e, "writing the events log failed"),
+            Err(e) => tracing::error!(error = %e, "the events log task failed"),
+            Ok(Ok(())) => {}
+        }
+    }
     tracing::info!("Spark Connect server stopped");
     Ok(())
 }

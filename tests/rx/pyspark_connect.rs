@@ -204,6 +204,13 @@ impl Server {
         }
     }
 
+    /// How many log lines are the event `message` (the text after the target, before the
+    /// fields: a line's span prefix names its RPC too).
+    fn message_count(&self, message: &str) -> usize {
+        let log = self.log.lock().unwrap();
+        log.lines().filter(|l| is_message(l, message)).count()
+    }
+
     fn log_count(&self, needle: &str) -> usize {
         self.log.lock().unwrap().matches(needle).count()
     }
@@ -230,6 +237,11 @@ impl Drop for Server {
             }
         }
     }
+}
+
+/// Whether the log line `line` is the event `message` (`…: target: MESSAGE fields`).
+fn is_message(line: &str, message: &str) -> bool {
+    line.contains(&format!(": {message} ")) || line.ends_with(&format!(": {message}"))
 }
 
 fn stat(s: &Stats, key: &str) -> u64 {
@@ -657,6 +669,14 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
     // A stream per response (123 bytes), a detached execution abandoned after 5 s, and
     // seeded faults: up to 10 % of the streams cut gracefully, with DISCONNECTED, by a
     // dropped connection, or (an ExecutePlan) by forgetting the operation.
+    let events_log = std::env::temp_dir().join(format!(
+        "tether-events-{}-{}.jsonl",
+        std::process::id(),
+        ROWS
+    ));
+    let _ = std::fs::remove_file(&events_log);
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
     let server = Server::rotating(&[
         "--detached-timeout-ms",
         "5000",
@@ -664,6 +684,10 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
         "100",
         "--faults",
         "20261201",
+        "--events-log",
+        events_log.to_str().expect("a UTF-8 temp path"),
+        "--metrics-addr",
+        &metrics_addr,
     ]);
     let mut checks = Checks::start(&python, &["data", &server.port.to_string()]);
     let Some(ready) = checks.expect_line("READY ", Duration::from_secs(150)) else {
@@ -687,7 +711,7 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
         "{stats:?}"
     );
     assert_eq!(stat(&stats, "abandoned"), 0, "{stats:?}");
-    let reattaches = server.log_count("ReattachExecute");
+    let reattaches = server.message_count("ReattachExecute");
     assert!(
         reattaches >= 60,
         "rotation after every response: {reattaches} reattaches"
@@ -710,7 +734,11 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
             .expect("the forgotten operation id");
         let executes = log
             .lines()
-            .filter(|l| l.contains("ExecutePlan") && l.contains(op) && !l.contains("refused"))
+            .filter(|l| {
+                is_message(l, "ExecutePlan")
+                    && !is_message(l, "ExecutePlan refused")
+                    && l.contains(op)
+            })
             .count();
         assert_eq!(executes, 2, "{op}: executed, forgotten, executed again");
     }
@@ -737,6 +765,162 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
         },
     );
     eprintln!("server after the client exited: {stats:?}, {reattaches} reattaches");
+
+    // What the listener saw: Spark's order for every operation, one Closed each; and the
+    // scraped metrics equal to the events and to the stats line.
+    let events = wait_for_events(&events_log, stats["created"]);
+    let _ = std::fs::remove_file(&events_log);
+    let count = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count() as f64;
+    check_operation_order(&events);
+    let metrics = scrape(metrics_port);
+    let m = |name: &str| metrics.get(name).copied().unwrap_or(0.0);
+    eprintln!("events: {} lines; metrics: {metrics:?}", events.len());
+    let created = stat(&stats, "created") as f64;
+    assert_eq!(m("tether_connect_executions_started_total"), created);
+    assert_eq!(count("OperationStarted"), created);
+    assert_eq!(
+        count("OperationClosed"),
+        created,
+        "one Closed per execution"
+    );
+    assert_eq!(
+        m(r#"tether_connect_executions_closed_total{removal="released"}"#),
+        (stat(&stats, "released") + stat(&stats, "forgotten")) as f64
+    );
+    assert_eq!(
+        m(r#"tether_connect_executions_closed_total{removal="abandoned"}"#),
+        stat(&stats, "abandoned") as f64
+    );
+    assert_eq!(count("Abandoned"), stat(&stats, "abandoned") as f64);
+    assert_eq!(m("tether_connect_executions"), 0.0);
+    assert_eq!(m("tether_connect_attached_streams"), 0.0);
+    assert_eq!(m("tether_connect_reattaches_total"), count("Reattached"));
+    assert!(count("Reattached") >= 60.0, "rotation after every response");
+    let rotations = m(r#"tether_connect_stream_rotations_total{reason="bytes"}"#)
+        + m(r#"tether_connect_stream_rotations_total{reason="duration"}"#);
+    assert_eq!(rotations, count("StreamRotated"));
+    assert_eq!(
+        m(r#"tether_connect_executions_ended_total{status="finished"}"#),
+        count("OperationFinished")
+    );
+    assert_eq!(
+        m(r#"tether_connect_executions_ended_total{status="failed"}"#),
+        count("OperationFailed")
+    );
+    assert_eq!(
+        m(r#"tether_connect_executions_ended_total{status="canceled"}"#),
+        count("OperationCanceled")
+    );
+    assert_eq!(
+        m("tether_connect_sessions_started_total"),
+        count("SessionStarted")
+    );
+    assert_eq!(
+        m(r#"tether_connect_releases_total{kind="all"}"#),
+        events
+            .iter()
+            .filter(|e| e["kind"] == "Released" && e["fields"]["until"].is_null())
+            .count() as f64
+    );
+    assert_eq!(m(r#"tether_events_dropped_total{side="connect"}"#), 0.0);
+}
+
+/// A port nobody listens on now (bound and released), for a server's second listener.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("an ephemeral port")
+        .port()
+}
+
+/// The server's `--events-log` once it holds `closed` `OperationClosed` events (the log is
+/// written by the server's own task, a little after the stats line).
+fn wait_for_events(path: &Path, closed: u64) -> Vec<serde_json::Value> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let events: Vec<serde_json::Value> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+            .collect();
+        let seen = events
+            .iter()
+            .filter(|e| e["kind"] == "OperationClosed")
+            .count() as u64;
+        if seen >= closed {
+            return events;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{seen} of {closed} OperationClosed events in {}",
+            path.display()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Every operation's events follow Spark's status machine (rx §2.1 item 4): each status
+/// event allowed after the one before, tether's own events only while it is open, one
+/// `OperationClosed` per execution (an operation the faults forgot runs again under its id
+/// and closes twice).
+fn check_operation_order(events: &[serde_json::Value]) {
+    use tether::execution::OperationStatus as S;
+    let mut ops: BTreeMap<String, S> = BTreeMap::new();
+    for e in events {
+        let Some(op) = e["operation_id"].as_str() else {
+            continue;
+        };
+        let next = match e["kind"].as_str().expect("a kind") {
+            "OperationStarted" => S::Started,
+            "OperationAnalyzed" => S::Analyzed,
+            "OperationReadyForExecution" => S::ReadyForExecution,
+            "OperationFinished" => S::Finished,
+            "OperationFailed" => S::Failed,
+            "OperationCanceled" => S::Canceled,
+            "OperationClosed" => S::Closed,
+            "TombstoneHit" => continue,
+            other => {
+                let now = ops.get(op).copied().unwrap_or(S::Pending);
+                assert!(
+                    !matches!(now, S::Pending | S::Closed),
+                    "{other} of {op} outside its life"
+                );
+                continue;
+            }
+        };
+        let from = match ops.get(op).copied().unwrap_or(S::Pending) {
+            S::Closed => S::Pending,
+            s => s,
+        };
+        assert!(from.allows(next), "{op}: {next:?} after {from:?}");
+        ops.insert(op.to_owned(), next);
+    }
+    for (op, status) in ops {
+        assert_eq!(status, S::Closed, "{op} was never closed");
+    }
+}
+
+/// The Prometheus text at `http://127.0.0.1:PORT/metrics`: each sample by its name and
+/// labels as written (`name{label="v"}`), summed over nothing.
+fn scrape(port: u16) -> BTreeMap<String, f64> {
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).expect("the metrics port");
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .unwrap();
+    let mut body = String::new();
+    stream.read_to_string(&mut body).unwrap();
+    let (head, text) = body.split_once("\r\n\r\n").expect("an HTTP response");
+    assert!(
+        head.starts_with("HTTP/1.") && head.contains(" 200 "),
+        "{head}"
+    );
+    text.lines()
+        .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+        .filter_map(|l| {
+            let (name, value) = l.rsplit_once(' ')?;
+            Some((name.to_owned(), value.parse().ok()?))
+        })
+        .collect()
 }
 
 /// Runs `connect_scenarios.py MODE PORT ARGS` to its `done` line; returns its `CASE` lines.

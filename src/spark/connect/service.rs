@@ -98,6 +98,15 @@ pub trait QueryEngine: Send + Sync + 'static {
         }
     }
 
+    /// The statement text to report on the execution's `OperationAnalyzed` event (Spark
+    /// renders the plan into `statementText`, `ExecuteEventsManager.postStarted`; tether
+    /// renders no plan, so only what the engine supplies is reported). Called once per new
+    /// execution after [`execute`](Self::execute) accepted it. The default reports none.
+    fn statement_text(&self, request: &ExecutePlanRequest) -> Option<String> {
+        let _ = request;
+        None
+    }
+
     /// The value a session's configuration starts with for `key`, if any (the entries a
     /// client reads before it has set them, e.g. `spark.sql.session.timeZone`). The default
     /// is [`default_conf`].
@@ -239,9 +248,17 @@ impl<E: QueryEngine> ConnectService<E> {
         })
     }
 
-    /// Drives `source` into `producer` on a task of its own, stopping when the execution is
-    /// interrupted or released (rx §2.2 T7–T9).
-    fn run(producer: Producer, source: Result<ResponseSource, ConnectError>) {
+    /// Drives `source` into `producer` on a task of its own, in the execution's span,
+    /// stopping when the execution is interrupted or released (rx §2.2 T7–T9). An engine
+    /// that accepted the plan has analyzed it, and is ready once its stream is driven
+    /// (Spark's `postAnalyzed`, `postReadyForExecution`, rx §2.1 item 4); a plan it refused
+    /// fails the execution straight from Started, as Spark allows.
+    fn run(
+        producer: Producer,
+        source: Result<ResponseSource, ConnectError>,
+        statement_text: Option<String>,
+        span: tracing::Span,
+    ) {
         let mut producer = producer;
         let mut source = match source {
             Ok(s) => s,
@@ -250,7 +267,10 @@ impl<E: QueryEngine> ConnectService<E> {
                 return;
             }
         };
-        tokio::spawn(async move {
+        // Refused only once the execution was canceled meanwhile: nothing to report then.
+        let _ = producer.analyzed(statement_text);
+        let _ = producer.ready_for_execution();
+        let task = async move {
             loop {
                 let next = tokio::select! {
                     next = source.next() => next,
@@ -274,7 +294,8 @@ impl<E: QueryEngine> ConnectService<E> {
                     }
                 }
             }
-        });
+        };
+        tokio::spawn(tracing::Instrument::instrument(task, span));
     }
 
     fn conf_answer(
@@ -372,8 +393,49 @@ type StatusStream = Pin<Box<dyn Stream<Item = Result<ExecutePlanResponse, tonic:
 
 /// The responses of one RPC as gRPC items: the first error ends the stream with its status
 /// (connect §2).
-fn as_grpc(stream: ResponseStream) -> StatusStream {
-    Box::pin(stream.map(|item| item.map_err(|e| to_status(&e))))
+fn as_grpc(stream: ResponseStream, span: tracing::Span) -> StatusStream {
+    Box::pin(InSpan {
+        inner: stream.map(|item| item.map_err(|e| to_status(&e))),
+        span,
+    })
+}
+
+/// A response stream polled inside its RPC's span, so that what the execution logs while
+/// the stream is read sits in that span.
+#[pin_project::pin_project]
+struct InSpan<S> {
+    #[pin]
+    inner: S,
+    span: tracing::Span,
+}
+
+impl<S: Stream> Stream for InSpan<S> {
+    type Item = S::Item;
+
+    fn poll_next(
+        self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<S::Item>> {
+        let this = self.project();
+        let _entered = this.span.enter();
+        this.inner.poll_next(cx)
+    }
+}
+
+/// The span of one RPC of the service, carrying the request's ids (connect §3).
+fn rpc_span(
+    rpc: &'static str,
+    user_id: &str,
+    session_id: &str,
+    operation_id: &str,
+) -> tracing::Span {
+    tracing::info_span!(
+        "spark_connect_rpc",
+        rpc,
+        user_id = %shown(user_id),
+        session_id = %shown(session_id),
+        operation_id = %shown(operation_id),
+    )
 }
 
 #[tonic::async_trait]
@@ -386,6 +448,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ExecutePlanRequest>,
     ) -> Result<tonic::Response<Self::ExecutePlanStream>, tonic::Status> {
         let request = request.into_inner();
+        let span = rpc_span(
+            "ExecutePlan",
+            request.user_id(),
+            &request.session_id,
+            request.operation_id.as_deref().unwrap_or(""),
+        );
+        let _entered = span.enter();
         let submitted = self.inner.manager.execute_plan(&request).map_err(|e| {
             tracing::debug!(
                 user_id = %shown(request.user_id()),
@@ -429,9 +498,19 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
                     code: crate::execution::Code::Internal,
                 })
             });
-            Self::run(producer, source);
+            let statement_text = source
+                .is_ok()
+                .then(|| self.inner.engine.statement_text(&request))
+                .flatten();
+            let execution_span = tracing::info_span!(
+                "spark_connect_execution",
+                user_id = %shown(request.user_id()),
+                session_id = %shown(&request.session_id),
+                operation_id = submitted_id.as_str(),
+            );
+            Self::run(producer, source, statement_text, execution_span);
         }
-        Ok(tonic::Response::new(as_grpc(stream)))
+        Ok(tonic::Response::new(as_grpc(stream, span.clone())))
     }
 
     async fn reattach_execute(
@@ -439,6 +518,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ReattachExecuteRequest>,
     ) -> Result<tonic::Response<Self::ReattachExecuteStream>, tonic::Status> {
         let request = request.get_ref();
+        let span = rpc_span(
+            "ReattachExecute",
+            request.user_id(),
+            &request.session_id,
+            &request.operation_id,
+        );
+        let _entered = span.enter();
         let result = self.inner.manager.reattach_execute(request);
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -449,7 +535,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             "ReattachExecute"
         );
         let stream = result.map_err(|e| to_status(&e))?;
-        Ok(tonic::Response::new(as_grpc(stream)))
+        Ok(tonic::Response::new(as_grpc(stream, span.clone())))
     }
 
     async fn release_execute(
@@ -457,6 +543,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ReleaseExecuteRequest>,
     ) -> Result<tonic::Response<ReleaseExecuteResponse>, tonic::Status> {
         let request = request.get_ref();
+        let span = rpc_span(
+            "ReleaseExecute",
+            request.user_id(),
+            &request.session_id,
+            &request.operation_id,
+        );
+        let _entered = span.enter();
         let result = self.inner.manager.release_execute(request);
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -479,6 +572,8 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<InterruptRequest>,
     ) -> Result<tonic::Response<InterruptResponse>, tonic::Status> {
         let request = request.get_ref();
+        let span = rpc_span("Interrupt", request.user_id(), &request.session_id, "");
+        let _entered = span.enter();
         let result = self.inner.manager.interrupt(request);
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -495,6 +590,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ReleaseSessionRequest>,
     ) -> Result<tonic::Response<ReleaseSessionResponse>, tonic::Status> {
+        let span = rpc_span(
+            "ReleaseSession",
+            user_of(request.get_ref().user_context.as_ref()),
+            &request.get_ref().session_id,
+            "",
+        );
+        let _entered = span.enter();
         let response = self.inner.manager.release_session(request.get_ref());
         tracing::debug!(
             user_id = %shown(user_of(request.get_ref().user_context.as_ref())),
@@ -516,6 +618,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ConfigRequest>,
     ) -> Result<tonic::Response<ConfigResponse>, tonic::Status> {
         let request = request.into_inner();
+        let span = rpc_span(
+            "Config",
+            user_of(request.user_context.as_ref()),
+            &request.session_id,
+            "",
+        );
+        let _entered = span.enter();
         let session = self.session(
             user_of(request.user_context.as_ref()),
             &request.session_id,
@@ -537,6 +646,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<AnalyzePlanRequest>,
     ) -> Result<tonic::Response<AnalyzePlanResponse>, tonic::Status> {
         let request = request.into_inner();
+        let span = rpc_span(
+            "AnalyzePlan",
+            user_of(request.user_context.as_ref()),
+            &request.session_id,
+            "",
+        );
+        let _entered = span.enter();
         let session = self.session(
             user_of(request.user_context.as_ref()),
             &request.session_id,
