@@ -13,6 +13,11 @@
 //!   per idle execution measured as the resident-set growth of 100 000 idle executions
 //!   (target ≤ 2 KiB).
 //!
+//! - `observed`: the same lifecycle on a manager built with a Prometheus recorder installed
+//!   (`metrics-exporter-prometheus`, rendering nothing) and an event listener attached (a
+//!   thread reading every event as it comes), against a manager with neither; paired ABBA
+//!   like the lifecycle ratio (target ≥ 0.97: observability costs at most 3 %).
+//!
 //! Every run uses glibc's malloc with the mmap and trim thresholds pinned, as
 //! `benches/udf_session.rs` explains (`benches/common/malloc.rs`;
 //! `TETHER_BENCH_MALLOC=default` keeps glibc's own): the bare map's arm alone moved between
@@ -86,7 +91,14 @@ fn reattach_once(m: &ExecutionManager, req: &ReattachExecuteRequest) {
 
 /// `n` live executions spread over sessions of 100.
 fn populated(n: usize) -> (ExecutionManager, Vec<(Producer, ResponseStream)>) {
-    let m = manager();
+    populated_with(manager(), n)
+}
+
+/// `n` live executions of `m`, spread over sessions of 100.
+fn populated_with(
+    m: ExecutionManager,
+    n: usize,
+) -> (ExecutionManager, Vec<(Producer, ResponseStream)>) {
     let mut keep = Vec::with_capacity(n);
     let mut session = Uuid::new_v4().to_string();
     for i in 0..n {
@@ -325,6 +337,80 @@ fn summary(memory: Option<u64>) {
     });
     println!("maintenance pass over 100 000 executions: {t_maint:?} (target < 50 ms)");
     drop((m, keep, map));
+    observed_summary();
+}
+
+/// A manager like [`manager`] built with a Prometheus recorder installed and an event
+/// listener attached: a thread that reads every event as it comes (parked while there is
+/// none, as an async listener would be). Returns the manager and the listener's join handle
+/// (it ends when the manager, and so the channel's senders, are gone) with its count.
+fn observed_manager() -> (ExecutionManager, std::thread::JoinHandle<u64>) {
+    let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
+    let (tx, mut rx) = tether::observe::event_channel(1 << 16);
+    let m = metrics::with_local_recorder(&recorder, || {
+        ManualManager::new(ManagerConfig {
+            max_executions_per_session: usize::MAX,
+            inactive_operation_expiry: Duration::ZERO,
+            events: Some(tx),
+            ..ManagerConfig::default()
+        })
+        .manager
+    });
+    // The recorder must outlive the handles the manager registered: leak it (one per run).
+    Box::leak(Box::new(recorder));
+    let listener = std::thread::spawn(move || {
+        let mut n = 0u64;
+        while let Some(e) = futures::executor::block_on(futures::StreamExt::next(&mut rx)) {
+            black_box(&e);
+            n += 1;
+        }
+        n
+    });
+    (m, listener)
+}
+
+/// Observability's cost on the registry lifecycle: paired ABBA rounds of the bare manager
+/// against the observed one (recorder + listener), same populations, same requests.
+fn observed_summary() {
+    let (bare, _keep_bare) = populated_with(manager(), 100_000);
+    let (observed, listener) = observed_manager();
+    let (observed, keep_observed) = populated_with(observed, 100_000);
+    let arm = |m: &ExecutionManager| {
+        let mut req = execute_request("", "");
+        let mut release = release_all("", "");
+        let mut ids = Ids::new(1 << 16);
+        let mut sessions = Ids::new(64);
+        let m = m.clone();
+        move || {
+            let s = sessions.next().to_owned();
+            lifecycle_once(&m, &mut req, &mut release, &s, ids.next())
+        }
+    };
+    let (mut bare_arm, mut observed_arm) = (arm(&bare), arm(&observed));
+    let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
+    let (mut bare_times, mut observed_times) = (Vec::new(), Vec::new());
+    for round in 0..PAIRED_ROUNDS {
+        let (t_bare, t_observed) = if round % 2 == 0 {
+            let a = time_per_iter(PAIRED_CHUNK, &mut bare_arm);
+            (a, time_per_iter(PAIRED_CHUNK, &mut observed_arm))
+        } else {
+            let b = time_per_iter(PAIRED_CHUNK, &mut observed_arm);
+            (time_per_iter(PAIRED_CHUNK, &mut bare_arm), b)
+        };
+        ratios.push(t_bare.as_secs_f64() / t_observed.as_secs_f64());
+        bare_times.push(t_bare);
+        observed_times.push(t_observed);
+    }
+    let (lo, median, hi) = quartiles(&mut ratios);
+    bare_times.sort();
+    observed_times.sort();
+    drop((observed_arm, keep_observed, observed));
+    let events = listener.join().expect("the listener thread");
+    println!(
+        "create+attach+release observed (recorder + listener, {events} events read) vs bare (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): observed {:?}, bare {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.97)",
+        observed_times[PAIRED_ROUNDS / 2],
+        bare_times[PAIRED_ROUNDS / 2],
+    );
 }
 
 #[path = "common/malloc.rs"]

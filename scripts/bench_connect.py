@@ -21,7 +21,9 @@ wrapping the client's stub), and tether's `examples/connect_client` (release bui
 of RUNS.
 
 Usage: python scripts/bench_connect.py TARGET_RELEASE_DIR [--rows N] [--runs R]
-[--warmup W]. Prints a Markdown table (rows/s, responses/s, reattaches per run) and the
+[--warmup W] [--observability]. With --observability: only tether's server with its metrics
+exported and its events written against the same without (paired ABBA rounds of PySpark's
+toArrow(), default settings; no Spark needed). Prints a Markdown table (rows/s, responses/s, reattaches per run) and the
 targets with their verdicts, also written as JSON to target/bench-connect.json.
 """
 
@@ -161,13 +163,67 @@ class Spark:
         time.sleep(2)
 
 
+def observability(args):
+    """tether's server with its metrics exported and every event written (`--metrics-addr`,
+    `--events-log`) against the same server with neither, PySpark default settings: paired
+    rounds alternating the order (ABBA), one toArrow() per server per round, each round's
+    throughput ratio; prints the median ratio with its interquartile range (target >= 0.97)."""
+    plain = Tether(args.target, [])
+    observed = Tether(args.target, ["--metrics-addr", f"127.0.0.1:{free_port()}",
+                                    "--events-log", os.devnull])
+    try:
+        sessions = {}
+        for name, server in (("plain", plain), ("observed", observed)):
+            spark = connect_session.SparkSession.builder.remote(
+                f"sc://localhost:{server.port}/;user_id=bench").create()
+            for _ in range(args.warmup):
+                spark.range(args.rows).toArrow()
+            sessions[name] = spark
+
+        def once(name):
+            start = time.perf_counter()
+            table = sessions[name].range(args.rows).toArrow()
+            elapsed = time.perf_counter() - start
+            if table.num_rows != args.rows:
+                raise SystemExit(f"PySpark read {table.num_rows} rows, not {args.rows}")
+            return elapsed
+
+        ratios, times = [], {"plain": [], "observed": []}
+        load_before = load()
+        for r in range(args.runs):
+            order = ("plain", "observed") if r % 2 == 0 else ("observed", "plain")
+            got = {name: once(name) for name in order}
+            for name, t in got.items():
+                times[name].append(t)
+            ratios.append(got["plain"] / got["observed"])
+        for spark in sessions.values():
+            spark.stop()
+        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+        line = (f"PySpark toArrow of range({args.rows}), default settings, {args.runs} paired "
+                f"ABBA rounds after {args.warmup} warm-up runs each (load {load_before:.1f}–"
+                f"{load():.1f}): plain {statistics.median(times['plain']):.3f} s, observed "
+                f"{statistics.median(times['observed']):.3f} s, throughput ratio observed/plain "
+                f"{statistics.median(ratios):.3f} [IQR {q[0]:.3f}–{q[2]:.3f}] (target >= 0.97)")
+        print(line)
+        with open(os.path.join(REPO, "target", "bench-connect-observability.json"), "w") as f:
+            json.dump({"ratios": ratios, "times": times, "rows": args.rows}, f, indent=1)
+    finally:
+        plain.stop()
+        observed.stop()
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("target")
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--observability", action="store_true",
+                        help="only tether with metrics and events against tether without")
     args = parser.parse_args()
+    if args.observability:
+        observability(args)
+        return
     client = os.path.join(args.target, "examples", "connect_client")
     results = {}
     loads = []

@@ -7,23 +7,31 @@
 //! [`ExecutionEvent`](crate::execution::ExecutionEvent)s from an
 //! [`ExecutionManager`](crate::execution::ExecutionManager) (Spark Connect's session and
 //! operation listener events, and those only tether knows: reattaches, rotations,
-//! releases, abandonment, tombstone hits, producers waiting on the memory budget). They go
-//! through an [`EventSender`] the application hands in (for the manager,
-//! [`ManagerConfig::events`](crate::execution::ManagerConfig::events)) and are read from
-//! the matching [`EventReceiver`], on the application's own task or thread.
+//! releases, abandonment, tombstone hits, producers waiting on the memory budget), and
+//! [`WorkerEvent`](crate::worker::WorkerEvent)s from worker sessions (created,
+//! initialized, terminated with their `Termination`, udf §4.1) and from the worker
+//! processes a dispatcher runs (spawned, ready, reused, invalidated, stopped, udf §6). They
+//! go through an [`EventSender`] the application hands in (for the manager,
+//! [`ManagerConfig::events`](crate::execution::ManagerConfig::events); for sessions and a
+//! dispatcher, [`SessionConfig::events`](crate::worker::engine::SessionConfig::events)) and
+//! are read from the matching [`EventReceiver`], on the application's own task or thread.
 //!
 //! The channel is bounded and never blocks the protocol: sending is one push into a
 //! fixed ring (no lock, no allocation); when the ring is full the event is dropped, counted
 //! ([`EventReceiver::dropped`], [`EventSender::dropped`]) and reported in the metric
 //! `tether_events_dropped_total`, never lost silently. A listener that keeps up sees every
 //! event, in the order the protocol decided it (per execution and per session, the order of
-//! Spark's status machine, [`OperationStatus`](crate::execution::OperationStatus)).
+//! Spark's status machine, [`OperationStatus`](crate::execution::OperationStatus); per
+//! worker session, the udf §4.1 states its `EngineCore` reached; per worker process, the
+//! order of the dispatcher's decisions).
 //!
 //! # Metrics
 //!
 //! tether records through the [`metrics`] facade: install a recorder (an exporter such as
-//! `metrics-exporter-prometheus`) **before** building the manager, which registers its
-//! handles once, so that no protocol path looks a metric up or allocates for one. Without a
+//! `metrics-exporter-prometheus`) **before** building the manager or the worker dispatcher,
+//! which register their handles once, so that no protocol path looks a metric up or
+//! allocates for one (the `tether_udf_` metrics are a dispatcher's, for its workers and
+//! sessions; a session made with `Session::new` reports events only). Without a
 //! recorder every update is a no-op. Names follow Prometheus conventions; no label is
 //! unbounded (no ids: those are in the events and spans).
 //!
@@ -35,7 +43,7 @@
 //! | `tether_connect_executions` | gauge | executions | | live (registered) executions (rx §5.1) |
 //! | `tether_connect_executions_started_total` | counter | executions | | executions registered (`OperationStarted`) |
 //! | `tether_connect_executions_ended_total` | counter | executions | `status`: `finished`, `failed`, `canceled` | executions whose run ended (rx §2.2 T7–T9) |
-//! | `tether_connect_executions_closed_total` | counter | executions | `removal`: `released`, `abandoned`, `forgotten` | executions that left the registry (`OperationClosed`, rx §2.2 T12) |
+//! | `tether_connect_executions_closed_total` | counter | executions | `removal`: `released` (fault-injection forgets included), `abandoned` | executions that left the registry (`OperationClosed`, rx §2.2 T12) |
 //! | `tether_connect_attached_streams` | gauge | streams | | response streams attached now (rx §4.4) |
 //! | `tether_connect_reattaches_total` | counter | reattaches | | ReattachExecute (and duplicate ExecutePlan) attaches (rx §5.5) |
 //! | `tether_connect_replayed_responses_total` | counter | responses | | responses a reattach resumed before the last one an earlier stream sent (rx §3.5) |
@@ -50,7 +58,16 @@
 //! | `tether_connect_retained_bytes` | gauge | bytes | | responses sent and kept for a reattach, all executions (rx §3.1; sampled at each maintenance pass) |
 //! | `tether_connect_execution_seconds` | histogram | seconds | | from `OperationStarted` to the run's end (Finished, Failed, Canceled) |
 //! | `tether_connect_reattach_gap_seconds` | histogram | seconds | | how long an execution was detached before a reattach resumed it |
-//! | `tether_events_dropped_total` | counter | events | `side`: `connect` | events a full channel dropped |
+//! | `tether_events_dropped_total` | counter | events | `side`: `connect`, `udf` | events a full channel dropped |
+//! | `tether_udf_sessions` | gauge | sessions | | live worker sessions: created and not yet terminated (udf §4.1) |
+//! | `tether_udf_sessions_total` | counter | sessions | `termination`: `finished`, `cancelled`, `failed`, `transport_failed`, `interrupted` | worker sessions ended, by their [`TerminationKind`](crate::worker::engine::TerminationKind) (udf §4.1) |
+//! | `tether_udf_workers` | gauge | workers | | worker processes spawned and not yet stopped (udf §6.1) |
+//! | `tether_udf_idle_workers` | gauge | workers | | the pool's size: idle workers waiting for reuse (udf §6.6) |
+//! | `tether_udf_workers_spawned_total` | counter | workers | | worker processes started (udf §6.2 step 4) |
+//! | `tether_udf_workers_reused_total` | counter | sessions | | sessions given an idle pooled worker instead of a new process (udf §6.6) |
+//! | `tether_udf_workers_invalidated_total` | counter | workers | `reason`: `transport_failed`, `interrupted`, `open_failed`, `exited`, `inactive`, `marked` | workers judged unsafe to reuse ([`InvalidationReason`](crate::worker::InvalidationReason), udf §6.5) |
+//! | `tether_udf_workers_stopped_total` | counter | workers | `reason`: `released`, `invalid`, `idle_timeout`, `start_failed`, `closed` | worker processes stopped and reaped ([`StopReason`](crate::worker::StopReason), udf §6.1) |
+//! | `tether_udf_worker_startup_seconds` | histogram | seconds | | from a worker's spawn to its readiness (udf §6.4) |
 
 use std::fmt;
 use std::pin::Pin;

@@ -223,6 +223,13 @@ struct Cursor {
 /// - After any of these, [`outcome`](Self::outcome) tells whether the run's result is
 ///   final, and [`detached_since`](Self::detached_since) feeds the registry's abandonment
 ///   pass (rx §5.3).
+/// - Spark's operation status ([`status`](Self::status), rx §2.1 item 4) moves with these
+///   calls: `Started` at construction, `Finished` / `Failed` / `Canceled` as the run ends,
+///   `Closed` with [`close`](Self::close); the engine reports analysis and readiness with
+///   [`analyzed`](Self::analyzed) and [`ready_for_execution`](Self::ready_for_execution).
+///   Each step queues its lifecycle events (status changes, reattaches, rotations,
+///   releases, attached streams) for the driver, which forwards them to the manager's
+///   observer ([`observe`](crate::observe)) when it releases the execution's lock.
 ///
 /// [`ResponseStream`]: super::ResponseStream
 /// [`Producer`]: super::Producer

@@ -12,13 +12,19 @@
 //!   that the bare name `Init` is the wire message).
 //! - `dispatcher` (feature `tokio`): the engine's process dispatcher, which spawns,
 //!   reaches, reuses and stops worker processes (udf §6).
+//! - [`WorkerEvent`]: the lifecycle of sessions and worker processes as typed events, sent
+//!   to [`engine::SessionConfig::events`] (see [`observe`](crate::observe)).
 
 #[cfg(feature = "tokio")]
 pub mod dispatcher;
 pub mod endpoint;
 pub mod engine;
+mod events;
 mod pump;
 pub mod state;
+
+pub use events::{InvalidationReason, StopReason, WorkerEvent, WorkerEventKind};
+pub(crate) use events::{Observer, SessionLifecycle};
 
 /// Writes an error and its [`source`](std::error::Error::source) chain on one line,
 /// `": "`-separated. Errors state themselves without their cause; the one-line summaries of

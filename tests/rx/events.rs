@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use tether::execution::{
     ConnectError, ExecutionEvent, ExecutionEventKind as K, ExecutionManager, ManagerConfig,
     OperationStatus, RotationReason, SessionKey, StreamLimits,
@@ -17,6 +17,7 @@ use tether::execution::{
 use tether::observe::{EventReceiver, event_channel};
 use tether::time::ManualClock;
 use tether_testing::connect::{self, Caller, ManualManager};
+use tether_testing::metrics::MetricTotals;
 use uuid::Uuid;
 
 // ---------------------------------------------------------------------------------------------
@@ -107,59 +108,6 @@ impl EventLaw {
     /// Live sessions.
     pub(crate) fn live_sessions(&self) -> usize {
         self.sessions.values().filter(|l| **l).count()
-    }
-}
-
-/// A recorder's values as totals: the debugging recorder's snapshot hands out what changed
-/// since the last one (it swaps every counter and gauge to 0), so each read adds the new
-/// snapshot to the totals. Right for counters, histograms (samples counted) and gauges that
-/// only go up and down; a gauge that is `set` reads as the sum of its sets.
-pub(crate) struct MetricTotals {
-    snap: Snapshotter,
-    totals: std::sync::Mutex<HashMap<String, f64>>,
-}
-
-impl MetricTotals {
-    pub(crate) fn new(snap: Snapshotter) -> Self {
-        Self {
-            snap,
-            totals: Default::default(),
-        }
-    }
-
-    /// One metric's total by name and labels (0 when never recorded).
-    pub(crate) fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let mut totals = self.totals.lock().unwrap();
-        for (k, _, _, v) in self.snap.snapshot().into_vec() {
-            let key = k.key();
-            let mut id = key.name().to_owned();
-            let mut ls: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            ls.sort();
-            for l in ls {
-                id.push(' ');
-                id.push_str(&l);
-            }
-            let add = match v {
-                DebugValue::Counter(c) => c as f64,
-                DebugValue::Gauge(g) => g.into_inner(),
-                DebugValue::Histogram(h) => h.len() as f64,
-            };
-            *totals.entry(id).or_insert(0.0) += add;
-        }
-        totals
-            .iter()
-            .filter(|(id, _)| {
-                let mut parts = id.split(' ');
-                parts.next() == Some(name)
-                    && labels
-                        .iter()
-                        .all(|(l, v)| id.split(' ').any(|p| p == format!("{l}={v}")))
-            })
-            .map(|(_, v)| *v)
-            .sum()
     }
 }
 

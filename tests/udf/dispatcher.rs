@@ -133,13 +133,13 @@ fn stub_spec(mode: &str, env: &[(&str, &str)]) -> UdfWorkerSpecification {
 }
 
 /// This test binary as a real tether echo worker.
-fn tether_spec() -> UdfWorkerSpecification {
+pub(crate) fn tether_spec() -> UdfWorkerSpecification {
     tether_spec_with(&[])
 }
 
 /// [`tether_spec`] with environment variables for the worker (`TETHER_TEST_WORKER_GRPC=1`:
 /// serve gRPC instead of frames).
-fn tether_spec_with(env: &[(&str, &str)]) -> UdfWorkerSpecification {
+pub(crate) fn tether_spec_with(env: &[(&str, &str)]) -> UdfWorkerSpecification {
     let exe = std::env::current_exe().expect("test binary path");
     direct_worker_spec(
         callable(
@@ -155,7 +155,7 @@ fn tether_spec_with(env: &[(&str, &str)]) -> UdfWorkerSpecification {
 }
 
 /// Short timeouts so that failures show quickly; real processes need real time.
-fn config() -> DispatcherConfig {
+pub(crate) fn config() -> DispatcherConfig {
     DispatcherConfig {
         session: SessionConfig {
             init_timeout: Duration::from_secs(10),
@@ -170,14 +170,14 @@ fn config() -> DispatcherConfig {
     }
 }
 
-fn pooled() -> DispatcherConfig {
+pub(crate) fn pooled() -> DispatcherConfig {
     DispatcherConfig {
         pool: Some(PoolConfig::default()),
         ..config()
     }
 }
 
-fn reusable(mut spec: UdfWorkerSpecification) -> UdfWorkerSpecification {
+pub(crate) fn reusable(mut spec: UdfWorkerSpecification) -> UdfWorkerSpecification {
     spec.capabilities.as_mut().unwrap().supports_reuse = Some(true);
     spec
 }
@@ -188,12 +188,12 @@ fn lines(path: &str) -> usize {
 }
 
 /// Whether the process exists at all (a zombie counts: it was not reaped).
-fn exists(pid: u32) -> bool {
+pub(crate) fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
 /// Whether the process runs (exists and is neither a zombie nor dead).
-fn running(pid: u32) -> bool {
+pub(crate) fn running(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Err(_) => false,
         Ok(stat) => {
@@ -203,7 +203,7 @@ fn running(pid: u32) -> bool {
     }
 }
 
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + Duration::from_secs(5);
     while !check() {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
@@ -283,7 +283,7 @@ fn stub_dispatcher(spec: UdfWorkerSpecification) -> Dispatcher<FileTransport> {
     Dispatcher::new(spec, FileTransport::default(), config()).expect("dispatcher")
 }
 
-fn framed_dispatcher(
+pub(crate) fn framed_dispatcher(
     spec: UdfWorkerSpecification,
     config: DispatcherConfig,
 ) -> Dispatcher<FramedTransport> {
@@ -302,13 +302,16 @@ fn spec_error(spec: &UdfWorkerSpecification) -> String {
     e.to_string()
 }
 
-type FramedSession = tether::worker::engine::Session<
+pub(crate) type FramedSession = tether::worker::engine::Session<
     tether::worker::state::Init,
     <FramedTransport as WorkerTransport>::Connection,
 >;
 
 /// Init, send `batches`, finish, collect the echoed output; returns output and outcome.
-async fn echo_round(session: FramedSession, batches: &[&[u8]]) -> (Vec<Bytes>, TerminationKind) {
+pub(crate) async fn echo_round(
+    session: FramedSession,
+    batches: &[&[u8]],
+) -> (Vec<Bytes>, TerminationKind) {
     let (mut s, _resp) = session.init(init("udf")).await.expect("init");
     let mut out = Vec::new();
     for b in batches {

@@ -9,6 +9,8 @@
 //!   the udf §7 deadline table;
 //! - [`dispatcher`]: the process dispatcher with real worker processes (this binary, run as
 //!   a worker through `tests/support/tether-worker.sh`);
+//! - [`events`]: the lifecycle events and metrics of sessions and of the dispatcher's
+//!   worker processes;
 //! - [`transport_framed`], [`transport_grpc`]: the transports end to end;
 //! - [`tour_smoke`]: the tour's UDF logic in process.
 
@@ -19,6 +21,7 @@ mod core_model;
 mod deadlines;
 mod dispatcher;
 mod engine_session;
+mod events;
 mod pair;
 mod protocol_suite;
 mod tour_smoke;

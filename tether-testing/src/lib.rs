@@ -19,6 +19,7 @@
 //!   I/O and no clock.
 //! - [`fault`]: fault injection at the typed-message level (a `Connection` wrapper) and at
 //!   the byte level (an `AsyncRead` / `AsyncWrite` wrapper).
+//! - [`metrics`]: what tether's metrics added up to, read from a debugging recorder.
 //!
 //! Use it only for tests, under `[dev-dependencies]` by path or git:
 //! `tether-testing = { path = "…/tether-testing" }`.
@@ -27,6 +28,7 @@ pub mod connect;
 pub mod echo;
 pub mod fault;
 pub mod fixtures;
+pub mod metrics;
 pub mod pair;
 pub mod script;
 

@@ -67,6 +67,7 @@ use crate::worker::engine::SessionConfig;
 use crate::worker::engine::WorkerHandle;
 use crate::worker::engine::{WorkerAddress, WorkerTransport};
 use crate::worker::state;
+use crate::worker::{InvalidationReason, StopReason};
 
 pub use environment::EnvironmentState;
 pub use error::{
@@ -109,7 +110,9 @@ impl Default for PoolConfig {
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
     /// Timeouts and buffers of every session created (udf §7: 30 s init, 30 s terminal,
-    /// 2 s interrupt-cancel).
+    /// 2 s interrupt-cancel), and the event channel
+    /// ([`SessionConfig::events`]) where the dispatcher sends the events of its worker
+    /// processes (udf §6) beside those of its sessions.
     pub session: SessionConfig,
     /// Readiness deadline when the spec sets no `initialization_timeout_ms` (or ≤ 0):
     /// 10 s (udf §7 `DEFAULT_INIT_TIMEOUT_MS`).
@@ -248,7 +251,9 @@ impl<T: WorkerTransport> Dispatcher<T> {
     /// Validates `spec` ([`validate_spec`]), resolves its timeouts (unset or ≤ 0 → the
     /// config's defaults; above [`DispatcherConfig::max_spec_timeout`] → clamped) and creates
     /// the private socket directory (mode `0700`): the construction of udf §6.2, with
-    /// `initialize` of udf §6.4. Spawns nothing and runs no callable.
+    /// `initialize` of udf §6.4. Spawns nothing and runs no callable. Registers the metric
+    /// handles of its workers and sessions with the recorder installed now (see
+    /// [`observe`](crate::observe)).
     ///
     /// # Errors
     /// [`DispatchError::InvalidSpec`]; [`DispatchError::SocketDirectory`] when no candidate
@@ -331,7 +336,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
         impl<T: WorkerTransport> Drop for Acquisition<T> {
             fn drop(&mut self) {
                 if let Some(w) = self.0.take() {
-                    w.mark_invalid();
+                    w.invalidate(InvalidationReason::OpenFailed);
                     if let Err(e) = w.release_session() {
                         tracing::warn!(error = %e, "release after a failed session open");
                     }
@@ -352,10 +357,11 @@ impl<T: WorkerTransport> Dispatcher<T> {
         {
             Ok(connection) => {
                 acquisition.0 = None;
-                Ok(Session::new(
+                Ok(Session::observed(
                     connection,
                     worker,
                     shared.config.session.clone(),
+                    Some(shared.observer.clone()),
                 ))
             }
             Err(source) => {
@@ -404,6 +410,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
             "--connection".to_string(),
             address.to_argument(),
         ];
+        let spawned_at = std::time::Instant::now();
         let child = match process::spawn(runner, &extra, Some(&log), shared.config.process_group) {
             Ok(child) => child,
             Err(source) => {
@@ -415,7 +422,6 @@ impl<T: WorkerTransport> Dispatcher<T> {
             }
         };
         drop(log);
-        shared.state.update(|st| st.stats.spawned += 1);
         tracing::debug!(worker = %id, pid = child.id(), %address, "worker spawned");
         let worker = Arc::new_cyclic(|this| {
             Worker::new(
@@ -429,19 +435,28 @@ impl<T: WorkerTransport> Dispatcher<T> {
             )
         });
         reservation.worker = Some(worker.clone());
+        shared.state.update(|st| {
+            st.stats.spawned += 1;
+            shared.observer.spawned(&worker.tag, worker.pid);
+        });
 
         let mut closed = shared.closed_signal();
         let failure = tokio::select! {
             ready = self.await_ready(&worker) => match ready {
                 Ok(channel) => {
                     worker.set_channel(channel);
+                    shared.observer.ready(&worker.tag, spawned_at.elapsed());
                     return Ok(());
                 }
                 Err(failure) => failure,
             },
             _ = closed.wait_for(|c| *c) => Failure::Closed,
         };
-        let output = reservation.kill_and_wait().await;
+        let reason = match failure {
+            Failure::Closed => StopReason::DispatcherClosed,
+            _ => StopReason::StartFailed,
+        };
+        let output = reservation.kill_and_wait(reason).await;
         Err(match failure {
             Failure::Closed => DispatchError::Closed,
             Failure::Exited(reason) => DispatchError::ExitedAtStart {

@@ -18,9 +18,10 @@ use tokio::sync::watch;
 
 use crate::connection::ConnectionError;
 use crate::wire::UdfWorkerSpecification;
-use crate::worker::engine::Termination;
 use crate::worker::engine::{HandleError, WorkerHandle};
+use crate::worker::engine::{Termination, TerminationKind};
 use crate::worker::engine::{WorkerAddress, WorkerTransport};
+use crate::worker::{InvalidationReason, Observer, StopReason};
 
 use super::environment::Environment;
 use super::error::{DispatchError, ExitReason, WorkerLost};
@@ -62,6 +63,9 @@ pub(crate) struct Shared<T: WorkerTransport> {
     pub(crate) dir: PathBuf,
     pub(crate) state: Monitor<State<T>>,
     pub(crate) env: Arc<Environment>,
+    /// Where the workers' and sessions' lifecycle goes: metrics registered once, events to
+    /// `config.session.events`.
+    pub(crate) observer: Arc<Observer>,
     closed: watch::Sender<bool>,
 }
 
@@ -75,11 +79,16 @@ pub(crate) struct Life {
     pub(crate) served: u64,
     pub(crate) exit: Option<ExitReason>,
     pub(crate) final_output: Option<String>,
+    /// The outcome of the session being finalized, between `session_terminated` and its
+    /// release: what a `mark_invalid` in between reports as the reason.
+    pub(crate) ended: Option<TerminationKind>,
 }
 
 /// One worker process: the [`WorkerHandle`] the sessions running on it hold.
 pub(crate) struct Worker<T: WorkerTransport> {
     pub(crate) id: String,
+    /// The id as events carry it.
+    pub(crate) tag: Arc<str>,
     pub(crate) pid: u32,
     pub(crate) address: WorkerAddress,
     pub(crate) socket_path: Option<PathBuf>,
@@ -134,11 +143,27 @@ impl StopMode {
 pub(crate) struct StopJob<T: WorkerTransport> {
     worker: Arc<Worker<T>>,
     mode: StopMode,
+    reason: StopReason,
+}
+
+/// Whether a worker may serve another session (udf §6.1 `isAlive`, §6.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Health {
+    Healthy,
+    /// Marked invalid already.
+    Invalid,
+    /// Valid, but unusable: why it is invalidated now.
+    Unusable(InvalidationReason),
 }
 
 impl<T: WorkerTransport> State<T> {
     /// Marks `w` stopping and untracks it; `None` if it already is.
-    pub(crate) fn begin_stop(&mut self, w: &Arc<Worker<T>>, mode: StopMode) -> Option<StopJob<T>> {
+    pub(crate) fn begin_stop(
+        &mut self,
+        w: &Arc<Worker<T>>,
+        mode: StopMode,
+        reason: StopReason,
+    ) -> Option<StopJob<T>> {
         {
             let mut life = lock(&w.life);
             if life.stopping {
@@ -154,11 +179,16 @@ impl<T: WorkerTransport> State<T> {
         {
             self.workers.remove(&w.id);
         }
+        let idle = self.idle.len();
         self.idle.retain(|x| !Arc::ptr_eq(x, w));
+        if self.idle.len() < idle {
+            w.shared.observer.idle(false);
+        }
         self.stopping += 1;
         Some(StopJob {
             worker: w.clone(),
             mode,
+            reason,
         })
     }
 }
@@ -213,9 +243,11 @@ impl<T: WorkerTransport> StopJob<T> {
         }
         let _ = std::fs::remove_file(&w.log_path);
         tracing::debug!(worker = %w.id, pid = w.pid, ?exit, "worker stopped");
+        let reason = self.reason;
         shared.state.update(|st| {
             st.stopping -= 1;
             st.stats.stopped += 1;
+            shared.observer.stopped(&w.tag, reason);
             let mut life = lock(&w.life);
             life.stopped = true;
             life.exit = exit;
@@ -241,6 +273,7 @@ impl<T: WorkerTransport> Worker<T> {
         child: Child,
     ) -> Self {
         Self {
+            tag: Arc::from(id.as_str()),
             id,
             pid: child.id(),
             address,
@@ -281,18 +314,45 @@ impl<T: WorkerTransport> Worker<T> {
     }
 
     /// Valid, process alive, transport active (udf §6.1 `isAlive`, §6.6).
-    pub(crate) fn is_healthy(&self) -> bool {
+    pub(crate) fn health(&self) -> Health {
         if self.invalid.load(Ordering::SeqCst) {
-            return false;
+            return Health::Invalid;
         }
         let alive = match lock(&self.child).as_mut() {
             Some(child) => process::peek_exit(child).is_none(),
             None => false,
         };
-        alive
-            && lock(&self.channel)
-                .as_deref()
-                .is_some_and(|ch| self.shared.transport.is_active(ch))
+        if !alive {
+            return Health::Unusable(InvalidationReason::Exited);
+        }
+        let active = lock(&self.channel)
+            .as_deref()
+            .is_some_and(|ch| self.shared.transport.is_active(ch));
+        match active {
+            true => Health::Healthy,
+            false => Health::Unusable(InvalidationReason::Inactive),
+        }
+    }
+
+    /// Marks the worker invalid for `reason` (udf §6.5); the first time reports it.
+    pub(crate) fn invalidate(&self, reason: InvalidationReason) {
+        if !self.invalid.swap(true, Ordering::SeqCst) {
+            tracing::debug!(worker = %self.id, ?reason, "worker marked invalid");
+            self.shared.observer.invalidated(&self.tag, reason);
+        }
+    }
+
+    /// Judges a worker for reuse (udf §6.6): a valid one found dead or inactive is
+    /// invalidated now. Returns whether it may serve another session.
+    fn check_reusable(&self) -> bool {
+        match self.health() {
+            Health::Healthy => true,
+            Health::Invalid => false,
+            Health::Unusable(reason) => {
+                self.invalidate(reason);
+                false
+            }
+        }
     }
 
     pub(crate) fn info(&self) -> WorkerInfo {
@@ -315,10 +375,16 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
         &self.id
     }
 
+    /// Marks the worker invalid (udf §6.1 `markInvalid`): after `session_terminated` of an
+    /// unsalvageable outcome, for that outcome (udf §6.5); otherwise
+    /// [`InvalidationReason::Marked`].
     fn mark_invalid(&self) {
-        if !self.invalid.swap(true, Ordering::SeqCst) {
-            tracing::debug!(worker = %self.id, "worker marked invalid");
-        }
+        let reason = match lock(&self.life).ended.take() {
+            Some(TerminationKind::TransportFailed) => InvalidationReason::TransportFailed,
+            Some(TerminationKind::Interrupted) => InvalidationReason::Interrupted,
+            _ => InvalidationReason::Marked,
+        };
+        self.invalidate(reason);
     }
 
     fn is_invalid(&self) -> bool {
@@ -351,6 +417,7 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
                     });
                 }
                 life.sessions -= 1;
+                life.ended = None;
                 if life.sessions > 0 || life.stopping {
                     return Ok(Next::Nothing);
                 }
@@ -359,14 +426,21 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
             let Some(me) = me else {
                 return Ok(Next::Nothing);
             };
-            if shared.may_pool(st, &me) {
+            let reason = if me.is_invalid() {
+                StopReason::Invalid
+            } else if !shared.may_pool(st) {
+                StopReason::Released
+            } else if !me.check_reusable() {
+                StopReason::Invalid
+            } else {
                 let since = Instant::now();
                 lock(&me.life).idle_since = Some(since);
                 st.idle.push(me.clone());
+                shared.observer.idle(true);
                 return Ok(Next::Idle(me, since));
-            }
+            };
             Ok(st
-                .begin_stop(&me, StopMode::GRACEFUL)
+                .begin_stop(&me, StopMode::GRACEFUL, reason)
                 .map_or(Next::Nothing, Next::Stop))
         })?;
         match next {
@@ -378,7 +452,11 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
     }
 
     fn session_terminated(&self, termination: &Termination) {
-        lock(&self.life).served += 1;
+        {
+            let mut life = lock(&self.life);
+            life.served += 1;
+            life.ended = Some(termination.kind());
+        }
         tracing::debug!(worker = %self.id, outcome = %termination, "session on worker ended");
     }
 
@@ -434,12 +512,14 @@ impl<T: WorkerTransport> Shared<T> {
             dir.clone(),
             config.process_group,
         ));
+        let observer = Arc::new(Observer::registered(&config.session));
         Self {
             transport,
             spec,
             settings,
             config,
             dir,
+            observer,
             state: Monitor::new(State {
                 phase: PoolPhase::Open,
                 workers: HashMap::new(),
@@ -462,11 +542,12 @@ impl<T: WorkerTransport> Shared<T> {
         self.settings.supports_reuse && self.config.pool.is_some_and(|p| p.max_idle > 0)
     }
 
-    fn may_pool(&self, st: &State<T>, w: &Worker<T>) -> bool {
+    /// Whether the pool takes a released worker, health aside: open, enabled, room left
+    /// (udf §6.6).
+    fn may_pool(&self, st: &State<T>) -> bool {
         st.phase == PoolPhase::Open
             && self.pool_enabled()
             && self.config.pool.is_some_and(|p| st.idle.len() < p.max_idle)
-            && w.is_healthy()
     }
 
     fn idle_timeout(&self) -> Duration {
@@ -488,7 +569,7 @@ impl<T: WorkerTransport> Shared<T> {
             .collect();
         expired
             .iter()
-            .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL))
+            .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL, StopReason::IdleTimeout))
             .collect()
     }
 
@@ -515,7 +596,7 @@ impl<T: WorkerTransport> Shared<T> {
                     }
                     let elapsed = since.elapsed();
                     if elapsed >= timeout {
-                        Ok(st.begin_stop(&worker, StopMode::GRACEFUL))
+                        Ok(st.begin_stop(&worker, StopMode::GRACEFUL, StopReason::IdleTimeout))
                     } else {
                         Err(timeout - elapsed)
                     }
@@ -543,15 +624,17 @@ impl<T: WorkerTransport> Shared<T> {
             }
             let mut jobs = self.reap_expired(st);
             while let Some(w) = st.idle.pop() {
-                if w.is_healthy() {
+                self.observer.idle(false);
+                if w.check_reusable() {
                     let mut life = lock(&w.life);
                     life.sessions += 1;
                     life.idle_since = None;
                     drop(life);
                     st.stats.reused += 1;
+                    self.observer.reused(&w.tag);
                     return (Ok(Acquired::Reused(w)), jobs);
                 }
-                jobs.extend(st.begin_stop(&w, StopMode::GRACEFUL));
+                jobs.extend(st.begin_stop(&w, StopMode::GRACEFUL, StopReason::Invalid));
             }
             st.in_flight += 1;
             (
@@ -579,7 +662,7 @@ impl<T: WorkerTransport> Shared<T> {
             let all: Vec<_> = st.workers.values().cloned().collect();
             let jobs = all
                 .iter()
-                .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL))
+                .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL, StopReason::DispatcherClosed))
                 .collect::<Vec<_>>();
             let idle = jobs.is_empty() && st.in_flight == 0 && st.stopping == 0;
             Some((jobs, idle))
@@ -643,16 +726,16 @@ pub(crate) struct Reservation<T: WorkerTransport> {
 }
 
 impl<T: WorkerTransport> Reservation<T> {
-    /// Kills the unpublished worker and waits until it is reaped and its socket removed;
-    /// returns its output tail.
-    pub(crate) async fn kill_and_wait(&mut self) -> String {
+    /// Kills the unpublished worker (for `reason`) and waits until it is reaped and its
+    /// socket removed; returns its output tail.
+    pub(crate) async fn kill_and_wait(&mut self, reason: StopReason) -> String {
         let Some(w) = self.worker.clone() else {
             return String::new();
         };
         let job = self
             .shared
             .state
-            .update(|st| st.begin_stop(&w, StopMode::KILL_CAPTURE));
+            .update(|st| st.begin_stop(&w, StopMode::KILL_CAPTURE, reason));
         start_all(job);
         self.shared
             .state
@@ -678,7 +761,7 @@ impl<T: WorkerTransport> Reservation<T> {
             if st.phase != PoolPhase::Open {
                 return (
                     Err(DispatchError::Closed),
-                    st.begin_stop(&w, StopMode::GRACEFUL),
+                    st.begin_stop(&w, StopMode::GRACEFUL, StopReason::DispatcherClosed),
                 );
             }
             lock(&w.life).sessions = 1;
@@ -698,7 +781,7 @@ impl<T: WorkerTransport> Drop for Reservation<T> {
         let worker = self.worker.take();
         let job = self.shared.state.update(|st| {
             st.in_flight -= 1;
-            worker.and_then(|w| st.begin_stop(&w, StopMode::KILL))
+            worker.and_then(|w| st.begin_stop(&w, StopMode::KILL, StopReason::StartFailed))
         });
         start_all(job);
     }

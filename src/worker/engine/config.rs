@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::observe::EventSender;
 use crate::time::Timer;
+use crate::worker::WorkerEvent;
 
 /// Timeouts and bounds of an engine-side worker session. Defaults are Spark's (udf §7).
 #[derive(Debug, Clone)]
@@ -40,12 +42,20 @@ pub struct SessionConfig {
     /// by default, a [`ManualClock`](crate::time::ManualClock) in simulations, or
     /// [`NoTimeouts`](crate::time::NoTimeouts) to disable every timeout explicitly.
     pub timer: Arc<dyn Timer>,
+    /// Where the lifecycle events go (see [`observe`](crate::observe)): the sending half of
+    /// an [`event_channel`](crate::observe::event_channel), or `None` (the default). A
+    /// session reports its udf §4.1 states (created, initialized, terminated with its
+    /// [`Termination`](super::Termination)); a `worker::dispatcher::Dispatcher` (feature
+    /// `tokio`) sends the events of its worker processes (udf §6) to the same channel, and
+    /// records the metrics of both.
+    pub events: Option<EventSender<WorkerEvent>>,
 }
 
 impl SessionConfig {
     /// Spark's defaults (udf §7 `initResponseTimeoutMs`, `terminalTimeoutMs`,
     /// `interruptCancelTimeoutMs`): 30 s init, 30 s terminal, 2 s interrupt-cancel; plus
-    /// tether's output buffer of 64 batches or 64 KiB; every deadline on `timer`.
+    /// tether's output buffer of 64 batches or 64 KiB; every deadline on `timer`; no event
+    /// channel.
     pub fn with_timer(timer: Arc<dyn Timer>) -> Self {
         Self {
             init_timeout: Duration::from_secs(30),
@@ -54,6 +64,7 @@ impl SessionConfig {
             output_buffer: 64,
             output_buffer_bytes: 64 * 1024,
             timer,
+            events: None,
         }
     }
 

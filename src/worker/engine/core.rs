@@ -4,6 +4,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use smallvec::SmallVec;
 
 use crate::connection::ConnectionError;
 use crate::wire::{
@@ -14,6 +15,7 @@ use super::config::SessionConfig;
 use super::termination::{
     Interrupted, PeerViolation, SessionError, Termination, TransportFailure, Wait,
 };
+use crate::worker::SessionLifecycle;
 
 /// The runtime state of an engine session (udf §4.1). The typestates `state::Init`,
 /// `state::Streaming`, `state::Finishing`, `state::Cancelling` and `state::Terminated` are
@@ -208,6 +210,8 @@ pub struct EngineCore {
     /// Payload bytes of the batches in `output`.
     output_bytes: usize,
     stats: CoreStats,
+    /// The udf §4.1 states this core reached and the driver has not reported yet.
+    lifecycle: SmallVec<[SessionLifecycle; 2]>,
 }
 
 /// The udf §7 durations and the output bound, copied from a [`SessionConfig`].
@@ -269,7 +273,21 @@ impl EngineCore {
             output: VecDeque::new(),
             output_bytes: 0,
             stats: CoreStats::default(),
+            // Constructed: Spark's `Created` (udf §4.1).
+            lifecycle: smallvec::smallvec![SessionLifecycle::Created],
         }
+    }
+
+    /// Whether lifecycle steps wait to be reported ([`take_lifecycle`](Self::take_lifecycle)).
+    pub(crate) fn has_lifecycle(&self) -> bool {
+        !self.lifecycle.is_empty()
+    }
+
+    /// The udf §4.1 states reached since the last call, oldest first: `Created` (at
+    /// construction), `Initialized` (an `InitResponse` moved `Initializing` to `Streaming`),
+    /// `Terminated` (the one settlement).
+    pub(crate) fn take_lifecycle(&mut self) -> SmallVec<[SessionLifecycle; 2]> {
+        std::mem::take(&mut self.lifecycle)
     }
 
     /// The current phase (udf §4.1; Spark's `currentState`, udf §4.2).
@@ -777,6 +795,7 @@ impl EngineCore {
                     None => {
                         if self.phase == EnginePhase::Initializing {
                             self.phase = EnginePhase::Streaming;
+                            self.lifecycle.push(SessionLifecycle::Initialized);
                         }
                         self.init_response = Some(*resp);
                     }
@@ -862,6 +881,7 @@ impl EngineCore {
         self.terminal = Some(termination);
         self.phase = EnginePhase::Terminated;
         self.deadline = None;
+        self.lifecycle.push(SessionLifecycle::Terminated);
         true
     }
 

@@ -19,6 +19,7 @@ use super::config::SessionConfig;
 use super::core::{EngineCore, EnginePhase, InitStatus};
 use super::handle::{IntoWorkerHandle, WorkerHandle};
 use super::termination::{SessionError, Termination};
+use crate::worker::Observer;
 use crate::worker::pump::{LossExplainer, Pump};
 
 use crate::worker::state::{self, State as _};
@@ -116,6 +117,30 @@ pub(crate) struct Inner<C> {
     watch: TerminationWatch,
     activity: Activity,
     finalized: bool,
+    /// Where the core's lifecycle goes (a dispatcher's observer, or the config's channel).
+    observer: Option<Arc<Observer>>,
+    /// The worker's id for events, built once when they are listened to.
+    worker_tag: Option<Arc<str>>,
+}
+
+impl<C> Inner<C> {
+    /// Reports what the core decided since the last call (udf §4.1 states), in its order.
+    fn forward(&mut self) {
+        if !self.core.has_lifecycle() {
+            return;
+        }
+        let steps = self.core.take_lifecycle();
+        if let Some(observer) = &self.observer {
+            for step in steps {
+                observer.session(
+                    self.worker_tag.as_ref(),
+                    self.id,
+                    step,
+                    self.core.terminal(),
+                );
+            }
+        }
+    }
 }
 
 impl<C> fmt::Debug for Inner<C> {
@@ -136,7 +161,9 @@ where
     /// Drives I/O and the core's deadline until `check` yields a value.
     async fn drive<T>(&mut self, check: impl FnMut(&mut EngineCore) -> Option<T>) -> T {
         let mut check = check;
-        self.pump.drive(&mut self.core, |core, _| check(core)).await
+        let out = self.pump.drive(&mut self.core, |core, _| check(core)).await;
+        self.forward();
+        out
     }
 
     /// Drives until the core has settled a terminal, discarding output (the core bounds the
@@ -192,6 +219,9 @@ where
             .unwrap_or_else(Termination::cancelled_before_start);
         if !self.finalized {
             self.finalized = true;
+            // The outcome is reported before the worker hears of it (its invalidation and
+            // release follow).
+            self.forward();
             self.handle.session_terminated(&termination);
             if !termination.is_salvageable() {
                 self.handle.mark_invalid();
@@ -468,8 +498,28 @@ where
     ///
     /// `handle` is an `Arc` of a concrete handle or an `Arc<dyn WorkerHandle>`
     /// ([`IntoWorkerHandle`]): keep a clone of a typed handle to inspect it afterwards.
+    ///
+    /// The session's lifecycle events (udf §4.1) go to
+    /// [`config.events`](SessionConfig::events), if set; metrics are recorded only for the
+    /// sessions of a `worker::dispatcher::Dispatcher`, which registers their handles once
+    /// (see [`observe`](crate::observe)).
     pub fn new(connection: C, handle: impl IntoWorkerHandle, config: SessionConfig) -> Self {
-        let handle = handle.into_worker_handle();
+        let observer = Observer::for_session(&config);
+        Self::observed(connection, handle.into_worker_handle(), config, observer)
+    }
+
+    /// [`new`](Self::new) reporting to `observer` (a dispatcher's, whose metrics are
+    /// registered once) instead of an observer of the config's own.
+    pub(crate) fn observed(
+        connection: C,
+        handle: Arc<dyn WorkerHandle>,
+        config: SessionConfig,
+        observer: Option<Arc<Observer>>,
+    ) -> Self {
+        let worker_tag = observer
+            .as_ref()
+            .filter(|o| o.listened())
+            .map(|_| Arc::from(handle.id()));
         let explainer: LossExplainer = {
             let handle = handle.clone();
             Arc::new(move |cause: Option<&ConnectionError>| handle.explain_connection_loss(cause))
@@ -482,12 +532,16 @@ where
             watch: TerminationWatch::default(),
             activity: Activity::Idle,
             finalized: false,
+            observer,
+            worker_tag,
         };
-        Self {
+        let mut session = Self {
             inner: Some(Box::new(inner)),
             cleanup: cleanup_on_drop::<C>,
             _state: PhantomData,
-        }
+        };
+        session.inner_mut().forward();
+        session
     }
 }
 
@@ -809,16 +863,16 @@ where
             .as_deref_mut()
             .expect("a live session always holds its state");
         inner.pump.begin_poll();
-        loop {
+        let poll = loop {
             let progress = inner.pump.poll_io(&mut inner.core, cx);
             if let Some(batch) = inner.core.pop_output() {
                 inner.core.end_wait();
-                return Poll::Ready(Some(Ok(batch)));
+                break Poll::Ready(Some(Ok(batch)));
             }
             if inner.core.is_terminal() {
                 this.done = true;
                 inner.activity = Activity::Idle;
-                return Poll::Ready(inner.core.error().map(Err));
+                break Poll::Ready(inner.core.error().map(Err));
             }
             if progress {
                 continue;
@@ -837,7 +891,7 @@ where
                         let _ = inner.core.finish();
                         continue;
                     }
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => break Poll::Pending,
                 }
             }
             // Waiting on the worker (output, terminator or transport capacity): the core's
@@ -846,8 +900,12 @@ where
             if inner.pump.poll_timer(&mut inner.core, cx) {
                 continue;
             }
-            return Poll::Pending;
-        }
+            break Poll::Pending;
+        };
+        // What the core decided while polling (an `Initialized`, the terminal) is reported
+        // before the caller sees its effect.
+        inner.forward();
+        poll
     }
 }
 

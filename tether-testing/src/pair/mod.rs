@@ -119,6 +119,7 @@ pub fn engine_config() -> SessionConfig {
         output_buffer: 64,
         output_buffer_bytes: 64 * 1024,
         timer: Arc::new(NoTimeouts),
+        events: None,
     }
 }
 
