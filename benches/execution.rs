@@ -15,8 +15,9 @@
 //!
 //! - `observed`: the same lifecycle on a manager built with a Prometheus recorder installed
 //!   (`metrics-exporter-prometheus`, rendering nothing) and an event listener attached (a
-//!   thread reading every event as it comes), against a manager with neither; paired ABBA
-//!   like the lifecycle ratio (target ≥ 0.97: observability costs at most 3 %).
+//!   thread reading every event in batches, once a millisecond), against a manager with
+//!   neither; paired ABBA like the lifecycle ratio (target ≥ 0.97: observability costs at
+//!   most 3 %).
 //!
 //! Every run uses glibc's malloc with the mmap and trim thresholds pinned, as
 //! `benches/udf_session.rs` explains (`benches/common/malloc.rs`;
@@ -230,6 +231,29 @@ const PAIRED_ROUNDS: usize = 30;
 /// Iterations per arm per round.
 const PAIRED_CHUNK: u32 = 20_000;
 
+/// [`PAIRED_ROUNDS`] rounds of both arms, alternating which runs first (ABBA), so that both
+/// arms of a round see the same machine load: the per-round throughput ratios of `a` to `b`
+/// (b's time ÷ a's), and each arm's times per iteration, sorted.
+fn paired(a: &mut impl FnMut(), b: &mut impl FnMut()) -> (Vec<f64>, Vec<Duration>, Vec<Duration>) {
+    let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
+    let (mut a_times, mut b_times) = (Vec::new(), Vec::new());
+    for round in 0..PAIRED_ROUNDS {
+        let (t_a, t_b) = if round % 2 == 0 {
+            let t_a = time_per_iter(PAIRED_CHUNK, &mut *a);
+            (t_a, time_per_iter(PAIRED_CHUNK, &mut *b))
+        } else {
+            let t_b = time_per_iter(PAIRED_CHUNK, &mut *b);
+            (time_per_iter(PAIRED_CHUNK, &mut *a), t_b)
+        };
+        ratios.push(t_b.as_secs_f64() / t_a.as_secs_f64());
+        a_times.push(t_a);
+        b_times.push(t_b);
+    }
+    a_times.sort();
+    b_times.sort();
+    (ratios, a_times, b_times)
+}
+
 /// First quartile, median and third quartile of `xs` (sorted in place).
 fn quartiles(xs: &mut [f64]) -> (f64, f64, f64) {
     xs.sort_by(f64::total_cmp);
@@ -310,23 +334,8 @@ fn summary(memory: Option<u64>) {
         baseline_once(&map, USER, &s, map_ids.next())
     };
     // Paired rounds (ABBA): both arms of a round see the same machine load.
-    let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
-    let (mut manager_times, mut map_times) = (Vec::new(), Vec::new());
-    for round in 0..PAIRED_ROUNDS {
-        let (t_manager, t_map) = if round % 2 == 0 {
-            let a = time_per_iter(PAIRED_CHUNK, &mut manager_arm);
-            (a, time_per_iter(PAIRED_CHUNK, &mut map_arm))
-        } else {
-            let b = time_per_iter(PAIRED_CHUNK, &mut map_arm);
-            (time_per_iter(PAIRED_CHUNK, &mut manager_arm), b)
-        };
-        ratios.push(t_map.as_secs_f64() / t_manager.as_secs_f64());
-        manager_times.push(t_manager);
-        map_times.push(t_map);
-    }
+    let (mut ratios, manager_times, map_times) = paired(&mut manager_arm, &mut map_arm);
     let (lo, median, hi) = quartiles(&mut ratios);
-    manager_times.sort();
-    map_times.sort();
     println!(
         "create+attach+release with 100 000 live (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): manager {:?}, Mutex<HashMap> {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.5)",
         manager_times[PAIRED_ROUNDS / 2],
@@ -340,13 +349,46 @@ fn summary(memory: Option<u64>) {
     observed_summary();
 }
 
-/// A manager like [`manager`] built with a Prometheus recorder installed and an event
-/// listener attached: a thread that reads every event as it comes (parked while there is
-/// none, as an async listener would be). Returns the manager and the listener's join handle
-/// (it ends when the manager, and so the channel's senders, are gone) with its count.
-fn observed_manager() -> (ExecutionManager, std::thread::JoinHandle<u64>) {
+/// The event listener of the observed arm: a thread that reads every event in batches, once
+/// a millisecond (see `tether::observe` on reading at high event rates), until `stop`.
+struct Listener {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<(u64, u64)>,
+}
+
+impl Listener {
+    fn start(mut rx: tether::observe::EventReceiver<tether::execution::ExecutionEvent>) -> Self {
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut n = 0u64;
+            loop {
+                let done = stopping.load(std::sync::atomic::Ordering::Acquire);
+                while let Some(e) = rx.try_recv() {
+                    black_box(&e);
+                    n += 1;
+                }
+                if done {
+                    return (n, rx.dropped());
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        });
+        Self { stop, thread }
+    }
+
+    /// Stops the thread; the events it read and those a full channel dropped.
+    fn finish(self) -> (u64, u64) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        self.thread.join().expect("the listener thread")
+    }
+}
+
+/// A manager like [`manager`] built with a Prometheus recorder installed (its handles are
+/// registered with it; nothing renders) and an event listener attached.
+fn observed_manager() -> (ExecutionManager, Listener) {
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
-    let (tx, mut rx) = tether::observe::event_channel(1 << 16);
+    let (tx, rx) = tether::observe::event_channel(1 << 16);
     let m = metrics::with_local_recorder(&recorder, || {
         ManualManager::new(ManagerConfig {
             max_executions_per_session: usize::MAX,
@@ -358,15 +400,7 @@ fn observed_manager() -> (ExecutionManager, std::thread::JoinHandle<u64>) {
     });
     // The recorder must outlive the handles the manager registered: leak it (one per run).
     Box::leak(Box::new(recorder));
-    let listener = std::thread::spawn(move || {
-        let mut n = 0u64;
-        while let Some(e) = futures::executor::block_on(futures::StreamExt::next(&mut rx)) {
-            black_box(&e);
-            n += 1;
-        }
-        n
-    });
-    (m, listener)
+    (m, Listener::start(rx))
 }
 
 /// Observability's cost on the registry lifecycle: paired ABBA rounds of the bare manager
@@ -387,27 +421,12 @@ fn observed_summary() {
         }
     };
     let (mut bare_arm, mut observed_arm) = (arm(&bare), arm(&observed));
-    let mut ratios = Vec::with_capacity(PAIRED_ROUNDS);
-    let (mut bare_times, mut observed_times) = (Vec::new(), Vec::new());
-    for round in 0..PAIRED_ROUNDS {
-        let (t_bare, t_observed) = if round % 2 == 0 {
-            let a = time_per_iter(PAIRED_CHUNK, &mut bare_arm);
-            (a, time_per_iter(PAIRED_CHUNK, &mut observed_arm))
-        } else {
-            let b = time_per_iter(PAIRED_CHUNK, &mut observed_arm);
-            (time_per_iter(PAIRED_CHUNK, &mut bare_arm), b)
-        };
-        ratios.push(t_bare.as_secs_f64() / t_observed.as_secs_f64());
-        bare_times.push(t_bare);
-        observed_times.push(t_observed);
-    }
+    let (mut ratios, observed_times, bare_times) = paired(&mut observed_arm, &mut bare_arm);
     let (lo, median, hi) = quartiles(&mut ratios);
-    bare_times.sort();
-    observed_times.sort();
     drop((observed_arm, keep_observed, observed));
-    let events = listener.join().expect("the listener thread");
+    let (events, dropped) = listener.finish();
     println!(
-        "create+attach+release observed (recorder + listener, {events} events read) vs bare (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): observed {:?}, bare {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.97)",
+        "create+attach+release observed (recorder + listener, {events} events read, {dropped} dropped) vs bare (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): observed {:?}, bare {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.97)",
         observed_times[PAIRED_ROUNDS / 2],
         bare_times[PAIRED_ROUNDS / 2],
     );

@@ -142,6 +142,8 @@ class Tether:
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "RUST_LOG": "warn"})
         line = self.proc.stdout.readline()
+        while line.startswith("metrics on "):
+            line = self.proc.stdout.readline()
         if not line.startswith("listening on "):
             raise SystemExit(f"connect_server did not start: {line!r}")
         threading.Thread(target=lambda: [None for _ in self.proc.stdout], daemon=True).start()

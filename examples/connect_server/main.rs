@@ -840,7 +840,7 @@ fn event_json(e: &ExecutionEvent) -> serde_json::Value {
     let (kind, fields) = match &e.kind {
         EventKind::SessionStarted => ("SessionStarted", json!({})),
         EventKind::SessionClosed => ("SessionClosed", json!({})),
-        EventKind::OperationStarted { tags } => ("OperationStarted", json!({ "tags": &**tags })),
+        EventKind::OperationStarted { tags } => ("OperationStarted", json!({ "tags": tags })),
         EventKind::OperationAnalyzed { statement_text } => (
             "OperationAnalyzed",
             json!({ "statement_text": statement_text }),
@@ -856,11 +856,11 @@ fn event_json(e: &ExecutionEvent) -> serde_json::Value {
         EventKind::OperationCanceled => ("OperationCanceled", json!({})),
         EventKind::OperationClosed => ("OperationClosed", json!({})),
         EventKind::Reattached {
-            last_response_id,
+            resumed_at,
             replayed,
         } => (
             "Reattached",
-            json!({ "last_response_id": last_response_id, "replayed": replayed }),
+            json!({ "resumed_at": resumed_at, "replayed": replayed }),
         ),
         EventKind::StreamRotated { reason } => {
             ("StreamRotated", json!({ "reason": format!("{reason:?}") }))

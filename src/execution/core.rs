@@ -3,11 +3,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use smallvec::SmallVec;
-
 use super::budget::{MemoryBudget, Waiter};
 use super::error::ConnectError;
-use super::events::{IllegalTransition, Lifecycle, OperationStatus, RotationReason, StatusEvent};
+use super::events::{
+    IllegalTransition, Lifecycle, LifecycleBatch, OperationStatus, Reattach, RotationReason,
+    StatusEvent,
+};
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use crate::wire::connect::ExecutePlanResponse;
 
@@ -250,7 +251,7 @@ pub struct ExecutionCore {
     /// Spark's operation status (rx §2.1 item 4): what the events posted so far say.
     status: OperationStatus,
     /// The lifecycle this core decided and the driver has not forwarded yet.
-    lifecycle: SmallVec<[Lifecycle; 2]>,
+    lifecycle: LifecycleBatch,
     /// Rows of the Arrow batches produced (`producedRowCount`), once one was.
     rows: Option<u64>,
     /// The highest response index handed to any consumer (0: none).
@@ -286,7 +287,9 @@ impl ExecutionCore {
             delivered_result_complete: false,
             status: OperationStatus::Started,
             // Registered: Spark posts Started with the holder (rx §2.2 T1).
-            lifecycle: smallvec::smallvec![Lifecycle::Status(StatusEvent::Started)],
+            // Registered (Spark posts Started with the holder, rx §2.2 T1): the registry
+            // reports it.
+            lifecycle: LifecycleBatch::default(),
             rows: None,
             sent_high: 0,
         }
@@ -308,7 +311,7 @@ impl ExecutionCore {
             });
         }
         self.status = to;
-        self.lifecycle.push(Lifecycle::Status(event));
+        self.lifecycle.events.push(Lifecycle::Status(event));
         Ok(())
     }
 
@@ -319,7 +322,9 @@ impl ExecutionCore {
     /// [`IllegalTransition`] unless the status is `Started` or `Analyzed` (for example once
     /// the execution was canceled): nothing is posted.
     pub fn analyzed(&mut self, statement_text: Option<String>) -> Result<(), IllegalTransition> {
-        self.post(StatusEvent::Analyzed(statement_text))
+        self.post(StatusEvent::Analyzed(
+            statement_text.map(String::into_boxed_str),
+        ))
     }
 
     /// The engine is about to execute (Spark's `postReadyForExecution`, rx §2.1 item 4).
@@ -336,7 +341,7 @@ impl ExecutionCore {
     }
 
     /// The lifecycle events decided since the last call, oldest first.
-    pub(crate) fn take_lifecycle(&mut self) -> SmallVec<[Lifecycle; 2]> {
+    pub(crate) fn take_lifecycle(&mut self) -> LifecycleBatch {
         std::mem::take(&mut self.lifecycle)
     }
 
@@ -345,7 +350,7 @@ impl ExecutionCore {
         let had = self.consumer.is_some();
         let previous = std::mem::replace(&mut self.consumer, consumer);
         if had != self.consumer.is_some() {
-            self.lifecycle.push(Lifecycle::Attached(!had));
+            self.lifecycle.attached += if had { -1 } else { 1 };
         }
         previous
     }
@@ -569,11 +574,12 @@ impl ExecutionCore {
             let _ = self.detach(id, now);
             return (Err(e), preempted);
         }
-        self.lifecycle.push(Lifecycle::Reattached {
-            last_response_id: last_response_id.map(str::to_owned),
-            replayed: (self.sent_high + 1).saturating_sub(next.max(1)),
-            detached_for,
-        });
+        let replayed = (self.sent_high + 1).saturating_sub(next.max(1));
+        self.lifecycle.events.push(Lifecycle::Reattached(Reattach {
+            resumed_at: next.max(1),
+            replayed: u32::try_from(replayed).unwrap_or(u32::MAX),
+            detached_ms: detached_for.map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
+        }));
         (Ok(id), preempted)
     }
 
@@ -620,7 +626,7 @@ impl ExecutionCore {
                 } else {
                     RotationReason::Bytes
                 };
-                self.lifecycle.push(Lifecycle::Rotated(reason));
+                self.lifecycle.events.push(Lifecycle::Rotated(reason));
                 return ConsumerEvent::End(StreamEnd::Rotated);
             }
         }
@@ -686,8 +692,7 @@ impl ExecutionCore {
     /// `INVALID_CURSOR.POSITION_NOT_FOUND` for an id this execution never handed out.
     pub fn release_until(&mut self, response_id: &str) -> Result<u64, ConnectError> {
         let index = self.log.release_until(response_id)?;
-        self.lifecycle
-            .push(Lifecycle::ReleasedUntil(response_id.to_owned()));
+        self.lifecycle.events.push(Lifecycle::ReleasedUntil(index));
         Ok(index)
     }
 
@@ -712,6 +717,7 @@ impl ExecutionCore {
         if self.reattachable && cursor.deadline.is_some_and(|d| now >= d) {
             self.end_consumer(now);
             self.lifecycle
+                .events
                 .push(Lifecycle::Rotated(RotationReason::Duration));
             return Some(ConsumerEvent::End(StreamEnd::Rotated));
         }
@@ -826,7 +832,7 @@ impl ExecutionCore {
         let r = self.check_producer();
         self.producer_stopped();
         r?;
-        let message = error.to_string();
+        let message = error.to_string().into_boxed_str();
         let _ = self.log.fail(error);
         self.runner = RunnerState::Completed;
         let _ = self.post(StatusEvent::Failed(message));
@@ -857,7 +863,8 @@ impl ExecutionCore {
                 let message = ConnectError::Orphaned {
                     handle: self.log.stamp().operation_id.to_string(),
                 }
-                .to_string();
+                .to_string()
+                .into_boxed_str();
                 let _ = self.post(StatusEvent::Failed(message));
             }
         }

@@ -8,14 +8,14 @@
 //! core queued, after each step, under the execution's lock, so that one execution's events
 //! reach the channel in the order the core decided them.
 
-use std::sync::Arc;
 use std::time::Instant;
 
 use metrics::{Counter, Gauge, Histogram};
+use smallvec::SmallVec;
 use uuid::Uuid;
 
 use super::error::ConnectError;
-use super::keys::SessionKey;
+use super::keys::{ExecuteKey, SessionKey};
 use crate::observe::EventSender;
 
 /// Spark's operation status (`ExecuteStatus`, rx §2.1 item 4): the states of the listener
@@ -154,7 +154,7 @@ pub enum ExecutionEventKind {
     /// An execution was registered (rx §2.2 T1).
     OperationStarted {
         /// The operation's tags (`ExecutePlanRequest.tags`).
-        tags: Arc<[String]>,
+        tags: Vec<String>,
     },
     /// The engine analyzed the plan ([`Producer::analyzed`](super::Producer::analyzed)).
     OperationAnalyzed {
@@ -184,8 +184,9 @@ pub enum ExecutionEventKind {
     /// A stream attached to a running execution again: ReattachExecute, or an ExecutePlan
     /// repeating a live operation with the same plan (rx §5.2, §5.5).
     Reattached {
-        /// The `last_response_id` the client resumed after (`None`: from the start).
-        last_response_id: Option<String>,
+        /// The index of the first response the new stream sends (rx §3.1: responses are
+        /// numbered from 1; the one after the client's `last_response_id`).
+        resumed_at: u64,
         /// How many responses the new stream resends that an earlier stream had sent.
         replayed: u64,
     },
@@ -197,8 +198,9 @@ pub enum ExecutionEventKind {
     },
     /// ReleaseExecute applied (rx §3.4, §5.5).
     Released {
-        /// `ReleaseUntil`'s `response_id`; `None` for `ReleaseAll`.
-        until: Option<String>,
+        /// For `ReleaseUntil`, the index of its `response_id` (rx §3.1: every response up to
+        /// it was freed); `None` for `ReleaseAll`.
+        until: Option<u64>,
     },
     /// The execution was abandoned: detached too long, or its session closed (rx §5.3,
     /// §5.6); its `OperationClosed` follows.
@@ -214,30 +216,36 @@ pub enum ExecutionEventKind {
 }
 
 /// What a core step decided that the observer reports: queued by the
-/// [`ExecutionCore`](super::ExecutionCore), drained by the driver after the step.
+/// [`ExecutionCore`](super::ExecutionCore), drained by the driver after the step. Small (the
+/// rare large payloads are boxed), so that the few a step queues stay inline.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum Lifecycle {
     /// The operation status moved (the core checked [`OperationStatus::allows`]).
     Status(StatusEvent),
-    /// A stream attached (`true`) or ended (`false`): the attached-streams gauge.
-    Attached(bool),
-    Reattached {
-        last_response_id: Option<String>,
-        replayed: u64,
-        detached_for: Option<std::time::Duration>,
-    },
+    /// A reattach; what it reported is the core's last [`Reattach`] (one per step).
+    Reattached(Reattach),
     Rotated(RotationReason),
-    ReleasedUntil(String),
+    /// ReleaseUntil up to this index.
+    ReleasedUntil(u64),
+}
+
+/// A reattach's report (rx §5.5).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Reattach {
+    pub(crate) resumed_at: u64,
+    pub(crate) replayed: u32,
+    /// How long the execution was detached before it, in milliseconds, if it was (a gap
+    /// beyond `u32::MAX` ms, 49 days, saturates).
+    pub(crate) detached_ms: Option<u32>,
 }
 
 /// A status event with its data.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) enum StatusEvent {
-    Started,
-    Analyzed(Option<String>),
+    Analyzed(Option<Box<str>>),
     ReadyForExecution,
     Finished(Option<u64>),
-    Failed(String),
+    Failed(Box<str>),
     Canceled,
     Closed(super::Removal),
 }
@@ -245,7 +253,6 @@ pub(crate) enum StatusEvent {
 impl StatusEvent {
     pub(crate) fn status(&self) -> OperationStatus {
         match self {
-            Self::Started => OperationStatus::Started,
             Self::Analyzed(_) => OperationStatus::Analyzed,
             Self::ReadyForExecution => OperationStatus::ReadyForExecution,
             Self::Finished(_) => OperationStatus::Finished,
@@ -253,6 +260,20 @@ impl StatusEvent {
             Self::Canceled => OperationStatus::Canceled,
             Self::Closed(_) => OperationStatus::Closed,
         }
+    }
+}
+
+/// What one execution's core decided since its driver last looked: the events, and the
+/// net change of its attached streams (-1, 0 or +1: a gauge, not an event).
+#[derive(Debug, Default)]
+pub(crate) struct LifecycleBatch {
+    pub(crate) events: SmallVec<[Lifecycle; 2]>,
+    pub(crate) attached: i8,
+}
+
+impl LifecycleBatch {
+    pub(crate) fn is_empty(&self) -> bool {
+        self.events.is_empty() && self.attached == 0
     }
 }
 
@@ -386,6 +407,23 @@ impl Observer {
         self.send(at, session, None, kind);
     }
 
+    /// An execution was registered (rx §2.2 T1): the registry's decision, reported once the
+    /// registry's own notes (the session it may have created) are.
+    pub(crate) fn operation_started(&self, at: Instant, key: &ExecuteKey, tags: &[String]) {
+        self.metrics.executions.increment(1.0);
+        self.metrics.executions_started.increment(1);
+        if self.listened() {
+            self.send(
+                at,
+                &key.session(),
+                Some(key.operation_id),
+                ExecutionEventKind::OperationStarted {
+                    tags: tags.to_vec(),
+                },
+            );
+        }
+    }
+
     /// A request was refused by a tombstone (rx §5.4).
     pub(crate) fn tombstone_hit(&self, at: Instant, session: &SessionKey, op: Uuid) {
         self.metrics.tombstone_hits.increment(1);
@@ -402,25 +440,29 @@ impl Observer {
     }
 
     /// A `ReleaseAll` (rx §5.5), before the execution's close.
-    pub(crate) fn released_all(&self, at: Instant, session: &SessionKey, op: Uuid) {
+    pub(crate) fn released_all(&self, at: Instant, key: &ExecuteKey) {
         self.metrics.releases_all.increment(1);
-        self.send(
-            at,
-            session,
-            Some(op),
-            ExecutionEventKind::Released { until: None },
-        );
+        if self.listened() {
+            self.send(
+                at,
+                &key.session(),
+                Some(key.operation_id),
+                ExecutionEventKind::Released { until: None },
+            );
+        }
     }
 
     /// A producer starts waiting for the memory budget.
-    pub(crate) fn producer_waiting(&self, at: Instant, session: &SessionKey, op: Uuid, bytes: u64) {
+    pub(crate) fn producer_waiting(&self, at: Instant, key: &ExecuteKey, bytes: u64) {
         self.metrics.producer_waits.increment(1);
-        self.send(
-            at,
-            session,
-            Some(op),
-            ExecutionEventKind::ProducerWaiting { bytes },
-        );
+        if self.listened() {
+            self.send(
+                at,
+                &key.session(),
+                Some(key.operation_id),
+                ExecutionEventKind::ProducerWaiting { bytes },
+            );
+        }
     }
 
     /// Samples the shared memory budget's gauges.
@@ -435,98 +477,99 @@ impl Observer {
         self.metrics.retained_bytes.set(retained as f64);
     }
 
-    /// What one execution's core queued: metrics, then the event (if anyone listens).
-    /// `started` is when the operation was registered (for the execution histogram).
+    /// What one execution's core decided: metrics, then the events (only built when
+    /// someone listens). `started` is when the operation was registered (for the execution
+    /// histogram); `now` reads the manager's clock.
+    #[inline(never)]
     pub(crate) fn lifecycle(
         &self,
-        at: Instant,
-        session: &SessionKey,
-        op: Uuid,
+        now: impl FnOnce() -> Instant,
+        key: &ExecuteKey,
         started: Instant,
-        tags: &Arc<[String]>,
-        event: Lifecycle,
+        batch: LifecycleBatch,
     ) {
         let m = &self.metrics;
-        let kind = match event {
-            Lifecycle::Attached(attached) => {
-                if attached {
-                    m.attached_streams.increment(1.0);
-                } else {
-                    m.attached_streams.decrement(1.0);
-                }
-                return;
-            }
-            Lifecycle::Reattached {
-                last_response_id,
-                replayed,
-                detached_for,
-            } => {
-                m.reattaches.increment(1);
-                m.replayed.increment(replayed);
-                if let Some(gap) = detached_for {
-                    m.reattach_gap_seconds.record(gap.as_secs_f64());
-                }
-                ExecutionEventKind::Reattached {
-                    last_response_id,
-                    replayed,
-                }
-            }
-            Lifecycle::Rotated(reason) => {
-                match reason {
-                    RotationReason::Duration => m.rotations_duration.increment(1),
-                    RotationReason::Bytes => m.rotations_bytes.increment(1),
-                }
-                ExecutionEventKind::StreamRotated { reason }
-            }
-            Lifecycle::ReleasedUntil(until) => {
-                m.releases_until.increment(1);
-                ExecutionEventKind::Released { until: Some(until) }
-            }
-            Lifecycle::Status(status) => {
-                let ran_for = || at.saturating_duration_since(started).as_secs_f64();
-                match status {
-                    StatusEvent::Started => {
-                        m.executions.increment(1.0);
-                        m.executions_started.increment(1);
-                        ExecutionEventKind::OperationStarted { tags: tags.clone() }
-                    }
-                    StatusEvent::Analyzed(statement_text) => {
-                        ExecutionEventKind::OperationAnalyzed { statement_text }
-                    }
-                    StatusEvent::ReadyForExecution => {
-                        ExecutionEventKind::OperationReadyForExecution
-                    }
-                    StatusEvent::Finished(produced_row_count) => {
-                        m.ended_finished.increment(1);
-                        m.execution_seconds.record(ran_for());
-                        ExecutionEventKind::OperationFinished { produced_row_count }
-                    }
-                    StatusEvent::Failed(error_message) => {
-                        m.ended_failed.increment(1);
-                        m.execution_seconds.record(ran_for());
-                        ExecutionEventKind::OperationFailed { error_message }
-                    }
-                    StatusEvent::Canceled => {
-                        m.ended_canceled.increment(1);
-                        m.execution_seconds.record(ran_for());
-                        ExecutionEventKind::OperationCanceled
-                    }
-                    StatusEvent::Closed(removal) => {
-                        m.executions.decrement(1.0);
-                        match removal {
-                            super::Removal::Released => m.closed_released.increment(1),
-                            super::Removal::Abandoned => {
-                                m.closed_abandoned.increment(1);
-                                self.send(at, session, Some(op), ExecutionEventKind::Abandoned);
-                            }
-                        }
-                        ExecutionEventKind::OperationClosed
-                    }
-                }
+        match batch.attached {
+            0 => {}
+            d => m.attached_streams.increment(f64::from(d)),
+        }
+        if batch.events.is_empty() {
+            return;
+        }
+        let at = now();
+        let listened = self.listened();
+        let session = listened.then(|| key.session());
+        let send = |kind: ExecutionEventKind| {
+            if let Some(session) = &session {
+                self.send(at, session, Some(key.operation_id), kind);
             }
         };
-        if self.listened() {
-            self.send(at, session, Some(op), kind);
+        for event in batch.events {
+            match event {
+                Lifecycle::Reattached(r) => {
+                    m.reattaches.increment(1);
+                    m.replayed.increment(u64::from(r.replayed));
+                    if let Some(gap) = r.detached_ms {
+                        m.reattach_gap_seconds.record(f64::from(gap) / 1e3);
+                    }
+                    send(ExecutionEventKind::Reattached {
+                        resumed_at: r.resumed_at,
+                        replayed: u64::from(r.replayed),
+                    });
+                }
+                Lifecycle::Rotated(reason) => {
+                    match reason {
+                        RotationReason::Duration => m.rotations_duration.increment(1),
+                        RotationReason::Bytes => m.rotations_bytes.increment(1),
+                    }
+                    send(ExecutionEventKind::StreamRotated { reason });
+                }
+                Lifecycle::ReleasedUntil(until) => {
+                    m.releases_until.increment(1);
+                    send(ExecutionEventKind::Released { until: Some(until) });
+                }
+                Lifecycle::Status(status) => {
+                    let ran_for = || at.saturating_duration_since(started).as_secs_f64();
+                    match status {
+                        StatusEvent::Analyzed(statement_text) => {
+                            send(ExecutionEventKind::OperationAnalyzed {
+                                statement_text: statement_text.map(String::from),
+                            });
+                        }
+                        StatusEvent::ReadyForExecution => {
+                            send(ExecutionEventKind::OperationReadyForExecution);
+                        }
+                        StatusEvent::Finished(produced_row_count) => {
+                            m.ended_finished.increment(1);
+                            m.execution_seconds.record(ran_for());
+                            send(ExecutionEventKind::OperationFinished { produced_row_count });
+                        }
+                        StatusEvent::Failed(error_message) => {
+                            m.ended_failed.increment(1);
+                            m.execution_seconds.record(ran_for());
+                            send(ExecutionEventKind::OperationFailed {
+                                error_message: error_message.into(),
+                            });
+                        }
+                        StatusEvent::Canceled => {
+                            m.ended_canceled.increment(1);
+                            m.execution_seconds.record(ran_for());
+                            send(ExecutionEventKind::OperationCanceled);
+                        }
+                        StatusEvent::Closed(removal) => {
+                            m.executions.decrement(1.0);
+                            match removal {
+                                super::Removal::Released => m.closed_released.increment(1),
+                                super::Removal::Abandoned => {
+                                    m.closed_abandoned.increment(1);
+                                    send(ExecutionEventKind::Abandoned);
+                                }
+                            }
+                            send(ExecutionEventKind::OperationClosed);
+                        }
+                    }
+                }
+            }
         }
     }
 }

@@ -503,7 +503,7 @@ impl ExecutionManager {
                 Arc::new(ExecShared::new(
                     new.key,
                     core,
-                    Arc::from(request.tags.as_slice()),
+                    request.tags.clone().into_boxed_slice(),
                     request.plan.clone(),
                     self.inner.env.clone(),
                 ))
@@ -518,8 +518,8 @@ impl ExecutionManager {
                     .attach(None, now, &mut wakes)
                     .map(|stream| Submitted::Reattached(Box::new(stream))),
                 Ok(Admitted::New(exec)) => {
-                    // Releasing its first lock forwards its `OperationStarted`.
-                    drop(exec.lock());
+                    exec.observer()
+                        .operation_started(exec.started_at(), &exec.key, &exec.tags);
                     Ok(if exec.reattachable {
                         Submitted::Reattachable(Execution::new_submitted(exec))
                     } else {
@@ -620,8 +620,7 @@ impl ExecutionManager {
         // Closed under the registry lock, as every removal (rx §2.2 T12).
         let r = released.map(|(response, removed)| {
             if let Some(exec) = removed {
-                exec.observer()
-                    .released_all(now, &exec.key.session(), exec.key.operation_id);
+                exec.observer().released_all(now, &exec.key);
                 close(&exec, Removal::Released, &mut wakes);
             }
             response
@@ -802,31 +801,27 @@ impl ExecutionManager {
         let mut wakes = Wakes::default();
         let report = {
             let mut reg = self.inner.lock();
-            let done = reg.maintain(now, |exec| exec.lock().core.detached_since());
+            // One lock per execution: its detached time, and the bytes it holds for the
+            // sampled gauges.
+            let (mut unsent, mut retained) = (0u64, 0u64);
+            let done = reg.maintain(now, |exec| {
+                let st = exec.lock();
+                unsent = unsent.saturating_add(st.core.log().unsent_bytes());
+                retained = retained.saturating_add(st.core.log().retained_bytes());
+                st.core.detached_since()
+            });
             for exec in done.with_sessions.iter().chain(&done.detached) {
                 close(exec, Removal::Abandoned, &mut wakes);
             }
-            self.sample(&reg);
+            let observer = &self.inner.env.observer;
+            observer.sample_held(unsent, retained);
+            if let Some(budget) = &self.inner.budget {
+                observer.sample_budget(&budget.usage());
+            }
             done.report
         };
         wakes.wake();
         report
-    }
-
-    /// Sets the sampled gauges (see [`observe`](crate::observe)): the unsent and retained
-    /// bytes of every execution (rx §3.1) and the memory budget's use.
-    fn sample(&self, reg: &Reg) {
-        let (mut unsent, mut retained) = (0u64, 0u64);
-        for (_, exec) in reg.executions() {
-            let st = exec.lock();
-            unsent = unsent.saturating_add(st.core.log().unsent_bytes());
-            retained = retained.saturating_add(st.core.log().retained_bytes());
-        }
-        let observer = &self.inner.env.observer;
-        observer.sample_held(unsent, retained);
-        if let Some(budget) = &self.inner.budget {
-            observer.sample_budget(&budget.usage());
-        }
     }
 
     /// Runs [`maintain`](Self::maintain) every `maintenance_interval` on the manager's

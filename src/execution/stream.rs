@@ -20,7 +20,7 @@ use prost::Message as _;
 use super::budget::Waiter;
 use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, StreamEnd};
 use super::error::ConnectError;
-use super::events::{IllegalTransition, Lifecycle, Observer};
+use super::events::{IllegalTransition, LifecycleBatch, Observer};
 use super::keys::ExecuteKey;
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
 use crate::time::Timer;
@@ -79,7 +79,7 @@ pub(crate) struct ExecShared {
     pub(crate) key: ExecuteKey,
     pub(crate) operation_id: Arc<str>,
     pub(crate) reattachable: bool,
-    pub(crate) tags: Arc<[String]>,
+    pub(crate) tags: Box<[String]>,
     pub(crate) plan: Option<Plan>,
     /// Its manager's clock, where it reports leaving the registry, and its observer.
     env: Arc<ExecEnv>,
@@ -111,10 +111,11 @@ impl std::ops::DerefMut for ExecGuard<'_> {
 }
 
 impl Drop for ExecGuard<'_> {
+    #[inline]
     fn drop(&mut self) {
         if self.state.core.has_lifecycle() {
-            let lifecycle = self.state.core.take_lifecycle();
-            self.exec.forward(lifecycle);
+            let batch = self.state.core.take_lifecycle();
+            self.exec.forward(batch);
         }
     }
 }
@@ -166,13 +167,12 @@ impl ExecState {
 }
 
 impl ExecShared {
-    /// A registered execution. Its `OperationStarted`, queued by the new core, is forwarded
-    /// with the first lock released: the registry forwards its own notes first (the
-    /// session this execution may have created), then locks it once.
+    /// A registered execution (its registration is reported by the manager, after the
+    /// registry's own notes).
     pub(crate) fn new(
         key: ExecuteKey,
         core: ExecutionCore,
-        tags: Arc<[String]>,
+        tags: Box<[String]>,
         plan: Option<Plan>,
         env: Arc<ExecEnv>,
     ) -> Self {
@@ -193,6 +193,11 @@ impl ExecShared {
         }
     }
 
+    /// When it was registered, on the manager's clock.
+    pub(crate) fn started_at(&self) -> Instant {
+        self.started_at
+    }
+
     pub(crate) fn lock(&self) -> ExecGuard<'_> {
         ExecGuard {
             exec: self,
@@ -202,19 +207,10 @@ impl ExecShared {
 
     /// Hands what the core decided to the manager's observer (metrics, then the event
     /// channel).
-    fn forward(&self, lifecycle: impl IntoIterator<Item = Lifecycle>) {
-        let at = self.env.clock.now();
-        let session = self.key.session();
-        for event in lifecycle {
-            self.env.observer.lifecycle(
-                at,
-                &session,
-                self.key.operation_id,
-                self.started_at,
-                &self.tags,
-                event,
-            );
-        }
+    pub(crate) fn forward(&self, batch: LifecycleBatch) {
+        self.env
+            .observer
+            .lifecycle(|| self.env.clock.now(), &self.key, self.started_at, batch);
     }
 
     /// The manager's observer (metrics and events).
@@ -225,12 +221,7 @@ impl ExecShared {
     /// The producer starts waiting for the memory budget with a response of `bytes`.
     fn budget_wait(&self, bytes: u64, budget: Option<&Arc<super::MemoryBudget>>) {
         let observer = &self.env.observer;
-        observer.producer_waiting(
-            self.env.clock.now(),
-            &self.key.session(),
-            self.key.operation_id,
-            bytes,
-        );
+        observer.producer_waiting(self.env.clock.now(), &self.key, bytes);
         if let Some(budget) = budget {
             observer.sample_budget(&budget.usage());
         }
