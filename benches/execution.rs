@@ -386,18 +386,24 @@ impl Listener {
 
 /// A manager like [`manager`] built with a Prometheus recorder installed (its handles are
 /// registered with it; nothing renders) and an event listener attached.
+///
+/// `TETHER_BENCH_OBSERVE=metrics` (the recorder alone) or `events` (the listener alone)
+/// measures one half; the default is both.
 fn observed_manager() -> (ExecutionManager, Listener) {
+    let half = std::env::var("TETHER_BENCH_OBSERVE").unwrap_or_default();
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();
     let (tx, rx) = tether::observe::event_channel(1 << 16);
-    let m = metrics::with_local_recorder(&recorder, || {
-        ManualManager::new(ManagerConfig {
-            max_executions_per_session: usize::MAX,
-            inactive_operation_expiry: Duration::ZERO,
-            events: Some(tx),
-            ..ManagerConfig::default()
-        })
-        .manager
-    });
+    let config = ManagerConfig {
+        max_executions_per_session: usize::MAX,
+        inactive_operation_expiry: Duration::ZERO,
+        events: (half != "metrics").then_some(tx),
+        ..ManagerConfig::default()
+    };
+    let m = if half == "events" {
+        ManualManager::new(config).manager
+    } else {
+        metrics::with_local_recorder(&recorder, || ManualManager::new(config).manager)
+    };
     // The recorder must outlive the handles the manager registered: leak it (one per run).
     Box::leak(Box::new(recorder));
     (m, Listener::start(rx))

@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 use super::budget::{MemoryBudget, Waiter};
 use super::error::ConnectError;
 use super::events::{
-    IllegalTransition, Lifecycle, LifecycleBatch, OperationStatus, Reattach, RotationReason,
-    StatusEvent,
+    IllegalTransition, Lifecycle, LifecycleBatch, NO_ROWS, OperationStatus, Reattach,
+    RotationReason,
 };
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use crate::wire::connect::ExecutePlanResponse;
@@ -301,9 +301,12 @@ impl ExecutionCore {
         self.status
     }
 
-    /// Posts `event` if Spark's status machine allows it from the current status.
-    fn post(&mut self, event: StatusEvent) -> Result<(), IllegalTransition> {
-        let to = event.status();
+    /// Posts the status event `event` if Spark's status machine allows it from the current
+    /// status.
+    fn post(&mut self, event: Lifecycle) -> Result<(), IllegalTransition> {
+        let Some(to) = event.status() else {
+            unreachable!("post takes status events only")
+        };
         if !self.status.allows(to) {
             return Err(IllegalTransition {
                 from: self.status,
@@ -311,7 +314,7 @@ impl ExecutionCore {
             });
         }
         self.status = to;
-        self.lifecycle.events.push(Lifecycle::Status(event));
+        self.lifecycle.events.push(event);
         Ok(())
     }
 
@@ -322,9 +325,7 @@ impl ExecutionCore {
     /// [`IllegalTransition`] unless the status is `Started` or `Analyzed` (for example once
     /// the execution was canceled): nothing is posted.
     pub fn analyzed(&mut self, statement_text: Option<String>) -> Result<(), IllegalTransition> {
-        self.post(StatusEvent::Analyzed(
-            statement_text.map(String::into_boxed_str),
-        ))
+        self.post(Lifecycle::Analyzed(statement_text.map(Box::new)))
     }
 
     /// The engine is about to execute (Spark's `postReadyForExecution`, rx §2.1 item 4).
@@ -332,7 +333,7 @@ impl ExecutionCore {
     /// # Errors
     /// [`IllegalTransition`] unless the status is `Analyzed`: nothing is posted.
     pub fn ready_for_execution(&mut self) -> Result<(), IllegalTransition> {
-        self.post(StatusEvent::ReadyForExecution)
+        self.post(Lifecycle::ReadyForExecution)
     }
 
     /// Whether lifecycle events wait to be forwarded ([`take_lifecycle`](Self::take_lifecycle)).
@@ -575,11 +576,14 @@ impl ExecutionCore {
             return (Err(e), preempted);
         }
         let replayed = (self.sent_high + 1).saturating_sub(next.max(1));
-        self.lifecycle.events.push(Lifecycle::Reattached(Reattach {
+        self.lifecycle.reattach = Reattach {
             resumed_at: next.max(1),
             replayed: u32::try_from(replayed).unwrap_or(u32::MAX),
-            detached_ms: detached_for.map(|d| u32::try_from(d.as_millis()).unwrap_or(u32::MAX)),
-        }));
+            detached_ms: detached_for.map_or(u32::MAX, |d| {
+                u32::try_from(d.as_millis()).unwrap_or(u32::MAX - 1)
+            }),
+        };
+        self.lifecycle.events.push(Lifecycle::Reattached);
         (Ok(id), preempted)
     }
 
@@ -817,9 +821,9 @@ impl ExecutionCore {
         // An engine that reported the analysis but not readiness was ready when it
         // finished: Spark allows Finished only from Started or ReadyForExecution.
         if self.status == OperationStatus::Analyzed {
-            let _ = self.post(StatusEvent::ReadyForExecution);
+            let _ = self.post(Lifecycle::ReadyForExecution);
         }
-        let _ = self.post(StatusEvent::Finished(self.rows));
+        let _ = self.post(Lifecycle::Finished(self.rows.unwrap_or(NO_ROWS)));
         Ok(())
     }
 
@@ -832,10 +836,10 @@ impl ExecutionCore {
         let r = self.check_producer();
         self.producer_stopped();
         r?;
-        let message = error.to_string().into_boxed_str();
+        let message = Box::new(error.to_string());
         let _ = self.log.fail(error);
         self.runner = RunnerState::Completed;
-        let _ = self.post(StatusEvent::Failed(message));
+        let _ = self.post(Lifecycle::Failed(message));
         Ok(())
     }
 
@@ -863,9 +867,8 @@ impl ExecutionCore {
                 let message = ConnectError::Orphaned {
                     handle: self.log.stamp().operation_id.to_string(),
                 }
-                .to_string()
-                .into_boxed_str();
-                let _ = self.post(StatusEvent::Failed(message));
+                .to_string();
+                let _ = self.post(Lifecycle::Failed(Box::new(message)));
             }
         }
     }
@@ -889,13 +892,13 @@ impl ExecutionCore {
             RunnerState::NotStarted => {
                 self.runner = RunnerState::Interrupted;
                 let _ = self.log.fail(ConnectError::OperationCanceled);
-                let _ = self.post(StatusEvent::Canceled);
+                let _ = self.post(Lifecycle::Canceled);
                 true
             }
             RunnerState::Started => {
                 self.runner = RunnerState::StartedInterrupted;
                 let _ = self.log.fail(ConnectError::OperationCanceled);
-                let _ = self.post(StatusEvent::Canceled);
+                let _ = self.post(Lifecycle::Canceled);
                 true
             }
             _ => false,
@@ -932,9 +935,9 @@ impl ExecutionCore {
         // A run that had not ended is canceled by its removal (rx §2.2 T12); then the
         // operation is closed, its last event.
         if !self.status.is_ended() {
-            let _ = self.post(StatusEvent::Canceled);
+            let _ = self.post(Lifecycle::Canceled);
         }
-        let _ = self.post(StatusEvent::Closed(removal));
+        let _ = self.post(Lifecycle::Closed(removal));
         self.set_consumer(None).map(|c| c.id)
     }
 }

@@ -216,59 +216,64 @@ pub enum ExecutionEventKind {
 }
 
 /// What a core step decided that the observer reports: queued by the
-/// [`ExecutionCore`](super::ExecutionCore), drained by the driver after the step. Small (the
-/// rare large payloads are boxed), so that the few a step queues stay inline.
+/// [`ExecutionCore`](super::ExecutionCore), drained by the driver after the step. 16 bytes
+/// (the rare text payloads are thin boxes), so that the few a step queues stay inline.
 #[derive(Debug, Clone, PartialEq)]
+// The boxed strings are thin pointers (8 bytes, a `String` is 24): the rare texts keep every
+// queued item at 16 bytes.
+#[allow(clippy::box_collection)]
 pub(crate) enum Lifecycle {
-    /// The operation status moved (the core checked [`OperationStatus::allows`]).
-    Status(StatusEvent),
-    /// A reattach; what it reported is the core's last [`Reattach`] (one per step).
-    Reattached(Reattach),
+    Analyzed(Option<Box<String>>),
+    ReadyForExecution,
+    /// `producedRowCount`, or [`NO_ROWS`].
+    Finished(u64),
+    Failed(Box<String>),
+    Canceled,
+    Closed(super::Removal),
+    /// A reattach; what it reported is the batch's [`Reattach`] (one per step).
+    Reattached,
     Rotated(RotationReason),
     /// ReleaseUntil up to this index.
     ReleasedUntil(u64),
 }
 
-/// A reattach's report (rx §5.5).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Reattach {
-    pub(crate) resumed_at: u64,
-    pub(crate) replayed: u32,
-    /// How long the execution was detached before it, in milliseconds, if it was (a gap
-    /// beyond `u32::MAX` ms, 49 days, saturates).
-    pub(crate) detached_ms: Option<u32>,
-}
+/// [`Lifecycle::Finished`] of an execution that produced no Arrow batch.
+pub(crate) const NO_ROWS: u64 = u64::MAX;
 
-/// A status event with its data.
-#[derive(Debug, Clone, PartialEq)]
-pub(crate) enum StatusEvent {
-    Analyzed(Option<Box<str>>),
-    ReadyForExecution,
-    Finished(Option<u64>),
-    Failed(Box<str>),
-    Canceled,
-    Closed(super::Removal),
-}
-
-impl StatusEvent {
-    pub(crate) fn status(&self) -> OperationStatus {
-        match self {
+impl Lifecycle {
+    /// The operation status a status event moves to; `None` for tether's own events.
+    pub(crate) fn status(&self) -> Option<OperationStatus> {
+        Some(match self {
             Self::Analyzed(_) => OperationStatus::Analyzed,
             Self::ReadyForExecution => OperationStatus::ReadyForExecution,
             Self::Finished(_) => OperationStatus::Finished,
             Self::Failed(_) => OperationStatus::Failed,
             Self::Canceled => OperationStatus::Canceled,
             Self::Closed(_) => OperationStatus::Closed,
-        }
+            Self::Reattached | Self::Rotated(_) | Self::ReleasedUntil(_) => return None,
+        })
     }
 }
 
-/// What one execution's core decided since its driver last looked: the events, and the
-/// net change of its attached streams (-1, 0 or +1: a gauge, not an event).
+/// A reattach's report (rx §5.5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Reattach {
+    /// The index of the first response the new stream sends.
+    pub(crate) resumed_at: u64,
+    pub(crate) replayed: u32,
+    /// How long the execution was detached before it, in milliseconds (a gap beyond
+    /// `u32::MAX - 1` ms, 49 days, saturates); `u32::MAX` when it was attached.
+    pub(crate) detached_ms: u32,
+}
+
+/// What one execution's core decided since its driver last looked: the events, the net
+/// change of its attached streams (-1, 0 or +1: a gauge, not an event), and the details of
+/// its reattach if one of the events is.
 #[derive(Debug, Default)]
 pub(crate) struct LifecycleBatch {
     pub(crate) events: SmallVec<[Lifecycle; 2]>,
     pub(crate) attached: i8,
+    pub(crate) reattach: Reattach,
 }
 
 impl LifecycleBatch {
@@ -505,12 +510,15 @@ impl Observer {
             }
         };
         for event in batch.events {
+            let ran_for = || at.saturating_duration_since(started).as_secs_f64();
             match event {
-                Lifecycle::Reattached(r) => {
+                Lifecycle::Reattached => {
+                    let r = batch.reattach;
                     m.reattaches.increment(1);
                     m.replayed.increment(u64::from(r.replayed));
-                    if let Some(gap) = r.detached_ms {
-                        m.reattach_gap_seconds.record(f64::from(gap) / 1e3);
+                    if r.detached_ms != u32::MAX {
+                        m.reattach_gap_seconds
+                            .record(f64::from(r.detached_ms) / 1e3);
                     }
                     send(ExecutionEventKind::Reattached {
                         resumed_at: r.resumed_at,
@@ -528,46 +536,43 @@ impl Observer {
                     m.releases_until.increment(1);
                     send(ExecutionEventKind::Released { until: Some(until) });
                 }
-                Lifecycle::Status(status) => {
-                    let ran_for = || at.saturating_duration_since(started).as_secs_f64();
-                    match status {
-                        StatusEvent::Analyzed(statement_text) => {
-                            send(ExecutionEventKind::OperationAnalyzed {
-                                statement_text: statement_text.map(String::from),
-                            });
-                        }
-                        StatusEvent::ReadyForExecution => {
-                            send(ExecutionEventKind::OperationReadyForExecution);
-                        }
-                        StatusEvent::Finished(produced_row_count) => {
-                            m.ended_finished.increment(1);
-                            m.execution_seconds.record(ran_for());
-                            send(ExecutionEventKind::OperationFinished { produced_row_count });
-                        }
-                        StatusEvent::Failed(error_message) => {
-                            m.ended_failed.increment(1);
-                            m.execution_seconds.record(ran_for());
-                            send(ExecutionEventKind::OperationFailed {
-                                error_message: error_message.into(),
-                            });
-                        }
-                        StatusEvent::Canceled => {
-                            m.ended_canceled.increment(1);
-                            m.execution_seconds.record(ran_for());
-                            send(ExecutionEventKind::OperationCanceled);
-                        }
-                        StatusEvent::Closed(removal) => {
-                            m.executions.decrement(1.0);
-                            match removal {
-                                super::Removal::Released => m.closed_released.increment(1),
-                                super::Removal::Abandoned => {
-                                    m.closed_abandoned.increment(1);
-                                    send(ExecutionEventKind::Abandoned);
-                                }
-                            }
-                            send(ExecutionEventKind::OperationClosed);
+                Lifecycle::Analyzed(statement_text) => {
+                    send(ExecutionEventKind::OperationAnalyzed {
+                        statement_text: statement_text.map(|t| *t),
+                    });
+                }
+                Lifecycle::ReadyForExecution => {
+                    send(ExecutionEventKind::OperationReadyForExecution);
+                }
+                Lifecycle::Finished(rows) => {
+                    m.ended_finished.increment(1);
+                    m.execution_seconds.record(ran_for());
+                    send(ExecutionEventKind::OperationFinished {
+                        produced_row_count: (rows != NO_ROWS).then_some(rows),
+                    });
+                }
+                Lifecycle::Failed(error_message) => {
+                    m.ended_failed.increment(1);
+                    m.execution_seconds.record(ran_for());
+                    send(ExecutionEventKind::OperationFailed {
+                        error_message: *error_message,
+                    });
+                }
+                Lifecycle::Canceled => {
+                    m.ended_canceled.increment(1);
+                    m.execution_seconds.record(ran_for());
+                    send(ExecutionEventKind::OperationCanceled);
+                }
+                Lifecycle::Closed(removal) => {
+                    m.executions.decrement(1.0);
+                    match removal {
+                        super::Removal::Released => m.closed_released.increment(1),
+                        super::Removal::Abandoned => {
+                            m.closed_abandoned.increment(1);
+                            send(ExecutionEventKind::Abandoned);
                         }
                     }
+                    send(ExecutionEventKind::OperationClosed);
                 }
             }
         }

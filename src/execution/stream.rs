@@ -206,7 +206,8 @@ impl ExecShared {
     }
 
     /// Hands what the core decided to the manager's observer (metrics, then the event
-    /// channel).
+    /// channel). Out of line: the lock's release only checks whether there is anything.
+    #[inline(never)]
     pub(crate) fn forward(&self, batch: LifecycleBatch) {
         self.env
             .observer
