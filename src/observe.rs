@@ -32,19 +32,24 @@
 //! which register their handles once, so that no protocol path looks a metric up or
 //! allocates for one (the `tether_udf_` metrics are a dispatcher's, for its workers and
 //! sessions; a session made with `Session::new` reports events only). Without a
-//! recorder every update is a no-op. Names follow Prometheus conventions; no label is
-//! unbounded (no ids: those are in the events and spans).
+//! recorder every update is a no-op. An execution manager counts on its own (one relaxed
+//! atomic add per event) and hands its counters to the recorder, and samples its gauges, at
+//! each maintenance pass (`ManagerConfig::maintenance_interval`, 30 s by default;
+//! `ExecutionManager::publish_metrics` does it on demand), so that a request pays nothing for
+//! a gauge and makes no call into the recorder; its histograms are recorded as they happen.
+//! Names follow Prometheus conventions; no label is unbounded (no ids: those are in the
+//! events and spans).
 //!
 //! | name | type | unit | labels | what |
 //! |---|---|---|---|---|
-//! | `tether_connect_sessions` | gauge | sessions | | live sessions (rx §5.6) |
+//! | `tether_connect_sessions` | gauge | sessions | | live sessions (rx §5.6; sampled at each maintenance pass) |
 //! | `tether_connect_sessions_started_total` | counter | sessions | | sessions created |
 //! | `tether_connect_sessions_closed_total` | counter | sessions | | sessions released or expired (rx §5.6) |
-//! | `tether_connect_executions` | gauge | executions | | live (registered) executions (rx §5.1) |
+//! | `tether_connect_executions` | gauge | executions | | live (registered) executions (rx §5.1; sampled at each maintenance pass) |
 //! | `tether_connect_executions_started_total` | counter | executions | | executions registered (`OperationStarted`) |
 //! | `tether_connect_executions_ended_total` | counter | executions | `status`: `finished`, `failed`, `canceled` | executions whose run ended (rx §2.2 T7–T9) |
 //! | `tether_connect_executions_closed_total` | counter | executions | `removal`: `released` (fault-injection forgets included), `abandoned` | executions that left the registry (`OperationClosed`, rx §2.2 T12) |
-//! | `tether_connect_attached_streams` | gauge | streams | | response streams attached now (rx §4.4) |
+//! | `tether_connect_attached_streams` | gauge | streams | | response streams attached (rx §4.4; sampled at each maintenance pass) |
 //! | `tether_connect_reattaches_total` | counter | reattaches | | ReattachExecute (and duplicate ExecutePlan) attaches (rx §5.5) |
 //! | `tether_connect_replayed_responses_total` | counter | responses | | responses a reattach resumed before the last one an earlier stream sent (rx §3.5) |
 //! | `tether_connect_stream_rotations_total` | counter | streams | `reason`: `duration`, `bytes` | streams ended gracefully for rotation (rx §4.2) |

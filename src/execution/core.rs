@@ -229,7 +229,7 @@ struct Cursor {
 ///   `Closed` with [`close`](Self::close); the engine reports analysis and readiness with
 ///   [`analyzed`](Self::analyzed) and [`ready_for_execution`](Self::ready_for_execution).
 ///   Each step queues its lifecycle events (status changes, reattaches, rotations,
-///   releases, attached streams) for the driver, which forwards them to the manager's
+///   releases) for the driver, which forwards them to the manager's
 ///   observer ([`observe`](crate::observe)) when it releases the execution's lock.
 ///
 /// [`ResponseStream`]: super::ResponseStream
@@ -346,14 +346,9 @@ impl ExecutionCore {
         std::mem::take(&mut self.lifecycle)
     }
 
-    /// Sets the attached consumer, noting a change of the attached-streams count.
+    /// Sets the attached consumer, returning the one it replaces.
     fn set_consumer(&mut self, consumer: Option<Cursor>) -> Option<Cursor> {
-        let had = self.consumer.is_some();
-        let previous = std::mem::replace(&mut self.consumer, consumer);
-        if had != self.consumer.is_some() {
-            self.lifecycle.attached += if had { -1 } else { 1 };
-        }
-        previous
+        std::mem::replace(&mut self.consumer, consumer)
     }
 
     /// Charges this execution's held responses to a budget shared with other executions

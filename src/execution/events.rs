@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use metrics::{Counter, Gauge, Histogram};
 use smallvec::SmallVec;
+use std::sync::atomic::{AtomicU64, Ordering};
 use uuid::Uuid;
 
 use super::error::ConnectError;
@@ -266,19 +267,43 @@ pub(crate) struct Reattach {
     pub(crate) detached_ms: u32,
 }
 
-/// What one execution's core decided since its driver last looked: the events, the net
-/// change of its attached streams (-1, 0 or +1: a gauge, not an event), and the details of
-/// its reattach if one of the events is.
+/// What one execution's core decided since its driver last looked: the events, and the
+/// details of its reattach if one of them is.
 #[derive(Debug, Default)]
 pub(crate) struct LifecycleBatch {
     pub(crate) events: SmallVec<[Lifecycle; 2]>,
-    pub(crate) attached: i8,
     pub(crate) reattach: Reattach,
 }
 
 impl LifecycleBatch {
     pub(crate) fn is_empty(&self) -> bool {
-        self.events.is_empty() && self.attached == 0
+        self.events.is_empty()
+    }
+}
+
+/// A counter of the facade, counted here and handed to the recorder at each maintenance
+/// pass ([`Metrics::publish`]): an increment is one relaxed atomic add on the manager's own
+/// memory, not a call into the recorder (which, for a Prometheus recorder, is two atomics
+/// behind a virtual call).
+pub(crate) struct LocalCounter {
+    handle: Counter,
+    count: AtomicU64,
+}
+
+impl LocalCounter {
+    fn of(handle: Counter) -> Self {
+        Self {
+            handle,
+            count: AtomicU64::new(0),
+        }
+    }
+
+    pub(crate) fn increment(&self, n: u64) {
+        self.count.fetch_add(n, Ordering::Relaxed);
+    }
+
+    fn publish(&self) {
+        self.handle.absolute(self.count.load(Ordering::Relaxed));
     }
 }
 
@@ -286,80 +311,142 @@ impl LifecycleBatch {
 /// was built (see [`observe`](crate::observe)).
 pub(crate) struct Metrics {
     sessions: Gauge,
-    sessions_started: Counter,
-    sessions_closed: Counter,
+    sessions_started: LocalCounter,
+    sessions_closed: LocalCounter,
     executions: Gauge,
-    executions_started: Counter,
-    ended_finished: Counter,
-    ended_failed: Counter,
-    ended_canceled: Counter,
-    closed_released: Counter,
-    closed_abandoned: Counter,
+    executions_started: LocalCounter,
+    ended_finished: LocalCounter,
+    ended_failed: LocalCounter,
+    ended_canceled: LocalCounter,
+    closed_released: LocalCounter,
+    closed_abandoned: LocalCounter,
     attached_streams: Gauge,
-    reattaches: Counter,
-    replayed: Counter,
-    rotations_duration: Counter,
-    rotations_bytes: Counter,
-    releases_until: Counter,
-    releases_all: Counter,
-    tombstone_hits: Counter,
-    errors: Vec<(&'static str, Counter)>,
-    errors_other: Counter,
+    reattaches: LocalCounter,
+    replayed: LocalCounter,
+    rotations_duration: LocalCounter,
+    rotations_bytes: LocalCounter,
+    releases_until: LocalCounter,
+    releases_all: LocalCounter,
+    tombstone_hits: LocalCounter,
+    errors: Vec<(&'static str, LocalCounter)>,
+    errors_other: LocalCounter,
     budget_used: Gauge,
     budget_waiting: Gauge,
-    producer_waits: Counter,
+    producer_waits: LocalCounter,
     unsent_bytes: Gauge,
     retained_bytes: Gauge,
     execution_seconds: Histogram,
     reattach_gap_seconds: Histogram,
-    events_dropped: Counter,
+    events_dropped: LocalCounter,
 }
 
 impl Metrics {
     fn register() -> Self {
-        let ended = |status: &'static str| metrics::counter!("tether_connect_executions_ended_total", "status" => status);
-        let closed = |removal: &'static str| metrics::counter!("tether_connect_executions_closed_total", "removal" => removal);
-        let rotations = |reason: RotationReason| metrics::counter!("tether_connect_stream_rotations_total", "reason" => reason.label());
-        let releases =
-            |kind: &'static str| metrics::counter!("tether_connect_releases_total", "kind" => kind);
+        let ended = |status: &'static str| {
+            LocalCounter::of(
+                metrics::counter!("tether_connect_executions_ended_total", "status" => status),
+            )
+        };
+        let closed = |removal: &'static str| {
+            LocalCounter::of(
+                metrics::counter!("tether_connect_executions_closed_total", "removal" => removal),
+            )
+        };
+        let rotations = |reason: RotationReason| {
+            LocalCounter::of(
+                metrics::counter!("tether_connect_stream_rotations_total", "reason" => reason.label()),
+            )
+        };
+        let releases = |kind: &'static str| {
+            LocalCounter::of(metrics::counter!("tether_connect_releases_total", "kind" => kind))
+        };
         Self {
             sessions: metrics::gauge!("tether_connect_sessions"),
-            sessions_started: metrics::counter!("tether_connect_sessions_started_total"),
-            sessions_closed: metrics::counter!("tether_connect_sessions_closed_total"),
+            sessions_started: LocalCounter::of(metrics::counter!(
+                "tether_connect_sessions_started_total"
+            )),
+            sessions_closed: LocalCounter::of(metrics::counter!(
+                "tether_connect_sessions_closed_total"
+            )),
             executions: metrics::gauge!("tether_connect_executions"),
-            executions_started: metrics::counter!("tether_connect_executions_started_total"),
+            executions_started: LocalCounter::of(metrics::counter!(
+                "tether_connect_executions_started_total"
+            )),
             ended_finished: ended("finished"),
             ended_failed: ended("failed"),
             ended_canceled: ended("canceled"),
             closed_released: closed("released"),
             closed_abandoned: closed("abandoned"),
             attached_streams: metrics::gauge!("tether_connect_attached_streams"),
-            reattaches: metrics::counter!("tether_connect_reattaches_total"),
-            replayed: metrics::counter!("tether_connect_replayed_responses_total"),
+            reattaches: LocalCounter::of(metrics::counter!("tether_connect_reattaches_total")),
+            replayed: LocalCounter::of(metrics::counter!(
+                "tether_connect_replayed_responses_total"
+            )),
             rotations_duration: rotations(RotationReason::Duration),
             rotations_bytes: rotations(RotationReason::Bytes),
             releases_until: releases("until"),
             releases_all: releases("all"),
-            tombstone_hits: metrics::counter!("tether_connect_tombstone_hits_total"),
+            tombstone_hits: LocalCounter::of(metrics::counter!(
+                "tether_connect_tombstone_hits_total"
+            )),
             errors: super::condition::ALL
                 .iter()
                 .map(|c| {
                     let name = c.name();
                     (
                         name,
-                        metrics::counter!("tether_connect_errors_total", "condition" => name),
+                        LocalCounter::of(
+                            metrics::counter!("tether_connect_errors_total", "condition" => name),
+                        ),
                     )
                 })
                 .collect(),
-            errors_other: metrics::counter!("tether_connect_errors_total", "condition" => "OTHER"),
+            errors_other: LocalCounter::of(
+                metrics::counter!("tether_connect_errors_total", "condition" => "OTHER"),
+            ),
             budget_used: metrics::gauge!("tether_connect_memory_budget_used_bytes"),
             budget_waiting: metrics::gauge!("tether_connect_memory_budget_waiting_producers"),
-            producer_waits: metrics::counter!("tether_connect_producer_waits_total"),
+            producer_waits: LocalCounter::of(metrics::counter!(
+                "tether_connect_producer_waits_total"
+            )),
             unsent_bytes: metrics::gauge!("tether_connect_unsent_bytes"),
             retained_bytes: metrics::gauge!("tether_connect_retained_bytes"),
             execution_seconds: metrics::histogram!("tether_connect_execution_seconds"),
             reattach_gap_seconds: metrics::histogram!("tether_connect_reattach_gap_seconds"),
-            events_dropped: metrics::counter!("tether_events_dropped_total", "side" => "connect"),
+            events_dropped: LocalCounter::of(
+                metrics::counter!("tether_events_dropped_total", "side" => "connect"),
+            ),
+        }
+    }
+}
+
+impl Metrics {
+    /// Hands every counter's count to the recorder.
+    fn publish(&self) {
+        for c in [
+            &self.sessions_started,
+            &self.sessions_closed,
+            &self.executions_started,
+            &self.ended_finished,
+            &self.ended_failed,
+            &self.ended_canceled,
+            &self.closed_released,
+            &self.closed_abandoned,
+            &self.reattaches,
+            &self.replayed,
+            &self.rotations_duration,
+            &self.rotations_bytes,
+            &self.releases_until,
+            &self.releases_all,
+            &self.tombstone_hits,
+            &self.errors_other,
+            &self.producer_waits,
+            &self.events_dropped,
+        ] {
+            c.publish();
+        }
+        for (_, c) in &self.errors {
+            c.publish();
         }
     }
 }
@@ -401,11 +488,9 @@ impl Observer {
     pub(crate) fn session(&self, at: Instant, session: &SessionKey, started: bool) {
         let m = &self.metrics;
         let kind = if started {
-            m.sessions.increment(1.0);
             m.sessions_started.increment(1);
             ExecutionEventKind::SessionStarted
         } else {
-            m.sessions.decrement(1.0);
             m.sessions_closed.increment(1);
             ExecutionEventKind::SessionClosed
         };
@@ -415,7 +500,6 @@ impl Observer {
     /// An execution was registered (rx §2.2 T1): the registry's decision, reported once the
     /// registry's own notes (the session it may have created) are.
     pub(crate) fn operation_started(&self, at: Instant, key: &ExecuteKey, tags: &[String]) {
-        self.metrics.executions.increment(1.0);
         self.metrics.executions_started.increment(1);
         if self.listened() {
             self.send(
@@ -470,10 +554,23 @@ impl Observer {
         }
     }
 
+    /// Hands the counters to the recorder (each maintenance pass, and on demand).
+    pub(crate) fn publish(&self) {
+        self.metrics.publish();
+    }
+
     /// Samples the shared memory budget's gauges.
     pub(crate) fn sample_budget(&self, usage: &super::BudgetUsage) {
         self.metrics.budget_used.set(usage.used as f64);
         self.metrics.budget_waiting.set(usage.waiting as f64);
+    }
+
+    /// Samples the registry's gauges: live executions and sessions (rx §5.1, §5.6) and
+    /// attached streams (rx §4.4).
+    pub(crate) fn sample_registry(&self, executions: usize, sessions: usize, attached: usize) {
+        self.metrics.executions.set(executions as f64);
+        self.metrics.sessions.set(sessions as f64);
+        self.metrics.attached_streams.set(attached as f64);
     }
 
     /// Samples the unsent and retained bytes of every execution (rx §3.1).
@@ -494,13 +591,6 @@ impl Observer {
         batch: LifecycleBatch,
     ) {
         let m = &self.metrics;
-        match batch.attached {
-            0 => {}
-            d => m.attached_streams.increment(f64::from(d)),
-        }
-        if batch.events.is_empty() {
-            return;
-        }
         let at = now();
         let listened = self.listened();
         let session = listened.then(|| key.session());
@@ -564,7 +654,6 @@ impl Observer {
                     send(ExecutionEventKind::OperationCanceled);
                 }
                 Lifecycle::Closed(removal) => {
-                    m.executions.decrement(1.0);
                     match removal {
                         super::Removal::Released => m.closed_released.increment(1),
                         super::Removal::Abandoned => {

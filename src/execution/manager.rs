@@ -803,18 +803,22 @@ impl ExecutionManager {
             let mut reg = self.inner.lock();
             // One lock per execution: its detached time, and the bytes it holds for the
             // sampled gauges.
-            let (mut unsent, mut retained) = (0u64, 0u64);
+            let (mut unsent, mut retained, mut attached) = (0u64, 0u64, 0usize);
             let done = reg.maintain(now, |exec| {
                 let st = exec.lock();
                 unsent = unsent.saturating_add(st.core.log().unsent_bytes());
                 retained = retained.saturating_add(st.core.log().retained_bytes());
+                attached += usize::from(st.core.is_attached());
                 st.core.detached_since()
             });
             for exec in done.with_sessions.iter().chain(&done.detached) {
                 close(exec, Removal::Abandoned, &mut wakes);
             }
             let observer = &self.inner.env.observer;
+            let stats = reg.stats();
+            observer.sample_registry(stats.executions, stats.sessions, attached);
             observer.sample_held(unsent, retained);
+            observer.publish();
             if let Some(budget) = &self.inner.budget {
                 observer.sample_budget(&budget.usage());
             }
@@ -822,6 +826,14 @@ impl ExecutionManager {
         };
         wakes.wake();
         report
+    }
+
+    /// Hands the manager's counters to the metrics recorder now (see
+    /// [`observe`](crate::observe)): each [`maintain`](Self::maintain) pass does so, and
+    /// samples the gauges; call this before a scrape that must not lag by up to a
+    /// `maintenance_interval` (rx §5.3).
+    pub fn publish_metrics(&self) {
+        self.inner.env.observer.publish();
     }
 
     /// Runs [`maintain`](Self::maintain) every `maintenance_interval` on the manager's

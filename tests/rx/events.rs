@@ -9,7 +9,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use metrics_util::debugging::DebuggingRecorder;
 use tether::execution::{
     ConnectError, ExecutionEvent, ExecutionEventKind as K, ExecutionManager, ManagerConfig,
     OperationStatus, RotationReason, SessionKey, StreamLimits,
@@ -116,14 +115,13 @@ pub(crate) struct Observed {
     pub(crate) clock: ManualClock,
     pub(crate) m: ExecutionManager,
     pub(crate) rx: EventReceiver<ExecutionEvent>,
-    pub(crate) metrics: MetricTotals,
-    _recorder: Arc<DebuggingRecorder>,
+    pub(crate) metrics: Arc<MetricTotals>,
 }
 
 impl Observed {
     pub(crate) fn new(config: ManagerConfig, capacity: usize) -> Self {
-        let recorder = Arc::new(DebuggingRecorder::new());
-        let metrics = MetricTotals::new(recorder.snapshotter());
+        let recorder = Arc::new(MetricTotals::default());
+        let metrics = recorder.clone();
         let (tx, rx) = event_channel(capacity);
         let ManualManager { clock, manager } = metrics::with_local_recorder(&*recorder, || {
             ManualManager::new(ManagerConfig {
@@ -136,7 +134,6 @@ impl Observed {
             m: manager,
             rx,
             metrics,
-            _recorder: recorder,
         }
     }
 
@@ -152,7 +149,10 @@ impl Observed {
             .collect()
     }
 
+    /// A metric as a scrape would read it after the manager published its counters (they
+    /// are handed to the recorder at each maintenance pass, or on demand).
     pub(crate) fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        self.m.publish_metrics();
         self.metrics.get(name, labels)
     }
 }
@@ -394,7 +394,10 @@ fn a_reattach_reports_its_position_and_what_it_replays_then_a_rotation() {
     );
     // The gap the execution spent detached: one sample.
     assert_eq!(o.metric("tether_connect_reattach_gap_seconds", &[]), 1.0);
+    // The gauges are sampled by the maintenance pass.
+    o.m.maintain();
     assert_eq!(o.metric("tether_connect_attached_streams", &[]), 0.0);
+    assert_eq!(o.metric("tether_connect_executions", &[]), 1.0);
     p.finish().unwrap();
 }
 
@@ -479,12 +482,12 @@ fn a_full_channel_drops_counts_and_never_blocks() {
 }
 
 #[test]
-fn metrics_without_a_listener_and_gauges_back_to_zero() {
-    let recorder = DebuggingRecorder::new();
-    let totals = MetricTotals::new(recorder.snapshotter());
+fn metrics_without_a_listener_and_sampled_gauges_back_to_zero() {
+    let recorder = Arc::new(MetricTotals::default());
+    let totals = recorder.clone();
     let metric = |name: &str, labels: &[(&str, &str)]| totals.get(name, labels);
     let ManualManager { manager: m, .. } =
-        metrics::with_local_recorder(&recorder, || ManualManager::new(ManagerConfig::default()));
+        metrics::with_local_recorder(&*recorder, || ManualManager::new(ManagerConfig::default()));
     let c = Caller::default();
     let ops: Vec<String> = (0..4).map(|_| connect::op_id()).collect();
     let mut streams = Vec::new();
@@ -494,13 +497,18 @@ fn metrics_without_a_listener_and_gauges_back_to_zero() {
         p.finish().unwrap();
         streams.push(s);
     }
+    // The gauges are sampled by the maintenance pass.
+    assert_eq!(metric("tether_connect_executions", &[]), 0.0);
+    m.maintain();
     assert_eq!(metric("tether_connect_executions", &[]), 4.0);
     assert_eq!(metric("tether_connect_attached_streams", &[]), 4.0);
     assert_eq!(metric("tether_connect_sessions", &[]), 1.0);
     drop(streams);
+    m.maintain();
     assert_eq!(metric("tether_connect_attached_streams", &[]), 0.0);
     m.release_execute(&c.release_all(&ops[0])).unwrap();
     m.release_session(&c.release_session(false));
+    m.maintain();
     for gauge in [
         "tether_connect_executions",
         "tether_connect_sessions",

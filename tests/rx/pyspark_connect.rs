@@ -772,7 +772,20 @@ fn pyspark_reads_every_row_once_in_order_across_rotated_streams_with_faults() {
     let _ = std::fs::remove_file(&events_log);
     let count = |kind: &str| events.iter().filter(|e| e["kind"] == kind).count() as f64;
     check_operation_order(&events);
-    let metrics = scrape(metrics_port);
+    // The counters reach the recorder at each maintenance pass (every 100 ms here).
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = scrape(metrics_port);
+        let closed = metrics
+            .iter()
+            .filter(|(k, _)| k.starts_with("tether_connect_executions_closed_total"))
+            .map(|(_, v)| v)
+            .sum::<f64>();
+        if closed == count("OperationClosed") || Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
     let m = |name: &str| metrics.get(name).copied().unwrap_or(0.0);
     eprintln!("events: {} lines; metrics: {metrics:?}", events.len());
     let created = stat(&stats, "created") as f64;

@@ -1312,6 +1312,8 @@ impl StateMachineTest for Harness {
         for s in 0..SESSIONS.len() {
             sut.m.release_session(&caller(s).release_session(true));
         }
+        // The gauges are sampled by the maintenance pass.
+        sut.m.maintain();
         check_events(&mut sut);
         let o = &sut.observed;
         for gauge in [

@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
-use metrics_util::debugging::DebuggingRecorder;
 use tether::connection::pair;
 use tether::observe::{EventReceiver, event_channel};
 use tether::time::ManualClock;
@@ -39,8 +38,7 @@ use crate::dispatcher::{
 struct Observed {
     d: Dispatcher<FramedTransport>,
     rx: EventReceiver<WorkerEvent>,
-    metrics: MetricTotals,
-    _recorder: Arc<DebuggingRecorder>,
+    metrics: Arc<MetricTotals>,
 }
 
 impl Observed {
@@ -53,19 +51,14 @@ impl Observed {
         mut config: DispatcherConfig,
         capacity: usize,
     ) -> Self {
-        let recorder = Arc::new(DebuggingRecorder::new());
-        let metrics = MetricTotals::new(recorder.snapshotter());
+        let recorder = Arc::new(MetricTotals::default());
+        let metrics = recorder.clone();
         let (tx, rx) = event_channel(capacity);
         config.session.events = Some(tx);
         let d = metrics::with_local_recorder(&*recorder, || {
             Dispatcher::new(spec, FramedTransport::default(), config).expect("dispatcher")
         });
-        Self {
-            d,
-            rx,
-            metrics,
-            _recorder: recorder,
-        }
+        Self { d, rx, metrics }
     }
 
     fn metric(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
@@ -568,8 +561,8 @@ async fn a_full_channel_drops_and_counts_while_the_metrics_stay_complete() {
 
 #[tokio::test]
 async fn a_bare_session_reports_its_states_in_order_and_no_metrics() {
-    let recorder = DebuggingRecorder::new();
-    let metrics = MetricTotals::new(recorder.snapshotter());
+    let recorder = Arc::new(MetricTotals::default());
+    let metrics = recorder.clone();
     let clock = ManualClock::new();
     let (tx, mut rx) = event_channel(16);
     let config = SessionConfig {
@@ -579,7 +572,7 @@ async fn a_bare_session_reports_its_states_in_order_and_no_metrics() {
     let (engine, worker) = pair::<UdfRequest, UdfResponse>(8);
     let worker = tokio::spawn(serve(worker, EchoUdf::default(), echo_config()));
     let handle = Arc::new(CountingHandle::for_one_session());
-    let session = metrics::with_local_recorder(&recorder, || {
+    let session = metrics::with_local_recorder(&*recorder, || {
         Session::new(engine, Arc::clone(&handle), config)
     });
     let id = session.id();

@@ -1,68 +1,100 @@
-//! Reading what tether's metrics added up to in a test: [`MetricTotals`] over
-//! `metrics-util`'s debugging recorder (the metric table of `tether::observe`: executions,
+//! Reading tether's metrics in a test: [`MetricTotals`], a recorder of the `metrics` facade
+//! that keeps every series' current value (the metric table of `tether::observe`: executions,
 //! rx §2.1 item 4; worker sessions and processes, udf §4.1, §6).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
-use metrics_util::debugging::{DebugValue, Snapshotter};
+use metrics::{
+    Counter, Gauge, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit,
+};
 
-/// A recorder's values as totals, the way a Prometheus scrape of tether's metrics reads them
-/// (rx §2.1 item 4, udf §4.1, §6): the debugging recorder's snapshot hands out what changed
-/// since the last one (it swaps every counter and gauge to 0), so each read adds the new
-/// snapshot to the totals. Right for counters, histograms (samples counted) and gauges that
-/// only go up and down; a gauge that is `set` reads as the sum of its sets.
+/// A histogram's samples.
+#[derive(Debug, Default)]
+struct Samples(Mutex<Vec<f64>>);
+
+impl HistogramFn for Samples {
+    fn record(&self, value: f64) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(value);
+    }
+}
+
+#[derive(Debug, Clone)]
+enum Series {
+    Counter(Arc<AtomicU64>),
+    /// The gauge's `f64` bits (`metrics` implements gauges on `AtomicU64` that way).
+    Gauge(Arc<AtomicU64>),
+    Histogram(Arc<Samples>),
+}
+
+/// A recorder that keeps the current value of every series, read without resetting it, the
+/// way a Prometheus scrape reads tether's metrics (rx §2.1 item 4, udf §4.1, §6): counters
+/// their total, gauges their last value, histograms their number of samples.
 ///
-/// Install the recorder while the object under test registers its handles
-/// (`metrics::with_local_recorder(&recorder, || …)`): they keep recording into it afterwards.
+/// Install it while the object under test registers its handles
+/// (`metrics::with_local_recorder(&*recorder, || …)`): they keep recording into it after.
+#[derive(Debug, Default)]
 pub struct MetricTotals {
-    snap: Snapshotter,
-    totals: Mutex<HashMap<String, f64>>,
+    series: Mutex<HashMap<Key, Series>>,
 }
 
 impl MetricTotals {
-    /// Totals of the recorder behind `snap` (`DebuggingRecorder::snapshotter`), read from
-    /// now on (the metric table of `tether::observe`, rx §2.1 item 4, udf §4.1).
-    pub fn new(snap: Snapshotter) -> Self {
-        Self {
-            snap,
-            totals: Mutex::default(),
+    fn register(&self, key: &Key, make: impl FnOnce() -> Series) -> Series {
+        self.series
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(key.clone())
+            .or_insert_with(make)
+            .clone()
+    }
+
+    /// One metric's value by name, summed over every series whose labels include `labels`
+    /// (0 when never registered; the names of `tether::observe`, rx §2.1 item 4, udf §4.1).
+    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let series = self.series.lock().unwrap_or_else(|e| e.into_inner());
+        series
+            .iter()
+            .filter(|(key, _)| {
+                key.name() == name
+                    && labels
+                        .iter()
+                        .all(|(l, v)| key.labels().any(|x| x.key() == *l && x.value() == *v))
+            })
+            .map(|(_, s)| match s {
+                Series::Counter(c) => c.load(Ordering::Acquire) as f64,
+                Series::Gauge(g) => f64::from_bits(g.load(Ordering::Acquire)),
+                Series::Histogram(h) => h.0.lock().unwrap_or_else(|e| e.into_inner()).len() as f64,
+            })
+            .sum()
+    }
+}
+
+impl Recorder for MetricTotals {
+    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+        match self.register(key, || Series::Counter(Arc::default())) {
+            Series::Counter(c) => Counter::from_arc(c),
+            other => panic!("{key:?} registered as {other:?} and as a counter"),
         }
     }
 
-    /// One metric's total by name, summed over every series whose labels include `labels`
-    /// (0 when never recorded; the names of `tether::observe`, rx §2.1 item 4, udf §4.1).
-    pub fn get(&self, name: &str, labels: &[(&str, &str)]) -> f64 {
-        let mut totals = self.totals.lock().unwrap_or_else(|e| e.into_inner());
-        for (k, _, _, v) in self.snap.snapshot().into_vec() {
-            let key = k.key();
-            let mut id = key.name().to_owned();
-            let mut ls: Vec<String> = key
-                .labels()
-                .map(|l| format!("{}={}", l.key(), l.value()))
-                .collect();
-            ls.sort();
-            for l in ls {
-                id.push(' ');
-                id.push_str(&l);
-            }
-            let add = match v {
-                DebugValue::Counter(c) => c as f64,
-                DebugValue::Gauge(g) => g.into_inner(),
-                DebugValue::Histogram(h) => h.len() as f64,
-            };
-            *totals.entry(id).or_insert(0.0) += add;
+    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+        match self.register(key, || {
+            Series::Gauge(Arc::new(AtomicU64::new(0f64.to_bits())))
+        }) {
+            Series::Gauge(g) => Gauge::from_arc(g),
+            other => panic!("{key:?} registered as {other:?} and as a gauge"),
         }
-        totals
-            .iter()
-            .filter(|(id, _)| {
-                let mut parts = id.split(' ');
-                parts.next() == Some(name)
-                    && labels
-                        .iter()
-                        .all(|(l, v)| id.split(' ').any(|p| p == format!("{l}={v}")))
-            })
-            .map(|(_, v)| *v)
-            .sum()
+    }
+
+    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+        match self.register(key, || Series::Histogram(Arc::default())) {
+            Series::Histogram(h) => Histogram::from_arc(h),
+            other => panic!("{key:?} registered as {other:?} and as a histogram"),
+        }
     }
 }
