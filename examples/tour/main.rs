@@ -127,13 +127,26 @@ async fn tour(framed: bool) -> TourResult<bool> {
     std::fs::create_dir_all(&scratch)?;
     let journal = scratch.join("workers.log");
     let exe = std::env::current_exe()?;
+    // The dispatchers' metrics (tether::observe), rendered as Prometheus text at the end; the
+    // recorder is installed before they are built, so their handles record into it.
+    let metrics = metrics_exporter_prometheus::PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
 
     let result = if framed {
         println!(
             "transport: tether framed (length-delimited protobuf), one socket connection per session"
         );
         let args = ["--worker", "--framed"];
-        run(FramedTransport::default(), &exe, &args, &journal, &data).await
+        run(
+            FramedTransport::default(),
+            &exe,
+            &args,
+            &journal,
+            &data,
+            &metrics,
+        )
+        .await
     } else {
         println!(
             "transport: gRPC (Spark's UdfWorker service), one HTTP/2 channel per worker, \
@@ -145,6 +158,7 @@ async fn tour(framed: bool) -> TourResult<bool> {
             &["--worker"],
             &journal,
             &data,
+            &metrics,
         )
         .await
     };
@@ -178,6 +192,7 @@ async fn run<T: WorkerTransport + Clone>(
     args: &[&str],
     journal: &Path,
     data: &data::Dataset,
+    metrics: &metrics_exporter_prometheus::PrometheusHandle,
 ) -> TourResult<(Report, WorkerEnds)> {
     let spark = Dispatcher::new(
         spec(exe, args, journal, false),
@@ -241,6 +256,33 @@ async fn run<T: WorkerTransport + Clone>(
         ends.started == report.workers().len()
             && ends.killed == report.kills()
             && ends.clean + ends.killed == ends.started,
+    );
+    // The same figures from the dispatchers' own metrics: what they counted matches what
+    // the workers wrote in their journal.
+    let text = metrics.render();
+    let figure = |name: &str| -> f64 {
+        text.lines()
+            .filter(|l| l.starts_with(name) && !l.starts_with('#'))
+            .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+            .sum()
+    };
+    println!("    the dispatchers' metrics (tether::observe):");
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("tether_udf_") && !l.contains("quantile"))
+    {
+        println!("      {line}");
+    }
+    report.check(
+        format!(
+            "the dispatchers' metrics count {} workers spawned and {} stopped, as the journal",
+            figure("tether_udf_workers_spawned_total"),
+            figure("tether_udf_workers_stopped_total")
+        ),
+        figure("tether_udf_workers_spawned_total") == ends.started as f64
+            && figure("tether_udf_workers_stopped_total") == ends.started as f64
+            && figure("tether_udf_workers ") == 0.0
+            && figure("tether_udf_sessions ") == 0.0,
     );
     outcome?;
     Ok((report, ends))

@@ -121,6 +121,9 @@ pub(crate) struct Inner<C> {
     observer: Option<Arc<Observer>>,
     /// The worker's id for events, built once when they are listened to.
     worker_tag: Option<Arc<str>>,
+    /// The session's span (`udf_session`, with its id and its worker's): what the session
+    /// and its pump log while driven sits inside it.
+    span: tracing::Span,
 }
 
 impl<C> Inner<C> {
@@ -161,7 +164,9 @@ where
     /// Drives I/O and the core's deadline until `check` yields a value.
     async fn drive<T>(&mut self, check: impl FnMut(&mut EngineCore) -> Option<T>) -> T {
         let mut check = check;
-        let out = self.pump.drive(&mut self.core, |core, _| check(core)).await;
+        let span = self.span.clone();
+        let driving = self.pump.drive(&mut self.core, |core, _| check(core));
+        let out = tracing::Instrument::instrument(driving, span).await;
         self.forward();
         out
     }
@@ -207,6 +212,8 @@ where
     /// Runs the release protocol once (udf §5.1 step 5): observe, `mark_invalid` if
     /// unsalvageable, `release_session`, publish to watchers.
     fn finalize(&mut self) -> Termination {
+        let span = self.span.clone();
+        let _entered = span.enter();
         if !self.core.is_terminal() {
             // Defensive guard (udf §5.1 step 3): never finalize a non-terminal session.
             self.core
@@ -524,8 +531,11 @@ where
             let handle = handle.clone();
             Arc::new(move |cause: Option<&ConnectionError>| handle.explain_connection_loss(cause))
         };
+        let id = uuid::Uuid::new_v4();
+        let span = tracing::info_span!("udf_session", session = %id, worker = handle.id());
         let inner = Inner {
-            id: uuid::Uuid::new_v4(),
+            id,
+            span,
             core: EngineCore::new(&config),
             pump: Pump::new(connection, config.timer.clone()).with_explainer(Some(explainer)),
             handle,
@@ -862,6 +872,8 @@ where
             .inner
             .as_deref_mut()
             .expect("a live session always holds its state");
+        let span = inner.span.clone();
+        let _entered = span.enter();
         inner.pump.begin_poll();
         let poll = loop {
             let progress = inner.pump.poll_io(&mut inner.core, cx);
