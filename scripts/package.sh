@@ -3,7 +3,8 @@
 #
 # 1. `cargo package --list`: the packaged files are exactly what users and docs.rs need —
 #    the library's sources, build script, protocol reference (rendered as
-#    `tether::reference`), examples, README, LICENSE and CHANGELOG — and no test data,
+#    `tether::reference`), examples, README, LICENSE, CHANGELOG and docs/benchmarks.md — and
+#    no test data,
 #    scripts, benches or fuzz corpora.
 # 2. `cargo publish --dry-run --all-features`: packs the crate and builds it from the package
 #    alone, with every feature (docs.rs builds the gated modules too). Cargo's notes that the
@@ -16,14 +17,16 @@ list=$(cargo package --list --quiet "$@")
 problems=()
 for required in Cargo.toml src/lib.rs build.rs README.md LICENSE CHANGELOG.md \
   docs/reference/udf-worker-protocol.md docs/reference/reattach-protocol.md \
-  docs/reference/spark-connect.md docs/diagrams/engine-session.md examples/tour/main.rs \
+  docs/reference/spark-connect.md docs/diagrams/engine-session.md docs/benchmarks.md \
+  examples/tour/main.rs \
   examples/data/penguins.csv; do
   grep -qxF "$required" <<<"$list" || problems+=("missing: $required")
 done
 while IFS= read -r file; do
   case "$file" in
     Cargo.toml | Cargo.toml.orig | Cargo.lock | .cargo_vcs_info.json | build.rs | README.md | \
-      LICENSE | CHANGELOG.md | src/* | examples/* | docs/reference/*.md | docs/diagrams/*.md) ;;
+      LICENSE | CHANGELOG.md | src/* | examples/* | docs/reference/*.md | docs/diagrams/*.md | \
+      docs/benchmarks.md) ;;
     *) problems+=("not for the package: $file") ;;
   esac
 done <<<"$list"

@@ -86,6 +86,20 @@ pub enum UsageError {
 pub const USAGE: &str =
     "usage: WORKER [ARGUMENTS...] --id <worker id> --connection <socket path | port>";
 
+/// Whether the arguments after the program name are a lone `--help` or `-h` (a person
+/// asking for [`USAGE`]; an engine always passes `--id` and `--connection`, udf §1.9).
+fn help_requested<I, S>(args: I) -> bool
+where
+    I: IntoIterator<Item = S>,
+    S: AsRef<std::ffi::OsStr>,
+{
+    let mut words = args.into_iter();
+    match (words.next(), words.next()) {
+        (Some(word), None) => matches!(word.as_ref().to_str(), Some("--help" | "-h")),
+        _ => false,
+    }
+}
+
 const ID: &str = "--id";
 const CONNECTION: &str = "--connection";
 
@@ -417,11 +431,16 @@ where
 
     /// The whole worker process (see [`WorkerMain`]): parses [`WorkerArgs::from_env`],
     /// starts a multi-threaded tokio runtime and [`serve`](Self::serve)s until a stop.
-    /// Returns the exit status: 0 after a graceful stop, 1 after an error, 2 after a
-    /// usage error; errors are printed on stderr, prefixed with the program name (udf §1.9:
+    /// Returns the exit status: 0 after a graceful stop (or after printing [`USAGE`] for a
+    /// lone `--help` / `-h`), 1 after an error, 2 after a usage error; errors are printed on stderr, prefixed with the program name (udf §1.9:
     /// exit 0 means success).
     pub fn run(self) -> ExitCode {
         let program = program_name();
+        // A person asking (`WORKER --help` or `-h` alone): the usage, on stdout, status 0.
+        if help_requested(std::env::args_os().skip(1)) {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
         let args = match WorkerArgs::from_env() {
             Ok(args) => args,
             Err(e) => {
@@ -691,6 +710,16 @@ mod tests {
             WorkerAddress::Tcp(SocketAddr::from(([127, 0, 0, 1], 8080)))
         );
         assert!(inline.arguments.is_empty());
+    }
+
+    #[test]
+    fn a_lone_help_flag_asks_for_the_usage_and_nothing_else_does() {
+        assert!(help_requested(["--help"]));
+        assert!(help_requested(["-h"]));
+        assert!(!help_requested(Vec::<&str>::new()));
+        assert!(!help_requested(["--help", "--id", "w"]));
+        assert!(!help_requested(["--id", "--help"]));
+        assert!(!help_requested(["help"]));
     }
 
     #[test]
