@@ -151,12 +151,18 @@ struct Args {
     #[arg(long, value_name = "SEED")]
     faults: Option<u64>,
     /// Serve the metrics (tether's, `tether::observe`) as Prometheus text at
-    /// `http://HOST:PORT/metrics`, through `metrics-exporter-prometheus`.
+    /// `http://HOST:PORT/metrics`, through `metrics-exporter-prometheus`; the manager's
+    /// counters and gauges are published every second (the `_seconds` metrics are
+    /// histograms with buckets from 1 ms to 10 min).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<SocketAddr>,
-    /// Append every lifecycle event of the execution manager to this file, one JSON object
-    /// per line (`tether::execution::ExecutionEvent`: `kind`, `session_id`, `operation_id`,
-    /// and the kind's fields), for tests and scripts.
+    /// Append every lifecycle event of the execution manager to this file (created if
+    /// missing; the server does not start if it cannot be opened), one JSON object per line
+    /// (`tether::execution::ExecutionEvent`): `at_ms` (milliseconds since the server
+    /// started), `kind`, `user_id`, `session_id`, `operation_id` (null for session events),
+    /// `job_tag`, and `fields`, the kind's own fields; a last line
+    /// `{"kind":"Dropped","count":N}` counts the events a full channel dropped. The streams
+    /// `--faults` ends are the example's own doing, not the manager's: they are not events.
     #[arg(long, value_name = "FILE")]
     events_log: Option<std::path::PathBuf>,
     /// Serve the same engine without tether (module `baseline`): the baseline of
@@ -834,8 +840,8 @@ fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
     line
 }
 
-/// One lifecycle event as a JSON object (`--events-log`).
-fn event_json(e: &ExecutionEvent) -> serde_json::Value {
+/// One lifecycle event as a JSON object (`--events-log`); `start` is the server's start.
+fn event_json(e: &ExecutionEvent, start: std::time::Instant) -> serde_json::Value {
     use serde_json::json;
     let (kind, fields) = match &e.kind {
         EventKind::SessionStarted => ("SessionStarted", json!({})),
@@ -872,6 +878,7 @@ fn event_json(e: &ExecutionEvent) -> serde_json::Value {
         other => ("Other", json!({ "debug": format!("{other:?}") })),
     };
     json!({
+        "at_ms": e.at.saturating_duration_since(start).as_millis() as u64,
         "kind": kind,
         "user_id": &*e.session.user_id,
         "session_id": e.session.session_id.to_string(),
@@ -886,15 +893,12 @@ fn event_json(e: &ExecutionEvent) -> serde_json::Value {
 /// with the events a full channel dropped.
 async fn log_events(
     mut events: EventReceiver<ExecutionEvent>,
-    path: std::path::PathBuf,
+    mut file: std::fs::File,
+    start: std::time::Instant,
     stop: tokio::sync::oneshot::Receiver<()>,
 ) -> std::io::Result<()> {
     use futures::StreamExt;
     use std::io::Write;
-    let mut file = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(&path)?;
     tokio::pin!(stop);
     loop {
         let e = tokio::select! {
@@ -902,11 +906,11 @@ async fn log_events(
             _ = &mut stop => None,
         };
         let Some(e) = e else { break };
-        writeln!(file, "{}", event_json(&e))?;
+        writeln!(file, "{}", event_json(&e, start))?;
         file.flush()?;
     }
     for e in events.drain() {
-        writeln!(file, "{}", event_json(&e))?;
+        writeln!(file, "{}", event_json(&e, start))?;
     }
     writeln!(
         file,
@@ -938,17 +942,32 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
 
     // The recorder first: the manager registers its metric handles when it is built.
+    let start = std::time::Instant::now();
     if let Some(addr) = args.metrics_addr {
+        // Histograms with buckets (a summary's quantiles cannot be aggregated): 1 ms to 10 min.
+        let buckets = [
+            0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
+        ];
         metrics_exporter_prometheus::PrometheusBuilder::new()
             .with_http_listener(addr)
+            .set_buckets_for_metric(
+                metrics_exporter_prometheus::Matcher::Suffix("_seconds".to_owned()),
+                &buckets,
+            )?
             .install()?;
         println!("metrics on http://{addr}/metrics");
     }
     let (events, events_task) = match &args.events_log {
         Some(path) => {
+            // Opened now: a path that cannot be written stops the server before it serves.
+            let file = std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+                .map_err(|e| format!("--events-log {}: {e}", path.display()))?;
             let (tx, rx) = event_channel(1 << 16);
             let (stop, stopped) = tokio::sync::oneshot::channel();
-            let task = tokio::spawn(log_events(rx, path.clone(), stopped));
+            let task = tokio::spawn(log_events(rx, file, start, stopped));
             (Some(tx), Some((stop, task)))
         }
         None => (None, None),
@@ -989,6 +1008,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let faults = args.faults.map(|seed| Faults::new(seed, manager.clone()));
     let maintenance = tokio::spawn(manager.clone().run_maintenance());
+    // Scrapes see the manager's counters and gauges at most a second late (a maintenance
+    // pass publishes them too, but only every `--maintenance-interval-ms`).
+    let publisher = args.metrics_addr.map(|_| {
+        let manager = manager.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                manager.publish_metrics();
+            }
+        })
+    });
     let stats = {
         let manager = manager.clone();
         let faults = faults.clone();
@@ -1039,6 +1071,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     stats.abort();
     maintenance.abort();
+    if let Some(publisher) = publisher {
+        publisher.abort();
+    }
     println!("{}", stats_line(&manager, faults.as_deref()));
     if let Some((stop, task)) = events_task {
         let _ = stop.send(());

@@ -284,10 +284,12 @@ impl LifecycleBatch {
 /// A counter of the facade, counted here and handed to the recorder at each maintenance
 /// pass ([`Metrics::publish`]): an increment is one relaxed atomic add on the manager's own
 /// memory, not a call into the recorder (which, for a Prometheus recorder, is two atomics
-/// behind a virtual call).
+/// behind a virtual call). Published as the increase since the last publication, so that the
+/// counters of several managers in one process add up.
 pub(crate) struct LocalCounter {
     handle: Counter,
     count: AtomicU64,
+    published: AtomicU64,
 }
 
 impl LocalCounter {
@@ -295,6 +297,7 @@ impl LocalCounter {
         Self {
             handle,
             count: AtomicU64::new(0),
+            published: AtomicU64::new(0),
         }
     }
 
@@ -303,24 +306,53 @@ impl LocalCounter {
     }
 
     fn publish(&self) {
-        self.handle.absolute(self.count.load(Ordering::Relaxed));
+        let now = self.count.load(Ordering::Relaxed);
+        let before = self.published.swap(now, Ordering::Relaxed);
+        if now > before {
+            self.handle.increment(now - before);
+        }
+    }
+}
+
+/// A gauge of the facade set from a sample of one manager's state: published as the change
+/// since its last sample, so that the gauges of several managers in one process add up.
+pub(crate) struct LocalGauge {
+    handle: Gauge,
+    /// The last sample, as `f64` bits.
+    last: AtomicU64,
+}
+
+impl LocalGauge {
+    fn of(handle: Gauge) -> Self {
+        Self {
+            handle,
+            last: AtomicU64::new(0f64.to_bits()),
+        }
+    }
+
+    fn set(&self, value: f64) {
+        let before = f64::from_bits(self.last.swap(value.to_bits(), Ordering::Relaxed));
+        let change = value - before;
+        if change != 0.0 {
+            self.handle.increment(change);
+        }
     }
 }
 
 /// The metric handles of one manager, registered once with the recorder installed when it
 /// was built (see [`observe`](crate::observe)).
 pub(crate) struct Metrics {
-    sessions: Gauge,
+    sessions: LocalGauge,
     sessions_started: LocalCounter,
     sessions_closed: LocalCounter,
-    executions: Gauge,
+    executions: LocalGauge,
     executions_started: LocalCounter,
     ended_finished: LocalCounter,
     ended_failed: LocalCounter,
     ended_canceled: LocalCounter,
     closed_released: LocalCounter,
     closed_abandoned: LocalCounter,
-    attached_streams: Gauge,
+    attached_streams: LocalGauge,
     reattaches: LocalCounter,
     replayed: LocalCounter,
     rotations_duration: LocalCounter,
@@ -330,18 +362,149 @@ pub(crate) struct Metrics {
     tombstone_hits: LocalCounter,
     errors: Vec<(&'static str, LocalCounter)>,
     errors_other: LocalCounter,
-    budget_used: Gauge,
-    budget_waiting: Gauge,
+    budget_used: LocalGauge,
+    budget_waiting: LocalGauge,
     producer_waits: LocalCounter,
-    unsent_bytes: Gauge,
-    retained_bytes: Gauge,
+    unsent_bytes: LocalGauge,
+    retained_bytes: LocalGauge,
     execution_seconds: Histogram,
     reattach_gap_seconds: Histogram,
     events_dropped: LocalCounter,
 }
 
+/// Every metric of the execution manager with its unit and description (the table of
+/// [`observe`](crate::observe)), for the recorder's `# HELP` lines.
+const DESCRIBED: &[(&str, metrics::Unit, &str)] = {
+    use metrics::Unit::{Bytes, Count, Seconds};
+    &[
+        (
+            "tether_connect_sessions",
+            Count,
+            "Live Spark Connect sessions (rx §5.6).",
+        ),
+        (
+            "tether_connect_sessions_started_total",
+            Count,
+            "Sessions created.",
+        ),
+        (
+            "tether_connect_sessions_closed_total",
+            Count,
+            "Sessions released or expired.",
+        ),
+        (
+            "tether_connect_executions",
+            Count,
+            "Live (registered) executions (rx §5.1).",
+        ),
+        (
+            "tether_connect_executions_started_total",
+            Count,
+            "Executions registered (OperationStarted).",
+        ),
+        (
+            "tether_connect_executions_ended_total",
+            Count,
+            "Executions whose run ended, by status.",
+        ),
+        (
+            "tether_connect_executions_closed_total",
+            Count,
+            "Executions that left the registry (OperationClosed), by removal.",
+        ),
+        (
+            "tether_connect_attached_streams",
+            Count,
+            "Response streams attached (rx §4.4).",
+        ),
+        (
+            "tether_connect_reattaches_total",
+            Count,
+            "Streams attached again to a running execution (rx §5.5).",
+        ),
+        (
+            "tether_connect_replayed_responses_total",
+            Count,
+            "Responses a reattach resent that an earlier stream had sent.",
+        ),
+        (
+            "tether_connect_stream_rotations_total",
+            Count,
+            "Streams ended gracefully for rotation, by reason (rx §4.2).",
+        ),
+        (
+            "tether_connect_releases_total",
+            Count,
+            "ReleaseExecute applied, by kind (rx §3.4).",
+        ),
+        (
+            "tether_connect_tombstone_hits_total",
+            Count,
+            "Requests refused by an abandoned-operation tombstone (rx §5.4).",
+        ),
+        (
+            "tether_connect_errors_total",
+            Count,
+            "Errors answered to clients, by Spark condition (rx §1.8).",
+        ),
+        (
+            "tether_connect_memory_budget_used_bytes",
+            Bytes,
+            "The shared memory budget in use.",
+        ),
+        (
+            "tether_connect_memory_budget_waiting_producers",
+            Count,
+            "Producers waiting for the memory budget.",
+        ),
+        (
+            "tether_connect_producer_waits_total",
+            Count,
+            "Times a producer waited for the memory budget.",
+        ),
+        (
+            "tether_connect_unsent_bytes",
+            Bytes,
+            "Responses produced and not yet sent (rx §3.1).",
+        ),
+        (
+            "tether_connect_retained_bytes",
+            Bytes,
+            "Responses sent and kept for a reattach (rx §3.1).",
+        ),
+        (
+            "tether_connect_execution_seconds",
+            Seconds,
+            "From OperationStarted to the run's end.",
+        ),
+        (
+            "tether_connect_reattach_gap_seconds",
+            Seconds,
+            "How long an execution was detached before a reattach resumed it.",
+        ),
+        (
+            "tether_events_dropped_total",
+            Count,
+            "Events a full channel dropped, by side.",
+        ),
+    ]
+};
+
 impl Metrics {
+    fn describe() {
+        for &(name, unit, help) in DESCRIBED {
+            if name.ends_with("_total") {
+                metrics::describe_counter!(name, unit, help);
+            } else if name.ends_with("_seconds") {
+                metrics::describe_histogram!(name, unit, help);
+            } else {
+                metrics::describe_gauge!(name, unit, help);
+            }
+        }
+    }
+
     fn register() -> Self {
+        Self::describe();
         let ended = |status: &'static str| {
             LocalCounter::of(
                 metrics::counter!("tether_connect_executions_ended_total", "status" => status),
@@ -361,14 +524,14 @@ impl Metrics {
             LocalCounter::of(metrics::counter!("tether_connect_releases_total", "kind" => kind))
         };
         Self {
-            sessions: metrics::gauge!("tether_connect_sessions"),
+            sessions: LocalGauge::of(metrics::gauge!("tether_connect_sessions")),
             sessions_started: LocalCounter::of(metrics::counter!(
                 "tether_connect_sessions_started_total"
             )),
             sessions_closed: LocalCounter::of(metrics::counter!(
                 "tether_connect_sessions_closed_total"
             )),
-            executions: metrics::gauge!("tether_connect_executions"),
+            executions: LocalGauge::of(metrics::gauge!("tether_connect_executions")),
             executions_started: LocalCounter::of(metrics::counter!(
                 "tether_connect_executions_started_total"
             )),
@@ -377,7 +540,7 @@ impl Metrics {
             ended_canceled: ended("canceled"),
             closed_released: closed("released"),
             closed_abandoned: closed("abandoned"),
-            attached_streams: metrics::gauge!("tether_connect_attached_streams"),
+            attached_streams: LocalGauge::of(metrics::gauge!("tether_connect_attached_streams")),
             reattaches: LocalCounter::of(metrics::counter!("tether_connect_reattaches_total")),
             replayed: LocalCounter::of(metrics::counter!(
                 "tether_connect_replayed_responses_total"
@@ -404,13 +567,15 @@ impl Metrics {
             errors_other: LocalCounter::of(
                 metrics::counter!("tether_connect_errors_total", "condition" => "OTHER"),
             ),
-            budget_used: metrics::gauge!("tether_connect_memory_budget_used_bytes"),
-            budget_waiting: metrics::gauge!("tether_connect_memory_budget_waiting_producers"),
+            budget_used: LocalGauge::of(metrics::gauge!("tether_connect_memory_budget_used_bytes")),
+            budget_waiting: LocalGauge::of(metrics::gauge!(
+                "tether_connect_memory_budget_waiting_producers"
+            )),
             producer_waits: LocalCounter::of(metrics::counter!(
                 "tether_connect_producer_waits_total"
             )),
-            unsent_bytes: metrics::gauge!("tether_connect_unsent_bytes"),
-            retained_bytes: metrics::gauge!("tether_connect_retained_bytes"),
+            unsent_bytes: LocalGauge::of(metrics::gauge!("tether_connect_unsent_bytes")),
+            retained_bytes: LocalGauge::of(metrics::gauge!("tether_connect_retained_bytes")),
             execution_seconds: metrics::histogram!("tether_connect_execution_seconds"),
             reattach_gap_seconds: metrics::histogram!("tether_connect_reattach_gap_seconds"),
             events_dropped: LocalCounter::of(

@@ -814,26 +814,40 @@ impl ExecutionManager {
             for exec in done.with_sessions.iter().chain(&done.detached) {
                 close(exec, Removal::Abandoned, &mut wakes);
             }
-            let observer = &self.inner.env.observer;
-            let stats = reg.stats();
-            observer.sample_registry(stats.executions, stats.sessions, attached);
-            observer.sample_held(unsent, retained);
-            observer.publish();
-            if let Some(budget) = &self.inner.budget {
-                observer.sample_budget(&budget.usage());
-            }
+            self.sample_and_publish(&reg, unsent, retained, attached);
             done.report
         };
         wakes.wake();
         report
     }
 
-    /// Hands the manager's counters to the metrics recorder now (see
-    /// [`observe`](crate::observe)): each [`maintain`](Self::maintain) pass does so, and
-    /// samples the gauges; call this before a scrape that must not lag by up to a
-    /// `maintenance_interval` (rx §5.3).
+    /// Samples the manager's gauges and hands its counters to the metrics recorder now (see
+    /// [`observe`](crate::observe)), as each [`maintain`](Self::maintain) pass does: call it
+    /// on a timer shorter than `maintenance_interval` (rx §5.3) when scrapes must not lag by
+    /// that much. It locks the registry and each execution once, as a maintenance pass does.
     pub fn publish_metrics(&self) {
-        self.inner.env.observer.publish();
+        let reg = self.inner.lock();
+        let (mut unsent, mut retained, mut attached) = (0u64, 0u64, 0usize);
+        for (_, exec) in reg.executions() {
+            let st = exec.lock();
+            unsent = unsent.saturating_add(st.core.log().unsent_bytes());
+            retained = retained.saturating_add(st.core.log().retained_bytes());
+            attached += usize::from(st.core.is_attached());
+        }
+        self.sample_and_publish(&reg, unsent, retained, attached);
+    }
+
+    /// Samples the gauges (the registry's sizes, the held bytes, the budget) and hands the
+    /// counters to the recorder.
+    fn sample_and_publish(&self, reg: &Reg, unsent: u64, retained: u64, attached: usize) {
+        let observer = &self.inner.env.observer;
+        let stats = reg.stats();
+        observer.sample_registry(stats.executions, stats.sessions, attached);
+        observer.sample_held(unsent, retained);
+        if let Some(budget) = &self.inner.budget {
+            observer.sample_budget(&budget.usage());
+        }
+        observer.publish();
     }
 
     /// Runs [`maintain`](Self::maintain) every `maintenance_interval` on the manager's

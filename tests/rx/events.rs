@@ -537,3 +537,44 @@ fn metrics_without_a_listener_and_sampled_gauges_back_to_zero() {
     );
     assert_eq!(metric("tether_connect_sessions_closed_total", &[]), 1.0);
 }
+
+#[test]
+fn the_metrics_of_two_managers_in_one_process_add_up() {
+    let recorder = Arc::new(MetricTotals::default());
+    let build = || {
+        metrics::with_local_recorder(&*recorder, || {
+            ManualManager::new(ManagerConfig::default()).manager
+        })
+    };
+    let (one, two) = (build(), build());
+    let c = Caller::default();
+    let mut keep = Vec::new();
+    for _ in 0..3 {
+        keep.push(connect::start(&one, &c.execute(&connect::op_id())));
+    }
+    keep.push(connect::start(&two, &c.execute(&connect::op_id())));
+    // Published twice each, in either order: counters add the increase since the last
+    // publication, gauges the change since the last sample.
+    for m in [&one, &two, &one, &two] {
+        m.publish_metrics();
+    }
+    assert_eq!(
+        recorder.get("tether_connect_executions_started_total", &[]),
+        4.0
+    );
+    assert_eq!(recorder.get("tether_connect_executions", &[]), 4.0);
+    assert_eq!(recorder.get("tether_connect_attached_streams", &[]), 4.0);
+    assert_eq!(recorder.get("tether_connect_sessions", &[]), 2.0);
+    drop(keep);
+    two.release_session(&c.release_session(false));
+    two.publish_metrics();
+    assert_eq!(recorder.get("tether_connect_executions", &[]), 3.0);
+    assert_eq!(recorder.get("tether_connect_sessions", &[]), 1.0);
+    assert_eq!(
+        recorder.get(
+            "tether_connect_executions_closed_total",
+            &[("removal", "abandoned")]
+        ),
+        1.0
+    );
+}
