@@ -14,6 +14,9 @@
 //!   two bounded `futures::channel::mpsc` channels of the same capacity and a spawned task
 //!   that forwards each `Bytes` back. Both on one current-thread tokio runtime. Target ≥ 0.4
 //!   (issue 12).
+//! - **(a′) `udf_memory_observed`**: (a)'s `session` with its lifecycle events sent to a
+//!   listener (`SessionConfig::events`, a thread draining the channel every millisecond)
+//!   against the same `session` without: the cost of observability (issue 23, target ≥ 0.97).
 //! - **(b) `udf_unix_socket`**: two processes. This binary re-executes itself as the worker
 //!   (env `TETHER_BENCH_ROLE`; the worker exits when its parent goes away). `session` = the
 //!   framed [`connect_unix`] connection (one socket connection per session) to a worker
@@ -251,6 +254,7 @@ fn main() {
         rows: Vec::new(),
     };
     memory_case(&mut bench);
+    memory_observed_case(&mut bench);
     socket_case(&mut bench, &scratch);
     #[cfg(feature = "grpc")]
     grpc::case(&mut bench, &scratch);
@@ -266,6 +270,7 @@ fn main() {
 fn case_ids() -> Vec<(&'static str, Vec<String>)> {
     let mut cases = vec![
         ("udf_memory", vec!["session", "bare_channel"]),
+        ("udf_memory_observed", vec!["session_observed", "session"]),
         ("udf_unix_socket", vec!["session", "bare_stream"]),
     ];
     if cfg!(feature = "grpc") {
@@ -846,8 +851,16 @@ async fn run_session<C>(conn: C, input: &[Bytes]) -> Vec<Bytes>
 where
     C: Connection<UdfRequest, UdfResponse> + std::fmt::Debug + Send + Unpin + 'static,
 {
+    run_session_with(conn, input, SessionConfig::default()).await
+}
+
+/// [`run_session`] with `config`.
+async fn run_session_with<C>(conn: C, input: &[Bytes], config: SessionConfig) -> Vec<Bytes>
+where
+    C: Connection<UdfRequest, UdfResponse> + std::fmt::Debug + Send + Unpin + 'static,
+{
     let handle = Arc::new(CountingHandle::for_one_session());
-    let session = Session::new(conn, handle, SessionConfig::default());
+    let session = Session::new(conn, handle, config);
     let (session, _) = session.init(init("echo")).await.expect("init");
     let mut output = session.process(futures::stream::iter(input.iter().cloned()));
     let mut out = Vec::with_capacity(input.len());
@@ -890,12 +903,69 @@ fn memory_case(bench: &mut Bench) {
 }
 
 async fn memory_session(input: &[Bytes]) -> Vec<Bytes> {
+    memory_session_with(input, SessionConfig::default()).await
+}
+
+async fn memory_session_with(input: &[Bytes], config: SessionConfig) -> Vec<Bytes> {
     let (engine, worker) = pair::<UdfRequest, UdfResponse>(MEMORY_CAPACITY);
     let worker = tokio::spawn(serve(worker, EchoUdf::default(), EndpointConfig::default()));
-    let out = run_session(engine, input).await;
+    let out = run_session_with(engine, input, config).await;
     let outcome = worker.await.expect("worker task");
     assert_eq!(outcome.kind(), OutcomeKind::Finished, "{outcome}");
     out
+}
+
+/// The sending half of one event channel for every observed session of the run, read by a
+/// thread that drains it once a millisecond (see `tether::observe`).
+fn worker_events() -> tether::observe::EventSender<tether::worker::WorkerEvent> {
+    static EVENTS: std::sync::OnceLock<tether::observe::EventSender<tether::worker::WorkerEvent>> =
+        std::sync::OnceLock::new();
+    EVENTS
+        .get_or_init(|| {
+            let (tx, mut rx) = tether::observe::event_channel(1 << 16);
+            std::thread::spawn(move || {
+                loop {
+                    while let Some(e) = rx.try_recv() {
+                        std::hint::black_box(&e);
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            });
+            tx
+        })
+        .clone()
+}
+
+/// (a) with the session's lifecycle events sent to a listener (`SessionConfig::events`)
+/// against the same without: issue 23's observability cost (target ≥ 0.97). A session made
+/// with `Session::new` records no metrics (a dispatcher's do).
+fn memory_observed_case(bench: &mut Bench) {
+    let spec = Spec {
+        group: "udf_memory_observed",
+        throughput: Throughput::Bytes((bench.input.len() * BATCH_LEN) as u64),
+        flat: false,
+        cpu: true,
+    };
+    if !bench.enabled(&spec, &["session_observed", "session"]) {
+        return;
+    }
+    let input = bench.input.clone();
+    let observed = SessionConfig {
+        events: Some(worker_events()),
+        ..SessionConfig::default()
+    };
+    bench.compare(
+        &spec,
+        &input,
+        arm("session_observed", || {
+            memory_session_with(&input, observed.clone())
+        }),
+        vec![Against {
+            arm: arm("session", || memory_session(&input)),
+            label: "(a) observed (events to a listener) vs not",
+            target: Some(0.97),
+        }],
+    );
 }
 
 async fn memory_baseline(input: &[Bytes]) -> Vec<Bytes> {
