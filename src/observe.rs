@@ -87,6 +87,9 @@ use futures::task::AtomicWaker;
 struct Shared<E> {
     queue: ArrayQueue<E>,
     waker: AtomicWaker,
+    /// Whether the receiver was ever polled as a [`Stream`] (only then is there a task to
+    /// wake): a sender to a receiver read with `try_recv` touches no shared waker state.
+    polled: AtomicBool,
     dropped: AtomicU64,
     receiver_alive: AtomicBool,
     senders: AtomicU64,
@@ -111,6 +114,7 @@ pub fn event_channel<E>(capacity: usize) -> (EventSender<E>, EventReceiver<E>) {
     let shared = Arc::new(Shared {
         queue: ArrayQueue::new(capacity.max(1)),
         waker: AtomicWaker::new(),
+        polled: AtomicBool::new(false),
         dropped: AtomicU64::new(0),
         receiver_alive: AtomicBool::new(true),
         senders: AtomicU64::new(1),
@@ -139,7 +143,11 @@ impl<E> EventSender<E> {
         }
         match self.shared.queue.push(event) {
             Ok(()) => {
-                self.shared.waker.wake();
+                // SeqCst with the receiver's store before it registers: either this load sees
+                // it (and wakes), or the receiver's check after registering sees the event.
+                if self.shared.polled.load(Ordering::SeqCst) {
+                    self.shared.waker.wake();
+                }
                 true
             }
             Err(_) => {
@@ -228,6 +236,7 @@ impl<E> Stream for EventReceiver<E> {
         if let Some(e) = self.try_recv() {
             return Poll::Ready(Some(e));
         }
+        self.shared.polled.store(true, Ordering::SeqCst);
         self.shared.waker.register(cx.waker());
         // Checked again after registering, so a send in between is not missed.
         match self.try_recv() {
@@ -244,5 +253,45 @@ impl<E> fmt::Debug for EventReceiver<E> {
             .field("queued", &self.shared.queue.len())
             .field("dropped", &self.dropped())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use futures::StreamExt;
+
+    use super::*;
+
+    #[test]
+    fn a_receiver_waiting_as_a_stream_is_woken_by_a_send_and_ends_with_the_senders() {
+        let (tx, mut rx) = event_channel::<u32>(4);
+        let (seen, seen_rx) = std::sync::mpsc::channel();
+        let reader = std::thread::spawn(move || {
+            futures::executor::block_on(async {
+                while let Some(e) = rx.next().await {
+                    seen.send(e).unwrap();
+                }
+            });
+        });
+        for e in [1, 2] {
+            // The reader is parked on an empty channel by now: only this send can wake it.
+            std::thread::sleep(Duration::from_millis(30));
+            assert!(tx.send(e));
+            let got = seen_rx.recv_timeout(Duration::from_secs(5));
+            assert_eq!(got, Ok(e), "the parked reader was not woken by the send");
+        }
+        drop(tx);
+        reader.join().unwrap();
+    }
+
+    #[test]
+    fn a_dropped_receiver_discards_without_counting() {
+        let (tx, rx) = event_channel::<u32>(1);
+        drop(rx);
+        assert!(!tx.is_listened());
+        assert!(!tx.send(1));
+        assert_eq!(tx.dropped(), 0);
     }
 }
