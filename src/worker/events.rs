@@ -217,8 +217,70 @@ struct Metrics {
     events_dropped: Counter,
 }
 
+/// Every metric of a dispatcher with its unit and description (the table of
+/// [`observe`](crate::observe), udf §4.1, §6), for the recorder's `# HELP` lines.
+const DESCRIBED: &[(&str, metrics::Unit, &str)] = {
+    use metrics::Unit::{Count, Seconds};
+    &[
+        (
+            "tether_udf_sessions",
+            Count,
+            "Live worker sessions (udf §4.1).",
+        ),
+        (
+            "tether_udf_sessions_total",
+            Count,
+            "Worker sessions ended, by termination (udf §4.1).",
+        ),
+        (
+            "tether_udf_workers",
+            Count,
+            "Worker processes spawned and not yet stopped (udf §6.1).",
+        ),
+        (
+            "tether_udf_idle_workers",
+            Count,
+            "Idle workers waiting for reuse (udf §6.6).",
+        ),
+        (
+            "tether_udf_workers_spawned_total",
+            Count,
+            "Worker processes started (udf §6.2).",
+        ),
+        (
+            "tether_udf_workers_reused_total",
+            Count,
+            "Sessions given an idle pooled worker (udf §6.6).",
+        ),
+        (
+            "tether_udf_workers_invalidated_total",
+            Count,
+            "Workers judged unsafe to reuse, by reason (udf §6.5).",
+        ),
+        (
+            "tether_udf_workers_stopped_total",
+            Count,
+            "Worker processes stopped and reaped, by reason (udf §6.1).",
+        ),
+        (
+            "tether_udf_worker_startup_seconds",
+            Seconds,
+            "From a worker's spawn to its readiness (udf §6.4).",
+        ),
+    ]
+};
+
 impl Metrics {
     fn register() -> Self {
+        for &(name, unit, help) in DESCRIBED {
+            if name.ends_with("_total") {
+                metrics::describe_counter!(name, unit, help);
+            } else if name.ends_with("_seconds") {
+                metrics::describe_histogram!(name, unit, help);
+            } else {
+                metrics::describe_gauge!(name, unit, help);
+            }
+        }
         Self {
             sessions: metrics::gauge!("tether_udf_sessions"),
             terminations: TERMINATIONS.map(|k| {
