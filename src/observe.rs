@@ -95,6 +95,21 @@ struct Shared<E> {
     senders: AtomicU64,
 }
 
+/// Hands each metric's unit and description to the installed recorder (its `# HELP` lines),
+/// by the Prometheus naming the table above follows: `_total` a counter, `_seconds` a
+/// histogram, anything else a gauge. Both sides' metric tables go through it.
+pub(crate) fn describe(table: &[(&'static str, metrics::Unit, &'static str)]) {
+    for &(name, unit, help) in table {
+        if name.ends_with("_total") {
+            metrics::describe_counter!(name, unit, help);
+        } else if name.ends_with("_seconds") {
+            metrics::describe_histogram!(name, unit, help);
+        } else {
+            metrics::describe_gauge!(name, unit, help);
+        }
+    }
+}
+
 /// A bounded event channel of `capacity` events (at least 1): the sending half for the
 /// protocol, the receiving half for the application (see the [module docs](self)). Like
 /// Spark's `AsyncEventQueue` behind its listener bus, a full queue drops what it cannot take

@@ -491,20 +491,8 @@ const DESCRIBED: &[(&str, metrics::Unit, &str)] = {
 };
 
 impl Metrics {
-    fn describe() {
-        for &(name, unit, help) in DESCRIBED {
-            if name.ends_with("_total") {
-                metrics::describe_counter!(name, unit, help);
-            } else if name.ends_with("_seconds") {
-                metrics::describe_histogram!(name, unit, help);
-            } else {
-                metrics::describe_gauge!(name, unit, help);
-            }
-        }
-    }
-
     fn register() -> Self {
-        Self::describe();
+        crate::observe::describe(DESCRIBED);
         let ended = |status: &'static str| {
             LocalCounter::of(
                 metrics::counter!("tether_connect_executions_ended_total", "status" => status),

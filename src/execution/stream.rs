@@ -445,14 +445,20 @@ impl ResponseStream {
         };
         wakes.wake();
         if let Some(end) = terminal_of(&ev) {
-            if let Err(e) = &end {
-                self.exec.observer().error(e);
-            }
-            self.terminal = Some(end);
-            self.sleep = None;
-            self.exec.release_non_reattachable();
+            self.record_end(end);
         }
         ev
+    }
+
+    /// The stream ended with `end`: counted if it is an error (the errors metric, rx §1.8),
+    /// kept for every later poll, and a non-reattachable execution released (rx §2.2 T14).
+    fn record_end(&mut self, end: Result<StreamEnd, ConnectError>) {
+        if let Err(e) = &end {
+            self.exec.observer().error(e);
+        }
+        self.terminal = Some(end);
+        self.sleep = None;
+        self.exec.release_non_reattachable();
     }
 
     /// One synchronous step at the clock's current time (sans-IO style, for tests and
@@ -559,13 +565,8 @@ impl ResponseStream {
             drop(st);
             wakes.wake();
         }
-        if let Err(e) = &end {
-            self.exec.observer().error(e);
-        }
-        self.terminal = Some(end);
         self.yielded_terminal = true;
-        self.sleep = None;
-        self.exec.release_non_reattachable();
+        self.record_end(end);
     }
 }
 

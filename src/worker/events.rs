@@ -272,15 +272,7 @@ const DESCRIBED: &[(&str, metrics::Unit, &str)] = {
 
 impl Metrics {
     fn register() -> Self {
-        for &(name, unit, help) in DESCRIBED {
-            if name.ends_with("_total") {
-                metrics::describe_counter!(name, unit, help);
-            } else if name.ends_with("_seconds") {
-                metrics::describe_histogram!(name, unit, help);
-            } else {
-                metrics::describe_gauge!(name, unit, help);
-            }
-        }
+        crate::observe::describe(DESCRIBED);
         Self {
             sessions: metrics::gauge!("tether_udf_sessions"),
             terminations: TERMINATIONS.map(|k| {
