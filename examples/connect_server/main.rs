@@ -840,13 +840,51 @@ fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
     line
 }
 
+/// The user of each live session and operation, as their `SessionStarted` and
+/// `OperationStarted` events named it (the other events carry ids only), so that every
+/// line of `--events-log` names its user and job tag.
+#[derive(Default)]
+struct Users {
+    sessions: std::collections::HashMap<uuid::Uuid, std::sync::Arc<str>>,
+    operations: std::collections::HashMap<uuid::Uuid, std::sync::Arc<str>>,
+}
+
+impl Users {
+    /// The user of `e`, remembering or forgetting it as `e` opens or closes a session or
+    /// an operation.
+    fn of(&mut self, e: &ExecutionEvent) -> Option<std::sync::Arc<str>> {
+        match (&e.kind, e.operation_id) {
+            (EventKind::SessionStarted { user_id }, _) => {
+                self.sessions.insert(e.session_id, user_id.clone());
+                Some(user_id.clone())
+            }
+            (EventKind::SessionClosed { .. }, _) => self.sessions.remove(&e.session_id),
+            (EventKind::OperationStarted { user_id, .. }, Some(op)) => {
+                self.operations.insert(op, user_id.clone());
+                Some(user_id.clone())
+            }
+            (EventKind::OperationClosed, Some(op)) => self.operations.remove(&op),
+            (_, Some(op)) => self
+                .operations
+                .get(&op)
+                .or_else(|| self.sessions.get(&e.session_id))
+                .cloned(),
+            (_, None) => self.sessions.get(&e.session_id).cloned(),
+        }
+    }
+}
+
 /// One lifecycle event as a JSON object (`--events-log`); `start` is the server's start.
-fn event_json(e: &ExecutionEvent, start: std::time::Instant) -> serde_json::Value {
+fn event_json(
+    e: &ExecutionEvent,
+    users: &mut Users,
+    start: std::time::Instant,
+) -> serde_json::Value {
     use serde_json::json;
     let (kind, fields) = match &e.kind {
-        EventKind::SessionStarted => ("SessionStarted", json!({})),
-        EventKind::SessionClosed => ("SessionClosed", json!({})),
-        EventKind::OperationStarted { tags } => ("OperationStarted", json!({ "tags": tags })),
+        EventKind::SessionStarted { .. } => ("SessionStarted", json!({})),
+        EventKind::SessionClosed { .. } => ("SessionClosed", json!({})),
+        EventKind::OperationStarted { tags, .. } => ("OperationStarted", json!({ "tags": tags })),
         EventKind::OperationAnalyzed { statement_text } => (
             "OperationAnalyzed",
             json!({ "statement_text": statement_text }),
@@ -877,13 +915,14 @@ fn event_json(e: &ExecutionEvent, start: std::time::Instant) -> serde_json::Valu
         EventKind::ProducerWaiting { bytes } => ("ProducerWaiting", json!({ "bytes": bytes })),
         other => ("Other", json!({ "debug": format!("{other:?}") })),
     };
+    let user_id = users.of(e);
     json!({
         "at_ms": e.at.saturating_duration_since(start).as_millis() as u64,
         "kind": kind,
-        "user_id": &*e.session.user_id,
-        "session_id": e.session.session_id.to_string(),
+        "user_id": user_id.as_deref(),
+        "session_id": e.session_id.to_string(),
         "operation_id": e.operation_id.map(|o| o.to_string()),
-        "job_tag": e.job_tag(),
+        "job_tag": user_id.and_then(|u| e.job_tag(&u)),
         "fields": fields,
     })
 }
@@ -900,17 +939,18 @@ async fn log_events(
     use futures::StreamExt;
     use std::io::Write;
     tokio::pin!(stop);
+    let mut users = Users::default();
     loop {
         let e = tokio::select! {
             e = events.next() => e,
             _ = &mut stop => None,
         };
         let Some(e) = e else { break };
-        writeln!(file, "{}", event_json(&e, start))?;
+        writeln!(file, "{}", event_json(&e, &mut users, start))?;
         file.flush()?;
     }
     for e in events.drain() {
-        writeln!(file, "{}", event_json(&e, start))?;
+        writeln!(file, "{}", event_json(&e, &mut users, start))?;
     }
     writeln!(
         file,

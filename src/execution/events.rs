@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use metrics::{Counter, Gauge, Histogram};
 use smallvec::SmallVec;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use uuid::Uuid;
 
@@ -110,14 +111,19 @@ impl RotationReason {
 /// what ([`ExecutionEventKind`]); the fields Spark's `ExecuteEventsManager` puts on its
 /// listener events (rx §2.1 item 4). See [`observe`](crate::observe) for how to receive
 /// them.
+///
+/// As in Spark, the user id travels only on the events that introduce a session or an
+/// operation (`SessionStarted`, `SessionClosed`, `OperationStarted`); the others name the
+/// session and operation by id, so that an event holds no shared pointer whose count the
+/// producing and the listening thread would both write.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ExecutionEvent {
     /// When, on the manager's clock ([`ManagerConfig::timer`](super::ManagerConfig::timer);
     /// Spark's `eventTime` is wall-clock milliseconds).
     pub at: Instant,
-    /// The session: `UserContext.user_id` and `session_id` (Spark's `userId`,
-    /// `sessionId`).
-    pub session: SessionKey,
+    /// The session's id (Spark's `sessionId`; the session is `(user_id, session_id)`, rx
+    /// §5.1, its user id is on its `SessionStarted` and its operations' `OperationStarted`).
+    pub session_id: Uuid,
     /// The operation (Spark's `operationId`), for operation events; `None` for session
     /// events and tombstone hits on a session alone.
     pub operation_id: Option<Uuid>,
@@ -127,14 +133,26 @@ pub struct ExecutionEvent {
 
 impl ExecutionEvent {
     /// The operation's Spark job tag, `SparkConnect_OperationTag_User_<user>_Session_<session>_Operation_<operation>`
-    /// (Spark's `ExecuteHolder.jobTag`, rx §2.1), for operation events.
-    pub fn job_tag(&self) -> Option<String> {
+    /// (Spark's `ExecuteHolder.jobTag`, rx §2.1), for operation events; `user_id` is the
+    /// one its `OperationStarted` carried.
+    pub fn job_tag(&self, user_id: &str) -> Option<String> {
         self.operation_id.map(|op| {
             format!(
-                "SparkConnect_OperationTag_User_{}_Session_{}_Operation_{}",
-                self.session.user_id, self.session.session_id, op
+                "SparkConnect_OperationTag_User_{user_id}_Session_{}_Operation_{op}",
+                self.session_id
             )
         })
+    }
+
+    /// The user id this event carries: on `SessionStarted`, `SessionClosed` and
+    /// `OperationStarted` (Spark's `userId`, rx §2.1 item 4); `None` on the others.
+    pub fn user_id(&self) -> Option<&str> {
+        match &self.kind {
+            ExecutionEventKind::SessionStarted { user_id }
+            | ExecutionEventKind::SessionClosed { user_id }
+            | ExecutionEventKind::OperationStarted { user_id, .. } => Some(user_id),
+            _ => None,
+        }
     }
 }
 
@@ -148,12 +166,20 @@ impl ExecutionEvent {
 #[non_exhaustive]
 pub enum ExecutionEventKind {
     /// A session was created by the first RPC naming it (rx §5.5).
-    SessionStarted,
+    SessionStarted {
+        /// `UserContext.user_id` (Spark's `userId`).
+        user_id: Arc<str>,
+    },
     /// A session was released (ReleaseSession) or expired (rx §5.6); its executions were
     /// closed before.
-    SessionClosed,
+    SessionClosed {
+        /// `UserContext.user_id` (Spark's `userId`).
+        user_id: Arc<str>,
+    },
     /// An execution was registered (rx §2.2 T1).
     OperationStarted {
+        /// `UserContext.user_id` (Spark's `userId`).
+        user_id: Arc<str>,
         /// The operation's tags (`ExecutePlanRequest.tags`).
         tags: Vec<String>,
     },
@@ -619,11 +645,11 @@ impl Observer {
         }
     }
 
-    fn send(&self, at: Instant, session: &SessionKey, op: Option<Uuid>, kind: ExecutionEventKind) {
+    fn send(&self, at: Instant, session_id: Uuid, op: Option<Uuid>, kind: ExecutionEventKind) {
         if let Some(tx) = &self.events
             && !tx.send(ExecutionEvent {
                 at,
-                session: session.clone(),
+                session_id,
                 operation_id: op,
                 kind,
             })
@@ -640,14 +666,20 @@ impl Observer {
     /// A session was created (`true`) or closed (`false`).
     pub(crate) fn session(&self, at: Instant, session: &SessionKey, started: bool) {
         let m = &self.metrics;
-        let kind = if started {
+        if started {
             m.sessions_started.increment(1);
-            ExecutionEventKind::SessionStarted
         } else {
             m.sessions_closed.increment(1);
-            ExecutionEventKind::SessionClosed
-        };
-        self.send(at, session, None, kind);
+        }
+        if self.listened() {
+            let user_id = session.user_id.clone();
+            let kind = if started {
+                ExecutionEventKind::SessionStarted { user_id }
+            } else {
+                ExecutionEventKind::SessionClosed { user_id }
+            };
+            self.send(at, session.session_id, None, kind);
+        }
     }
 
     /// An execution was registered (rx §2.2 T1): the registry's decision, reported once the
@@ -657,9 +689,10 @@ impl Observer {
         if self.listened() {
             self.send(
                 at,
-                &key.session(),
+                key.session_id,
                 Some(key.operation_id),
                 ExecutionEventKind::OperationStarted {
+                    user_id: key.user_id.clone(),
                     tags: tags.to_vec(),
                 },
             );
@@ -667,9 +700,9 @@ impl Observer {
     }
 
     /// A request was refused by a tombstone (rx §5.4).
-    pub(crate) fn tombstone_hit(&self, at: Instant, session: &SessionKey, op: Uuid) {
+    pub(crate) fn tombstone_hit(&self, at: Instant, session_id: Uuid, op: Uuid) {
         self.metrics.tombstone_hits.increment(1);
-        self.send(at, session, Some(op), ExecutionEventKind::TombstoneHit);
+        self.send(at, session_id, Some(op), ExecutionEventKind::TombstoneHit);
     }
 
     /// An error answered to a client, by RPC or on a response stream (rx §1.8).
@@ -687,7 +720,7 @@ impl Observer {
         if self.listened() {
             self.send(
                 at,
-                &key.session(),
+                key.session_id,
                 Some(key.operation_id),
                 ExecutionEventKind::Released { until: None },
             );
@@ -700,7 +733,7 @@ impl Observer {
         if self.listened() {
             self.send(
                 at,
-                &key.session(),
+                key.session_id,
                 Some(key.operation_id),
                 ExecutionEventKind::ProducerWaiting { bytes },
             );
@@ -746,10 +779,9 @@ impl Observer {
         let m = &self.metrics;
         let at = now();
         let listened = self.listened();
-        let session = listened.then(|| key.session());
         let send = |kind: ExecutionEventKind| {
-            if let Some(session) = &session {
-                self.send(at, session, Some(key.operation_id), kind);
+            if listened {
+                self.send(at, key.session_id, Some(key.operation_id), kind);
             }
         };
         for event in batch.events {

@@ -304,7 +304,7 @@ impl RegGuard<'_> {
                 RegistryNote::SessionStarted(key) => observer.session(at, &key, true),
                 RegistryNote::SessionClosed(key) => observer.session(at, &key, false),
                 RegistryNote::TombstoneHit(key) => {
-                    observer.tombstone_hit(at, &key.session(), key.operation_id);
+                    observer.tombstone_hit(at, key.session_id, key.operation_id);
                 }
             }
         }

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use tether::execution::{
     ConnectError, ExecutionEvent, ExecutionEventKind as K, ExecutionManager, ManagerConfig,
-    OperationStatus, RotationReason, SessionKey, StreamLimits,
+    OperationStatus, RotationReason, StreamLimits,
 };
 use tether::observe::{EventReceiver, event_channel};
 use tether::time::ManualClock;
@@ -45,7 +45,7 @@ pub(crate) fn status_of(kind: &K) -> Option<OperationStatus> {
 #[derive(Debug, Default)]
 pub(crate) struct EventLaw {
     ops: HashMap<Uuid, OperationStatus>,
-    sessions: HashMap<SessionKey, bool>,
+    sessions: HashMap<Uuid, bool>,
     /// Operation events seen, by kind name (for the metric equalities).
     pub(crate) started: u64,
     pub(crate) closed: u64,
@@ -56,18 +56,20 @@ impl EventLaw {
     pub(crate) fn check(&mut self, e: &ExecutionEvent) {
         self.seen += 1;
         let Some(op) = e.operation_id else {
-            let live = self.sessions.entry(e.session.clone()).or_insert(false);
+            let live = self.sessions.entry(e.session_id).or_insert(false);
             match e.kind {
-                K::SessionStarted => assert!(!*live, "SessionStarted twice: {e:?}"),
-                K::SessionClosed => assert!(*live, "SessionClosed of no live session: {e:?}"),
+                K::SessionStarted { .. } => assert!(!*live, "SessionStarted twice: {e:?}"),
+                K::SessionClosed { .. } => {
+                    assert!(*live, "SessionClosed of no live session: {e:?}")
+                }
                 _ => panic!("an event without an operation that is no session event: {e:?}"),
             }
-            *live = matches!(e.kind, K::SessionStarted);
+            *live = matches!(e.kind, K::SessionStarted { .. });
             return;
         };
         if !matches!(e.kind, K::TombstoneHit) {
             assert_eq!(
-                self.sessions.get(&e.session),
+                self.sessions.get(&e.session_id),
                 Some(&true),
                 "an operation event outside a live session: {e:?}"
             );
@@ -161,8 +163,25 @@ fn observed() -> Observed {
     Observed::new(ManagerConfig::default(), 1024)
 }
 
+/// The default caller's user id, which `SessionStarted`, `SessionClosed` and
+/// `OperationStarted` carry.
+fn user() -> Arc<str> {
+    Caller::default().session_key().user_id
+}
+
 fn started() -> K {
-    K::OperationStarted { tags: Vec::new() }
+    K::OperationStarted {
+        user_id: user(),
+        tags: Vec::new(),
+    }
+}
+
+fn session_started() -> K {
+    K::SessionStarted { user_id: user() }
+}
+
+fn session_closed() -> K {
+    K::SessionClosed { user_id: user() }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -177,13 +196,14 @@ fn rx_s39_registration_posts_started_with_the_ids_and_the_job_tag() {
     let (_p, _s) = connect::start(&o.m, &c.execute(&op));
     let events = o.rx.drain();
     assert_eq!(events.len(), 2, "{events:?}");
-    assert_eq!(events[0].kind, K::SessionStarted);
+    assert_eq!(events[0].kind, session_started());
     let e = &events[1];
     assert_eq!(e.kind, started());
-    assert_eq!(e.session, c.session_key());
+    assert_eq!(e.session_id, c.session_key().session_id);
+    assert_eq!(e.user_id(), Some(&*c.session_key().user_id));
     assert_eq!(e.operation_id.map(|u| u.to_string()), Some(op.clone()));
     assert_eq!(
-        e.job_tag().unwrap(),
+        e.job_tag(&c.session_key().user_id).unwrap(),
         format!(
             "SparkConnect_OperationTag_User_{}_Session_{}_Operation_{op}",
             c.session_key().user_id,
@@ -211,7 +231,7 @@ fn rx_s40_each_transition_posts_exactly_one_event() {
     assert_eq!(
         o.kinds(&mut law),
         [
-            K::SessionStarted,
+            session_started(),
             started(),
             K::OperationAnalyzed {
                 statement_text: None
@@ -323,7 +343,7 @@ fn rx_s45_no_operation_event_follows_its_session_closed() {
     o.m.release_session(&c.release_session(false));
     let kinds = o.kinds(&mut law);
     // Both running executions are canceled, abandoned and closed before the session.
-    assert_eq!(kinds.last(), Some(&K::SessionClosed));
+    assert_eq!(kinds.last(), Some(&session_closed()));
     assert_eq!(
         kinds.iter().filter(|k| **k == K::OperationClosed).count(),
         2
