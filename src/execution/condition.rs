@@ -39,15 +39,15 @@ impl Condition {
     /// `INVALID_HANDLE.SESSION_*`, `HY000` for the other `INVALID_HANDLE.*`, `HY109` for
     /// `INVALID_CURSOR.*`, `HY008` for `OPERATION_CANCELED`, `22023` for
     /// `INVALID_PARAMETER_VALUE.*`, `0A000` for `UNSUPPORTED_FEATURE.*` (Spark's
-    /// `error-conditions.json`); `None` for tether's `EXECUTION_LIMIT_EXCEEDED` and the
-    /// client-only `RESPONSE_ALREADY_RECEIVED`.
+    /// `error-conditions.json`); `None` for tether's `EXECUTION_LIMIT_EXCEEDED` and
+    /// `SERVER_DRAINING` and the client-only `RESPONSE_ALREADY_RECEIVED`.
     pub const fn sql_state(self) -> Option<&'static str> {
         self.sql_state
     }
 
     /// The gRPC status code it is sent with: `INTERNAL`, as Spark sends every recoverable
     /// server error (rx §1.8), except tether's `EXECUTION_LIMIT_EXCEEDED`
-    /// (`RESOURCE_EXHAUSTED`).
+    /// (`RESOURCE_EXHAUSTED`) and `SERVER_DRAINING` (`UNAVAILABLE`, retried by clients).
     pub const fn code(self) -> Code {
         self.code
     }
@@ -151,6 +151,11 @@ pub const UNSUPPORTED_FEATURE_INTERRUPT_TYPE: Condition = Condition::new(
 /// executions (rx §5.2; Spark has no such bound). Sent as `RESOURCE_EXHAUSTED`.
 pub const EXECUTION_LIMIT_EXCEEDED: Condition =
     Condition::new("EXECUTION_LIMIT_EXCEEDED", None, Code::ResourceExhausted);
+/// tether's own: the server is draining for a shutdown or a restart (`ExecutionManager::drain`)
+/// and takes no new session or execution; what runs is served to its end. Sent as
+/// `UNAVAILABLE`, which Spark clients retry with backoff (rx §6.1), so that a load balancer
+/// can route the retry to another server (docs/deployment.md).
+pub const SERVER_DRAINING: Condition = Condition::new("SERVER_DRAINING", None, Code::Unavailable);
 /// Client-only: an operation or session was not found after responses had been delivered,
 /// so re-executing would duplicate results (rx §1.8, §6.3; Python client's condition name).
 /// No server sends it.
@@ -158,7 +163,7 @@ pub const RESPONSE_ALREADY_RECEIVED: Condition =
     Condition::new("RESPONSE_ALREADY_RECEIVED", None, INTERNAL);
 
 /// Every condition a server reports (the server conditions of rx §1.8 and §5.7, and tether's
-/// `EXECUTION_LIMIT_EXCEEDED`), longest name first: the order [`Condition::find_in`] searches
+/// `EXECUTION_LIMIT_EXCEEDED` and `SERVER_DRAINING`), longest name first: the order [`Condition::find_in`] searches
 /// in. Not [`RESPONSE_ALREADY_RECEIVED`], which only a client raises.
 pub const ALL: &[Condition] = &[
     INVALID_PARAMETER_VALUE_INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID,
@@ -177,6 +182,7 @@ pub const ALL: &[Condition] = &[
     EXECUTION_LIMIT_EXCEEDED,
     INVALID_HANDLE_FORMAT,
     OPERATION_CANCELED,
+    SERVER_DRAINING,
 ];
 
 #[cfg(test)]

@@ -128,6 +128,12 @@ pub enum ConnectError {
         /// The per-session cap.
         limit: usize,
     },
+    /// tether-specific `SERVER_DRAINING`: the server is draining
+    /// ([`ExecutionManager::drain`](super::ExecutionManager::drain)) and creates no session
+    /// and registers no execution; live ones are served as before. Status code
+    /// `UNAVAILABLE`, which Spark clients retry with backoff (rx §6.1): behind a load
+    /// balancer the retry reaches another server (docs/deployment.md).
+    ServerDraining,
     /// The execution failed: the terminal error its producer reported, re-delivered to every
     /// stream that reaches the end of the log (rx §2.2 T8, §4.2). `message` is used
     /// verbatim as the status message. No condition travels in the rich status: a Spark
@@ -396,6 +402,10 @@ impl ConnectError {
                 "Session {session} is at its limit of {limit} live executions \
                  (ManagerConfig::max_executions_per_session); release some before starting more."
             ),
+            Self::ServerDraining => "The server is draining: it takes no new sessions or \
+                                     executions. Retry; a load balancer routes the retry to \
+                                     another server."
+                .into(),
             Self::Failed { message, .. } => return message.clone(),
             Self::Spark(e) => return e.message(),
         };
@@ -443,6 +453,7 @@ impl ConnectError {
             }
             Self::UnsupportedInterruptType { .. } => condition::UNSUPPORTED_FEATURE_INTERRUPT_TYPE,
             Self::ExecutionLimitExceeded { .. } => condition::EXECUTION_LIMIT_EXCEEDED,
+            Self::ServerDraining => condition::SERVER_DRAINING,
             Self::InvalidTag { .. }
             | Self::UnknownReleaseType
             | Self::Orphaned { .. }
@@ -460,7 +471,8 @@ impl ConnectError {
     /// The gRPC status code category a transport should send this error with: the
     /// condition's ([`Condition::code`]: `INTERNAL`, as Spark does for every recoverable
     /// server error, rx §1.8, except `RESOURCE_EXHAUSTED` for
-    /// [`ExecutionLimitExceeded`](Self::ExecutionLimitExceeded)), the producer's code for
+    /// [`ExecutionLimitExceeded`](Self::ExecutionLimitExceeded) and `UNAVAILABLE` for
+    /// [`ServerDraining`](Self::ServerDraining)), the producer's code for
     /// [`Failed`](Self::Failed), else `INTERNAL`.
     pub fn code(&self) -> Code {
         match self {

@@ -436,6 +436,47 @@ impl ExecutionManager {
         keys
     }
 
+    /// Starts a graceful drain (tether's; Spark has none): from now on a request that
+    /// would create a session or register an execution is refused with
+    /// [`ConnectError::ServerDraining`] (`UNAVAILABLE`, which clients retry, so a load
+    /// balancer can send the retry to another server); every live session and execution is
+    /// served as before: its streams, ReattachExecute, ReleaseExecute, Interrupt, and an
+    /// ExecutePlan repeating a live operation (rx §5.5). Idempotent and irreversible.
+    /// Wait for [`execution_count`](Self::execution_count) to reach 0, then stop the server;
+    /// [`interrupt_all`](Self::interrupt_all) ends what a deadline leaves running.
+    /// `ConnectService::drain` does all of it (docs/deployment.md).
+    pub fn drain(&self) {
+        self.inner.lock().set_draining();
+    }
+
+    /// Whether [`drain`](Self::drain) was called: the registry then creates no session
+    /// (rx §5.6) and registers no execution (rx §5.1).
+    pub fn is_draining(&self) -> bool {
+        self.inner.lock().is_draining()
+    }
+
+    /// Interrupts every live execution that still runs (rx §2.2 T9, as an Interrupt of
+    /// type ALL in every session): its attached consumer, and any that reattaches, gets
+    /// `OPERATION_CANCELED` after the responses produced before. Returns the keys of the
+    /// executions it interrupted (those that had completed, failed or been interrupted
+    /// already are left as they are). What a drain's deadline does to what is left.
+    pub fn interrupt_all(&self) -> Vec<ExecuteKey> {
+        let mut wakes = Wakes::default();
+        let mut interrupted = Vec::new();
+        {
+            let reg = self.inner.lock();
+            for (key, exec) in reg.executions() {
+                let mut st = exec.lock();
+                if st.core.interrupt() {
+                    interrupted.push(key);
+                    st.take_all(&mut wakes);
+                }
+            }
+        }
+        wakes.wake();
+        interrupted
+    }
+
     /// The keys in the abandoned-operation tombstones (O(n); Spark's
     /// `listAbandonedExecutions`, rx §5.4).
     pub fn abandoned_keys(&self) -> Vec<ExecuteKey> {
@@ -466,7 +507,8 @@ impl ExecutionManager {
     ///
     /// # Errors
     /// `INVALID_HANDLE.FORMAT` (session or operation id not a UUID), `SESSION_CLOSED`,
-    /// `SESSION_CHANGED`, `OPERATION_ALREADY_EXISTS` (live, different plan),
+    /// `SESSION_CHANGED`, `SERVER_DRAINING` (a new session or execution while
+    /// [draining](Self::drain)), `OPERATION_ALREADY_EXISTS` (live, different plan),
     /// `OPERATION_ABANDONED` (tombstoned, or released/completed and still remembered),
     /// `NOT_REATTACHABLE` / orphan (same plan, but not reattachable), an invalid tag, or
     /// `EXECUTION_LIMIT_EXCEEDED`: on these nothing is registered. For a duplicate with the
@@ -638,7 +680,8 @@ impl ExecutionManager {
     ///
     /// # Errors
     /// `INVALID_HANDLE.FORMAT` if `session_id` is not a UUID, `SESSION_CLOSED` for a
-    /// released session (rx §5.6), `SESSION_CHANGED` if `observed` is set and differs from
+    /// released session (rx §5.6), `SERVER_DRAINING` for a new session while
+    /// [draining](Self::drain), `SESSION_CHANGED` if `observed` is set and differs from
     /// the session's server-side id (rx §5.5).
     pub fn get_or_create_session(
         &self,
@@ -661,7 +704,8 @@ impl ExecutionManager {
     /// interrupt in a new session succeeds with empty `interrupted_ids`.
     ///
     /// # Errors
-    /// `SESSION_CLOSED` / `SESSION_CHANGED`,
+    /// `SESSION_CLOSED` / `SESSION_CHANGED`, `SERVER_DRAINING` (a new session while
+    /// [draining](Self::drain)),
     /// `INTERRUPT_TYPE_TAG_REQUIRES_TAG`, `INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID`,
     /// `INVALID_HANDLE.FORMAT` (a session id that is no UUID),
     /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`.

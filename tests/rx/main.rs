@@ -4,6 +4,7 @@
 //! - [`server`], [`client`]: the ported rx §7 scenarios (`rx_sNN_…`) on each side;
 //! - [`server_model`], [`client_model`]: the cores against reference models;
 //! - [`events`]: lifecycle events and metrics (rx §7.4 and tether's own);
+//! - [`drain`]: a draining manager (docs/deployment.md);
 //! - [`memory_budget`]: the manager-wide byte budget (rx §3.1);
 //! - [`connect_grpc`], [`connect_bounded`]: `ConnectService` and `ConnectClient` over gRPC;
 //! - [`pyspark_connect`]: the example server as a process, read by tether's client and by
@@ -16,6 +17,7 @@ mod client;
 mod client_model;
 mod connect_bounded;
 mod connect_grpc;
+mod drain;
 mod events;
 mod memory_budget;
 mod pyspark_connect;

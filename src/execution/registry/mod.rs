@@ -266,6 +266,9 @@ pub(crate) struct Registry<E> {
     /// What the manager reports to its observer after this lock (sessions created and
     /// closed, tombstone hits), oldest first.
     notes: Vec<RegistryNote>,
+    /// Draining ([`set_draining`](Self::set_draining)): no session is created and no
+    /// execution registered; what exists is served as before.
+    draining: bool,
 }
 
 /// What a [`Registry`] step tells the manager's observer (rx §5.4, §5.6).
@@ -313,6 +316,7 @@ impl<E> Registry<E> {
             abandoned_count: 0,
             forgotten: 0,
             notes: Vec::new(),
+            draining: false,
         }
     }
 
@@ -465,13 +469,26 @@ impl<E> Registry<E> {
         Ok((sid, session))
     }
 
+    /// Starts draining (tether's graceful shutdown): from now on no session is created and
+    /// no execution is registered (`SERVER_DRAINING`); live sessions and executions are
+    /// served as before. Irreversible.
+    pub(crate) fn set_draining(&mut self) {
+        self.draining = true;
+    }
+
+    /// Whether [`set_draining`](Self::set_draining) was called.
+    pub(crate) fn is_draining(&self) -> bool {
+        self.draining
+    }
+
     /// Gets or creates the session (Spark's `getOrCreateIsolatedSession`, rx §5.5
     /// ExecutePlan, §5.7 Interrupt), refreshes its idle clock to `now`, then checks the
     /// observed `server_side_session_id`.
     ///
     /// # Errors
     /// `INVALID_HANDLE.FORMAT` (a session id that is no UUID), `SESSION_CLOSED` if
-    /// tombstoned, `SESSION_CHANGED` (the session exists and is refreshed all the same).
+    /// tombstoned, `SERVER_DRAINING` (a new session while draining), `SESSION_CHANGED`
+    /// (the session exists and is refreshed all the same).
     pub(crate) fn get_or_create_session(
         &mut self,
         user: &str,
@@ -484,6 +501,7 @@ impl<E> Registry<E> {
             &mut self.closed_sessions,
             &mut self.notes,
             &self.config,
+            self.draining,
             user,
             raw_session_id,
             now,
@@ -495,11 +513,14 @@ impl<E> Registry<E> {
     /// [`get_or_create_session`](Self::get_or_create_session) without the observed check,
     /// on the fields, so that the caller may use the other fields with the session; also
     /// returns the parsed session id. One lookup for a live session.
+    // The registry's fields one by one, so that the caller keeps the others borrowed.
+    #[allow(clippy::too_many_arguments)]
     fn session_entry<'a>(
         sessions: &'a mut FastMap<SessionKey, Session<E>>,
         closed_sessions: &mut Lru<SessionKey, ()>,
         notes: &mut Vec<RegistryNote>,
         config: &RegistryConfig,
+        draining: bool,
         user: &str,
         raw_session_id: &str,
         now: Instant,
@@ -520,6 +541,9 @@ impl<E> Registry<E> {
                     return Err(ConnectError::SessionClosed {
                         handle: shown(raw_session_id).into_owned(),
                     });
+                }
+                if draining {
+                    return Err(ConnectError::ServerDraining);
                 }
                 let key = key.to_key();
                 notes.push(RegistryNote::SessionStarted(key.clone()));
@@ -549,7 +573,8 @@ impl<E> Registry<E> {
     /// # Errors
     /// As [`get_or_create_session`](Self::get_or_create_session), then
     /// `INVALID_HANDLE.FORMAT` (an operation id that is no UUID),
-    /// `OPERATION_ALREADY_EXISTS`, `OPERATION_ABANDONED`, an invalid tag,
+    /// `OPERATION_ALREADY_EXISTS`, `OPERATION_ABANDONED`, an invalid tag, `SERVER_DRAINING`
+    /// (a new execution while draining; a duplicate still reattaches),
     /// `EXECUTION_LIMIT_EXCEEDED`. Nothing is registered then (the session may have been
     /// created).
     pub(crate) fn admit(
@@ -569,6 +594,7 @@ impl<E> Registry<E> {
             &mut self.closed_sessions,
             &mut self.notes,
             config,
+            self.draining,
             request.user,
             raw_sid,
             now,
@@ -620,6 +646,9 @@ impl<E> Registry<E> {
         }
         for tag in request.tags {
             validate_tag(tag)?;
+        }
+        if self.draining {
+            return Err(ConnectError::ServerDraining);
         }
         if full {
             return Err(ConnectError::ExecutionLimitExceeded {
