@@ -8,6 +8,14 @@
 //!     --url http://127.0.0.1:15002 --rows 5000000
 //! ```
 //!
+//! Over TLS (`examples/connect_server --tls-cert … --tls-key …`), trusting the server's CA,
+//! with `--tls-cert`/`--tls-key` for a server that requires a client certificate:
+//!
+//! ```text
+//! cargo run --release --example connect_client --features spark-connect -- \
+//!     --url https://localhost:15002 --tls-ca ca.pem
+//! ```
+//!
 //! What it checks, and fails (exit status 1) when it does not hold:
 //!
 //! - the rows are `0, 1, …, rows - 1`, each once, in order, in Arrow batches of one
@@ -33,6 +41,7 @@ use futures::StreamExt;
 use prost::Message;
 use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream};
 use tether::spark::connect::ConnectClient;
+use tether::spark::connect::tls::ClientTls;
 use tether::wire::connect::{
     ExecutePlanRequest, Plan, ReattachExecuteRequest, Relation, UserContext,
     execute_plan_response::ResponseType,
@@ -42,9 +51,20 @@ use tether::wire::connect::{
 #[derive(Debug, Parser)]
 #[command(name = "connect_client")]
 struct Args {
-    /// The server, as an `http://host:port` URL.
+    /// The server, as an `http://host:port` URL (`https://host:port` with `--tls-ca`).
     #[arg(long, default_value = "http://127.0.0.1:15002")]
     url: String,
+    /// Connect over TLS (an `https://` URL), trusting the CA certificates of this PEM file
+    /// (connect §7.1).
+    #[arg(long, value_name = "PEM")]
+    tls_ca: Option<std::path::PathBuf>,
+    /// Present this PEM client certificate to a server that requires one (mutual TLS; with
+    /// `--tls-key` and `--tls-ca`).
+    #[arg(long, value_name = "PEM", requires_all = ["tls_key", "tls_ca"])]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
     /// Rows of `spark.range(rows)`.
     #[arg(long, default_value_t = 1_000_000)]
     rows: i64,
@@ -91,8 +111,16 @@ fn fail(message: impl std::fmt::Display) -> ! {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let client = ConnectClient::connect(&args.url, args.token.as_deref())
-        .await
+    let connected = match &args.tls_ca {
+        Some(ca) => {
+            let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
+            let tls = ClientTls::from_pem_files(ca, identity)
+                .unwrap_or_else(|e| fail(format!("TLS: {}", chain(&e))));
+            ConnectClient::connect_tls(&args.url, args.token.as_deref(), &tls).await
+        }
+        None => ConnectClient::connect(&args.url, args.token.as_deref()).await,
+    };
+    let client = connected
         .unwrap_or_else(|e| fail(format!("cannot connect to {}: {}", args.url, chain(&e))));
     let session_id = uuid::Uuid::new_v4().to_string();
     let user = UserContext::new(&args.user_id);

@@ -61,6 +61,17 @@
 //! `metrics on http://HOST:PORT/metrics`; with `--events-log FILE` it appends every
 //! lifecycle event of its execution manager to `FILE`, one JSON object per line.
 //!
+//! # TLS and health
+//!
+//! `--tls-cert PEM --tls-key PEM` serve TLS (`--tls-client-ca PEM` adds mutual TLS: clients
+//! must present a certificate that CA signed); `--token` works over it unchanged. PySpark
+//! connects with `sc://localhost:PORT/;use_ssl=true;token=…`, trusting the server's CA
+//! through `GRPC_DEFAULT_SSL_ROOTS_FILE_PATH=ca.pem`; `examples/connect_client.rs` with
+//! `--url https://localhost:PORT --tls-ca ca.pem`.
+//!
+//! The standard `grpc.health.v1.Health` service is served on the same port, without the
+//! token: `SERVING` for `""` and for `spark.connect.SparkConnectService`.
+//!
 //! # Faults
 //!
 //! `--faults SEED` ends some response streams as a flaky network or a restarting server
@@ -88,6 +99,7 @@ use tether::execution::{
     SparkError, StreamLimits,
 };
 use tether::observe::{EventReceiver, event_channel};
+use tether::spark::connect::tls::{ClientCertificateCheck, ServerTls};
 use tether::spark::connect::{
     ConnectConfig, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION, SessionContext,
 };
@@ -118,6 +130,25 @@ struct Args {
     /// (Spark's `spark.connect.authenticate.token`). Default: no authentication.
     #[arg(long)]
     token: Option<String>,
+    /// Serve TLS with this PEM certificate chain (the server's certificate first) and
+    /// `--tls-key`; PySpark connects with `sc://HOST:PORT/;use_ssl=true`, tether's client
+    /// with an `https://` URL. A file that is not a usable certificate stops the server
+    /// before it listens. Default: plaintext.
+    #[arg(long, value_name = "PEM", requires = "tls_key")]
+    tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, value_name = "PEM", requires = "tls_cert")]
+    tls_key: Option<std::path::PathBuf>,
+    /// Require every client to present a certificate signed by a CA of this PEM file
+    /// (mutual TLS; with `--tls-cert`). A client without one is answered `UNAUTHENTICATED`
+    /// saying so. Not with `--faults` (whose connections carry no certificate information).
+    #[arg(
+        long,
+        value_name = "PEM",
+        requires = "tls_cert",
+        conflicts_with = "faults"
+    )]
+    tls_client_ca: Option<std::path::PathBuf>,
     /// End each response stream after this many milliseconds, so the client reattaches
     /// (`spark.connect.execute.reattachable.senderMaxStreamDuration`; 0 = unlimited).
     #[arg(long, default_value_t = 120_000)]
@@ -1029,7 +1060,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             default_parallelism: args.default_parallelism,
         },
     };
-    let service = ConnectService::new(manager.clone(), engine).into_service(&ConnectConfig {
+    // Read before the listener is bound: a bad certificate or key stops the server first.
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(
+            ServerTls::from_pem_files(cert, key, args.tls_client_ca.as_deref())
+                .map_err(|e| format!("TLS: {e}"))?,
+        ),
+        _ => None,
+    };
+    let connect = ConnectService::new(manager.clone(), engine);
+    // grpc.health.v1 on the same port: SERVING for "" and spark.connect.SparkConnectService.
+    let health = connect.health().service().await;
+    let service = connect.into_service(&ConnectConfig {
         token: args.token.clone(),
     });
 
@@ -1039,6 +1081,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing::info!(
         %address,
         token = args.token.is_some(),
+        tls = tls.is_some(),
+        mutual_tls = tls.as_ref().is_some_and(ServerTls::requires_client_certificate),
         max_stream_duration_ms = args.max_stream_duration_ms,
         max_stream_bytes = args.max_stream_bytes,
         detached_timeout_ms = args.detached_timeout_ms,
@@ -1075,35 +1119,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     };
 
-    let mut server = tonic::transport::Server::builder();
+    // TCP_NODELAY on; over TLS, a client that speaks plaintext or (with mutual TLS)
+    // presents no certificate is told so (`tls::incoming`, `ServerTls::server_builder`).
+    let (mut server, connections): (_, futures::stream::BoxStream<'static, _>) = match tls {
+        Some(tls) => (
+            tls.server_builder(),
+            Box::pin(tether::spark::connect::tls::incoming(listener)),
+        ),
+        None => (
+            tonic::transport::Server::builder().layer(ClientCertificateCheck::default()),
+            Box::pin(TcpIncoming::from(listener).with_nodelay(Some(true))),
+        ),
+    };
     match &faults {
         None if args.baseline.is_some() => {
             let rotate = args.baseline == Some(Baseline::BareRotating);
             tracing::info!(rotate, "serving the bare baseline, without tether");
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             server
+                .add_service(health)
                 .add_service(baseline::Bare::new(engine, rotate))
-                .serve_with_incoming_shutdown(incoming, shutdown_signal())
+                .serve_with_incoming_shutdown(connections, shutdown_signal())
                 .await?;
         }
         None => {
-            let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
             server
+                .add_service(health)
                 .add_service(service)
-                .serve_with_incoming_shutdown(incoming, shutdown_signal())
+                .serve_with_incoming_shutdown(connections, shutdown_signal())
                 .await?;
         }
         Some(faults) => {
             tracing::info!(seed = args.faults, "fault mode on");
             // Connections the faults can drop.
-            let incoming = futures::stream::unfold(listener, |listener| async move {
-                let accepted = listener.accept().await.map(|(io, _)| {
-                    let _ = io.set_nodelay(true);
-                    KillableStream::new(io)
-                });
-                Some((accepted, listener))
-            });
+            let incoming =
+                futures::StreamExt::map(connections, |accepted| accepted.map(KillableStream::new));
             server
+                .add_service(health)
                 .add_service(FaultService::new(service, faults.clone()))
                 .serve_with_incoming_shutdown(incoming, shutdown_signal())
                 .await?;

@@ -15,6 +15,16 @@ Run by tests/rx/pyspark_connect.rs with the interpreter of target/pyspark-venv
         the right token works; a wrong and a missing one fail with PySpark's error for
         UNAUTHENTICATED and the server's message.
 
+    python tests/python/pyspark_checks.py tls PORT TOKEN [--rows N]
+        over TLS (`;use_ssl=true;token=TOKEN`, the test's CA through
+        GRPC_DEFAULT_SSL_ROOTS_FILE_PATH): spark.range(N).collect() in one execution, every id
+        once and in order; a wrong token fails with UNAUTHENTICATED. Prints `TLS OK {json}`.
+
+    python tests/python/pyspark_checks.py tls-fail PORT [--param KEY=VALUE ...]
+        one query on `sc://localhost:PORT/;KEY=VALUE…` that must fail, without retries
+        (PySpark retries UNAVAILABLE for minutes by default). Prints `TLS-FAIL {json}` with
+        the exception's class, gRPC status code and message.
+
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
@@ -179,21 +189,61 @@ def auth(port, token):
     print("AUTH OK", flush=True)
 
 
+def tls(port, token):
+    spark = session(port, user_id="tether-tls", use_ssl="true", token=token)
+    before = EXECUTIONS
+    ids = [r.id for r in spark.range(N).collect()]
+    executions = EXECUTIONS - before
+    assert executions == 1, f"{executions} ExecutePlan requests for one collect()"
+    expect_ids(ids, list(range(N)), "collect() over TLS")
+    assert sum(ids) == N * (N - 1) // 2, sum(ids)
+    spark.stop()
+    wrong = session(port, user_id="tether-tls", use_ssl="true", token=token + "x")
+    try:
+        wrong.range(1).collect()
+        raise AssertionError("a wrong token must be refused over TLS too")
+    except SparkConnectGrpcException as e:
+        assert e.getGrpcStatusCode() == grpc.StatusCode.UNAUTHENTICATED, e
+        assert "Invalid authentication token" in str(e), str(e)
+    report = {"rows": len(ids), "sum": sum(ids), "executions": executions}
+    print("TLS OK " + json.dumps(report), flush=True)
+
+
+def tls_fail(port, params):
+    try:
+        spark = session(port, user_id="tether-tls", **params)
+        # No retries: the handshake fails the same way every time.
+        spark.client.set_retry_policies([])
+        spark.range(1).collect()
+        raise AssertionError(f"a query with {params} must fail")
+    except AssertionError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the test reads whatever PySpark raised
+        code = e.getGrpcStatusCode() if isinstance(e, SparkConnectGrpcException) else None
+        report = {"class": type(e).__name__, "code": str(code), "message": str(e)}
+        print("TLS-FAIL " + json.dumps(report), flush=True)
+
+
 def main():
     global N, SHORT_QUERIES, REAL_SPARK
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["data", "auth"])
+    parser.add_argument("mode", choices=["data", "auth", "tls", "tls-fail"])
     parser.add_argument("port", type=int)
     parser.add_argument("token", nargs="?")
     parser.add_argument("--rows", type=int, default=N)
     parser.add_argument("--short-queries", type=int, default=SHORT_QUERIES)
     parser.add_argument("--real-spark", action="store_true")
+    parser.add_argument("--param", action="append", default=[])
     args = parser.parse_args()
     N, SHORT_QUERIES, REAL_SPARK = args.rows, args.short_queries, args.real_spark
     if args.mode == "data":
         data(args.port)
-    else:
+    elif args.mode == "auth":
         auth(args.port, args.token)
+    elif args.mode == "tls":
+        tls(args.port, args.token)
+    else:
+        tls_fail(args.port, dict(p.split("=", 1) for p in args.param))
 
 
 if __name__ == "__main__":

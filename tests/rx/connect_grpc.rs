@@ -25,7 +25,7 @@ use tonic::transport::server::TcpIncoming;
 
 /// Interprets a plan whose root bytes are a decimal row count: one batch per row, whose
 /// data is the row number; `fail` fails after the rows.
-struct Counting;
+pub(crate) struct Counting;
 
 impl QueryEngine for Counting {
     fn execute(

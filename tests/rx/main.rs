@@ -8,7 +8,9 @@
 //! - [`memory_budget`]: the manager-wide byte budget (rx §3.1);
 //! - [`connect_grpc`], [`connect_bounded`]: `ConnectService` and `ConnectClient` over gRPC;
 //! - [`pyspark_connect`]: the example server as a process, read by tether's client and by
-//!   the real PySpark client.
+//!   the real PySpark client;
+//! - [`tls`]: TLS, mutual TLS and health (connect §7), in process and on the example
+//!   server, with tether's client and PySpark.
 
 #[path = "../model_support/mod.rs"]
 mod model_support;
@@ -23,3 +25,4 @@ mod memory_budget;
 mod pyspark_connect;
 mod server;
 mod server_model;
+mod tls;

@@ -39,7 +39,7 @@ use tether::wire::connect::{
 
 const ROWS: i64 = 200_000;
 
-fn repo() -> &'static Path {
+pub(crate) fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
@@ -58,7 +58,7 @@ fn server_binary() -> &'static Path {
 
 /// `target/<profile>/examples/NAME`, built with `cargo build --example NAME` and this test's
 /// features (a no-op when `cargo test` already built the examples).
-fn example_binary(name: &str) -> PathBuf {
+pub(crate) fn example_binary(name: &str) -> PathBuf {
     // This test runs as target/<profile>/deps/pyspark_connect-<hash>.
     let exe = std::env::current_exe().expect("the test's path");
     let profile_dir = exe
@@ -100,7 +100,7 @@ fn example_binary(name: &str) -> PathBuf {
 }
 
 /// The counters of the server's last `stats …` line.
-type Stats = BTreeMap<String, u64>;
+pub(crate) type Stats = BTreeMap<String, u64>;
 
 fn parse_stats(line: &str) -> Option<Stats> {
     line.strip_prefix("stats ")?
@@ -122,9 +122,9 @@ const ROTATE_EVERY_RESPONSE: [&str; 4] = [
 ];
 
 /// A running `connect_server`, killed on drop (its log printed if the test failed).
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     stats: Arc<Mutex<Option<Stats>>>,
     log: Arc<Mutex<String>>,
 }
@@ -135,7 +135,7 @@ impl Server {
         Self::start(&[&ROTATE_EVERY_RESPONSE[..], args].concat())
     }
 
-    fn start(args: &[&str]) -> Self {
+    pub(crate) fn start(args: &[&str]) -> Self {
         let mut child = Command::new(server_binary())
             .args(["--port", "0", "--stats-interval-ms", "50"])
             .args(args)
@@ -189,7 +189,12 @@ impl Server {
     }
 
     /// Waits (up to `within`) for a stats line satisfying `ok`, and returns it.
-    fn wait_for_stats(&self, within: Duration, what: &str, ok: impl Fn(&Stats) -> bool) -> Stats {
+    pub(crate) fn wait_for_stats(
+        &self,
+        within: Duration,
+        what: &str,
+        ok: impl Fn(&Stats) -> bool,
+    ) -> Stats {
         let deadline = Instant::now() + within;
         loop {
             let latest = self.stats.lock().unwrap().clone();
@@ -244,7 +249,7 @@ fn is_message(line: &str, message: &str) -> bool {
     line.contains(&format!(": {message} ")) || line.ends_with(&format!(": {message}"))
 }
 
-fn stat(s: &Stats, key: &str) -> u64 {
+pub(crate) fn stat(s: &Stats, key: &str) -> u64 {
     *s.get(key)
         .unwrap_or_else(|| panic!("no `{key}` in stats {s:?}"))
 }
@@ -523,7 +528,7 @@ async fn tether_client_recovers_from_every_fault() {
 ///
 /// # Panics
 /// Under `CI=true` instead of returning `None`.
-fn pyspark_python(test: &str) -> Option<PathBuf> {
+pub(crate) fn pyspark_python(test: &str) -> Option<PathBuf> {
     let python = match std::env::var_os("TETHER_PYSPARK_PYTHON") {
         Some(path) => repo().join(path),
         None => repo().join("target/pyspark-venv/bin/python"),
@@ -537,7 +542,7 @@ fn pyspark_python(test: &str) -> Option<PathBuf> {
     )
 }
 
-fn skipped<T>(test: &str, why: &str) -> Option<T> {
+pub(crate) fn skipped<T>(test: &str, why: &str) -> Option<T> {
     let why = format!(
         "the PySpark client cannot run: {why}. Run scripts/test.sh (or `bash \
          scripts/pyspark-env.sh` once) to set up target/pyspark-venv"
@@ -554,7 +559,7 @@ fn skipped<T>(test: &str, why: &str) -> Option<T> {
 const PY_ENV_ERROR: i32 = 3;
 
 /// `pyspark_checks.py` running, its stdout lines arriving on a channel.
-struct Checks {
+pub(crate) struct Checks {
     child: Child,
     stdin: Option<ChildStdin>,
     lines: Receiver<String>,
@@ -563,15 +568,26 @@ struct Checks {
 
 impl Checks {
     /// `tests/python/pyspark_checks.py ARGS`.
-    fn start(python: &Path, args: &[&str]) -> Self {
+    pub(crate) fn start(python: &Path, args: &[&str]) -> Self {
         Self::script(python, "pyspark_checks.py", args)
     }
 
     /// `tests/python/SCRIPT ARGS`.
     fn script(python: &Path, script: &str, args: &[&str]) -> Self {
+        Self::script_with_env(python, script, args, &[])
+    }
+
+    /// `tests/python/SCRIPT ARGS` with the environment variables `env` set.
+    pub(crate) fn script_with_env(
+        python: &Path,
+        script: &str,
+        args: &[&str],
+        env: &[(&str, &Path)],
+    ) -> Self {
         let mut child = Command::new(python)
             .arg(repo().join("tests/python").join(script))
             .args(args)
+            .envs(env.iter().copied())
             .env_remove("SPARK_CONNECT_AUTHENTICATE_TOKEN")
             .env_remove("SPARK_REMOTE")
             .env("PYTHONDONTWRITEBYTECODE", "1")
@@ -607,7 +623,7 @@ impl Checks {
 
     /// The next stdout line starting with `prefix`, within `within`; `None` when the script
     /// could not import pyspark (exit status 3). Panics with its stderr when it fails.
-    fn expect_line(&mut self, prefix: &str, within: Duration) -> Option<String> {
+    pub(crate) fn expect_line(&mut self, prefix: &str, within: Duration) -> Option<String> {
         let deadline = Instant::now() + within;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -634,7 +650,7 @@ impl Checks {
         }
     }
 
-    fn wait(&mut self, within: Duration) -> Option<i32> {
+    pub(crate) fn wait(&mut self, within: Duration) -> Option<i32> {
         let deadline = Instant::now() + within;
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -648,7 +664,7 @@ impl Checks {
         }
     }
 
-    fn stderr(&self) -> String {
+    pub(crate) fn stderr(&self) -> String {
         self.stderr.lock().unwrap().clone()
     }
 }

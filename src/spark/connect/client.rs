@@ -35,12 +35,30 @@ pub enum ConnectClientError {
     /// The token cannot travel in an HTTP header (connect §4).
     #[error("the authentication token contains characters not allowed in a header")]
     Token(#[source] tonic::metadata::errors::InvalidMetadataValue),
-    /// The server could not be reached.
+    /// The server could not be reached, or (over TLS) the handshake failed; the source
+    /// says why (for example `invalid peer certificate: UnknownIssuer`, connect §7.1).
     #[error("could not connect to the Spark Connect server")]
     Connect(#[source] tonic::transport::Error),
+    /// [`ConnectClient::connect_tls`] was given an address that is not `https://` (tonic
+    /// would connect to it in plaintext, connect §7.1).
+    #[error("a TLS connection needs an https:// address, not {address:?}")]
+    NotHttps {
+        /// The address as given.
+        address: String,
+    },
+    /// tonic refused the TLS configuration for this address (connect §7.1).
+    #[error("the TLS configuration cannot be used for {address:?}")]
+    Tls {
+        /// The address as given.
+        address: String,
+        /// What tonic said.
+        #[source]
+        source: tonic::transport::Error,
+    },
 }
 
-/// A Spark Connect client over one HTTP/2 channel (plaintext), sending
+/// A Spark Connect client over one HTTP/2 channel (plaintext, or TLS with
+/// [`connect_tls`](Self::connect_tls)), sending
 /// `authorization: Bearer <token>` on every RPC when a token is set (connect §4). Cheap to
 /// clone: clones share the channel.
 ///
@@ -60,13 +78,42 @@ impl ConnectClient {
     /// # Errors
     /// An invalid address or token, or a server that cannot be reached.
     pub async fn connect(address: &str, token: Option<&str>) -> Result<Self, ConnectClientError> {
-        let endpoint = Endpoint::from_shared(address.to_owned()).map_err(|source| {
-            ConnectClientError::Address {
+        let channel = endpoint(address)?
+            .connect()
+            .await
+            .map_err(ConnectClientError::Connect)?;
+        Self::with_channel(channel, token)
+    }
+
+    /// Connects to `address` over TLS (e.g. `https://localhost:15002`; PySpark's
+    /// `;use_ssl=true`, connect §7.1), verifying the server's certificate against the CAs of
+    /// `tls` and presenting its client certificate, if any, to a server that requires one
+    /// (mutual TLS). The token travels over the TLS channel.
+    ///
+    /// # Errors
+    /// An invalid or non-`https` address, an invalid token, or a server that cannot be
+    /// reached or whose TLS handshake fails ([`ConnectClientError::Connect`]). A server
+    /// that requires a client certificate refuses a client without one only at its first
+    /// RPC: `UNAUTHENTICATED` from
+    /// [`ServerTls::server_builder`](super::tls::ServerTls::server_builder), a broken
+    /// connection (`UNAVAILABLE`) from a handshake that requires it.
+    pub async fn connect_tls(
+        address: &str,
+        token: Option<&str>,
+        tls: &super::tls::ClientTls,
+    ) -> Result<Self, ConnectClientError> {
+        let endpoint = endpoint(address)?;
+        if endpoint.uri().scheme_str() != Some("https") {
+            return Err(ConnectClientError::NotHttps {
+                address: address.to_owned(),
+            });
+        }
+        let channel = endpoint
+            .tls_config(tls.to_config())
+            .map_err(|source| ConnectClientError::Tls {
                 address: address.to_owned(),
                 source,
-            }
-        })?;
-        let channel = endpoint
+            })?
             .connect()
             .await
             .map_err(ConnectClientError::Connect)?;
@@ -142,6 +189,13 @@ impl ConnectClient {
             .map(tonic::Response::into_inner)
             .map_err(|s| to_rpc_error(&s))
     }
+}
+
+fn endpoint(address: &str) -> Result<Endpoint, ConnectClientError> {
+    Endpoint::from_shared(address.to_owned()).map_err(|source| ConnectClientError::Address {
+        address: address.to_owned(),
+        source,
+    })
 }
 
 type RpcStream = BoxStream<'static, Result<ExecutePlanResponse, RpcError>>;

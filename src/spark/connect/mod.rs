@@ -8,6 +8,10 @@
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config and
 //! AnalyzePlan; the others of Spark's `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
+//! TLS and mutual TLS ([`tls`], connect §7.1) and the standard `grpc.health.v1` service
+//! ([`ConnectHealth`], from [`ConnectService::health`], connect §7.2) serve on the same port;
+//! Spark 4.3.0's server has no TLS of its own: its deployments put a proxy in front.
+//!
 //! # Where tether deliberately differs from Spark
 //!
 //! Each difference is listed once, here; everything else follows Spark 4.3.0 (the tests
@@ -133,11 +137,14 @@ mod generated {
 
 mod auth;
 mod client;
+mod health;
 mod serve;
 mod service;
 mod status;
+pub mod tls;
 
 pub use self::client::{ConnectClient, ConnectClientError};
+pub use self::health::ConnectHealth;
 pub use self::serve::{TransportLimits, serve_bounded};
 pub use self::service::{
     ConnectConfig, ConnectGrpcService, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION,

@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use futures::stream::{BoxStream, Stream, StreamExt};
 use tonic::service::interceptor::InterceptedService;
 
+use super::ConnectHealth;
 use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
@@ -157,6 +158,8 @@ struct Inner<E> {
     /// Per-session configuration, by server-side session id (so a session re-created after
     /// ReleaseSession starts fresh).
     confs: Mutex<HashMap<String, SessionConf>>,
+    /// What `grpc.health.v1` reports for this service (connect §7.2).
+    health: ConnectHealth,
 }
 
 /// Spark Connect's `SparkConnectService` over an [`ExecutionManager`] and a [`QueryEngine`].
@@ -201,6 +204,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 manager,
                 engine,
                 confs: Mutex::new(HashMap::new()),
+                health: ConnectHealth::new(),
             }),
         }
     }
@@ -208,6 +212,13 @@ impl<E: QueryEngine> ConnectService<E> {
     /// The manager the service registers executions in (rx §5).
     pub fn manager(&self) -> &ExecutionManager {
         &self.inner.manager
+    }
+
+    /// The service's health (connect §7.2): serve
+    /// [`ConnectHealth::service`] on the same server for the standard `grpc.health.v1`
+    /// service, `SERVING` while this service takes new work.
+    pub fn health(&self) -> &ConnectHealth {
+        &self.inner.health
     }
 
     /// The gRPC service to add to a `tonic::transport::Server`: this service behind the

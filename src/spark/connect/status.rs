@@ -156,7 +156,22 @@ pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
     } else {
         code_back(status.code())
     };
-    let mut error = RpcError::new(code, status.message());
+    // The transport's own errors name their cause only in their sources (tonic's message is
+    // "transport error"): the message carries them, so a failed TLS handshake says why.
+    let message = match std::error::Error::source(status) {
+        Some(source) => {
+            let causes = super::tls::causes(source);
+            if causes.is_empty() || status.message().contains(&causes) {
+                status.message().to_owned()
+            } else if status.message().is_empty() || causes.contains(status.message()) {
+                causes
+            } else {
+                format!("{}: {causes}", status.message())
+            }
+        }
+        None => status.message().to_owned(),
+    };
+    let mut error = RpcError::new(code, message);
     if let Ok(details) = status.check_error_details() {
         if let Some(class) = details
             .error_info()

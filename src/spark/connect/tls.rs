@@ -1,0 +1,719 @@
+//! TLS and mutual TLS for Spark Connect (connect §7.1): the configuration of a
+//! [`ConnectService`](super::ConnectService)'s server and of a
+//! [`ConnectClient`](super::ConnectClient), read from PEM and checked when it is built, so
+//! that a bad certificate or key is a [`TlsError`] at start-up, not a failed handshake later.
+//!
+//! Both wrap tonic's rustls configurations ([`ServerTlsConfig`], [`ClientTlsConfig`]) with
+//! the `ring` crypto provider, which builds with a C compiler alone (no cmake, no Go, no
+//! NASM). Spark 4.3.0's server has no TLS of its own; PySpark reaches a TLS server with
+//! `sc://host:port/;use_ssl=true` (connect §7.1).
+//!
+//! A server (the token, connect §4, works over it unchanged). [`ServerTls::server_builder`]
+//! and [`incoming`] answer a plaintext client and (with mutual TLS) a client without a
+//! certificate with an error it can read, not a broken connection:
+//!
+//! ```no_run
+//! # async fn serve(
+//! #     service: tether::spark::connect::ConnectService<impl tether::spark::connect::QueryEngine>,
+//! # ) -> Result<(), Box<dyn std::error::Error>> {
+//! use tether::spark::connect::ConnectConfig;
+//! use tether::spark::connect::tls::{self, ServerTls};
+//!
+//! // `.with_client_ca_pem(…)?` would require clients to present a certificate that CA
+//! // signed (mutual TLS).
+//! let tls = ServerTls::from_pem_files("server.pem".as_ref(), "server.key".as_ref(), None)?;
+//! let health = service.health().service().await; // grpc.health.v1 (connect §7.2)
+//! let config = ConnectConfig { token: Some("s3cret".into()) };
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:15002").await?;
+//! tls.server_builder()
+//!     .add_service(health)
+//!     .add_service(service.into_service(&config))
+//!     .serve_with_incoming(tls::incoming(listener))
+//!     .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! And a client of it:
+//!
+//! ```no_run
+//! # async fn client() -> Result<(), Box<dyn std::error::Error>> {
+//! use tether::spark::connect::ConnectClient;
+//! use tether::spark::connect::tls::ClientTls;
+//!
+//! let tls = ClientTls::from_ca_pem(std::fs::read("ca.pem")?)?;
+//! let client = ConnectClient::connect_tls("https://localhost:15002", Some("s3cret"), &tls).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use tonic::transport::{Certificate, ClientTlsConfig, Identity, ServerTlsConfig};
+
+/// How long a server waits for a client's TLS handshake before it drops the connection
+/// (tether's own bound; tonic waits forever by default, Spark has no TLS, connect §7.1).
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why a TLS configuration could not be built (connect §7.1): each names the file or PEM
+/// it is about.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TlsError {
+    /// A PEM file could not be read.
+    #[error("cannot read the {what} file {}", path.display())]
+    Read {
+        /// What the file should hold: `server certificate`, `client CA certificate`, …
+        what: &'static str,
+        /// The file as given.
+        path: PathBuf,
+        /// What reading it said.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The PEM is malformed (a section without its end line, bad base64, …).
+    #[error("the {what} is not valid PEM: {detail}")]
+    Pem {
+        /// What the PEM should hold.
+        what: &'static str,
+        /// What the PEM reader said.
+        detail: String,
+    },
+    /// The PEM holds no `-----BEGIN CERTIFICATE-----` section.
+    #[error("the {what} holds no PEM certificate (no `-----BEGIN CERTIFICATE-----` section)")]
+    NoCertificate {
+        /// What the PEM should hold.
+        what: &'static str,
+    },
+    /// The PEM holds no private key (PKCS #8, PKCS #1 or SEC1).
+    #[error(
+        "the {what} holds no PEM private key (no `-----BEGIN PRIVATE KEY-----`, `RSA PRIVATE \
+         KEY` or `EC PRIVATE KEY` section)"
+    )]
+    NoPrivateKey {
+        /// What the PEM should hold.
+        what: &'static str,
+    },
+    /// A certificate of a CA could not be used as a trust anchor.
+    #[error("the {what} is not a usable CA certificate: {detail}")]
+    BadCa {
+        /// What the PEM should hold.
+        what: &'static str,
+        /// What rustls said.
+        detail: String,
+    },
+    /// The private key does not belong to the certificate (its public key is not the
+    /// certificate's).
+    #[error("the {what} private key does not belong to its certificate")]
+    KeyMismatch {
+        /// Whose: `server` or `client`.
+        what: &'static str,
+    },
+    /// rustls refused the certificate and key together for another reason (for example a
+    /// key type it does not support).
+    #[error("the {what} was refused: {detail}")]
+    Refused {
+        /// The configuration: `server TLS configuration` or `client TLS configuration`.
+        what: &'static str,
+        /// What tonic and rustls said.
+        detail: String,
+    },
+}
+
+/// The TLS configuration of a Spark Connect server (connect §7.1): its certificate chain and
+/// key, and optionally the CA whose certificates clients must present (mutual TLS). Serve
+/// with [`server_builder`](Self::server_builder) and [`incoming`], which answer a client's
+/// mistake in words it can read (plaintext, no client certificate), or apply
+/// [`into_config`](Self::into_config) to a `tonic::transport::Server` yourself. The TLS
+/// handshake must finish within [`HANDSHAKE_TIMEOUT`].
+#[derive(Clone, Debug)]
+pub struct ServerTls {
+    identity: Identity,
+    client_ca: Option<Certificate>,
+}
+
+impl ServerTls {
+    /// A server presenting `cert_pem` (its certificate, then any intermediates) with the
+    /// private key `key_pem` (connect §7.1).
+    ///
+    /// # Errors
+    /// A PEM without a certificate or key, malformed PEM, or a key rustls refuses with the
+    /// certificate (one that does not belong to it, an unsupported type).
+    pub fn from_pem(
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Result<Self, TlsError> {
+        let (cert_pem, key_pem) = (cert_pem.as_ref(), key_pem.as_ref());
+        certificates(cert_pem, "server certificate")?;
+        private_key(key_pem, "server private key")?;
+        let tls = Self {
+            identity: Identity::from_pem(cert_pem, key_pem),
+            client_ca: None,
+        };
+        tls.check()?;
+        Ok(tls)
+    }
+
+    /// Requires every client to present a certificate signed by a CA of `ca_pem` (mutual
+    /// TLS, connect §7.1); a client without one is refused during the handshake.
+    ///
+    /// # Errors
+    /// A PEM without a certificate, malformed PEM, or a certificate that cannot be a trust
+    /// anchor.
+    pub fn with_client_ca_pem(self, ca_pem: impl AsRef<[u8]>) -> Result<Self, TlsError> {
+        let ca_pem = ca_pem.as_ref();
+        trust_anchors(ca_pem, "client CA certificate")?;
+        let tls = Self {
+            client_ca: Some(Certificate::from_pem(ca_pem)),
+            ..self
+        };
+        tls.check()?;
+        Ok(tls)
+    }
+
+    /// [`from_pem`](Self::from_pem) and [`with_client_ca_pem`](Self::with_client_ca_pem)
+    /// with the PEM read from files (the example server's `--tls-cert`, `--tls-key`,
+    /// `--tls-client-ca`, connect §7.1).
+    ///
+    /// # Errors
+    /// A file that cannot be read, or any error of those two.
+    pub fn from_pem_files(
+        cert: &Path,
+        key: &Path,
+        client_ca: Option<&Path>,
+    ) -> Result<Self, TlsError> {
+        let tls = Self::from_pem(
+            read(cert, "server certificate")?,
+            read(key, "server private key")?,
+        )?;
+        match client_ca {
+            Some(ca) => tls.with_client_ca_pem(read(ca, "client CA certificate")?),
+            None => Ok(tls),
+        }
+    }
+
+    /// Whether clients must present a certificate (mutual TLS, connect §7.1).
+    pub fn requires_client_certificate(&self) -> bool {
+        self.client_ca.is_some()
+    }
+
+    /// tonic's configuration, for `tonic::transport::Server::tls_config` (connect §7.1). It
+    /// was checked when this was built: `tls_config` accepts it. With mutual TLS, the
+    /// handshake refuses a client without a certificate, which the client sees as a broken
+    /// connection; [`server_builder`](Self::server_builder) tells it why instead.
+    pub fn into_config(self) -> ServerTlsConfig {
+        self.config(false)
+    }
+
+    /// `tonic::transport::Server::builder()` serving TLS with this configuration
+    /// (connect §7.1). With mutual TLS, a client that presents no certificate completes the
+    /// handshake, and each of its requests is answered `UNAUTHENTICATED` with
+    /// [`NO_CLIENT_CERTIFICATE`] by the [`ClientCertificateCheck`] layer (a certificate the
+    /// CA did not sign still fails the handshake). Serve it on connections whose IO is a
+    /// `TcpStream` (tonic's `TcpIncoming`, or [`incoming`]): the check finds a connection's
+    /// certificates in tonic's `TlsConnectInfo<TcpConnectInfo>`, and refuses every request
+    /// of any other connection.
+    pub fn server_builder(
+        self,
+    ) -> tonic::transport::Server<
+        tower::layer::util::Stack<ClientCertificateCheck, tower::layer::util::Identity>,
+    > {
+        let check = ClientCertificateCheck {
+            required: self.requires_client_certificate(),
+        };
+        tonic::transport::Server::builder()
+            .tls_config(self.config(true))
+            .expect("checked when the ServerTls was built")
+            .layer(check)
+    }
+
+    /// tonic's configuration; `optional`: a client may present no certificate (then
+    /// [`ClientCertificateCheck`] refuses its requests).
+    fn config(self, optional: bool) -> ServerTlsConfig {
+        let config = ServerTlsConfig::new()
+            .identity(self.identity)
+            .timeout(HANDSHAKE_TIMEOUT);
+        match self.client_ca {
+            Some(ca) => config.client_ca_root(ca).client_auth_optional(optional),
+            None => config,
+        }
+    }
+
+    /// Builds the acceptors tonic builds from this configuration, so that what rustls
+    /// refuses is refused now.
+    fn check(&self) -> Result<(), TlsError> {
+        install_default_provider();
+        for optional in [false, true] {
+            tonic::transport::Server::builder()
+                .tls_config(self.clone().config(optional))
+                .map_err(|e| refused(&e, "server"))?;
+        }
+        Ok(())
+    }
+}
+
+/// What a client without a certificate is told by a server that requires one
+/// (connect §7.1).
+pub const NO_CLIENT_CERTIFICATE: &str = "this Spark Connect server requires a client \
+                                         certificate (mutual TLS), and the connection \
+                                         presented none";
+
+/// The tower layer of [`ServerTls::server_builder`] (connect §7.1): when the server
+/// requires a client certificate, every request of a TLS connection that presented none
+/// is answered `UNAUTHENTICATED` with [`NO_CLIENT_CERTIFICATE`], before any service sees it.
+/// Its `Default` requires nothing (for a plaintext server of the same type).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ClientCertificateCheck {
+    required: bool,
+}
+
+impl<S> tower::Layer<S> for ClientCertificateCheck {
+    type Service = ClientCertificateService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        ClientCertificateService {
+            inner,
+            required: self.required,
+        }
+    }
+}
+
+/// The service [`ClientCertificateCheck`] wraps around a server's services (connect §7.1).
+#[derive(Clone, Debug)]
+pub struct ClientCertificateService<S> {
+    inner: S,
+    required: bool,
+}
+
+impl<S, B, R> tower::Service<http::Request<B>> for ClientCertificateService<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<R>>,
+    R: Default,
+{
+    type Response = http::Response<R>;
+    type Error = S::Error;
+    type Future =
+        futures::future::Either<std::future::Ready<Result<http::Response<R>, S::Error>>, S::Future>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<B>) -> Self::Future {
+        use tonic::transport::server::{TcpConnectInfo, TlsConnectInfo};
+        let presented = || {
+            request
+                .extensions()
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(TlsConnectInfo::peer_certs)
+                .is_some_and(|certs| !certs.is_empty())
+        };
+        if self.required && !presented() {
+            let refusal = tonic::Status::unauthenticated(NO_CLIENT_CERTIFICATE).into_http();
+            return futures::future::Either::Left(std::future::ready(Ok(refusal)));
+        }
+        futures::future::Either::Right(self.inner.call(request))
+    }
+}
+
+/// The TLS configuration of a Spark Connect client (connect §7.1): the CA certificates the
+/// server's certificate must chain to, and optionally the client's own certificate and key
+/// for a server that requires one (mutual TLS). Used by
+/// [`ConnectClient::connect_tls`](super::ConnectClient::connect_tls).
+///
+/// Only the given CAs are trusted, never the system's: a Spark Connect deployment usually
+/// has a CA of its own.
+#[derive(Clone, Debug)]
+pub struct ClientTls {
+    ca: Certificate,
+    identity: Option<Identity>,
+    domain: Option<String>,
+}
+
+impl ClientTls {
+    /// A client trusting the CA certificates of `ca_pem` (PySpark's
+    /// `GRPC_DEFAULT_SSL_ROOTS_FILE_PATH`, connect §7.1).
+    ///
+    /// # Errors
+    /// A PEM without a certificate, malformed PEM, or a certificate that cannot be a trust
+    /// anchor.
+    pub fn from_ca_pem(ca_pem: impl AsRef<[u8]>) -> Result<Self, TlsError> {
+        let ca_pem = ca_pem.as_ref();
+        trust_anchors(ca_pem, "CA certificate")?;
+        Ok(Self {
+            ca: Certificate::from_pem(ca_pem),
+            identity: None,
+            domain: None,
+        })
+    }
+
+    /// Presents `cert_pem` with the private key `key_pem` to the server (mutual TLS,
+    /// connect §7.1).
+    ///
+    /// # Errors
+    /// A PEM without a certificate or key, malformed PEM, or a key rustls refuses with the
+    /// certificate.
+    pub fn with_identity_pem(
+        self,
+        cert_pem: impl AsRef<[u8]>,
+        key_pem: impl AsRef<[u8]>,
+    ) -> Result<Self, TlsError> {
+        let (cert_pem, key_pem) = (cert_pem.as_ref(), key_pem.as_ref());
+        certificates(cert_pem, "client certificate")?;
+        private_key(key_pem, "client private key")?;
+        let tls = Self {
+            identity: Some(Identity::from_pem(cert_pem, key_pem)),
+            ..self
+        };
+        tls.check()?;
+        Ok(tls)
+    }
+
+    /// [`from_ca_pem`](Self::from_ca_pem) and [`with_identity_pem`](Self::with_identity_pem)
+    /// with the PEM read from files (`examples/connect_client.rs`'s `--tls-ca`,
+    /// `--tls-cert`, `--tls-key`, connect §7.1); `identity` is the certificate and key.
+    ///
+    /// # Errors
+    /// A file that cannot be read, or any error of those two.
+    pub fn from_pem_files(ca: &Path, identity: Option<(&Path, &Path)>) -> Result<Self, TlsError> {
+        let tls = Self::from_ca_pem(read(ca, "CA certificate")?)?;
+        match identity {
+            Some((cert, key)) => tls.with_identity_pem(
+                read(cert, "client certificate")?,
+                read(key, "client private key")?,
+            ),
+            None => Ok(tls),
+        }
+    }
+
+    /// Checks the server's certificate against `name` instead of the address's host, for
+    /// example when connecting by IP address to a certificate that names a host
+    /// (connect §7.1).
+    pub fn with_domain_name(self, name: impl Into<String>) -> Self {
+        Self {
+            domain: Some(name.into()),
+            ..self
+        }
+    }
+
+    /// Whether the client presents a certificate (mutual TLS, connect §7.1).
+    pub fn has_identity(&self) -> bool {
+        self.identity.is_some()
+    }
+
+    /// tonic's configuration, for `tonic::transport::Endpoint::tls_config` (connect §7.1).
+    pub fn to_config(&self) -> ClientTlsConfig {
+        let mut config = ClientTlsConfig::new().ca_certificate(self.ca.clone());
+        if let Some(identity) = &self.identity {
+            config = config.identity(identity.clone());
+        }
+        if let Some(domain) = &self.domain {
+            config = config.domain_name(domain.clone());
+        }
+        config
+    }
+
+    /// Builds the connector tonic builds from this configuration, so that what rustls
+    /// refuses is refused now.
+    fn check(&self) -> Result<(), TlsError> {
+        tonic::transport::Endpoint::from_static("https://localhost")
+            .tls_config(self.to_config())
+            .map(drop)
+            .map_err(|e| refused(&e, "client"))
+    }
+}
+
+/// What a plaintext client is told on a TLS port (connect §7.1).
+pub const PLAINTEXT_REFUSAL: &str = "this Spark Connect server serves TLS only: connect with \
+                                     https:// (PySpark: sc://HOST:PORT/;use_ssl=true)";
+
+/// The connections `listener` accepts, for a TLS server's
+/// `tonic::transport::Server::serve_with_incoming` (connect §7.1), `TCP_NODELAY` on. A client
+/// that starts in plaintext HTTP instead of with a TLS handshake never reaches the TLS
+/// acceptor (which would answer with a TLS alert the client reads as a garbled frame): its
+/// requests are answered in plaintext, a gRPC request with `FAILED_PRECONDITION` and
+/// [`PLAINTEXT_REFUSAL`] (not `UNAVAILABLE`: retrying cannot help), an HTTP/1 request with
+/// `400` and the same text. A connection that sends nothing within [`HANDSHAKE_TIMEOUT`]
+/// is dropped.
+///
+/// Each connection is looked at on a task of its own: a slow one delays no other.
+pub fn incoming(
+    listener: tokio::net::TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        loop {
+            let accepted = tokio::select! {
+                accepted = listener.accept() => accepted,
+                () = tx.closed() => return,
+            };
+            match accepted {
+                Ok((stream, _)) => {
+                    let tx = tx.clone();
+                    tokio::spawn(async move {
+                        if let Some(stream) = sniff(stream).await {
+                            let _ = tx.send(Ok(stream)).await;
+                        }
+                    });
+                }
+                Err(e) => {
+                    if tx.send(Err(e)).await.is_err() {
+                        return;
+                    }
+                }
+            }
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move {
+        let item = rx.recv().await?;
+        Some((item, rx))
+    })
+}
+
+/// `stream` when it starts like a TLS handshake (or like nothing this knows); `None` when
+/// it was a plaintext HTTP client, answered and closed here, or silent.
+async fn sniff(stream: tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
+    let _ = stream.set_nodelay(true);
+    let mut first = [0u8; 1];
+    let peeked = tokio::time::timeout(HANDSHAKE_TIMEOUT, stream.peek(&mut first)).await;
+    match peeked {
+        Ok(Ok(1)) => {}
+        _ => return None,
+    }
+    // A TLS connection opens with a handshake record (type 22); HTTP with an upper-case
+    // method (`PRI * HTTP/2.0` for HTTP/2, `GET`, `POST`, … for HTTP/1).
+    if !first[0].is_ascii_uppercase() {
+        return Some(stream);
+    }
+    let refuse = hyper::service::service_fn(|request: http::Request<hyper::body::Incoming>| {
+        let response = if request.version() == http::Version::HTTP_2 {
+            tonic::Status::failed_precondition(PLAINTEXT_REFUSAL).into_http()
+        } else {
+            let mut response =
+                http::Response::new(tonic::body::Body::new(format!("{PLAINTEXT_REFUSAL}\n")));
+            *response.status_mut() = http::StatusCode::BAD_REQUEST;
+            response
+        };
+        std::future::ready(Ok::<_, std::convert::Infallible>(response))
+    });
+    let builder =
+        hyper_util::server::conn::auto::Builder::new(hyper_util::rt::TokioExecutor::new());
+    let connection = builder.serve_connection(hyper_util::rt::TokioIo::new(stream), refuse);
+    let _ = tokio::time::timeout(HANDSHAKE_TIMEOUT, connection).await;
+    None
+}
+
+/// tonic builds its rustls server configurations with the process's default crypto
+/// provider; when the process has none (and the dependency graph enables more than one, so
+/// rustls cannot pick), rustls would panic there. `ring`'s becomes the default then.
+fn install_default_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have installed one meanwhile: then that one stays.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+    }
+}
+
+fn read(path: &Path, what: &'static str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn certificates(pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error(what, &e))?;
+    if certs.is_empty() {
+        return Err(TlsError::NoCertificate { what });
+    }
+    Ok(certs)
+}
+
+fn private_key(pem: &[u8], what: &'static str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
+        rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoPrivateKey { what },
+        e => pem_error(what, &e),
+    })
+}
+
+/// Every certificate of `pem` as a trust anchor (tonic skips the ones it cannot parse, which
+/// would only show as a failed handshake).
+fn trust_anchors(pem: &[u8], what: &'static str) -> Result<(), TlsError> {
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in certificates(pem, what)? {
+        roots.add(cert).map_err(|e| TlsError::BadCa {
+            what,
+            detail: e.to_string(),
+        })?;
+    }
+    Ok(())
+}
+
+/// What tonic's refusal of the `side`'s configuration means.
+fn refused(e: &tonic::transport::Error, side: &'static str) -> TlsError {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(cause) = next {
+        if let Some(rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch)) =
+            cause.downcast_ref::<rustls::Error>()
+        {
+            return TlsError::KeyMismatch { what: side };
+        }
+        next = cause.source();
+    }
+    TlsError::Refused {
+        what: if side == "server" {
+            "server TLS configuration"
+        } else {
+            "client TLS configuration"
+        },
+        detail: std::error::Error::source(e).map_or_else(|| e.to_string(), causes),
+    }
+}
+
+/// A PEM reader's error in words (its own names the markers' bytes as numbers).
+fn pem_error(what: &'static str, e: &rustls::pki_types::pem::Error) -> TlsError {
+    use rustls::pki_types::pem::Error;
+    let detail = match e {
+        Error::MissingSectionEnd { end_marker } => format!(
+            "a section has no end line `{}`",
+            String::from_utf8_lossy(end_marker)
+        ),
+        Error::IllegalSectionStart { line } => format!(
+            "malformed section start line `{}`",
+            String::from_utf8_lossy(line)
+        ),
+        e => e.to_string(),
+    };
+    TlsError::Pem { what, detail }
+}
+
+/// `e` and its causes, `: `-separated, leaving out a cause whose text the line already holds
+/// (tonic's and hyper's wrappers repeat their cause, or say only "transport error").
+pub(crate) fn causes(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        next = e.source();
+    }
+    line
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    struct Pki {
+        ca: String,
+        cert: String,
+        key: String,
+        other_key: String,
+    }
+
+    fn pki() -> Pki {
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let ca_cert = ca.self_signed(&ca_key).unwrap();
+        let issuer = rcgen::Issuer::new(ca, ca_key);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".to_owned()])
+            .unwrap()
+            .signed_by(&key, &issuer)
+            .unwrap();
+        Pki {
+            ca: ca_cert.pem(),
+            cert: cert.pem(),
+            key: key.serialize_pem(),
+            other_key: rcgen::KeyPair::generate().unwrap().serialize_pem(),
+        }
+    }
+
+    fn message(r: Result<impl std::fmt::Debug, TlsError>) -> String {
+        r.unwrap_err().to_string()
+    }
+
+    #[test]
+    fn good_pem_builds_both_sides() {
+        let p = pki();
+        let server = ServerTls::from_pem(&p.cert, &p.key).unwrap();
+        assert!(!server.requires_client_certificate());
+        let server = server.with_client_ca_pem(&p.ca).unwrap();
+        assert!(server.requires_client_certificate());
+        let _ = server.into_config();
+        let client = ClientTls::from_ca_pem(&p.ca).unwrap();
+        assert!(!client.has_identity());
+        let client = client.with_identity_pem(&p.cert, &p.key).unwrap();
+        assert!(client.has_identity());
+        let _ = client.with_domain_name("localhost").to_config();
+    }
+
+    #[test]
+    fn bad_pem_is_a_clear_error() {
+        let p = pki();
+        assert_eq!(
+            message(ServerTls::from_pem(&p.key, &p.key)),
+            "the server certificate holds no PEM certificate (no `-----BEGIN CERTIFICATE-----` \
+             section)"
+        );
+        let e = message(ServerTls::from_pem(&p.cert, &p.cert));
+        assert!(
+            e.starts_with("the server private key holds no PEM private key"),
+            "{e}"
+        );
+        let truncated = &p.cert[..p.cert.len() / 2];
+        assert_eq!(
+            message(ServerTls::from_pem(truncated, &p.key)),
+            "the server certificate is not valid PEM: a section has no end line `CERTIFICATE`"
+        );
+        assert_eq!(
+            message(ServerTls::from_pem(&p.cert, &p.other_key)),
+            "the server private key does not belong to its certificate"
+        );
+        let e = message(ClientTls::from_ca_pem("not a certificate"));
+        assert!(
+            e.starts_with("the CA certificate holds no PEM certificate"),
+            "{e}"
+        );
+        let garbage = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+        let e = message(ClientTls::from_ca_pem(garbage));
+        assert!(
+            e.starts_with("the CA certificate is not a usable CA certificate: "),
+            "{e}"
+        );
+        let e = message(
+            ServerTls::from_pem(&p.cert, &p.key)
+                .unwrap()
+                .with_client_ca_pem(""),
+        );
+        assert!(
+            e.starts_with("the client CA certificate holds no PEM certificate"),
+            "{e}"
+        );
+        let client = ClientTls::from_ca_pem(&p.ca).unwrap();
+        assert_eq!(
+            message(client.with_identity_pem(&p.cert, &p.other_key)),
+            "the client private key does not belong to its certificate"
+        );
+        let missing = Path::new("/nonexistent/tether-server.pem");
+        let e = message(ServerTls::from_pem_files(missing, missing, None));
+        assert!(
+            e.starts_with("cannot read the server certificate file /nonexistent/tether-server.pem"),
+            "{e}"
+        );
+    }
+}
