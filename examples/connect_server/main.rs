@@ -61,6 +61,16 @@
 //! `metrics on http://HOST:PORT/metrics`; with `--events-log FILE` it appends every
 //! lifecycle event of its execution manager to `FILE`, one JSON object per line.
 //!
+//! # Drain
+//!
+//! On SIGTERM (or Ctrl-C) the server drains (`ConnectService::drain`, docs/deployment.md):
+//! it prints `draining …`, its health goes `NOT_SERVING`, new sessions and executions get
+//! the retryable `SERVER_DRAINING` (`UNAVAILABLE`), and running queries are streamed to
+//! their clients until they release them or `--drain-timeout-ms` passes, after which what
+//! still runs is interrupted (`OPERATION_CANCELED`). It prints the drain's report
+//! (`drained live_at_start=N interrupted=N left=N elapsed_ms=N`), stops, prints its last
+//! `stats` line and exits 0. A second signal stops it at once.
+//!
 //! # TLS and health
 //!
 //! `--tls-cert PEM --tls-key PEM` serve TLS (`--tls-client-ca PEM` adds mutual TLS: clients
@@ -168,6 +178,10 @@ struct Args {
     /// Period of the `stats …` line on stdout.
     #[arg(long, default_value_t = 5_000)]
     stats_interval_ms: u64,
+    /// On SIGTERM, how long running queries are streamed to their clients before what
+    /// still runs is interrupted (`ConnectService::drain`'s deadline).
+    #[arg(long, default_value_t = 30_000)]
+    drain_timeout_ms: u64,
     /// Most rows per Arrow batch (`spark.sql.execution.arrow.maxRecordsPerBatch`).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     max_records_per_batch: u32,
@@ -1001,6 +1015,54 @@ async fn shutdown_signal() {
     }
 }
 
+/// How long the server waits, after its drain, for the streams still open to end.
+const HARD_STOP: Duration = Duration::from_secs(5);
+
+/// The server's shutdown: the first future resolves once a signal came and the drain of
+/// `connect` ended (the server then stops accepting and ends its connections gracefully);
+/// the second [`HARD_STOP`] later, or at a second signal, to stop without waiting for what
+/// is still open.
+fn drain_on_signal<E: QueryEngine>(
+    connect: ConnectService<E>,
+    deadline: Duration,
+) -> (
+    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ()>,
+) {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let drained = async move {
+        shutdown_signal().await;
+        println!(
+            "draining: health NOT_SERVING, new sessions and executions refused, deadline {} ms",
+            deadline.as_millis()
+        );
+        tokio::select! {
+            report = connect.drain(deadline) => {
+                println!("{report}");
+                tracing::info!(%report, "drained");
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = tokio::time::sleep(HARD_STOP) => {}
+                        () = shutdown_signal() => {}
+                    }
+                    let _ = stop_tx.send(());
+                });
+            }
+            () = shutdown_signal() => {
+                println!("a second signal: stopping without waiting for the drain");
+                let _ = stop_tx.send(());
+            }
+        }
+    };
+    let hard_stop = async move {
+        // A dropped sender (the drain never began) never stops the server early.
+        if stop_rx.await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    (drained, hard_stop)
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
@@ -1071,6 +1133,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let connect = ConnectService::new(manager.clone(), engine);
     // grpc.health.v1 on the same port: SERVING for "" and spark.connect.SparkConnectService.
     let health = connect.health().service().await;
+    let (shutdown, hard_stop) = drain_on_signal(
+        connect.clone(),
+        Duration::from_millis(args.drain_timeout_ms),
+    );
     let service = connect.into_service(&ConnectConfig {
         token: args.token.clone(),
     });
@@ -1131,34 +1197,42 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Box::pin(TcpIncoming::from(listener).with_nodelay(Some(true))),
         ),
     };
-    match &faults {
-        None if args.baseline.is_some() => {
-            let rotate = args.baseline == Some(Baseline::BareRotating);
-            tracing::info!(rotate, "serving the bare baseline, without tether");
-            server
-                .add_service(health)
-                .add_service(baseline::Bare::new(engine, rotate))
-                .serve_with_incoming_shutdown(connections, shutdown_signal())
-                .await?;
+    let serving = async {
+        match &faults {
+            None if args.baseline.is_some() => {
+                let rotate = args.baseline == Some(Baseline::BareRotating);
+                tracing::info!(rotate, "serving the bare baseline, without tether");
+                server
+                    .add_service(health)
+                    .add_service(baseline::Bare::new(engine, rotate))
+                    .serve_with_incoming_shutdown(connections, shutdown)
+                    .await?;
+            }
+            None => {
+                server
+                    .add_service(health)
+                    .add_service(service)
+                    .serve_with_incoming_shutdown(connections, shutdown)
+                    .await?;
+            }
+            Some(faults) => {
+                tracing::info!(seed = args.faults, "fault mode on");
+                // Connections the faults can drop.
+                let incoming = futures::StreamExt::map(connections, |accepted| {
+                    accepted.map(KillableStream::new)
+                });
+                server
+                    .add_service(health)
+                    .add_service(FaultService::new(service, faults.clone()))
+                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .await?;
+            }
         }
-        None => {
-            server
-                .add_service(health)
-                .add_service(service)
-                .serve_with_incoming_shutdown(connections, shutdown_signal())
-                .await?;
-        }
-        Some(faults) => {
-            tracing::info!(seed = args.faults, "fault mode on");
-            // Connections the faults can drop.
-            let incoming =
-                futures::StreamExt::map(connections, |accepted| accepted.map(KillableStream::new));
-            server
-                .add_service(health)
-                .add_service(FaultService::new(service, faults.clone()))
-                .serve_with_incoming_shutdown(incoming, shutdown_signal())
-                .await?;
-        }
+        Ok::<(), Box<dyn std::error::Error>>(())
+    };
+    tokio::select! {
+        served = serving => served?,
+        () = hard_stop => println!("streams still open {} ms after the drain: stopping", HARD_STOP.as_millis()),
     }
     stats.abort();
     maintenance.abort();

@@ -152,3 +152,308 @@ fn an_execute_plan_repeating_a_live_operation_reattaches_while_draining() {
     assert_eq!(expect_err(&mut s), ConnectError::Disconnected);
     assert_eq!(rows(&next(&mut again)), Some(1));
 }
+
+// ---------------------------------------------------------------------------------------------
+// ConnectService::drain over gRPC
+// ---------------------------------------------------------------------------------------------
+
+mod grpc {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream};
+    use tether::execution::{Code, ExecutionManager, LogConfig, ManagerConfig, StreamLimits};
+    use tether::spark::connect::{ConnectClient, ConnectConfig, ConnectService, SERVICE_NAME};
+    use tether::wire::connect::execute_plan_response::ResponseType;
+    use tether_testing::connect::Caller;
+    use tokio::net::TcpListener;
+    use tonic::transport::server::TcpIncoming;
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_check_response::ServingStatus;
+    use tonic_health::pb::health_client::HealthClient;
+
+    use super::super::connect_grpc::Counting;
+
+    /// `ConnectService` (plans are row counts, connect_grpc's engine) with its health
+    /// service on loopback, every stream rotated after 100 responses, at most 1 000 unsent
+    /// (so that an interrupt reaches a slow reader soon, rx §3); the service (to drain) and
+    /// the address.
+    async fn serve() -> (ConnectService<Counting>, String) {
+        let manager = ExecutionManager::new(ManagerConfig {
+            stream: StreamLimits {
+                max_duration: None,
+                max_bytes: Some(100 * 20),
+            },
+            log: LogConfig {
+                max_unsent_responses: 1_000,
+                ..LogConfig::REATTACHABLE
+            },
+            ..ManagerConfig::default()
+        });
+        let connect = ConnectService::new(manager, Counting);
+        let health = connect.health().service().await;
+        let service = connect.clone().into_service(&ConnectConfig::default());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = format!("http://{}", listener.local_addr().unwrap());
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .add_service(health)
+                .add_service(service)
+                .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
+        );
+        (connect, address)
+    }
+
+    async fn health_of(address: &str) -> ServingStatus {
+        let channel = tonic::transport::Endpoint::from_shared(address.to_owned())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let mut health = HealthClient::new(channel);
+        let check = |service: &str| HealthCheckRequest {
+            service: service.to_owned(),
+        };
+        let overall = health.check(check("")).await.unwrap().into_inner().status();
+        let spark = health.check(check(SERVICE_NAME)).await.unwrap();
+        assert_eq!(spark.into_inner().status(), overall, "both names alike");
+        overall
+    }
+
+    /// The error of the first response of an ExecutePlan of `caller` (a plan of 1 row).
+    async fn first_error(
+        client: &ConnectClient,
+        caller: &Caller,
+    ) -> tether::execution::client::RpcError {
+        let request = caller.plan(b"1".to_vec());
+        match client.execute_plan(request).await {
+            Ok(mut stream) => match stream.next().await {
+                Some(Err(e)) => e,
+                other => panic!("a new execution while draining must fail, got {other:?}"),
+            },
+            Err(e) => e,
+        }
+    }
+
+    /// Rows read, the error that ended the stream (if any), the reattaches.
+    type Read = (u64, Option<String>, u64);
+
+    /// Reads the execution of `rows` rows, sleeping `pause` every 100 rows; what it read.
+    async fn read(address: String, caller: Caller, rows: u64, pause: Duration) -> Read {
+        let client = ConnectClient::connect(&address, None).await.unwrap();
+        let plan = caller.plan(rows.to_string().into_bytes());
+        let mut stream =
+            ReattachingStream::new(Arc::new(client), plan, ClientConfig::default()).unwrap();
+        let (mut seen, mut error) = (0, None);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(r) => {
+                    if let Some(ResponseType::ArrowBatch(b)) = r.response_type {
+                        assert_eq!(u64::from_be_bytes(b.data[..8].try_into().unwrap()), seen);
+                        seen += 1;
+                        if seen % 100 == 0 {
+                            tokio::time::sleep(pause).await;
+                        }
+                    }
+                }
+                Err(e) => {
+                    error = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        let reattaches = stream.stats().reattaches;
+        let _ = stream.close().await;
+        (seen, error, reattaches)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_serves_running_queries_to_the_end_and_refuses_new_work() {
+        let (connect, address) = serve().await;
+        assert_eq!(health_of(&address).await, ServingStatus::Serving);
+        let reader = Caller::default();
+        // 1 000 rows in 10 rotated streams, 30 ms between streams: about 300 ms of reading.
+        let running = tokio::spawn(read(
+            address.clone(),
+            reader.clone(),
+            1_000,
+            Duration::from_millis(30),
+        ));
+        while connect.manager().execution_count() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let drain = tokio::spawn({
+            let connect = connect.clone();
+            async move { connect.drain(Duration::from_secs(20)).await }
+        });
+        while !connect.manager().is_draining() {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        // New requests arriving during the drain: health, a new session, a new execution in
+        // the live session.
+        assert_eq!(health_of(&address).await, ServingStatus::NotServing);
+        let client = ConnectClient::connect(&address, None).await.unwrap();
+        for (who, caller) in [
+            (
+                "a new session",
+                Caller::new("someone", &uuid::Uuid::new_v4().to_string()),
+            ),
+            ("a new execution of the live session", reader.clone()),
+        ] {
+            let e = first_error(&client, &caller).await;
+            assert_eq!(e.code(), Code::Unavailable, "{who}: {e}");
+            assert_eq!(e.condition(), Some("SERVER_DRAINING"), "{who}: {e}");
+            assert!(e.message().contains("The server is draining"), "{who}: {e}");
+        }
+        // The running query reads every row once, reattaching during the drain.
+        let (rows, error, reattaches) = running.await.unwrap();
+        assert_eq!((rows, error), (1_000, None));
+        assert!(reattaches >= 9, "{reattaches} reattaches");
+        let report = drain.await.unwrap();
+        assert_eq!(report.live_at_start, 1, "{report}");
+        assert!(report.is_clean(), "{report}");
+        assert!(report.elapsed < Duration::from_secs(20), "{report}");
+        assert_eq!(
+            connect.manager().stats().created,
+            1,
+            "nothing new registered"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_deadline_interrupts_what_still_runs_with_operation_canceled() {
+        let (connect, address) = serve().await;
+        // A million rows read slowly: still running at the deadline (its producer waits on
+        // the unsent bound, rx §3).
+        let slow = tokio::spawn(read(
+            address.clone(),
+            Caller::default(),
+            1_000_000,
+            Duration::from_millis(20),
+        ));
+        while connect.manager().execution_count() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let report = connect.drain(Duration::from_millis(300)).await;
+        assert_eq!(report.live_at_start, 1, "{report}");
+        assert_eq!(report.interrupted.len(), 1, "{report}");
+        let (rows, error, _) = slow.await.unwrap();
+        assert!(
+            rows > 0 && rows < 1_000_000,
+            "{rows} rows before the interrupt"
+        );
+        let error = error.expect("the client sees the interrupt");
+        assert!(error.contains("OPERATION_CANCELED"), "{error}");
+        // The client released after its error, within the grace.
+        assert!(report.left.is_empty(), "{report}");
+        assert!(
+            report
+                .to_string()
+                .starts_with("drained live_at_start=1 interrupted=1 left=0")
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The example server on SIGTERM
+// ---------------------------------------------------------------------------------------------
+
+mod example {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use futures::StreamExt;
+    use tether::execution::Code;
+    use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream};
+    use tether::spark::connect::ConnectClient;
+    use tether::wire::connect::execute_plan_response::ResponseType;
+    use tether::wire::connect::{ExecutePlanRequest, Plan, Relation, UserContext};
+
+    use super::super::pyspark_connect::{Server, stat};
+
+    fn range(session_id: &str, end: i64) -> ExecutePlanRequest {
+        ExecutePlanRequest {
+            session_id: session_id.to_owned(),
+            user_context: Some(UserContext::new("tether-drain")),
+            plan: Some(Plan::root(prost::Message::encode_to_vec(&Relation::range(
+                0, end, 1,
+            )))),
+            ..Default::default()
+        }
+    }
+
+    /// SIGTERM while a client reads `range(1000000)` slowly (every stream rotated after one
+    /// response of 10 000 rows): the client reads every row once across reattaches made
+    /// during the drain, a new session is refused with `SERVER_DRAINING`, and the server
+    /// reports a clean drain and exits 0.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_example_server_drains_on_sigterm_and_exits_0() {
+        let mut server =
+            tokio::task::spawn_blocking(|| Server::rotating(&["--drain-timeout-ms", "60000"]))
+                .await
+                .unwrap();
+        let client = ConnectClient::connect(&server.url(), None).await.unwrap();
+        let session = uuid::Uuid::new_v4().to_string();
+        let mut stream = ReattachingStream::new(
+            Arc::new(client.clone()),
+            range(&session, 1_000_000),
+            ClientConfig::default(),
+        )
+        .unwrap();
+        let (mut rows, mut terminated) = (0i64, false);
+        while let Some(item) = stream.next().await {
+            let response = item.unwrap_or_else(|e| panic!("after {rows} rows: {e}"));
+            let Some(ResponseType::ArrowBatch(batch)) = response.response_type else {
+                continue;
+            };
+            rows += batch.row_count;
+            if !terminated {
+                server.terminate();
+                terminated = true;
+                while !server
+                    .stdout_lines()
+                    .iter()
+                    .any(|l| l.starts_with("draining"))
+                {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                // A new session during the drain.
+                let other = uuid::Uuid::new_v4().to_string();
+                let e = match client.execute_plan(range(&other, 10)).await {
+                    Ok(mut s) => s.next().await.expect("an item").expect_err("refused"),
+                    Err(e) => e,
+                };
+                assert_eq!(e.code(), Code::Unavailable, "{e}");
+                assert_eq!(e.condition(), Some("SERVER_DRAINING"), "{e}");
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(rows, 1_000_000, "every row once");
+        let reattaches = stream.stats().reattaches;
+        assert!(reattaches >= 99, "{reattaches} reattaches");
+        let releases = stream.close().await;
+        assert_eq!(releases.failed, 0, "{releases:?}");
+        let status = tokio::task::spawn_blocking(move || {
+            (server.wait_exit(Duration::from_secs(30)), server)
+        })
+        .await
+        .unwrap();
+        let (status, server) = status;
+        assert!(status.success(), "exit status {status}");
+        let lines = server.stdout_lines();
+        let report = lines
+            .iter()
+            .find(|l| l.starts_with("drained "))
+            .unwrap_or_else(|| panic!("no drain report in {lines:?}"));
+        assert!(
+            report.starts_with("drained live_at_start=1 interrupted=0 left=0 "),
+            "{report}"
+        );
+        let last = lines.last().expect("a last line");
+        let stats = super::super::pyspark_connect::parse_stats(last)
+            .unwrap_or_else(|| panic!("the last line is no stats line: {last:?}"));
+        assert_eq!((stat(&stats, "created"), stat(&stats, "released")), (1, 1));
+        println!("{report}; {reattaches} reattaches during the drain; {last}");
+    }
+}

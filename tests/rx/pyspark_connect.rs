@@ -102,7 +102,7 @@ pub(crate) fn example_binary(name: &str) -> PathBuf {
 /// The counters of the server's last `stats …` line.
 pub(crate) type Stats = BTreeMap<String, u64>;
 
-fn parse_stats(line: &str) -> Option<Stats> {
+pub(crate) fn parse_stats(line: &str) -> Option<Stats> {
     line.strip_prefix("stats ")?
         .split_whitespace()
         .map(|kv| {
@@ -127,11 +127,13 @@ pub(crate) struct Server {
     pub(crate) port: u16,
     stats: Arc<Mutex<Option<Stats>>>,
     log: Arc<Mutex<String>>,
+    /// Every line of its stdout.
+    out: Arc<Mutex<Vec<String>>>,
 }
 
 impl Server {
     /// The server with [`ROTATE_EVERY_RESPONSE`] and `args`.
-    fn rotating(args: &[&str]) -> Self {
+    pub(crate) fn rotating(args: &[&str]) -> Self {
         Self::start(&[&ROTATE_EVERY_RESPONSE[..], args].concat())
     }
 
@@ -150,8 +152,11 @@ impl Server {
         let (tx, rx) = mpsc::channel();
         let stdout = BufReader::new(child.stdout.take().expect("piped stdout"));
         let latest = stats.clone();
+        let out = Arc::new(Mutex::new(Vec::new()));
+        let lines = out.clone();
         std::thread::spawn(move || {
             for line in stdout.lines().map_while(Result::ok) {
+                lines.lock().unwrap().push(line.clone());
                 if let Some(address) = line.strip_prefix("listening on ") {
                     let _ = tx.send(address.to_owned());
                 } else if let Some(s) = parse_stats(&line) {
@@ -173,6 +178,7 @@ impl Server {
             port: 0,
             stats,
             log,
+            out,
         };
         let address = rx
             .recv_timeout(Duration::from_secs(30))
@@ -184,8 +190,38 @@ impl Server {
         server
     }
 
-    fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Every stdout line so far.
+    pub(crate) fn stdout_lines(&self) -> Vec<String> {
+        self.out.lock().unwrap().clone()
+    }
+
+    /// Sends SIGTERM (the example drains, then stops).
+    pub(crate) fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill -TERM failed: {status}");
+    }
+
+    /// Waits (up to `within`) for the process to exit; its status.
+    pub(crate) fn wait_exit(&mut self, within: Duration) -> std::process::ExitStatus {
+        let deadline = Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the server did not exit within {within:?}; stdout: {:?}",
+                self.stdout_lines()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
     }
 
     /// Waits (up to `within`) for a stats line satisfying `ok`, and returns it.

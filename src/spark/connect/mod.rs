@@ -25,6 +25,7 @@
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
+//! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectService::drain`]: health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines
 //!
@@ -137,6 +138,7 @@ mod generated {
 
 mod auth;
 mod client;
+mod drain;
 mod health;
 mod serve;
 mod service;
@@ -144,6 +146,7 @@ mod status;
 pub mod tls;
 
 pub use self::client::{ConnectClient, ConnectClientError};
+pub use self::drain::{DRAIN_GRACE, DrainReport};
 pub use self::health::ConnectHealth;
 pub use self::serve::{TransportLimits, serve_bounded};
 pub use self::service::{
