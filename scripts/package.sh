@@ -3,7 +3,8 @@
 #
 # 1. `cargo package --list`: the packaged files are exactly what users and docs.rs need —
 #    the library's sources, build script, protocol reference (rendered as
-#    `tether::reference`), examples, README, LICENSE, CHANGELOG and docs/benchmarks.md — and
+#    `tether::reference`), examples, README, LICENSE, CHANGELOG, docs/benchmarks.md and
+#    docs/deployment.md — and
 #    no test data,
 #    scripts, benches or fuzz corpora.
 # 2. `cargo publish --dry-run --all-features`: packs the crate and builds it from the package
@@ -18,7 +19,7 @@ problems=()
 for required in Cargo.toml src/lib.rs build.rs README.md LICENSE CHANGELOG.md \
   docs/reference/udf-worker-protocol.md docs/reference/reattach-protocol.md \
   docs/reference/spark-connect.md docs/diagrams/engine-session.md docs/benchmarks.md \
-  examples/tour/main.rs \
+  docs/deployment.md examples/tour/main.rs \
   examples/data/penguins.csv; do
   grep -qxF "$required" <<<"$list" || problems+=("missing: $required")
 done
@@ -26,7 +27,7 @@ while IFS= read -r file; do
   case "$file" in
     Cargo.toml | Cargo.toml.orig | Cargo.lock | .cargo_vcs_info.json | build.rs | README.md | \
       LICENSE | CHANGELOG.md | src/* | examples/* | docs/reference/*.md | docs/diagrams/*.md | \
-      docs/benchmarks.md) ;;
+      docs/benchmarks.md | docs/deployment.md) ;;
     *) problems+=("not for the package: $file") ;;
   esac
 done <<<"$list"
