@@ -3,7 +3,7 @@
 # real Spark 4.3.0 server and a bare tonic baseline, read by the real PySpark client and by
 # tether's Rust client, on loopback. What it measures and how: scripts/bench_connect.py.
 #
-#   bash scripts/bench-connect.sh [--rows N] [--runs R] [--warmup W] [--observability]
+#   bash scripts/bench-connect.sh [--rows N] [--runs R] [--warmup W] [--observability | --tls]
 #
 # Needs java 17 and python3 (Spark itself comes from scripts/spark-oracle.sh); builds the
 # examples in release mode and target/pyspark-venv first. About 15 minutes with the defaults
@@ -11,8 +11,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 missing() { echo "bench-connect: $1" >&2; exit 1; }
-# `--observability`: tether with its metrics and events against tether without (no Spark).
-if [[ " $* " != *" --observability "* ]]; then
+# `--observability`: tether with its metrics and events against tether without; `--tls`:
+# tether over TLS against tether in plaintext (needs openssl). Neither needs Spark.
+if [[ " $* " != *" --observability "* && " $* " != *" --tls "* ]]; then
   command -v java >/dev/null || missing "no java on PATH (the Spark 4.3.0 server needs java 17)"
   bash scripts/spark-oracle.sh home >/dev/null || missing "no Spark 4.3.0 distribution (see the lines above)"
 fi

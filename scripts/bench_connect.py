@@ -21,7 +21,9 @@ wrapping the client's stub), and tether's `examples/connect_client` (release bui
 of RUNS.
 
 Usage: python scripts/bench_connect.py TARGET_RELEASE_DIR [--rows N] [--runs R]
-[--warmup W] [--observability]. With --observability: only tether's server with its metrics
+[--warmup W] [--observability | --tls]. With --tls: tether over TLS against tether in
+plaintext, the same paired rounds (certificates from openssl under target/bench-tls). With
+--observability: only tether's server with its metrics
 exported and its events written against the same without (paired ABBA rounds of PySpark's
 toArrow(), default settings; no Spark needed). Prints a Markdown table (rows/s, responses/s, reattaches per run) and the
 targets with their verdicts, also written as JSON to target/bench-connect.json.
@@ -165,53 +167,99 @@ class Spark:
         time.sleep(2)
 
 
+def paired(args, label, arms, out):
+    """Two tether servers, `arms` = ((name, server, connection-string suffix), …) with the
+    reference arm first, PySpark default settings: paired rounds alternating the order
+    (ABBA), one toArrow() per server per round, each round's throughput ratio (second arm
+    over the first); prints the median ratio with its interquartile range and writes the
+    runs to target/`out`."""
+    (ref, _, _), (other, _, _) = arms
+    sessions = {}
+    for name, server, suffix in arms:
+        spark = connect_session.SparkSession.builder.remote(
+            f"sc://localhost:{server.port}/;user_id=bench{suffix}").create()
+        for _ in range(args.warmup):
+            spark.range(args.rows).toArrow()
+        sessions[name] = spark
+
+    def once(name):
+        start = time.perf_counter()
+        table = sessions[name].range(args.rows).toArrow()
+        elapsed = time.perf_counter() - start
+        if table.num_rows != args.rows:
+            raise SystemExit(f"PySpark read {table.num_rows} rows, not {args.rows}")
+        return elapsed
+
+    ratios, times = [], {ref: [], other: []}
+    load_before = load()
+    for r in range(args.runs):
+        order = (ref, other) if r % 2 == 0 else (other, ref)
+        got = {name: once(name) for name in order}
+        for name, t in got.items():
+            times[name].append(t)
+        ratios.append(got[ref] / got[other])
+    for spark in sessions.values():
+        spark.stop()
+    q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
+    line = (f"PySpark toArrow of range({args.rows}), default settings, {args.runs} paired "
+            f"ABBA rounds after {args.warmup} warm-up runs each (load {load_before:.1f}–"
+            f"{load():.1f}): {ref} {statistics.median(times[ref]):.3f} s, {other} "
+            f"{statistics.median(times[other]):.3f} s, throughput ratio {other}/{ref} "
+            f"{statistics.median(ratios):.3f} [IQR {q[0]:.3f}–{q[2]:.3f}]{label}")
+    print(line)
+    with open(os.path.join(REPO, "target", out), "w") as f:
+        json.dump({"ratios": ratios, "times": times, "rows": args.rows}, f, indent=1)
+
+
 def observability(args):
     """tether's server with its metrics exported and every event written (`--metrics-addr`,
-    `--events-log`) against the same server with neither, PySpark default settings: paired
-    rounds alternating the order (ABBA), one toArrow() per server per round, each round's
-    throughput ratio; prints the median ratio with its interquartile range (target >= 0.97)."""
+    `--events-log`) against the same server with neither (target >= 0.97)."""
     plain = Tether(args.target, [])
     observed = Tether(args.target, ["--metrics-addr", f"127.0.0.1:{free_port()}",
                                     "--events-log", os.devnull])
     try:
-        sessions = {}
-        for name, server in (("plain", plain), ("observed", observed)):
-            spark = connect_session.SparkSession.builder.remote(
-                f"sc://localhost:{server.port}/;user_id=bench").create()
-            for _ in range(args.warmup):
-                spark.range(args.rows).toArrow()
-            sessions[name] = spark
-
-        def once(name):
-            start = time.perf_counter()
-            table = sessions[name].range(args.rows).toArrow()
-            elapsed = time.perf_counter() - start
-            if table.num_rows != args.rows:
-                raise SystemExit(f"PySpark read {table.num_rows} rows, not {args.rows}")
-            return elapsed
-
-        ratios, times = [], {"plain": [], "observed": []}
-        load_before = load()
-        for r in range(args.runs):
-            order = ("plain", "observed") if r % 2 == 0 else ("observed", "plain")
-            got = {name: once(name) for name in order}
-            for name, t in got.items():
-                times[name].append(t)
-            ratios.append(got["plain"] / got["observed"])
-        for spark in sessions.values():
-            spark.stop()
-        q = statistics.quantiles(ratios, n=4) if len(ratios) > 1 else [ratios[0]] * 3
-        line = (f"PySpark toArrow of range({args.rows}), default settings, {args.runs} paired "
-                f"ABBA rounds after {args.warmup} warm-up runs each (load {load_before:.1f}–"
-                f"{load():.1f}): plain {statistics.median(times['plain']):.3f} s, observed "
-                f"{statistics.median(times['observed']):.3f} s, throughput ratio observed/plain "
-                f"{statistics.median(ratios):.3f} [IQR {q[0]:.3f}–{q[2]:.3f}] (target >= 0.97)")
-        print(line)
-        with open(os.path.join(REPO, "target", "bench-connect-observability.json"), "w") as f:
-            json.dump({"ratios": ratios, "times": times, "rows": args.rows}, f, indent=1)
+        paired(args, " (target >= 0.97)",
+               (("plain", plain, ""), ("observed", observed, "")),
+               "bench-connect-observability.json")
     finally:
         plain.stop()
         observed.stop()
+
+
+def tls_certificates(directory):
+    """A throwaway CA and a server certificate for localhost it signed (openssl; written
+    under target/, never committed); returns (ca, cert, key) paths."""
+    os.makedirs(directory, exist_ok=True)
+    ca, ca_key = os.path.join(directory, "ca.pem"), os.path.join(directory, "ca.key")
+    cert, key = os.path.join(directory, "server.pem"), os.path.join(directory, "server.key")
+    csr, ext = os.path.join(directory, "server.csr"), os.path.join(directory, "server.ext")
+    run = lambda *a: subprocess.run(["openssl", *a], check=True, capture_output=True)
+    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", ca_key, "-out", ca, "-days", "2", "-subj", "/CN=tether bench CA")
+    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:P-256", "-nodes",
+        "-keyout", key, "-out", csr, "-subj", "/CN=localhost")
+    with open(ext, "w") as f:
+        f.write("subjectAltName=DNS:localhost,IP:127.0.0.1\n")
+    run("x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial",
+        "-out", cert, "-days", "2", "-extfile", ext)
+    return ca, cert, key
+
+
+def tls(args):
+    """tether's server over TLS (`--tls-cert`, `--tls-key`; PySpark with `use_ssl=true`,
+    trusting the bench's CA through GRPC_DEFAULT_SSL_ROOTS_FILE_PATH) against the same
+    server in plaintext."""
+    ca, cert, key = tls_certificates(os.path.join(REPO, "target", "bench-tls"))
+    # Read by gRPC when PySpark opens its first TLS channel.
+    os.environ["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = ca
+    plain = Tether(args.target, [])
+    secure = Tether(args.target, ["--tls-cert", cert, "--tls-key", key])
+    try:
+        paired(args, "", (("plaintext", plain, ""), ("tls", secure, ";use_ssl=true")),
+               "bench-connect-tls.json")
+    finally:
+        plain.stop()
+        secure.stop()
 
 
 def main():
@@ -222,9 +270,14 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--observability", action="store_true",
                         help="only tether with metrics and events against tether without")
+    parser.add_argument("--tls", action="store_true",
+                        help="only tether over TLS against tether in plaintext")
     args = parser.parse_args()
     if args.observability:
         observability(args)
+        return
+    if args.tls:
+        tls(args)
         return
     client = os.path.join(args.target, "examples", "connect_client")
     results = {}
