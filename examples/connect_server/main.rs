@@ -87,9 +87,10 @@
 //! `--faults SEED` ends some response streams as a flaky network or a restarting server
 //! would, so a client's recovery really runs (module `faults`).
 //!
-//! stderr carries the log (tracing; `RUST_LOG` overrides the default
-//! `info,tether::spark::connect=debug`): one line per ExecutePlan (with the interpreted
-//! plan), ReattachExecute, ReleaseExecute, Interrupt and ReleaseSession.
+//! stderr carries the log (tracing; `RUST_LOG` overrides the default `info`: start, drain,
+//! stop and errors). `RUST_LOG=info,tether::spark::connect=debug` adds one line per
+//! ExecutePlan (with the interpreted plan), ReattachExecute, ReleaseExecute, Interrupt and
+//! ReleaseSession: with stream rotation, several per query.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::IsTerminal;
@@ -1066,8 +1067,8 @@ fn drain_on_signal<E: QueryEngine>(
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "info,tether::spark::connect=debug".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

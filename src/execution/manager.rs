@@ -771,11 +771,7 @@ impl ExecutionManager {
     /// succeeds; a no-op for an unknown session.
     pub fn release_session(&self, request: &ReleaseSessionRequest) -> ReleaseSessionResponse {
         let mut wakes = Wakes::default();
-        let user = request
-            .user_context
-            .as_ref()
-            .map(|u| u.user_id.as_str())
-            .unwrap_or("");
+        let user = request.user_id();
         let server_side = parse_uuid(&request.session_id).and_then(|sid| {
             let mut reg = self.inner.lock();
             let closed = reg.close_session(user, sid, !request.allow_reconnect)?;

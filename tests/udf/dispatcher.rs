@@ -211,7 +211,7 @@ pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
     }
 }
 
-fn socket_of(endpoint: &WorkerAddress) -> PathBuf {
+pub(crate) fn socket_of(endpoint: &WorkerAddress) -> PathBuf {
     match endpoint {
         WorkerAddress::Unix(p) => p.clone(),
         WorkerAddress::Tcp(a) => panic!("unix endpoint expected, got {a}"),

@@ -2,7 +2,10 @@
 //! (`tether::worker::WorkerEvent`, `tether::observe`): a session's normal end, a failed init
 //! and a cancel; a pooled dispatcher run with reuse, a worker SIGKILLed mid-session, an
 //! idle worker found dead, one idle past its timeout and one exiting at start, whose
-//! counters are exactly what the run caused and whose gauges return to 0; a full channel that drops and counts; a session made with `Session::new`,
+//! counters are exactly what the run caused and whose gauges return to 0; a worker marked
+//! invalid mid-session, a session interrupted, a pooled worker that cannot open a session
+//! (each invalidation reason but `Inactive`, which the framed transport never reports); a
+//! full channel that drops and counts; a session made with `Session::new`,
 //! which reports events and no metrics. The processes are real (this binary in worker mode,
 //! see `dispatcher`).
 
@@ -27,7 +30,7 @@ use tether_testing::fixtures::{INIT_FAILURE, direct_worker_spec, init, session_c
 use tether_testing::metrics::MetricTotals;
 
 use crate::dispatcher::{
-    config, echo_round, eventually, exists, pooled, reusable, running, tether_spec,
+    config, echo_round, eventually, exists, pooled, reusable, running, socket_of, tether_spec,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -458,6 +461,147 @@ async fn an_idle_worker_found_dead_is_invalidated_as_exited_and_replaced() {
         1.0
     );
     assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    assert_eq!(o.gauges(), [0.0; 3]);
+}
+
+/// The words of `worker`'s events in `events`.
+fn words_of(events: &[WorkerEvent], worker: &str) -> Vec<String> {
+    of_worker(events, worker).into_iter().map(word).collect()
+}
+
+#[tokio::test]
+async fn a_worker_marked_invalid_mid_session_is_invalidated_as_marked_and_not_reused() {
+    let mut o = Observed::new(reusable(tether_spec()), pooled());
+    let s = o.d.create_session().await.unwrap();
+    let w1 = s.worker().id().to_string();
+    s.worker().mark_invalid();
+    assert_eq!(echo_round(s, &[b"1"]).await.1, TerminationKind::Finished);
+    let s = o.d.create_session().await.unwrap();
+    assert_ne!(
+        s.worker().id(),
+        w1,
+        "an invalid worker is not reused (udf §6.6)"
+    );
+    assert_eq!(echo_round(s, &[b"2"]).await.1, TerminationKind::Finished);
+    o.d.close().await;
+
+    let events = o.rx.drain();
+    assert_eq!(
+        words_of(&events, &w1),
+        [
+            "spawned",
+            "ready",
+            "created",
+            "invalidated:Marked",
+            "initialized",
+            "terminated:Finished",
+            "stopped:Invalid",
+        ]
+    );
+    assert_eq!(
+        o.metric(
+            "tether_udf_workers_invalidated_total",
+            &[("reason", "marked")]
+        ),
+        1.0
+    );
+    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
+    assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 0.0);
+    assert_eq!(o.gauges(), [0.0; 3]);
+}
+
+#[tokio::test]
+async fn a_session_dropped_outside_a_runtime_is_interrupted_and_its_worker_invalidated_for_it() {
+    let mut o = Observed::new(reusable(tether_spec()), pooled());
+    let s = o.d.create_session().await.unwrap();
+    let w1 = s.worker().id().to_string();
+    let (s, _response) = s.init(init("udf")).await.expect("init");
+    // Dropped on a thread without a runtime: no cleanup task can send Cancel and wait for
+    // its acknowledgement, so the session is Interrupted at once (udf §4.9, §6.5).
+    std::thread::spawn(move || drop(s)).join().unwrap();
+    let s = o.d.create_session().await.unwrap();
+    assert_ne!(
+        s.worker().id(),
+        w1,
+        "an interrupted session's worker is not reused"
+    );
+    let _ = s.close().await;
+    o.d.close().await;
+
+    let events = o.rx.drain();
+    assert_eq!(
+        words_of(&events, &w1),
+        [
+            "spawned",
+            "ready",
+            "created",
+            "initialized",
+            "terminated:Interrupted",
+            "invalidated:Interrupted",
+            "stopped:Invalid",
+        ]
+    );
+    assert_eq!(
+        o.metric(
+            "tether_udf_sessions_total",
+            &[("termination", "interrupted")]
+        ),
+        1.0
+    );
+    assert_eq!(
+        o.metric(
+            "tether_udf_workers_invalidated_total",
+            &[("reason", "interrupted")]
+        ),
+        1.0
+    );
+    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    assert_eq!(o.gauges(), [0.0; 3]);
+}
+
+#[tokio::test]
+async fn a_pooled_worker_that_cannot_open_a_session_is_invalidated_as_open_failed() {
+    let mut o = Observed::new(reusable(tether_spec()), pooled());
+    let s = o.d.create_session().await.unwrap();
+    let w1 = s.worker().id().to_string();
+    let address = o.d.worker(&w1).unwrap().address;
+    assert_eq!(echo_round(s, &[b"1"]).await.1, TerminationKind::Finished);
+    // The idle worker still runs, but its socket is gone: the pool finds it healthy (the
+    // framed transport has no channel state to ask, udf §6.6) and the session's connection
+    // fails; the dispatcher invalidates it and starts another (udf §6.2 step 6).
+    std::fs::remove_file(socket_of(&address)).unwrap();
+    let s = o.d.create_session().await.unwrap();
+    let w2 = s.worker().id().to_string();
+    assert_ne!(w2, w1);
+    assert_eq!(echo_round(s, &[b"2"]).await.1, TerminationKind::Finished);
+    o.d.close().await;
+
+    let events = o.rx.drain();
+    // Taken from the pool for reuse, then invalidated when its connection failed.
+    assert_eq!(
+        words_of(&events, &w1),
+        [
+            "spawned",
+            "ready",
+            "created",
+            "initialized",
+            "terminated:Finished",
+            "reused",
+            "invalidated:OpenFailed",
+            "stopped:Invalid",
+        ]
+    );
+    assert_eq!(
+        o.metric(
+            "tether_udf_workers_invalidated_total",
+            &[("reason", "open_failed")]
+        ),
+        1.0
+    );
+    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 1.0);
+    assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
     assert_eq!(o.gauges(), [0.0; 3]);
 }
 

@@ -36,7 +36,6 @@ use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptType, Plan,
     ReattachExecuteRequest, ReleaseExecuteRequest, ReleaseSessionRequest, UserContext,
     execute_plan_request::RequestOption, execute_plan_response, interrupt_request,
-    release_execute_request,
 };
 
 /// The session id of the default [`Caller`] (rx §1.9: a client-chosen UUID).
@@ -144,38 +143,17 @@ impl Caller {
     /// A `ReattachExecute` of `op` after `last` (`last_response_id`; `None` from the start;
     /// rx §1.4, §3.5).
     pub fn reattach(&self, op: &str, last: Option<&str>) -> ReattachExecuteRequest {
-        ReattachExecuteRequest {
-            session_id: self.session.clone(),
-            user_context: self.user_context(),
-            operation_id: op.to_owned(),
-            last_response_id: last.map(str::to_owned),
-            ..ReattachExecuteRequest::default()
-        }
+        ReattachExecuteRequest::new(&*self.session, &*self.user, op, last.map(str::to_owned))
     }
 
     /// A `ReleaseExecute(ReleaseAll)` of `op` (rx §1.5).
     pub fn release_all(&self, op: &str) -> ReleaseExecuteRequest {
-        ReleaseExecuteRequest {
-            session_id: self.session.clone(),
-            user_context: self.user_context(),
-            operation_id: op.to_owned(),
-            release: Some(release_execute_request::Release::ReleaseAll(
-                release_execute_request::ReleaseAll {},
-            )),
-            ..ReleaseExecuteRequest::default()
-        }
+        ReleaseExecuteRequest::release_all(&*self.session, &*self.user, op)
     }
 
     /// A `ReleaseExecute(ReleaseUntil(response_id))` of `op` (rx §1.5, §3.4).
     pub fn release_until(&self, op: &str, response_id: &str) -> ReleaseExecuteRequest {
-        ReleaseExecuteRequest {
-            release: Some(release_execute_request::Release::ReleaseUntil(
-                release_execute_request::ReleaseUntil {
-                    response_id: response_id.to_owned(),
-                },
-            )),
-            ..self.release_all(op)
-        }
+        ReleaseExecuteRequest::release_until(&*self.session, &*self.user, op, response_id)
     }
 
     /// An `Interrupt` of type `ty` with target `which` (rx §5.7).
@@ -195,20 +173,12 @@ impl Caller {
 
     /// An `Interrupt` of the operation `op` (`INTERRUPT_TYPE_OPERATION_ID`; rx §5.7).
     pub fn interrupt_op(&self, op: &str) -> InterruptRequest {
-        self.interrupt(
-            InterruptType::OperationId,
-            Some(interrupt_request::Interrupt::OperationId(op.to_owned())),
-        )
+        InterruptRequest::operation(&*self.session, &*self.user, op)
     }
 
     /// A `ReleaseSession` of the caller's session (rx §5.6).
     pub fn release_session(&self, allow_reconnect: bool) -> ReleaseSessionRequest {
-        ReleaseSessionRequest {
-            session_id: self.session.clone(),
-            user_context: self.user_context(),
-            allow_reconnect,
-            ..ReleaseSessionRequest::default()
-        }
+        ReleaseSessionRequest::new(&*self.session, &*self.user, allow_reconnect)
     }
 
     /// The manager's key of the caller's operation `op` (rx §5.1).

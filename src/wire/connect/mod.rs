@@ -413,6 +413,24 @@ pub struct ReattachExecuteRequest {
 }
 
 impl ReattachExecuteRequest {
+    /// A ReattachExecute of `operation_id` in the session `(user_id, session_id)`, resuming
+    /// after `last_response_id` (`None`: from the first response; rx §1.4, §3.5); no
+    /// `client_type` and no observed server-side session id (set the fields to add them).
+    pub fn new(
+        session_id: impl Into<String>,
+        user_id: impl Into<String>,
+        operation_id: impl Into<String>,
+        last_response_id: Option<String>,
+    ) -> Self {
+        Self {
+            session_id: session_id.into(),
+            user_context: Some(UserContext::new(user_id)),
+            operation_id: operation_id.into(),
+            last_response_id,
+            ..Self::default()
+        }
+    }
+
     /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
@@ -478,6 +496,43 @@ pub mod release_execute_request {
 }
 
 impl ReleaseExecuteRequest {
+    /// A `ReleaseExecute(ReleaseAll)` of `operation_id` in the session `(user_id,
+    /// session_id)`: frees the whole execution, interrupting it if it still runs (rx §1.5).
+    pub fn release_all(
+        session_id: impl Into<String>,
+        user_id: impl Into<String>,
+        operation_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            session_id: session_id.into(),
+            user_context: Some(UserContext::new(user_id)),
+            operation_id: operation_id.into(),
+            release: Some(release_execute_request::Release::ReleaseAll(
+                release_execute_request::ReleaseAll {},
+            )),
+            ..Self::default()
+        }
+    }
+
+    /// A `ReleaseExecute(ReleaseUntil(response_id))` of `operation_id` in the session
+    /// `(user_id, session_id)`: frees the responses up to and including `response_id`
+    /// (rx §1.5, §3.4).
+    pub fn release_until(
+        session_id: impl Into<String>,
+        user_id: impl Into<String>,
+        operation_id: impl Into<String>,
+        response_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            release: Some(release_execute_request::Release::ReleaseUntil(
+                release_execute_request::ReleaseUntil {
+                    response_id: response_id.into(),
+                },
+            )),
+            ..Self::release_all(session_id, user_id, operation_id)
+        }
+    }
+
     /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
@@ -586,6 +641,47 @@ pub mod interrupt_request {
 }
 
 impl InterruptRequest {
+    /// An Interrupt of type `ALL`: every execution of the session `(user_id, session_id)`
+    /// (rx §1.7, §5.7).
+    pub fn all(session_id: impl Into<String>, user_id: impl Into<String>) -> Self {
+        Self {
+            session_id: session_id.into(),
+            user_context: Some(UserContext::new(user_id)),
+            interrupt_type: InterruptType::All as i32,
+            ..Self::default()
+        }
+    }
+
+    /// An Interrupt of type `TAG`: the executions of the session carrying `tag`
+    /// (rx §1.7, §5.7).
+    pub fn tag(
+        session_id: impl Into<String>,
+        user_id: impl Into<String>,
+        tag: impl Into<String>,
+    ) -> Self {
+        Self {
+            interrupt_type: InterruptType::Tag as i32,
+            interrupt: Some(interrupt_request::Interrupt::OperationTag(tag.into())),
+            ..Self::all(session_id, user_id)
+        }
+    }
+
+    /// An Interrupt of type `OPERATION_ID`: the execution `operation_id` of the session
+    /// (rx §1.7, §5.7).
+    pub fn operation(
+        session_id: impl Into<String>,
+        user_id: impl Into<String>,
+        operation_id: impl Into<String>,
+    ) -> Self {
+        Self {
+            interrupt_type: InterruptType::OperationId as i32,
+            interrupt: Some(interrupt_request::Interrupt::OperationId(
+                operation_id.into(),
+            )),
+            ..Self::all(session_id, user_id)
+        }
+    }
+
     /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (protobuf's
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
@@ -627,6 +723,31 @@ pub struct ReleaseSessionRequest {
     /// (rx §1.7, SPARK-50710).
     #[prost(bool, tag = "4")]
     pub allow_reconnect: bool,
+}
+
+impl ReleaseSessionRequest {
+    /// A ReleaseSession of `(user_id, session_id)`; `allow_reconnect` lets a later request
+    /// recreate the session instead of meeting its tombstone (rx §1.7, §5.6, SPARK-50710).
+    pub fn new(
+        session_id: impl Into<String>,
+        user_id: impl Into<String>,
+        allow_reconnect: bool,
+    ) -> Self {
+        Self {
+            session_id: session_id.into(),
+            user_context: Some(UserContext::new(user_id)),
+            allow_reconnect,
+            ..Self::default()
+        }
+    }
+
+    /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (rx §5.1).
+    pub fn user_id(&self) -> &str {
+        self.user_context
+            .as_ref()
+            .map(|u| u.user_id.as_str())
+            .unwrap_or("")
+    }
 }
 
 /// `ReleaseSessionResponse` (rx §1.7).
