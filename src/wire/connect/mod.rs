@@ -71,6 +71,12 @@ pub struct UserContext {
     pub extensions: Vec<Any>,
 }
 
+/// The `user_id` of a request's `user_context`, or `""` when absent (protobuf's default, as
+/// Spark reads `getUserContext.getUserId`; rx §5.1): what every request's `user_id()` returns.
+fn user_id_of(context: Option<&UserContext>) -> &str {
+    context.map_or("", |u| u.user_id.as_str())
+}
+
 impl UserContext {
     /// A context with only `user_id` set (rx §1.2: `user_name` and `extensions` empty).
     pub fn new(user_id: impl Into<String>) -> Self {
@@ -228,10 +234,7 @@ impl ExecutePlanRequest {
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
-        self.user_context
-            .as_ref()
-            .map(|u| u.user_id.as_str())
-            .unwrap_or("")
+        user_id_of(self.user_context.as_ref())
     }
 }
 
@@ -435,10 +438,7 @@ impl ReattachExecuteRequest {
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
-        self.user_context
-            .as_ref()
-            .map(|u| u.user_id.as_str())
-            .unwrap_or("")
+        user_id_of(self.user_context.as_ref())
     }
 }
 
@@ -537,10 +537,7 @@ impl ReleaseExecuteRequest {
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
-        self.user_context
-            .as_ref()
-            .map(|u| u.user_id.as_str())
-            .unwrap_or("")
+        user_id_of(self.user_context.as_ref())
     }
 }
 
@@ -686,10 +683,7 @@ impl InterruptRequest {
     /// default, as Spark reads `getUserContext.getUserId`); part of the session and execution
     /// keys (rx §5.1).
     pub fn user_id(&self) -> &str {
-        self.user_context
-            .as_ref()
-            .map(|u| u.user_id.as_str())
-            .unwrap_or("")
+        user_id_of(self.user_context.as_ref())
     }
 }
 
@@ -743,10 +737,7 @@ impl ReleaseSessionRequest {
 
     /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent (rx §5.1).
     pub fn user_id(&self) -> &str {
-        self.user_context
-            .as_ref()
-            .map(|u| u.user_id.as_str())
-            .unwrap_or("")
+        user_id_of(self.user_context.as_ref())
     }
 }
 
