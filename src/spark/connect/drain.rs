@@ -78,16 +78,18 @@ impl<E: QueryEngine> ConnectService<E> {
     /// most [`DRAIN_GRACE`] more for those clients to release. Returns what happened; stop
     /// the `tonic` server afterwards (its graceful shutdown ends the open streams).
     ///
-    /// Calling it again (or on a clone) drains again, with the state as it is then.
+    /// Calling it again (or on a clone) drains again, with the state as it is then. A
+    /// `deadline` too far to represent (`Duration::MAX`) waits without one.
     pub async fn drain(&self, deadline: Duration) -> DrainReport {
         let start = Instant::now();
         self.health().set_serving(false).await;
         let manager = self.manager();
         manager.drain();
         let live_at_start = manager.execution_count();
-        let drained = |until: Instant| async move {
+        // `None`: no deadline (one too far to represent).
+        let drained = |until: Option<Instant>| async move {
             while manager.execution_count() > 0 {
-                if Instant::now() >= until {
+                if until.is_some_and(|until| Instant::now() >= until) {
                     return false;
                 }
                 tokio::time::sleep(POLL).await;
@@ -95,13 +97,13 @@ impl<E: QueryEngine> ConnectService<E> {
             true
         };
         let mut interrupted = Vec::new();
-        if !drained(start + deadline).await {
+        if !drained(start.checked_add(deadline)).await {
             interrupted = manager.interrupt_all();
             tracing::warn!(
                 interrupted = interrupted.len(),
                 "drain deadline: interrupting what still runs"
             );
-            drained(Instant::now() + DRAIN_GRACE).await;
+            drained(Instant::now().checked_add(DRAIN_GRACE)).await;
         }
         DrainReport {
             live_at_start,
