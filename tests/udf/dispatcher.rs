@@ -192,15 +192,20 @@ pub(crate) fn exists(pid: u32) -> bool {
     Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Whether the process runs (exists and is neither a zombie nor dead).
+/// Whether the process runs: one of its threads is neither a zombie nor dead. Every thread
+/// counts: after a SIGKILL the main thread can be a zombie while others still exit, and
+/// until the last one has, the process's sockets still accept connections (and `waitid`
+/// does not report it exited).
 pub(crate) fn running(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Err(_) => false,
-        Ok(stat) => {
+    let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+        return false;
+    };
+    tasks.filter_map(Result::ok).any(|task| {
+        std::fs::read_to_string(task.path().join("stat")).is_ok_and(|stat| {
             let state = stat.rsplit(')').next().unwrap_or("").trim_start();
             !state.starts_with('Z') && !state.starts_with('X')
-        }
-    }
+        })
+    })
 }
 
 pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
