@@ -68,6 +68,13 @@ impl Observed {
         self.metrics.get(name, labels)
     }
 
+    /// Asserts that exactly one worker was invalidated, for `reason` (its metric label).
+    fn invalidated_once(&self, reason: &str) {
+        let metric = "tether_udf_workers_invalidated_total";
+        assert_eq!(self.metric(metric, &[("reason", reason)]), 1.0, "{reason}");
+        assert_eq!(self.metric(metric, &[]), 1.0, "one invalidation in all");
+    }
+
     /// Every live gauge of the worker side (sessions, processes, idle pool).
     fn gauges(&self) -> [f64; 3] {
         [
@@ -453,14 +460,7 @@ async fn an_idle_worker_found_dead_is_invalidated_as_exited_and_replaced() {
     );
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 0.0);
     assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
-    assert_eq!(
-        o.metric(
-            "tether_udf_workers_invalidated_total",
-            &[("reason", "exited")]
-        ),
-        1.0
-    );
-    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    o.invalidated_once("exited");
     assert_eq!(o.gauges(), [0.0; 3]);
 }
 
@@ -498,14 +498,7 @@ async fn a_worker_marked_invalid_mid_session_is_invalidated_as_marked_and_not_re
             "stopped:Invalid",
         ]
     );
-    assert_eq!(
-        o.metric(
-            "tether_udf_workers_invalidated_total",
-            &[("reason", "marked")]
-        ),
-        1.0
-    );
-    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    o.invalidated_once("marked");
     assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 0.0);
     assert_eq!(o.gauges(), [0.0; 3]);
@@ -549,14 +542,7 @@ async fn a_session_dropped_outside_a_runtime_is_interrupted_and_its_worker_inval
         ),
         1.0
     );
-    assert_eq!(
-        o.metric(
-            "tether_udf_workers_invalidated_total",
-            &[("reason", "interrupted")]
-        ),
-        1.0
-    );
-    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    o.invalidated_once("interrupted");
     assert_eq!(o.gauges(), [0.0; 3]);
 }
 
@@ -592,14 +578,7 @@ async fn a_pooled_worker_that_cannot_open_a_session_is_invalidated_as_open_faile
             "stopped:Invalid",
         ]
     );
-    assert_eq!(
-        o.metric(
-            "tether_udf_workers_invalidated_total",
-            &[("reason", "open_failed")]
-        ),
-        1.0
-    );
-    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 1.0);
+    o.invalidated_once("open_failed");
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 1.0);
     assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
     assert_eq!(o.gauges(), [0.0; 3]);

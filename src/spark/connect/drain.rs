@@ -101,7 +101,8 @@ impl<E: QueryEngine> ConnectService<E> {
             interrupted = manager.interrupt_all();
             tracing::warn!(
                 interrupted = interrupted.len(),
-                "drain deadline: interrupting what still runs"
+                live = manager.execution_count(),
+                "drain deadline passed: interrupted the executions still producing"
             );
             drained(Instant::now().checked_add(DRAIN_GRACE)).await;
         }
