@@ -176,7 +176,7 @@ class Replica:
                 elif line.startswith("stats "):
                     self.stats = dict(kv.split("=", 1) for kv in line.split()[1:])
                 elif line.startswith("drained "):
-                    # The drain's report: `drained live_at_start=N interrupted=N …`.
+                    # The drain's report: `drained live_at_start=N canceled=N …`.
                     self.drained = dict(kv.split("=", 1) for kv in line.split()[1:]
                                         if "=" in kv)
             listening.set()
@@ -596,8 +596,8 @@ def part3(python, proxy, replicas):
                      f"(its last stats: {r1.stats_text()})")
     if r1.drained is not None:
         report = " ".join(f"{k}={v}" for k, v in r1.drained.items())
-        check(r1.drained.get("interrupted") == "0",
-              f"r1's drain interrupted nothing: drained {report}")
+        check(r1.drained.get("canceled") == "0" and r1.drained.get("left") == "0",
+              f"r1's drain canceled and left nothing: drained {report}")
     # How the drain looks to a session of r1 that starts a new query meanwhile (PySpark
     # retries the refusal; once r1 is gone, HAProxy sends it to r2, where the session is
     # not).

@@ -66,10 +66,18 @@
 //! On SIGTERM (or Ctrl-C) the server drains (`ConnectService::drain`, docs/deployment.md):
 //! it prints `draining …`, its health goes `NOT_SERVING`, new sessions and executions get
 //! the retryable `SERVER_DRAINING` (`UNAVAILABLE`), and running queries are streamed to
-//! their clients until they release them or `--drain-timeout-ms` passes, after which what
-//! still runs is interrupted (`OPERATION_CANCELED`). It prints the drain's report
-//! (`drained live_at_start=N interrupted=N left=N elapsed_ms=N`), stops, prints its last
-//! `stats` line and exits 0. A second signal stops it at once.
+//! their clients until they release them (and their sessions have been quiet for
+//! `SESSION_QUIET`, 1 s, so `spark.stop()` still reaches this server) or
+//! `--drain-timeout-ms` passes. At the deadline every query whose client was not sent
+//! everything yet is canceled: its client gets `OPERATION_CANCELED` at once, what was still
+//! unsent is dropped, and the drain waits up to `DRAIN_GRACE` (5 s) for those clients to
+//! release. It prints the drain's report (`drained live_at_start=N canceled=N left=N
+//! sessions_open=N elapsed_ms=N`), stops (waiting up to 5 s more for open streams), prints
+//! its last `stats` line and exits 0, or 1 if the stop cut something short: executions
+//! `left` (clients told nothing), streams still open 5 s after the drain, or a second
+//! signal, which stops it at once. So a SIGTERM ends the process within
+//! `--drain-timeout-ms` + 10 s: give an orchestrator's grace period (Kubernetes'
+//! `terminationGracePeriodSeconds`) at least that.
 //!
 //! # TLS and health
 //!
@@ -112,7 +120,8 @@ use tether::execution::{
 use tether::observe::{EventReceiver, event_channel};
 use tether::spark::connect::tls::{ClientCertificateCheck, ServerTls};
 use tether::spark::connect::{
-    ConnectConfig, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION, SessionContext,
+    ConnectConfig, ConnectService, DrainReport, QueryEngine, ResponseSource, SPARK_VERSION,
+    SessionContext,
 };
 use tether::wire::connect::{
     Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Limit, Range,
@@ -180,7 +189,8 @@ struct Args {
     #[arg(long, default_value_t = 5_000)]
     stats_interval_ms: u64,
     /// On SIGTERM, how long running queries are streamed to their clients before what
-    /// still runs is interrupted (`ConnectService::drain`'s deadline).
+    /// was not sent yet is canceled (`ConnectService::drain`'s deadline); the process ends
+    /// at most 10 s after it.
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
     /// Most rows per Arrow batch (`spark.sql.execution.arrow.maxRecordsPerBatch`).
@@ -1019,18 +1029,28 @@ async fn shutdown_signal() {
 /// How long the server waits, after its drain, for the streams still open to end.
 const HARD_STOP: Duration = Duration::from_secs(5);
 
+/// Why the server stopped without waiting for every open stream to end.
+#[derive(Debug, Clone, Copy)]
+enum ForcedStop {
+    /// A second signal came, during the drain or after it.
+    SecondSignal,
+    /// Streams were still open [`HARD_STOP`] after the drain.
+    StreamsOpen,
+}
+
 /// The server's shutdown: the first future resolves once a signal came and the drain of
 /// `connect` ended (the server then stops accepting and ends its connections gracefully);
-/// the second [`HARD_STOP`] later, or at a second signal, to stop without waiting for what
-/// is still open.
+/// the second [`HARD_STOP`] later, or at a second signal, saying why, to stop without
+/// waiting for what is still open. The drain's report lands in `report`.
 fn drain_on_signal<E: QueryEngine>(
     connect: ConnectService<E>,
     deadline: Duration,
+    report: Arc<std::sync::OnceLock<DrainReport>>,
 ) -> (
     impl std::future::Future<Output = ()>,
-    impl std::future::Future<Output = ()>,
+    impl std::future::Future<Output = ForcedStop>,
 ) {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<ForcedStop>();
     let drained = async move {
         shutdown_signal().await;
         println!(
@@ -1038,27 +1058,28 @@ fn drain_on_signal<E: QueryEngine>(
             deadline.as_millis()
         );
         tokio::select! {
-            report = connect.drain(deadline) => {
-                println!("{report}");
-                tracing::info!(%report, "drained");
+            drained = connect.drain(deadline) => {
+                println!("{drained}");
+                tracing::info!(report = %drained, "drained");
+                let _ = report.set(drained);
                 tokio::spawn(async move {
-                    tokio::select! {
-                        () = tokio::time::sleep(HARD_STOP) => {}
-                        () = shutdown_signal() => {}
-                    }
-                    let _ = stop_tx.send(());
+                    let why = tokio::select! {
+                        () = tokio::time::sleep(HARD_STOP) => ForcedStop::StreamsOpen,
+                        () = shutdown_signal() => ForcedStop::SecondSignal,
+                    };
+                    let _ = stop_tx.send(why);
                 });
             }
             () = shutdown_signal() => {
-                println!("a second signal: stopping without waiting for the drain");
-                let _ = stop_tx.send(());
+                let _ = stop_tx.send(ForcedStop::SecondSignal);
             }
         }
     };
     let hard_stop = async move {
-        // A dropped sender (the drain never began) never stops the server early.
-        if stop_rx.await.is_err() {
-            std::future::pending::<()>().await;
+        match stop_rx.await {
+            Ok(why) => why,
+            // A dropped sender (the drain never began) never stops the server early.
+            Err(_) => std::future::pending().await,
         }
     };
     (drained, hard_stop)
@@ -1134,11 +1155,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let connect = ConnectService::new(manager.clone(), engine);
     // grpc.health.v1 on the same port: SERVING for "" and spark.connect.SparkConnectService.
     let health = connect.health().service().await;
+    let drained = Arc::new(std::sync::OnceLock::new());
     let (shutdown, hard_stop) = drain_on_signal(
         connect.clone(),
         Duration::from_millis(args.drain_timeout_ms),
+        drained.clone(),
     );
-    let service = connect.into_service(&ConnectConfig {
+    let service = connect.clone().into_service(&ConnectConfig {
         token: args.token.clone(),
     });
 
@@ -1210,31 +1233,44 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .await?;
             }
             None => {
+                // Connections the drain's deadline can close (`ConnectService::connections`).
                 server
                     .add_service(health)
                     .add_service(service)
-                    .serve_with_incoming_shutdown(connections, shutdown)
+                    .serve_with_incoming_shutdown(connect.connections(connections), shutdown)
                     .await?;
             }
             Some(faults) => {
                 tracing::info!(seed = args.faults, "fault mode on");
-                // Connections the faults can drop.
+                // Connections the faults can drop, and the drain's deadline close.
                 let incoming = futures::StreamExt::map(connections, |accepted| {
                     accepted.map(KillableStream::new)
                 });
                 server
                     .add_service(health)
                     .add_service(FaultService::new(service, faults.clone()))
-                    .serve_with_incoming_shutdown(incoming, shutdown)
+                    .serve_with_incoming_shutdown(connect.connections(incoming), shutdown)
                     .await?;
             }
         }
         Ok::<(), Box<dyn std::error::Error>>(())
     };
-    tokio::select! {
-        served = serving => served?,
-        () = hard_stop => println!("streams still open {} ms after the drain: stopping", HARD_STOP.as_millis()),
-    }
+    let forced = tokio::select! {
+        served = serving => {
+            served?;
+            None
+        }
+        why = hard_stop => {
+            match why {
+                ForcedStop::SecondSignal => println!("a second signal: stopping now"),
+                ForcedStop::StreamsOpen => println!(
+                    "streams still open {} ms after the drain: stopping",
+                    HARD_STOP.as_millis()
+                ),
+            }
+            Some(why)
+        }
+    };
     stats.abort();
     maintenance.abort();
     if let Some(publisher) = publisher {
@@ -1248,6 +1284,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Err(e) => tracing::error!(error = %e, "the events log task failed"),
             Ok(Ok(())) => {}
         }
+    }
+    // Exit 1 when the stop cut something short: a forced stop, or executions the drain left
+    // registered (their clients were told nothing). Canceled executions were told.
+    let left = drained.get().map_or(0, |r| r.left.len());
+    if forced.is_some() || left > 0 {
+        tracing::warn!(
+            ?forced,
+            left,
+            "Spark Connect server stopped before everything ended"
+        );
+        std::process::exit(1);
     }
     tracing::info!("Spark Connect server stopped");
     Ok(())

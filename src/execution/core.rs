@@ -900,6 +900,39 @@ impl ExecutionCore {
         }
     }
 
+    /// Cancels the execution now, for a shutdown (tether's; Spark's server has no drain and
+    /// closes what runs when it stops, rx §2.2 T12): interrupts the runner if it still runs
+    /// (as [`interrupt`](Self::interrupt)), drops every held response
+    /// ([`ResponseLog::cut`]) and makes `OPERATION_CANCELED`, or the execution's own
+    /// terminal error if it had failed, the next event of every consumer: the attached one
+    /// at its next poll, and any that reattaches, from any position. A client is told at
+    /// once rather than after up to [`LogConfig::max_unsent_bytes`] of unsent responses, or
+    /// the retained ones again. The execution stays registered until its client releases
+    /// it. Returns `false`, changing nothing, for an execution removed or canceled already,
+    /// or whose every response, up to its end, was handed to a consumer (it ends as before).
+    #[must_use]
+    pub fn cancel_now(&mut self) -> bool {
+        let handed_out = self
+            .log
+            .final_index()
+            .is_some_and(|last| last <= self.log.highest_consumed());
+        if self.removed.is_some() || self.log.is_cut() || handed_out {
+            return false;
+        }
+        match self.runner {
+            RunnerState::NotStarted => self.runner = RunnerState::Interrupted,
+            RunnerState::Started => self.runner = RunnerState::StartedInterrupted,
+            _ => {}
+        }
+        let failed = self.log.terminal_error().is_some();
+        self.log.cut(ConnectError::OperationCanceled);
+        if !failed {
+            // From Started or Finished: Spark's status machine allows both (rx §2.1 item 4).
+            let _ = self.post(Lifecycle::Canceled);
+        }
+        true
+    }
+
     /// Closes the execution as it leaves the registry (rx §2.2 T12): interrupts the
     /// runner if it still runs, disconnects the attached consumer (its next poll gets
     /// `DISCONNECTED`), and drops every buffered response. Returns the preempted consumer,

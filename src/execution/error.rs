@@ -132,7 +132,8 @@ pub enum ConnectError {
     /// ([`ExecutionManager::drain`](super::ExecutionManager::drain)) and creates no session
     /// and registers no execution; live ones are served as before. Status code
     /// `UNAVAILABLE`, which Spark clients retry with backoff (rx §6.1): behind a load
-    /// balancer the retry reaches another server (docs/deployment.md).
+    /// balancer the retry reaches another server once this one stops, or at once for a new
+    /// session the balancer sends elsewhere (docs/deployment.md §5).
     ServerDraining,
     /// The execution failed: the terminal error its producer reported, re-delivered to every
     /// stream that reaches the end of the log (rx §2.2 T8, §4.2). `message` is used
@@ -403,8 +404,9 @@ impl ConnectError {
                  (ManagerConfig::max_executions_per_session); release some before starting more."
             ),
             Self::ServerDraining => "The server is draining: it takes no new sessions or \
-                                     executions. Retry; a load balancer routes the retry to \
-                                     another server."
+                                     executions. Retrying reaches another server once this \
+                                     one has stopped, or at once where the load balancer \
+                                     sends new sessions elsewhere."
                 .into(),
             Self::Failed { message, .. } => return message.clone(),
             Self::Spark(e) => return e.message(),

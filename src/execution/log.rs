@@ -166,6 +166,8 @@ pub struct ResponseLog {
     highest_consumed: u64,
     final_index: Option<u64>,
     error: Option<ConnectError>,
+    /// [`cut`](Self::cut) ended the log: every consume gets the terminal error.
+    cut: bool,
     peak_retained: u64,
     peak_unsent: u64,
     /// The budget every held byte is charged to, if any (tether's bound).
@@ -187,6 +189,7 @@ impl ResponseLog {
             highest_consumed: 0,
             final_index: None,
             error: None,
+            cut: false,
             peak_retained: 0,
             peak_unsent: 0,
             budget: None,
@@ -523,6 +526,41 @@ impl ResponseLog {
         Ok(())
     }
 
+    /// Ends the log now for a shutdown (tether's; Spark has no drain; rx §3.2's terminal
+    /// error, delivered ahead of what is held): every held response
+    /// is dropped, retained and unsent alike (their bytes go back to the budget; the ids of
+    /// the unsent are forgotten: no client can know them), and from now on every consumer,
+    /// at any position, gets the stored terminal error, or `error` when there was none (a
+    /// running or successfully finished log), as its next event. So a client is told at
+    /// once instead of after everything still unsent, or re-sent on a reattach. Returns how
+    /// many responses were dropped; cutting a cut log changes nothing.
+    pub fn cut(&mut self, error: ConnectError) -> usize {
+        if self.cut {
+            return 0;
+        }
+        self.cut = true;
+        let held = self.entries.len();
+        self.clear();
+        while self.last_produced() > self.highest_consumed {
+            if let Some(id) = self.ids.pop() {
+                self.index_of.remove(&id);
+            }
+        }
+        // Nothing held: `first` is one past the last index that still has an id.
+        self.first = self.last_produced() + 1;
+        if self.error.is_none() {
+            self.error = Some(error);
+        }
+        self.final_index = Some(self.last_produced());
+        held
+    }
+
+    /// Whether [`cut`](Self::cut) ended the log: every consumer gets its terminal error
+    /// next (rx §3.2).
+    pub fn is_cut(&self) -> bool {
+        self.cut
+    }
+
     /// The error for a consumer asking for a released `index` (rx §3.3 case 2).
     pub fn not_available(&self, index: u64) -> ConnectError {
         ConnectError::PositionNotAvailable {
@@ -544,6 +582,9 @@ impl ResponseLog {
     /// # Errors
     /// `INVALID_CURSOR.POSITION_NOT_AVAILABLE` if `index` was released.
     pub fn consume(&mut self, index: u64) -> Result<Consumed, ConnectError> {
+        if self.cut {
+            return Ok(Consumed::End(self.error.clone()));
+        }
         let index = index.max(1);
         let last = self.last_produced();
         if index > last {
@@ -624,9 +665,10 @@ impl ResponseLog {
 
     /// Whether `index` can still be consumed (not released), i.e. whether
     /// [`consume`](Self::consume) would not fail with `POSITION_NOT_AVAILABLE` (rx §3.5:
-    /// a reattach needs only the next index to be held).
+    /// a reattach needs only the next index to be held). Always, once [cut](Self::cut):
+    /// every position then gets the terminal error.
     pub fn is_available(&self, index: u64) -> bool {
-        index >= self.first || index > self.last_produced()
+        self.cut || index >= self.first || index > self.last_produced()
     }
 
     /// Drops every held response (execution closed, rx §2.2 T12; Spark's
@@ -827,6 +869,66 @@ mod tests {
         assert_eq!(
             l.consume(2).unwrap(),
             Consumed::End(Some(ConnectError::OperationCanceled))
+        );
+    }
+
+    #[test]
+    fn cut_drops_everything_held_and_ends_every_position_with_the_error() {
+        let budget = MemoryBudget::new(1 << 20);
+        let mut l = log(1 << 20).with_budget(budget.clone());
+        for i in 1..=4 {
+            l.push(batch(i)).unwrap();
+        }
+        take(&mut l, 1);
+        let sent = take(&mut l, 2).response_id;
+        let unsent = l.id_at(3).unwrap().hyphenated().to_string();
+        assert!(budget.usage().used > 0);
+        assert_eq!(
+            l.cut(ConnectError::OperationCanceled),
+            4,
+            "2 retained + 2 unsent"
+        );
+        assert_eq!(budget.usage().used, 0, "every held byte returned");
+        assert_eq!((l.retained_bytes(), l.unsent_bytes()), (0, 0));
+        assert_eq!(l.final_index(), Some(2), "the last index handed out");
+        // Every position, before or after what was sent, ends with the error.
+        for i in [1, 2, 3, 9] {
+            assert!(l.is_available(i));
+            assert_eq!(
+                l.consume(i).unwrap(),
+                Consumed::End(Some(ConnectError::OperationCanceled)),
+                "index {i}"
+            );
+        }
+        // An id that was handed out still resolves; an unsent one was never known.
+        assert_eq!(l.position(Some(&sent)).unwrap(), 3);
+        assert!(matches!(
+            l.position(Some(&unsent)),
+            Err(ConnectError::PositionNotFound { .. })
+        ));
+        assert_eq!(l.cut(ConnectError::OperationCanceled), 0, "idempotent");
+        assert!(l.is_cut());
+    }
+
+    #[test]
+    fn cut_keeps_a_stored_error_and_overrides_a_success() {
+        let failed = ConnectError::Failed {
+            message: "boom".into(),
+            code: crate::execution::Code::Internal,
+        };
+        let mut l = log(100);
+        l.push(batch(1)).unwrap();
+        l.fail(failed.clone()).unwrap();
+        l.cut(ConnectError::OperationCanceled);
+        assert_eq!(l.consume(1).unwrap(), Consumed::End(Some(failed)));
+        let mut done = log(100);
+        done.push(batch(1)).unwrap();
+        done.finish(true).unwrap();
+        done.cut(ConnectError::OperationCanceled);
+        assert_eq!(
+            done.consume(1).unwrap(),
+            Consumed::End(Some(ConnectError::OperationCanceled)),
+            "a finished log not read to its end is canceled"
         );
     }
 

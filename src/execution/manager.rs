@@ -427,6 +427,14 @@ impl ExecutionManager {
         self.inner.lock().session(key).map(|s| s.last_access())
     }
 
+    /// How long ago, by the manager's clock, the most recently accessed live session was
+    /// last accessed by an RPC (O(n) in the sessions; rx §5.6's last access), `None` when
+    /// no session is live. A drain waits for its clients to go quiet with it.
+    pub fn sessions_quiet_for(&self) -> Option<Duration> {
+        let last = self.inner.lock().last_session_access()?;
+        Some(self.now().saturating_duration_since(last))
+    }
+
     /// The keys of every live execution (O(n); for tests and tooling; the registry of
     /// rx §5.1, as Spark's `listActiveExecutions` lists it).
     pub fn execution_keys(&self) -> Vec<ExecuteKey> {
@@ -443,7 +451,7 @@ impl ExecutionManager {
     /// served as before: its streams, ReattachExecute, ReleaseExecute, Interrupt, and an
     /// ExecutePlan repeating a live operation (rx §5.5). Idempotent and irreversible.
     /// Wait for [`execution_count`](Self::execution_count) to reach 0, then stop the server;
-    /// [`interrupt_all`](Self::interrupt_all) ends what a deadline leaves running.
+    /// [`cancel_all`](Self::cancel_all) ends what a deadline leaves.
     /// `ConnectService::drain` does all of it (docs/deployment.md).
     pub fn drain(&self) {
         self.inner.lock().set_draining();
@@ -455,26 +463,32 @@ impl ExecutionManager {
         self.inner.lock().is_draining()
     }
 
-    /// Interrupts every live execution that still runs (rx §2.2 T9, as an Interrupt of
-    /// type ALL in every session): its attached consumer, and any that reattaches, gets
-    /// `OPERATION_CANCELED` after the responses produced before. Returns the keys of the
-    /// executions it interrupted (those that had completed, failed or been interrupted
-    /// already are left as they are). What a drain's deadline does to what is left.
-    pub fn interrupt_all(&self) -> Vec<ExecuteKey> {
+    /// Cancels every live execution now, for a shutdown (tether's; Spark has no drain):
+    /// each one's runner is interrupted if it still runs, every held response is dropped,
+    /// and `OPERATION_CANCELED` (or the execution's own terminal error, if it had failed) is
+    /// the next event of its attached consumer and of any consumer that reattaches, from
+    /// any position ([`ExecutionCore::cancel_now`](super::ExecutionCore::cancel_now);
+    /// rx §2.2 T9's error, without waiting for the unsent responses). Clients then release
+    /// as after any failed stream (rx §6.2). Returns the keys of the executions it
+    /// canceled; one whose every response, up to its end, was handed to a consumer already
+    /// is left to end as before. What a drain's deadline does to what is left
+    /// (`ConnectService::drain` also resets the canceled executions' open streams, so
+    /// their clients need not read what is in flight before the error).
+    pub fn cancel_all(&self) -> Vec<ExecuteKey> {
         let mut wakes = Wakes::default();
-        let mut interrupted = Vec::new();
+        let mut canceled = Vec::new();
         {
             let reg = self.inner.lock();
             for (key, exec) in reg.executions() {
                 let mut st = exec.lock();
-                if st.core.interrupt() {
-                    interrupted.push(key);
+                if st.core.cancel_now() {
+                    canceled.push(key);
                     st.take_all(&mut wakes);
                 }
             }
         }
         wakes.wake();
-        interrupted
+        canceled
     }
 
     /// The keys in the abandoned-operation tombstones (O(n); Spark's

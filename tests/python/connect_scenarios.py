@@ -34,6 +34,13 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         OPERATION each get OPERATION_ABANDONED. Prints `CASE {json}` lines and
         `ABANDON DONE`.
 
+    python tests/python/connect_scenarios.py drain-read PORT
+        Reads range(5000000).toLocalIterator() at about 10 000 rows a second; prints
+        `STARTED` after the first row. The test drains the server (SIGTERM, a short deadline)
+        meanwhile: the read must fail with OPERATION_CANCELED (printed as `CASE {json}`
+        with the rows read and the seconds from `STARTED`), and `spark.stop()` after it must
+        return at once (`STOPPED {seconds}`), not retry against a stopped server.
+
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
@@ -323,6 +330,34 @@ def abandon_check(port, session, op):
     print("ABANDON DONE", flush=True)
 
 
+def drain_read(port):
+    spark = pyspark_session(port, "tether-drain", str(uuid.uuid4()))
+    rows = spark.range(5_000_000).toLocalIterator()
+    assert next(rows).id == 0
+    started = time.monotonic()
+    print("STARTED", flush=True)
+    read = 1
+    try:
+        for row in rows:
+            assert row.id == read, (row.id, read)
+            read += 1
+            if read % 100 == 0:
+                time.sleep(0.01)
+    except Exception as e:  # noqa: BLE001 (the case reports whatever PySpark raised)
+        condition = getattr(e, "getErrorClass", lambda: None)()
+        print("CASE " + json.dumps({
+            "case": "drain_deadline", "rows": read, "condition": condition,
+            "exception": type(e).__name__, "seconds": round(time.monotonic() - started, 2),
+            "message": str(e)[:200]}), flush=True)
+        if condition != "OPERATION_CANCELED":
+            raise AssertionError(f"expected OPERATION_CANCELED, got {type(e).__name__}: {e}")
+    else:
+        raise AssertionError(f"read all {read} rows: the drain's deadline canceled nothing")
+    stopping = time.monotonic()
+    spark.stop()
+    print(f"STOPPED {time.monotonic() - stopping:.2f}", flush=True)
+
+
 def main():
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "errors":
@@ -335,6 +370,8 @@ def main():
         abandon_start(port, sys.argv[3], sys.argv[4])
     elif mode == "abandon-check":
         abandon_check(port, sys.argv[3], sys.argv[4])
+    elif mode == "drain-read":
+        drain_read(port)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

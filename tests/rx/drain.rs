@@ -1,7 +1,7 @@
 //! Graceful drain of an execution manager (tether's own; docs/deployment.md): new sessions
 //! and executions are refused with the retryable `SERVER_DRAINING`, everything live is
-//! served as before, and `interrupt_all` ends what a deadline leaves running with Spark's
-//! `OPERATION_CANCELED` after the responses produced before it.
+//! served as before, and `cancel_all` ends what a deadline leaves with Spark's
+//! `OPERATION_CANCELED`, right after the responses already sent.
 
 use tether::execution::{Code, ConnectError, ConsumerEvent, ProduceError, condition};
 use tether_testing::connect::{
@@ -109,30 +109,86 @@ fn a_draining_manager_serves_live_executions_to_their_end() {
 }
 
 #[test]
-fn interrupt_all_cancels_what_still_runs_after_its_responses() {
-    let f = ManualManager::default();
+fn cancel_all_cancels_ahead_of_unsent_responses_and_leaves_what_was_sent() {
+    let f = ManualManager::new(tether::execution::ManagerConfig {
+        memory_budget: Some(1 << 20),
+        ..Default::default()
+    });
     let c = Caller::default();
     let other = Caller::new("u2", &uuid::Uuid::new_v4().to_string());
-    let (running, done) = (op_id(), op_id());
+    let third = Caller::new("u3", &uuid::Uuid::new_v4().to_string());
+    let (running, unread, sent, failed) = (op_id(), op_id(), op_id(), op_id());
+    // Still producing: 3 responses, 1 sent.
     let (mut p_run, mut s_run) = start(&f.manager, &c.execute(&running));
-    let (mut p_done, mut s_done) = start(&f.manager, &other.execute(&done));
-    push_n(&mut p_run, 1, 1);
-    push_n(&mut p_done, 1, 1);
-    p_done.finish().unwrap();
+    push_n(&mut p_run, 1, 3);
+    let first = next(&mut s_run);
+    // Finished, 2 responses and ResultComplete, none sent.
+    let (mut p_unread, mut s_unread) = start(&f.manager, &other.execute(&unread));
+    push_n(&mut p_unread, 1, 2);
+    p_unread.finish().unwrap();
+    // Finished and every response handed out (only the end of the stream is left).
+    let (mut p_sent, mut s_sent) = start(&f.manager, &third.execute(&sent));
+    push_n(&mut p_sent, 1, 1);
+    p_sent.finish().unwrap();
+    assert_eq!(rows(&next(&mut s_sent)), Some(1));
+    assert!(next(&mut s_sent).is_result_complete());
+    // Failed with its own error behind an unsent response.
+    let (mut p_failed, mut s_failed) = start(&f.manager, &c.execute(&failed));
+    push_n(&mut p_failed, 1, 1);
+    let query_error = ConnectError::Failed {
+        message: "the query failed".into(),
+        code: Code::Internal,
+    };
+    p_failed.fail(query_error.clone()).unwrap();
+    let held = f.manager.memory_usage().expect("a budget").used;
+
     f.manager.drain();
-    let interrupted = f.manager.interrupt_all();
-    assert_eq!(interrupted, vec![c.key(&running)], "only the running one");
-    assert_eq!(rows(&next(&mut s_run)), Some(1), "its response first");
+    let mut canceled = f.manager.cancel_all();
+    canceled.sort_by_key(|k| k.operation_id);
+    let mut expected = vec![c.key(&running), other.key(&unread), c.key(&failed)];
+    expected.sort_by_key(|k| k.operation_id);
+    assert_eq!(canceled, expected, "all but the one sent to its end");
+
+    // The error comes next, ahead of what was unsent, which is gone.
     assert_eq!(expect_err(&mut s_run), ConnectError::OperationCanceled);
     assert!(p_run.is_cancelled());
-    assert_eq!(p_run.try_push(batch(2)), Err(ProduceError::Cancelled));
-    // The completed one is read to its end as before.
-    let (got, end) = drain(&mut s_done);
-    assert_eq!(got.len(), 2, "a batch and ResultComplete: {got:?}");
+    assert_eq!(p_run.try_push(batch(4)), Err(ProduceError::Cancelled));
+    assert_eq!(expect_err(&mut s_unread), ConnectError::OperationCanceled);
+    assert_eq!(
+        expect_err(&mut s_failed),
+        query_error,
+        "a failed execution keeps its own error"
+    );
+    // A client reattaching, from its last response or from the start, gets the same error
+    // at once (nothing is re-sent).
+    for last in [Some(first.response_id.as_str()), None] {
+        let mut again = f
+            .manager
+            .reattach_execute(&c.reattach(&running, last))
+            .expect("the execution stays registered until released");
+        assert_eq!(expect_err(&mut again), ConnectError::OperationCanceled);
+    }
+    let after = f.manager.memory_usage().expect("a budget").used;
+    assert!(
+        after < held,
+        "dropped responses return their bytes: {after} < {held}"
+    );
+    // The one sent to its end ends as before.
+    let (rest, end) = drain(&mut s_sent);
+    assert!(rest.is_empty(), "{rest:?}");
     assert!(matches!(end, ConsumerEvent::End(_)), "{end:?}");
-    // Interrupting again interrupts nothing; both stay registered until released.
-    assert!(f.manager.interrupt_all().is_empty());
-    assert_eq!(f.manager.execution_count(), 2);
+    // Canceling again cancels nothing; all stay registered until released.
+    assert!(f.manager.cancel_all().is_empty());
+    assert_eq!(f.manager.execution_count(), 4);
+    for (caller, op) in [
+        (&c, &running),
+        (&other, &unread),
+        (&third, &sent),
+        (&c, &failed),
+    ] {
+        f.manager.release_execute(&caller.release_all(op)).unwrap();
+    }
+    assert_eq!(f.manager.execution_count(), 0);
 }
 
 #[test]
@@ -196,11 +252,13 @@ mod grpc {
         let service = connect.clone().into_service(&ConnectConfig::default());
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let address = format!("http://{}", listener.local_addr().unwrap());
+        // Connections the drain's deadline closes (`ConnectService::connections`).
+        let incoming = connect.connections(TcpIncoming::from(listener).with_nodelay(Some(true)));
         tokio::spawn(
             tonic::transport::Server::builder()
                 .add_service(health)
                 .add_service(service)
-                .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true))),
+                .serve_with_incoming(incoming),
         );
         (connect, address)
     }
@@ -268,16 +326,21 @@ mod grpc {
         (seen, error, reattaches)
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_drain_serves_running_queries_to_the_end_and_refuses_new_work() {
-        let (connect, address) = serve().await;
-        assert_eq!(health_of(&address).await, ServingStatus::Serving);
-        let reader = Caller::default();
-        // 1 000 rows in 10 rotated streams, 30 ms between streams: about 300 ms of reading.
+    /// `reader` reads `rows` rows (30 ms between rotated streams) and, once its execution
+    /// is registered, a drain with a 20 s deadline begins: the read and the drain.
+    async fn read_while_draining(
+        connect: &ConnectService<Counting>,
+        address: &str,
+        reader: &Caller,
+        rows: u64,
+    ) -> (
+        tokio::task::JoinHandle<Read>,
+        tokio::task::JoinHandle<tether::spark::connect::DrainReport>,
+    ) {
         let running = tokio::spawn(read(
-            address.clone(),
+            address.to_owned(),
             reader.clone(),
-            1_000,
+            rows,
             Duration::from_millis(30),
         ));
         while connect.manager().execution_count() == 0 {
@@ -287,6 +350,16 @@ mod grpc {
             let connect = connect.clone();
             async move { connect.drain(Duration::from_secs(20)).await }
         });
+        (running, drain)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_serves_running_queries_to_the_end_and_refuses_new_work() {
+        let (connect, address) = serve().await;
+        assert_eq!(health_of(&address).await, ServingStatus::Serving);
+        let reader = Caller::default();
+        // 1 000 rows in 10 rotated streams, 30 ms between streams: about 300 ms of reading.
+        let (running, drain) = read_while_draining(&connect, &address, &reader, 1_000).await;
         while !connect.manager().is_draining() {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
@@ -315,6 +388,10 @@ mod grpc {
         assert!(report.is_clean(), "{report}");
         assert!(report.elapsed < Duration::from_secs(20), "{report}");
         assert_eq!(
+            report.sessions_open, 1,
+            "the reader's, not the refused one's: {report}"
+        );
+        assert_eq!(
             connect.manager().stats().created,
             1,
             "nothing new registered"
@@ -322,36 +399,70 @@ mod grpc {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_drain_deadline_interrupts_what_still_runs_with_operation_canceled() {
+    async fn a_drain_deadline_cancels_what_was_not_sent_with_operation_canceled_at_once() {
         let (connect, address) = serve().await;
         // A million rows read slowly: still running at the deadline (its producer waits on
-        // the unsent bound, rx §3).
-        let slow = tokio::spawn(read(
-            address.clone(),
-            Caller::default(),
-            1_000_000,
-            Duration::from_millis(20),
-        ));
-        while connect.manager().execution_count() == 0 {
+        // the unsent bound, rx §3). 900 rows read slowly: produced at once (below the
+        // unsent bound) and still unread at the deadline.
+        let slow = |rows| {
+            tokio::spawn(read(
+                address.clone(),
+                Caller::new("reader", &uuid::Uuid::new_v4().to_string()),
+                rows,
+                Duration::from_millis(100),
+            ))
+        };
+        let (running, unread) = (slow(1_000_000), slow(900));
+        while connect.manager().execution_count() < 2 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let report = connect.drain(Duration::from_millis(300)).await;
-        assert_eq!(report.live_at_start, 1, "{report}");
-        assert_eq!(report.interrupted.len(), 1, "{report}");
-        let (rows, error, _) = slow.await.unwrap();
-        assert!(
-            rows > 0 && rows < 1_000_000,
-            "{rows} rows before the interrupt"
-        );
-        let error = error.expect("the client sees the interrupt");
-        assert!(error.contains("OPERATION_CANCELED"), "{error}");
-        // The client released after its error, within the grace.
+        assert_eq!(report.live_at_start, 2, "{report}");
+        assert_eq!(report.canceled.len(), 2, "{report}");
+        for (task, total) in [(running, 1_000_000), (unread, 900)] {
+            let (rows, error, _) = task.await.unwrap();
+            // 100 rows per 100 ms: the error comes right after the deadline, not after the
+            // unsent responses.
+            assert!(
+                rows > 0 && rows <= 600,
+                "{rows} of {total} rows before the cancel"
+            );
+            let error = error.expect("the client sees the cancel");
+            assert!(error.contains("OPERATION_CANCELED"), "{error}");
+        }
+        // The clients released after their error, within the grace.
         assert!(report.left.is_empty(), "{report}");
         assert!(
             report
                 .to_string()
-                .starts_with("drained live_at_start=1 interrupted=1 left=0")
+                .starts_with("drained live_at_start=2 canceled=2 left=0"),
+            "{report}"
         );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_waits_for_a_client_to_release_its_session_after_its_last_query() {
+        let (connect, address) = serve().await;
+        let reader = Caller::default();
+        let (running, drain) = read_while_draining(&connect, &address, &reader, 300).await;
+        let (rows, error, _) = running.await.unwrap();
+        assert_eq!((rows, error), (300, None));
+        // The query is released; the drain must not end before the session's release comes
+        // (PySpark's `spark.stop()` a moment after its last query).
+        tokio::time::sleep(tether::spark::connect::SESSION_QUIET / 2).await;
+        assert!(
+            !drain.is_finished(),
+            "the drain ended before the session was quiet"
+        );
+        let client = ConnectClient::connect(&address, None).await.unwrap();
+        client
+            .release_session(reader.release_session(false))
+            .await
+            .expect("ReleaseSession while draining");
+        let report = drain.await.unwrap();
+        assert!(report.is_clean(), "{report}");
+        assert_eq!(report.sessions_open, 0, "{report}");
+        assert!(report.elapsed < Duration::from_secs(5), "{report}");
     }
 }
 
@@ -442,12 +553,9 @@ mod example {
         let (status, server) = status;
         assert!(status.success(), "exit status {status}");
         let lines = server.stdout_lines();
-        let report = lines
-            .iter()
-            .find(|l| l.starts_with("drained "))
-            .unwrap_or_else(|| panic!("no drain report in {lines:?}"));
+        let report = server.drain_report();
         assert!(
-            report.starts_with("drained live_at_start=1 interrupted=0 left=0 "),
+            report.starts_with("drained live_at_start=1 canceled=0 left=0 sessions_open=1 "),
             "{report}"
         );
         let last = lines.last().expect("a last line");

@@ -199,6 +199,16 @@ impl Server {
         self.out.lock().unwrap().clone()
     }
 
+    /// The drain's report line (`drained …`), printed after a SIGTERM.
+    pub(crate) fn drain_report(&self) -> String {
+        let lines = self.stdout_lines();
+        lines
+            .iter()
+            .find(|l| l.starts_with("drained "))
+            .cloned()
+            .unwrap_or_else(|| panic!("no drain report in {lines:?}"))
+    }
+
     /// Sends SIGTERM (the example drains, then stops).
     pub(crate) fn terminate(&self) {
         let status = Command::new("kill")
@@ -1120,6 +1130,63 @@ fn pyspark_killed_client_leaves_an_execution_that_is_abandoned() {
         return;
     };
     assert_eq!(cases.len(), 2, "{cases:#?}");
+}
+
+/// A rolling restart without a proxy, at its worst: PySpark reads `range(5000000)` slowly
+/// (about 10 000 rows a second, Spark's default stream limits) when the server gets
+/// SIGTERM with a 1 s drain deadline. At the deadline the read fails with
+/// `OPERATION_CANCELED` at once (not after the megabytes still unsent), `spark.stop()`
+/// returns at once (its ReleaseSession reaches the server, whose drain waits for it), and
+/// the server reports the cancel and exits 0.
+#[test]
+fn pyspark_is_told_at_a_drain_deadline_and_stops_at_once() {
+    let test = "pyspark_is_told_at_a_drain_deadline_and_stops_at_once";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let mut server = Server::start(&["--drain-timeout-ms", "1000"]);
+    let port = server.port.to_string();
+    let mut client = Checks::script(&python, "connect_scenarios.py", &["drain-read", &port]);
+    if client
+        .expect_line("STARTED", Duration::from_secs(60))
+        .is_none()
+    {
+        skipped::<()>(test, &client.stderr());
+        return;
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let terminated = Instant::now();
+    server.terminate();
+    let case = client
+        .expect_line("CASE ", Duration::from_secs(30))
+        .expect("the read's outcome");
+    let told = terminated.elapsed();
+    let case: serde_json::Value = serde_json::from_str(&case["CASE ".len()..]).unwrap();
+    assert_eq!(case["condition"], "OPERATION_CANCELED", "{case}");
+    // Deadline 1 s, then the error is the next thing sent: told well before the 5 000 000
+    // rows' unsent megabytes could be read at this pace (minutes).
+    assert!(told < Duration::from_secs(5), "told after {told:?}: {case}");
+    let rows = case["rows"].as_u64().unwrap();
+    assert!(rows < 1_000_000, "{rows} rows read before the cancel");
+    let stopped = client
+        .expect_line("STOPPED ", Duration::from_secs(30))
+        .expect("spark.stop() returns");
+    let seconds: f64 = stopped["STOPPED ".len()..].parse().unwrap();
+    assert!(seconds < 3.0, "spark.stop() took {seconds} s");
+    assert_eq!(
+        client.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        client.stderr()
+    );
+    let status = server.wait_exit(Duration::from_secs(30));
+    let report = server.drain_report();
+    assert!(
+        report.starts_with("drained live_at_start=1 canceled=1 left=0 sessions_open=0 "),
+        "{report}"
+    );
+    assert!(status.success(), "exit status {status}; {report}");
+    eprintln!("{report}; PySpark told after {told:?} having read {rows} rows; {stopped}");
 }
 
 #[test]

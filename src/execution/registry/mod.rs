@@ -375,6 +375,11 @@ impl<E> Registry<E> {
         })
     }
 
+    /// The latest last access of any live session (O(n); rx §5.6), `None` without one.
+    pub(crate) fn last_session_access(&self) -> Option<Instant> {
+        self.sessions.values().map(Session::last_access).max()
+    }
+
     /// The keys in the abandoned-operation tombstones (rx §5.4).
     pub(crate) fn abandoned_keys(&self) -> impl Iterator<Item = &ExecuteKey> {
         self.abandoned.keys()

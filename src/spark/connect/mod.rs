@@ -146,7 +146,7 @@ mod status;
 pub mod tls;
 
 pub use self::client::{ConnectClient, ConnectClientError};
-pub use self::drain::{DRAIN_GRACE, DrainReport};
+pub use self::drain::{DRAIN_GRACE, DrainConnection, DrainReport, SESSION_QUIET};
 pub use self::health::ConnectHealth;
 pub use self::serve::{TransportLimits, serve_bounded};
 pub use self::service::{

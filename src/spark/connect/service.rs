@@ -7,6 +7,7 @@ use std::pin::Pin;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::stream::{BoxStream, Stream, StreamExt};
+use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 
 use super::ConnectHealth;
@@ -160,6 +161,9 @@ struct Inner<E> {
     confs: Mutex<HashMap<String, SessionConf>>,
     /// What `grpc.health.v1` reports for this service (connect §7.2).
     health: ConnectHealth,
+    /// The token of the connections accepted since the last cut (see
+    /// [`ConnectService::connections`]); a drain's deadline cancels it and starts a new one.
+    connections: Mutex<CancellationToken>,
 }
 
 /// Spark Connect's `SparkConnectService` over an [`ExecutionManager`] and a [`QueryEngine`].
@@ -205,6 +209,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 engine,
                 confs: Mutex::new(HashMap::new()),
                 health: ConnectHealth::new(),
+                connections: Mutex::new(CancellationToken::new()),
             }),
         }
     }
@@ -239,6 +244,48 @@ impl<E: QueryEngine> ConnectService<E> {
                 super::auth::TokenCheck::new(config.token.as_deref()),
             ),
         }
+    }
+
+    /// Wraps a server's accepted connections (tonic's `serve_with_incoming`) so that a
+    /// [`drain`](Self::drain) can cut them at its deadline. An execution's error travels
+    /// after every response already handed to HTTP/2, and a slow client holds up to its
+    /// whole flow-control window of those (megabytes; minutes of reading) before it would
+    /// read the error, by when the server is gone. So when the deadline cancels executions,
+    /// the drain closes every connection accepted so far: gRPC clients see `UNAVAILABLE`,
+    /// Spark clients retry with a ReattachExecute on a new connection (rx §6.2), and the
+    /// canceled execution answers it with `OPERATION_CANCELED` at once. Connections
+    /// accepted after the cut are served as usual. Without this wrapper a drain still
+    /// cancels, and clients get the error after what is in flight.
+    pub fn connections<S, IO, Err>(
+        &self,
+        incoming: S,
+    ) -> impl Stream<Item = Result<super::drain::DrainConnection<IO>, Err>> + use<S, IO, Err, E>
+    where
+        S: Stream<Item = Result<IO, Err>>,
+    {
+        let service = self.clone();
+        incoming.map(move |accepted| {
+            let token = service
+                .inner
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
+            accepted.map(|io| super::drain::DrainConnection::new(io, token))
+        })
+    }
+
+    /// Closes every connection [`connections`](Self::connections) accepted so far; later
+    /// ones get a fresh token. Returns whether any connection was wrapped at all.
+    pub(super) fn cut_connections(&self) {
+        let old = std::mem::take(
+            &mut *self
+                .inner
+                .connections
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner),
+        );
+        old.cancel();
     }
 
     fn session(
