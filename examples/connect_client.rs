@@ -74,6 +74,12 @@ struct Args {
     /// The `user_id` of the session.
     #[arg(long, default_value = "tether-client")]
     user_id: String,
+    /// Send `NAME: VALUE` on every RPC (repeatable), as PySpark sends an extra
+    /// `;NAME=VALUE` of its connection string. `--header x-spark-connect-session-id=SESSION`
+    /// routes through the proxy of docs/deployment.md (`SESSION` is replaced by the
+    /// session id this client uses).
+    #[arg(long, value_name = "NAME=VALUE")]
+    header: Vec<String>,
     /// Check afterwards that the server released the execution.
     #[arg(long)]
     verify_released: bool,
@@ -91,13 +97,19 @@ struct Tally {
     result_complete: bool,
 }
 
-/// An error and its causes, `: `-separated (tether's errors do not repeat their cause).
+/// An error and its causes, `: `-separated, each text once (tether's errors do not repeat
+/// their cause; some transports' do).
 fn chain(error: &dyn std::error::Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(e) = source {
-        text.push_str(": ");
-        text.push_str(&e.to_string());
+        // A transport's error may repeat its cause's text (an io::Error shows the TLS
+        // error it wraps): each text once.
+        let cause = e.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
         source = e.source();
     }
     text
@@ -120,9 +132,22 @@ async fn main() {
         }
         None => ConnectClient::connect(&args.url, args.token.as_deref()).await,
     };
-    let client = connected
+    let mut client = connected
         .unwrap_or_else(|e| fail(format!("cannot connect to {}: {}", args.url, chain(&e))));
     let session_id = uuid::Uuid::new_v4().to_string();
+    for header in &args.header {
+        let Some((name, value)) = header.split_once('=') else {
+            fail(format!("--header {header:?}: expected NAME=VALUE"));
+        };
+        let value = if value == "SESSION" {
+            &session_id
+        } else {
+            value
+        };
+        client = client
+            .with_header(name, value)
+            .unwrap_or_else(|e| fail(format!("--header: {e}")));
+    }
     let user = UserContext::new(&args.user_id);
     let request = ExecutePlanRequest {
         session_id: session_id.clone(),

@@ -262,7 +262,7 @@ frontend spark_connect
     # A Spark Connect call without the routing key would go round-robin, call by call, and
     # break its session: refuse it at once with a gRPC status that says what is missing
     # (FAILED_PRECONDITION, which PySpark does not retry).
-    http-request return status 200 content-type application/grpc hdr grpc-status 9 hdr grpc-message "no {header} header: add ;{header}=<the session id> to the connection string" if {{ path_beg /spark.connect. }} !{{ req.hdr({header}) -m found }}
+    http-request return status 200 hdr grpc-status 9 hdr grpc-message "no {header} header: add ;{header}=<the session id> to the connection string" if {{ path_beg /spark.connect. }} !{{ req.hdr({header}) -m found }}
     default_backend {backend}
 
 backend {backend}

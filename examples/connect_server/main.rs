@@ -147,8 +147,9 @@ struct Args {
     #[arg(long, default_value_t = 15002)]
     port: u16,
     /// The pre-shared token every RPC must carry as `authorization: Bearer <token>`
-    /// (Spark's `spark.connect.authenticate.token`). Default: no authentication.
-    #[arg(long)]
+    /// (Spark's `spark.connect.authenticate.token`). Default: no authentication. Must not
+    /// be empty, and must be printable ASCII (what a client can send in a header).
+    #[arg(long, value_parser = parse_token)]
     token: Option<String>,
     /// Serve TLS with this PEM certificate chain (the server's certificate first) and
     /// `--tls-key`; PySpark connects with `sc://HOST:PORT/;use_ssl=true`, tether's client
@@ -1016,6 +1017,23 @@ async fn log_events(
     file.flush()
 }
 
+/// `--token`: refuses what no client could send, or what would look like a token and
+/// protect nothing (connect §4: the token travels in the `authorization` header).
+fn parse_token(token: &str) -> Result<String, String> {
+    if token.is_empty() {
+        return Err("the token is empty: omit --token to serve without authentication".into());
+    }
+    if let Some(c) = token.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "the token holds {c:?}: a client can send only printable ASCII in a header"
+        ));
+    }
+    if token.trim() != token {
+        return Err("the token starts or ends with a space, which headers drop".into());
+    }
+    Ok(token.to_owned())
+}
+
 async fn shutdown_signal() {
     let ctrl_c = tokio::signal::ctrl_c();
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -1326,6 +1344,15 @@ mod tests {
             CONFIG,
         )
         .unwrap()
+    }
+
+    #[test]
+    fn tokens_no_client_could_send_or_that_protect_nothing_are_refused() {
+        assert_eq!(parse_token("s3cr3t-token").as_deref(), Ok("s3cr3t-token"));
+        for bad in ["", "line\nbreak", "tab\t", " padded", "tr\u{e9}s"] {
+            let e = parse_token(bad).expect_err(bad);
+            assert!(e.starts_with("the token "), "{bad:?}: {e}");
+        }
     }
 
     #[test]

@@ -296,6 +296,62 @@ async fn the_token_is_required_and_checked() {
     assert_eq!(rows, vec![0, 1, 2]);
 }
 
+/// A client's extra headers reach the server on every RPC, with the token (connect §3: what
+/// PySpark does with each extra `;key=value`; a proxy routes on such a header,
+/// docs/deployment.md §1). The server here is a proxy's stand-in: it refuses any RPC
+/// without the routing header.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn extra_headers_travel_on_every_rpc() {
+    const ROUTE: &str = "x-spark-connect-session-id";
+    let manager = ExecutionManager::new(ManagerConfig::default());
+    let service = ConnectService::new(manager, Counting).into_service(&ConnectConfig {
+        token: Some("s3cret".into()),
+    });
+    let routed = tonic::service::interceptor::InterceptedService::new(
+        service,
+        |request: tonic::Request<()>| match request.metadata().get(ROUTE) {
+            Some(v) if v == SESSION_ID => Ok(request),
+            other => Err(tonic::Status::unavailable(format!(
+                "no route for {other:?}"
+            ))),
+        },
+    );
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(routed)
+            .serve_with_incoming(TcpIncoming::from(listener)),
+    );
+    let plain = ConnectClient::connect(&address, Some("s3cret"))
+        .await
+        .unwrap();
+    let Err(e) = plain.execute_plan(Caller::default().plan("1")).await else {
+        panic!("the stand-in proxy must refuse a call without the header");
+    };
+    assert!(e.message().starts_with("no route for None"), "{e}");
+    let client = plain.with_header(ROUTE, SESSION_ID).unwrap();
+    let (rows, error, _) = read_all(client.clone(), "3").await;
+    assert!(error.is_none(), "{error:?}");
+    assert_eq!(rows, vec![0, 1, 2]);
+    // Names a client must not set, and values a header cannot carry.
+    for (name, value) in [
+        ("authorization", "Bearer x"),
+        ("grpc-timeout", "1S"),
+        ("X-Upper", "v"),
+        ("key-bin", "v"),
+        ("bad name", "v"),
+        (ROUTE, "line\nbreak"),
+    ] {
+        let e = client.with_header(name, value).unwrap_err();
+        assert!(
+            e.to_string()
+                .starts_with(&format!("the header {name:?} cannot be sent: ")),
+            "{e}"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn methods_not_served_answer_unimplemented_by_name() {
     let server = serve(StreamLimits::default(), None).await;

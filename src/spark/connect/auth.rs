@@ -42,10 +42,18 @@ impl tonic::service::Interceptor for TokenCheck {
     }
 }
 
-/// Adds `authorization: Bearer <token>` to every request of a client (connect §4).
+/// Adds `authorization: Bearer <token>` to every request of a client (connect §4), and the
+/// extra headers the client was given (PySpark sends every extra `;key=value` of its
+/// connection string as metadata, connect §3).
 #[derive(Clone)]
 pub(crate) struct TokenSend {
     header: Option<tonic::metadata::MetadataValue<tonic::metadata::Ascii>>,
+    extra: std::sync::Arc<
+        [(
+            tonic::metadata::AsciiMetadataKey,
+            tonic::metadata::AsciiMetadataValue,
+        )],
+    >,
 }
 
 impl TokenSend {
@@ -55,7 +63,46 @@ impl TokenSend {
         token: Option<&str>,
     ) -> Result<Self, tonic::metadata::errors::InvalidMetadataValue> {
         let header = token.map(|t| format!("Bearer {t}").parse()).transpose()?;
-        Ok(Self { header })
+        Ok(Self {
+            header,
+            extra: std::sync::Arc::from(Vec::new()),
+        })
+    }
+
+    /// The same, also sending `name: value` (replacing an extra header of that name).
+    pub(crate) fn with_extra(
+        &self,
+        name: tonic::metadata::AsciiMetadataKey,
+        value: tonic::metadata::AsciiMetadataValue,
+    ) -> Self {
+        let mut extra: Vec<_> = self
+            .extra
+            .iter()
+            .filter(|(n, _)| *n != name)
+            .cloned()
+            .collect();
+        extra.push((name, value));
+        Self {
+            header: self.header.clone(),
+            extra: extra.into(),
+        }
+    }
+}
+
+/// The token stays out of logs: whether there is one, and the extra headers' names.
+impl std::fmt::Debug for TokenSend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TokenSend")
+            .field("token", &self.header.is_some())
+            .field(
+                "extra",
+                &self
+                    .extra
+                    .iter()
+                    .map(|(n, _)| n.as_str())
+                    .collect::<Vec<_>>(),
+            )
+            .finish()
     }
 }
 
@@ -64,8 +111,12 @@ impl tonic::service::Interceptor for TokenSend {
         &mut self,
         mut request: tonic::Request<()>,
     ) -> Result<tonic::Request<()>, tonic::Status> {
+        let metadata = request.metadata_mut();
+        for (name, value) in self.extra.iter() {
+            metadata.insert(name.clone(), value.clone());
+        }
         if let Some(h) = &self.header {
-            request.metadata_mut().insert("authorization", h.clone());
+            metadata.insert("authorization", h.clone());
         }
         Ok(request)
     }

@@ -46,6 +46,14 @@ pub enum ConnectClientError {
         /// The address as given.
         address: String,
     },
+    /// [`ConnectClient::with_header`] refused a header (connect §3 metadata).
+    #[error("the header {name:?} cannot be sent: {reason}")]
+    Header {
+        /// The header's name as given.
+        name: String,
+        /// Why: reserved, binary, not lower case, or a value a header cannot carry.
+        reason: &'static str,
+    },
     /// tonic refused the TLS configuration for this address (connect §7.1).
     #[error("the TLS configuration cannot be used for {address:?}")]
     Tls {
@@ -69,6 +77,8 @@ pub enum ConnectClientError {
 #[derive(Clone, Debug)]
 pub struct ConnectClient {
     inner: SparkConnectServiceClient<InterceptedService<Channel, TokenSend>>,
+    channel: Channel,
+    metadata: TokenSend,
 }
 
 impl ConnectClient {
@@ -127,10 +137,52 @@ impl ConnectClient {
     /// A token that cannot travel in a header.
     pub fn with_channel(channel: Channel, token: Option<&str>) -> Result<Self, ConnectClientError> {
         let send = TokenSend::new(token).map_err(ConnectClientError::Token)?;
-        let inner = SparkConnectServiceClient::with_interceptor(channel, send)
+        Ok(Self::over(channel, send))
+    }
+
+    fn over(channel: Channel, metadata: TokenSend) -> Self {
+        let inner = SparkConnectServiceClient::with_interceptor(channel.clone(), metadata.clone())
             .max_decoding_message_size(MAX_MESSAGE_SIZE)
             .max_encoding_message_size(MAX_MESSAGE_SIZE);
-        Ok(Self { inner })
+        Self {
+            inner,
+            channel,
+            metadata,
+        }
+    }
+
+    /// This client (same channel), also sending `name: value` as metadata on every RPC,
+    /// replacing an earlier value of `name`: what PySpark does with every extra `;key=value`
+    /// of its connection string (connect §3), for example the session id a proxy routes on
+    /// (`x-spark-connect-session-id`, docs/deployment.md §1).
+    ///
+    /// # Errors
+    /// [`ConnectClientError::Header`]: a name that is not a lower-case ASCII header name, a
+    /// `-bin` (binary) name, a reserved one (`authorization`: use the token; `grpc-…`,
+    /// `content-type`, `te`, `user-agent`), or a value that cannot travel in a header.
+    pub fn with_header(&self, name: &str, value: &str) -> Result<Self, ConnectClientError> {
+        let refused = |reason: &'static str| ConnectClientError::Header {
+            name: name.to_owned(),
+            reason,
+        };
+        let reserved = ["authorization", "content-type", "te", "user-agent"];
+        if reserved.contains(&name) || name.starts_with("grpc-") {
+            return Err(refused("reserved for the client itself"));
+        }
+        if name.ends_with("-bin") {
+            return Err(refused("a binary header; only ASCII values are sent"));
+        }
+        if name.bytes().any(|b| b.is_ascii_uppercase()) {
+            return Err(refused("not lower case, as HTTP/2 header names must be"));
+        }
+        let key = tonic::metadata::AsciiMetadataKey::from_bytes(name.as_bytes())
+            .map_err(|_| refused("not a valid header name"))?;
+        let value = tonic::metadata::AsciiMetadataValue::try_from(value)
+            .map_err(|_| refused("its value holds characters a header cannot carry"))?;
+        Ok(Self::over(
+            self.channel.clone(),
+            self.metadata.with_extra(key, value),
+        ))
     }
 
     /// `Config` (connect §1.1).

@@ -135,6 +135,24 @@ fn spark_status(error: &SparkError, message: String) -> tonic::Status {
     tonic::Status::with_error_details(tonic::Code::Internal, message, details)
 }
 
+/// Whether a transport error's chain holds a TLS failure (a `rustls::Error`, possibly inside
+/// an `io::Error`): an untrusted or refused certificate, a TLS alert, a peer that does not
+/// speak TLS (connect §7.1).
+fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let inner = e
+            .downcast_ref::<std::io::Error>()
+            .and_then(|io| io.get_ref())
+            .map(|inner| inner as &(dyn std::error::Error + 'static));
+        if e.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+            return true;
+        }
+        next = e.source().or(inner);
+    }
+    false
+}
+
 /// The client's view of a failed RPC (rx §1.8): the status code and message, the Spark
 /// condition from `ErrorInfo.metadata["errorClass"]` when the trailer carries one, and the
 /// `RetryInfo.retry_delay` the server asked for.
@@ -144,14 +162,22 @@ fn spark_status(error: &SparkError, message: String) -> tonic::Status {
 /// as the status's source, which a status the server sent never has: as `UNKNOWN` (a broken
 /// connection), `INTERNAL` (an h2 error, such as a GOAWAY from a server shutting down) or
 /// `CANCELLED` (the stream reset with `CANCEL` as a server drops it). Each of those is the
-/// transport's word, not the server's, so the client reattaches instead of failing.
+/// transport's word, not the server's, so the client reattaches instead of failing. A
+/// transport error that is a TLS failure (an untrusted server certificate, a client
+/// certificate the server refused, a plaintext peer) is `UNAUTHENTICATED` instead: retrying
+/// with the same settings fails the same way, so the client reports it at once.
 pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
     let transport_lost = std::error::Error::source(status).is_some()
         && matches!(
             status.code(),
             tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Cancelled
         );
-    let code = if transport_lost {
+    let refused_tls = std::error::Error::source(status).is_some_and(is_tls_failure);
+    let code = if refused_tls {
+        // A certificate not trusted, or refused by the server, a protocol the other side does
+        // not speak: the same connection settings fail the same way, so not retryable.
+        Code::Unauthenticated
+    } else if transport_lost {
         Code::Unavailable
     } else {
         code_back(status.code())
@@ -216,6 +242,35 @@ mod tests {
             let error = to_rpc_error(&tonic::Status::new(code, "from the server"));
             assert_eq!(error.code(), code_back(code));
         }
+    }
+
+    /// A TLS failure under the transport error (an untrusted certificate, an alert from a
+    /// server that refused the client's certificate) is UNAUTHENTICATED, not retried, and
+    /// says why once (connect §7.1).
+    #[test]
+    fn tls_failures_are_unauthenticated_and_not_retried() {
+        let failures = [
+            rustls::Error::InvalidCertificate(rustls::CertificateError::UnknownIssuer),
+            rustls::Error::AlertReceived(rustls::AlertDescription::UnknownCA),
+        ];
+        for tls in failures {
+            let text = tls.to_string();
+            let io = std::io::Error::new(std::io::ErrorKind::InvalidData, tls);
+            let mut status = tonic::Status::unknown("transport error");
+            status.set_source(std::sync::Arc::new(io));
+            let error = to_rpc_error(&status);
+            assert_eq!(error.code(), Code::Unauthenticated, "{error}");
+            assert!(!crate::execution::client::RetryPolicy::default_can_retry(
+                &error
+            ));
+            assert_eq!(error.message().matches(&text).count(), 1, "{error}");
+        }
+        // A broken pipe is not TLS's word: retried.
+        let mut status = tonic::Status::unknown("transport error");
+        status.set_source(std::sync::Arc::new(std::io::Error::from(
+            std::io::ErrorKind::BrokenPipe,
+        )));
+        assert_eq!(to_rpc_error(&status).code(), Code::Unavailable);
     }
 
     #[test]

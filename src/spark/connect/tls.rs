@@ -158,7 +158,12 @@ impl ServerTls {
     }
 
     /// Requires every client to present a certificate signed by a CA of `ca_pem` (mutual
-    /// TLS, connect §7.1); a client without one is refused during the handshake.
+    /// TLS, connect §7.1). A certificate the CA did not sign fails the handshake. A client
+    /// without a certificate is refused during the handshake with
+    /// [`into_config`](Self::into_config); with [`server_builder`](Self::server_builder)
+    /// it completes the handshake and its requests are answered `UNAUTHENTICATED`
+    /// ([`NO_CLIENT_CERTIFICATE`]), except the `grpc.health.v1` health checks, so that
+    /// probes need no certificate.
     ///
     /// # Errors
     /// A PEM without a certificate, malformed PEM, or a certificate that cannot be a trust
@@ -212,7 +217,8 @@ impl ServerTls {
     /// (connect §7.1). With mutual TLS, a client that presents no certificate completes the
     /// handshake, and each of its requests is answered `UNAUTHENTICATED` with
     /// [`NO_CLIENT_CERTIFICATE`] by the [`ClientCertificateCheck`] layer (a certificate the
-    /// CA did not sign still fails the handshake). Serve it on connections whose IO is a
+    /// CA did not sign still fails the handshake); its `grpc.health.v1` checks are served,
+    /// so that a load balancer's or an orchestrator's probe needs no certificate. Serve it on connections whose IO is a
     /// `TcpStream` (tonic's `TcpIncoming`, or [`incoming`]): the check finds a connection's
     /// certificates in tonic's `TlsConnectInfo<TcpConnectInfo>`, and refuses every request
     /// of any other connection.
@@ -255,6 +261,10 @@ impl ServerTls {
     }
 }
 
+/// The path prefix of the standard gRPC health service's methods (`grpc.health.v1.Health`,
+/// connect §7.2), which [`ClientCertificateCheck`] serves without a client certificate.
+pub const HEALTH_PATH: &str = "/grpc.health.v1.Health/";
+
 /// What a client without a certificate is told by a server that requires one
 /// (connect §7.1).
 pub const NO_CLIENT_CERTIFICATE: &str = "this Spark Connect server requires a client \
@@ -263,7 +273,9 @@ pub const NO_CLIENT_CERTIFICATE: &str = "this Spark Connect server requires a cl
 
 /// The tower layer of [`ServerTls::server_builder`] (connect §7.1): when the server
 /// requires a client certificate, every request of a TLS connection that presented none
-/// is answered `UNAUTHENTICATED` with [`NO_CLIENT_CERTIFICATE`], before any service sees it.
+/// is answered `UNAUTHENTICATED` with [`NO_CLIENT_CERTIFICATE`], before any service sees
+/// it, except those of the standard health service ([`HEALTH_PATH`]): probes carry no
+/// certificate, and health tells nothing about the data.
 /// Its `Default` requires nothing (for a plaintext server of the same type).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ClientCertificateCheck {
@@ -314,7 +326,7 @@ where
                 .and_then(TlsConnectInfo::peer_certs)
                 .is_some_and(|certs| !certs.is_empty())
         };
-        if self.required && !presented() {
+        if self.required && !request.uri().path().starts_with(HEALTH_PATH) && !presented() {
             let refusal = tonic::Status::unauthenticated(NO_CLIENT_CERTIFICATE).into_http();
             return futures::future::Either::Left(std::future::ready(Ok(refusal)));
         }
