@@ -71,11 +71,12 @@
 //! `--drain-timeout-ms` passes. At the deadline every query whose client was not sent
 //! everything yet is canceled: its client gets `OPERATION_CANCELED` at once, what was still
 //! unsent is dropped, and the drain waits up to `DRAIN_GRACE` (5 s) for those clients to
-//! release. It prints the drain's report (`drained live_at_start=N canceled=N left=N
+//! release; a query no client is attached to then is abandoned (nobody to tell). It prints
+//! the drain's report (`drained live_at_start=N canceled=N abandoned=N left=N
 //! sessions_open=N elapsed_ms=N`), stops (waiting up to 5 s more for open streams), prints
 //! its last `stats` line and exits 0, or 1 if the stop cut something short: executions
-//! `left` (clients told nothing), streams still open 5 s after the drain, or a second
-//! signal, which stops it at once. So a SIGTERM ends the process within
+//! `left` (a client still attached, not done), streams still open 5 s after the drain, or
+//! a second signal, which stops it at once. So a SIGTERM ends the process within
 //! `--drain-timeout-ms` + 10 s: give an orchestrator's grace period (Kubernetes'
 //! `terminationGracePeriodSeconds`) at least that.
 //!
@@ -1304,7 +1305,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     // Exit 1 when the stop cut something short: a forced stop, or executions the drain left
-    // registered (their clients were told nothing). Canceled executions were told.
+    // with a client attached (its stream is cut). Canceled executions were told; abandoned
+    // ones had nobody to tell.
     let left = drained.get().map_or(0, |r| r.left.len());
     if forced.is_some() || left > 0 {
         tracing::warn!(

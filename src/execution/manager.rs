@@ -491,6 +491,28 @@ impl ExecutionManager {
         canceled
     }
 
+    /// Abandons every execution that is detached now, however briefly (rx §5.3's
+    /// abandonment without its `detached_timeout`: tombstoned, closed, counted in
+    /// [`ManagerStats::abandoned`]): for a shutdown, when no client is expected to
+    /// reattach any more. Attached executions are left. Returns the keys it abandoned.
+    pub fn abandon_detached(&self) -> Vec<ExecuteKey> {
+        let now = self.now();
+        let mut wakes = Wakes::default();
+        let mut keys = Vec::new();
+        {
+            let mut reg = self.inner.lock();
+            let gone = reg.abandon_detached(now, Duration::ZERO, |exec| {
+                exec.lock().core.detached_since()
+            });
+            for exec in &gone {
+                keys.push(exec.key.clone());
+                close(exec, Removal::Abandoned, &mut wakes);
+            }
+        }
+        wakes.wake();
+        keys
+    }
+
     /// The keys in the abandoned-operation tombstones (O(n); Spark's
     /// `listAbandonedExecutions`, rx §5.4).
     pub fn abandoned_keys(&self) -> Vec<ExecuteKey> {

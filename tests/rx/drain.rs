@@ -192,6 +192,24 @@ fn cancel_all_cancels_ahead_of_unsent_responses_and_leaves_what_was_sent() {
 }
 
 #[test]
+fn abandon_detached_abandons_only_what_no_client_is_attached_to() {
+    let f = ManualManager::default();
+    let c = Caller::default();
+    let (attached, detached) = (op_id(), op_id());
+    let (_p1, mut s1) = start(&f.manager, &c.execute(&attached));
+    let (_p2, s2) = start(&f.manager, &c.execute(&detached));
+    drop(s2); // the client went away (rx §2.2 T4)
+    // Detached for no time at all: still abandoned (no detached_timeout, rx §5.3).
+    assert_eq!(f.manager.abandon_detached(), vec![c.key(&detached)]);
+    assert!(f.manager.is_abandoned(&c.key(&detached)), "tombstoned");
+    assert_eq!(f.manager.stats().abandoned, 1);
+    assert_eq!(f.manager.execution_keys(), vec![c.key(&attached)]);
+    assert!(f.manager.abandon_detached().is_empty());
+    // The attached one is untouched.
+    assert!(matches!(s1.try_next(), ConsumerEvent::Pending { .. }));
+}
+
+#[test]
 fn an_execute_plan_repeating_a_live_operation_reattaches_while_draining() {
     let c = Caller::default();
     let op = op_id();
@@ -435,9 +453,46 @@ mod grpc {
         assert!(
             report
                 .to_string()
-                .starts_with("drained live_at_start=2 canceled=2 left=0"),
+                .starts_with("drained live_at_start=2 canceled=2 abandoned=0 left=0"),
             "{report}"
         );
+    }
+
+    /// A client that went away before the deadline: its execution is canceled, nobody
+    /// releases it, and the drain abandons it at its end (nobody to tell) rather than leave
+    /// it: the report is not `left`, so the example server exits 0.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_drain_abandons_what_no_client_is_attached_to_at_its_end() {
+        let (connect, address) = serve().await;
+        // A raw reattachable ExecutePlan (no ReattachingStream, which would release on
+        // drop): one response read, then the client is gone without a word.
+        let client = ConnectClient::connect(&address, None).await.unwrap();
+        let request = tether::wire::connect::ExecutePlanRequest {
+            request_options: vec![
+                tether::wire::connect::execute_plan_request::RequestOption::reattach(true),
+            ],
+            ..Caller::default().plan(b"1000000".to_vec())
+        };
+        let mut stream = client.execute_plan(request).await.unwrap();
+        stream
+            .next()
+            .await
+            .expect("a response")
+            .expect("not an error");
+        drop((stream, client));
+        let report = connect.drain(Duration::from_millis(200)).await;
+        assert_eq!(
+            (
+                report.canceled.len(),
+                report.abandoned.len(),
+                report.left.len()
+            ),
+            (1, 1, 0),
+            "{report}"
+        );
+        assert_eq!(report.canceled, report.abandoned);
+        assert_eq!(connect.manager().execution_count(), 0);
+        assert_eq!(connect.manager().stats().abandoned, 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -555,7 +610,9 @@ mod example {
         let lines = server.stdout_lines();
         let report = server.drain_report();
         assert!(
-            report.starts_with("drained live_at_start=1 canceled=0 left=0 sessions_open=1 "),
+            report.starts_with(
+                "drained live_at_start=1 canceled=0 abandoned=0 left=0 sessions_open=1 "
+            ),
             "{report}"
         );
         let last = lines.last().expect("a last line");

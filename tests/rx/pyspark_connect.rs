@@ -1182,7 +1182,8 @@ fn pyspark_is_told_at_a_drain_deadline_and_stops_at_once() {
     let status = server.wait_exit(Duration::from_secs(30));
     let report = server.drain_report();
     assert!(
-        report.starts_with("drained live_at_start=1 canceled=1 left=0 sessions_open=0 "),
+        report
+            .starts_with("drained live_at_start=1 canceled=1 abandoned=0 left=0 sessions_open=0 "),
         "{report}"
     );
     assert!(status.success(), "exit status {status}; {report}");

@@ -843,7 +843,7 @@ impl<E> Registry<E> {
     pub(crate) fn maintain(
         &mut self,
         now: Instant,
-        mut detached_since: impl FnMut(&E) -> Option<Instant>,
+        detached_since: impl FnMut(&E) -> Option<Instant>,
     ) -> Maintenance<E> {
         let mut out = Maintenance {
             report: MaintenanceReport::default(),
@@ -870,11 +870,28 @@ impl<E> Registry<E> {
             self.config.detached_timeout,
             self.config.inactive_operation_expiry,
         );
+        for s in self.sessions.values_mut() {
+            s.inactive.forget_expired(now, expiry);
+        }
+        out.detached = self.abandon_detached(now, detached_timeout, detached_since);
+        out.report.abandoned = out.detached.len();
+        out
+    }
+
+    /// Abandons every execution detached for at least `timeout` at `now` (rx §5.3;
+    /// tombstoned, removed), in key order so that tombstone order, and so LRU eviction, is
+    /// deterministic. Returns them, to be closed outside the registry's lock.
+    pub(crate) fn abandon_detached(
+        &mut self,
+        now: Instant,
+        timeout: Duration,
+        mut detached_since: impl FnMut(&E) -> Option<Instant>,
+    ) -> Vec<E> {
         let mut due = Vec::new();
-        for (key, s) in self.sessions.iter_mut() {
+        for (key, s) in &self.sessions {
             for (op, exec) in &s.executions {
                 if detached_since(exec)
-                    .is_some_and(|t| crate::time::deadline_after(t, detached_timeout) <= now)
+                    .is_some_and(|t| crate::time::deadline_after(t, timeout) <= now)
                 {
                     due.push(ExecuteKey {
                         user_id: key.user_id.clone(),
@@ -883,18 +900,11 @@ impl<E> Registry<E> {
                     });
                 }
             }
-            s.inactive.forget_expired(now, expiry);
         }
-        // Sorted, so tombstone order (and so LRU eviction) is deterministic.
         due.sort_unstable();
-        for key in due {
-            if let Some(exec) = self.remove(&key, Leave::Removed(Removal::Abandoned), now, |_| true)
-            {
-                out.report.abandoned += 1;
-                out.detached.push(exec);
-            }
-        }
-        out
+        due.into_iter()
+            .filter_map(|key| self.remove(&key, Leave::Removed(Removal::Abandoned), now, |_| true))
+            .collect()
     }
 }
 

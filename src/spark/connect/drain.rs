@@ -44,10 +44,15 @@ pub struct DrainReport {
     /// responses already sent; what was still unsent was dropped. Empty when everything
     /// ended in time.
     pub canceled: Vec<ExecuteKey>,
-    /// The executions still registered when the drain returned (a client that neither read
-    /// to the end nor released within [`DRAIN_GRACE`] after the deadline, for example one
-    /// whose stream was detached and never reattached): the server drops them when it
-    /// stops, and their clients are told nothing more. Empty after a clean drain.
+    /// The executions no client was attached to when the drain ended (after the deadline
+    /// and [`DRAIN_GRACE`]: a client that died, or never reattached), abandoned then
+    /// ([`ExecutionManager::abandon_detached`](crate::execution::ExecutionManager::abandon_detached),
+    /// rx §5.3): there is nobody to tell. Empty after a clean drain.
+    pub abandoned: Vec<ExecuteKey>,
+    /// The executions still registered, with a client attached, when the drain returned: a
+    /// client still reading what was in flight, neither done nor released within
+    /// [`DRAIN_GRACE`] after the deadline. The server drops them when it stops, cutting
+    /// their streams. Empty after a clean drain.
     pub left: Vec<ExecuteKey>,
     /// Sessions still open when the drain returned (rx §5.6): clients that did not release
     /// their session ([`SESSION_QUIET`] after their last RPC, or by the deadline). Their
@@ -59,26 +64,33 @@ pub struct DrainReport {
 
 impl DrainReport {
     /// Whether every execution ended on its own before the deadline: nothing canceled,
-    /// nothing left (rx §5.1). Open sessions do not count: they hold no query.
+    /// abandoned or left (rx §5.1). Open sessions do not count: they hold no query.
     pub fn is_clean(&self) -> bool {
-        self.canceled.is_empty() && self.left.is_empty()
+        self.canceled.is_empty() && self.abandoned.is_empty() && self.left.is_empty()
     }
 }
 
-/// One line for a log: `drained live_at_start=N canceled=N left=N sessions_open=N
-/// elapsed_ms=N`, then the operation ids canceled and left, if any (rx §5.1 keys).
+/// One line for a log: `drained live_at_start=N canceled=N abandoned=N left=N
+/// sessions_open=N elapsed_ms=N`, then the operation ids canceled, abandoned and left, if
+/// any (rx §5.1 keys).
 impl fmt::Display for DrainReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "drained live_at_start={} canceled={} left={} sessions_open={} elapsed_ms={}",
+            "drained live_at_start={} canceled={} abandoned={} left={} sessions_open={} \
+             elapsed_ms={}",
             self.live_at_start,
             self.canceled.len(),
+            self.abandoned.len(),
             self.left.len(),
             self.sessions_open,
             self.elapsed.as_millis()
         )?;
-        for (name, keys) in [("canceled", &self.canceled), ("left", &self.left)] {
+        for (name, keys) in [
+            ("canceled", &self.canceled),
+            ("abandoned", &self.abandoned),
+            ("left", &self.left),
+        ] {
             if !keys.is_empty() {
                 let ids: Vec<String> = keys.iter().map(|k| k.operation_id.to_string()).collect();
                 write!(f, " {name}_ids={}", ids.join(","))?;
@@ -101,8 +113,8 @@ impl<E: QueryEngine> ConnectService<E> {
     /// `OPERATION_CANCELED` is its next event, rx §2.2 T9), every connection accepted
     /// through [`connections`](Self::connections) is closed (so that a client reattaches
     /// and reads that error now, instead of after the responses in flight), and the drain
-    /// waits at most [`DRAIN_GRACE`] more for those clients to release. So it takes at most
-    /// `deadline` + [`DRAIN_GRACE`]. Returns what happened; stop the `tonic` server
+    /// waits at most [`DRAIN_GRACE`] more for those clients to release; what is detached
+    /// then is abandoned. So it takes at most `deadline` + [`DRAIN_GRACE`]. Returns what happened; stop the `tonic` server
     /// afterwards (its graceful shutdown ends the open streams).
     ///
     /// Calling it again (or on a clone) drains again, with the state as it is then. A
@@ -146,9 +158,12 @@ impl<E: QueryEngine> ConnectService<E> {
             );
             wait(Instant::now().checked_add(DRAIN_GRACE)).await;
         }
+        // Whoever is not attached now will not come back: nobody to tell.
+        let abandoned = manager.abandon_detached();
         DrainReport {
             live_at_start,
             canceled,
+            abandoned,
             left: manager.execution_keys(),
             sessions_open: manager.stats().sessions,
             elapsed: start.elapsed(),

@@ -112,6 +112,28 @@ pub enum TlsError {
         /// Whose: `server` or `client`.
         what: &'static str,
     },
+    /// The chain does not start with the certificate's own certificate: its first
+    /// certificate is a CA's while a later one is not (a client takes the first as the
+    /// server's or client's own and fails the handshake).
+    #[error(
+        "the {what} chain starts with a CA certificate: put the {what} first, then its \
+         intermediates"
+    )]
+    ChainOrder {
+        /// What the PEM should hold.
+        what: &'static str,
+    },
+    /// The certificate is not valid now: expired or not yet valid (every peer would refuse
+    /// it in the handshake). Times as the certificate states them.
+    #[error("the {what} is not valid now: valid from {not_before} until {not_after}")]
+    NotValidNow {
+        /// What the PEM should hold.
+        what: &'static str,
+        /// Its `notBefore`.
+        not_before: String,
+        /// Its `notAfter`.
+        not_after: String,
+    },
     /// rustls refused the certificate and key together for another reason (for example a
     /// key type it does not support).
     #[error("the {what} was refused: {detail}")]
@@ -147,7 +169,10 @@ impl ServerTls {
         key_pem: impl AsRef<[u8]>,
     ) -> Result<Self, TlsError> {
         let (cert_pem, key_pem) = (cert_pem.as_ref(), key_pem.as_ref());
-        certificates(cert_pem, "server certificate")?;
+        own_chain(
+            &certificates(cert_pem, "server certificate")?,
+            "server certificate",
+        )?;
         private_key(key_pem, "server private key")?;
         let tls = Self {
             identity: Identity::from_pem(cert_pem, key_pem),
@@ -377,7 +402,10 @@ impl ClientTls {
         key_pem: impl AsRef<[u8]>,
     ) -> Result<Self, TlsError> {
         let (cert_pem, key_pem) = (cert_pem.as_ref(), key_pem.as_ref());
-        certificates(cert_pem, "client certificate")?;
+        own_chain(
+            &certificates(cert_pem, "client certificate")?,
+            "client certificate",
+        )?;
         private_key(key_pem, "client private key")?;
         let tls = Self {
             identity: Some(Identity::from_pem(cert_pem, key_pem)),
@@ -549,6 +577,41 @@ fn certificates(pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'st
     Ok(certs)
 }
 
+/// A peer's own chain, checked as the other side will check it (connect §7.1): its first
+/// certificate is its own, not a CA's, and valid now. (Whether it chains to a CA the other
+/// side trusts only the other side can tell.)
+fn own_chain(certs: &[CertificateDer<'_>], what: &'static str) -> Result<(), TlsError> {
+    use x509_parser::prelude::{FromDer, X509Certificate};
+    let mut parsed = Vec::with_capacity(certs.len());
+    for cert in certs {
+        let (_, x509) = X509Certificate::from_der(cert).map_err(|e| TlsError::Pem {
+            what,
+            detail: format!("a certificate is not valid DER: {e}"),
+        })?;
+        parsed.push(x509);
+    }
+    let is_ca = |c: &X509Certificate<'_>| {
+        c.basic_constraints()
+            .ok()
+            .flatten()
+            .is_some_and(|b| b.value.ca)
+    };
+    if let Some((first, rest)) = parsed.split_first() {
+        if is_ca(first) && rest.iter().any(|c| !is_ca(c)) {
+            return Err(TlsError::ChainOrder { what });
+        }
+        let validity = first.validity();
+        if !validity.is_valid() {
+            return Err(TlsError::NotValidNow {
+                what,
+                not_before: validity.not_before.to_string(),
+                not_after: validity.not_after.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
 fn private_key(pem: &[u8], what: &'static str) -> Result<PrivateKeyDer<'static>, TlsError> {
     PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
         rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoPrivateKey { what },
@@ -672,6 +735,44 @@ mod tests {
         let client = client.with_identity_pem(&p.cert, &p.key).unwrap();
         assert!(client.has_identity());
         let _ = client.with_domain_name("localhost").to_config();
+    }
+
+    #[test]
+    fn a_chain_out_of_order_or_of_its_time_is_a_clear_error() {
+        let p = pki();
+        // The CA first, then the server's certificate.
+        let reversed = format!("{}{}", p.ca, p.cert);
+        assert_eq!(
+            message(ServerTls::from_pem(&reversed, &p.key)),
+            "the server certificate chain starts with a CA certificate: put the server \
+             certificate first, then its intermediates"
+        );
+        // The right order with the intermediate after it is fine.
+        let chain = format!("{}{}", p.cert, p.ca);
+        assert!(ServerTls::from_pem(&chain, &p.key).is_ok());
+        // Expired, and not yet valid.
+        for (from, until) in [((2000, 1, 1), (2001, 1, 1)), ((2999, 1, 1), (3000, 1, 1))] {
+            let key = rcgen::KeyPair::generate().unwrap();
+            let mut params = rcgen::CertificateParams::new(vec!["localhost".to_owned()]).unwrap();
+            params.not_before = rcgen::date_time_ymd(from.0, from.1, from.2);
+            params.not_after = rcgen::date_time_ymd(until.0, until.1, until.2);
+            let cert = params.self_signed(&key).unwrap();
+            let e = message(ServerTls::from_pem(cert.pem(), key.serialize_pem()));
+            assert!(
+                e.starts_with("the server certificate is not valid now: valid from ")
+                    && e.contains(&until.0.to_string()),
+                "{e}"
+            );
+            let e = message(
+                ClientTls::from_ca_pem(&p.ca)
+                    .unwrap()
+                    .with_identity_pem(cert.pem(), key.serialize_pem()),
+            );
+            assert!(
+                e.starts_with("the client certificate is not valid now"),
+                "{e}"
+            );
+        }
     }
 
     #[test]
