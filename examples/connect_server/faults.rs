@@ -43,10 +43,10 @@ use prost::Message;
 use rand::rngs::SmallRng;
 use rand::{RngExt, SeedableRng};
 use tether::execution::{ConnectError, ExecutionManager};
+use tether::spark::connect::tls::AcceptedStream;
 use tether::spark::connect::to_status;
 use tether::wire::connect::ExecutePlanResponse;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::TcpStream;
 use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::body::Body;
 use tonic::codegen::http;
@@ -192,17 +192,17 @@ pub struct Connection {
 /// An accepted TCP stream that fails every read and write once its [`Connection`] is
 /// killed, so the server closes it: what the client sees as a lost connection.
 pub struct KillableStream {
-    io: TcpStream,
+    io: AcceptedStream,
     info: Connection,
     killed: Pin<Box<WaitForCancellationFutureOwned>>,
 }
 
 impl KillableStream {
-    pub fn new(io: TcpStream) -> Self {
+    pub fn new(io: AcceptedStream) -> Self {
         let kill = CancellationToken::new();
         Self {
             info: Connection {
-                remote: io.peer_addr().ok(),
+                remote: io.get_ref().peer_addr().ok(),
                 kill: kill.clone(),
             },
             killed: Box::pin(kill.cancelled_owned()),

@@ -119,7 +119,7 @@ use tether::execution::{
     SparkError, StreamLimits,
 };
 use tether::observe::{EventReceiver, event_channel};
-use tether::spark::connect::tls::{ClientCertificateCheck, ServerTls};
+use tether::spark::connect::tls::{AcceptedStream, ClientCertificateCheck, ServerTls};
 use tether::spark::connect::{
     ConnectConfig, ConnectService, DrainReport, QueryEngine, ResponseSource, SPARK_VERSION,
     SessionContext,
@@ -1237,7 +1237,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         ),
         None => (
             tonic::transport::Server::builder().layer(ClientCertificateCheck::default()),
-            Box::pin(TcpIncoming::from(listener).with_nodelay(Some(true))),
+            // Closed gracefully too (`AcceptedStream`), like the TLS connections.
+            Box::pin(futures::StreamExt::map(
+                TcpIncoming::from(listener).with_nodelay(Some(true)),
+                |accepted| accepted.map(AcceptedStream::new),
+            )),
         ),
     };
     let serving = async {

@@ -914,7 +914,7 @@ async fn connect_server(
     let incoming = futures::stream::unfold(listener, |listener| async move {
         let accepted = listener.accept().await.map(|(io, _)| {
             let _ = io.set_nodelay(true);
-            KillableStream::new(io)
+            KillableStream::new(tether::spark::connect::tls::AcceptedStream::new(io))
         });
         Some((accepted, listener))
     });

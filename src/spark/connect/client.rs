@@ -46,6 +46,18 @@ pub enum ConnectClientError {
         /// The address as given.
         address: String,
     },
+    /// The server ended a mutual-TLS connection right after the handshake, before
+    /// answering anything: it refused the client certificate (signed by a CA it does not
+    /// trust, expired, …; connect §7.1). `detail` is what the transport said, the TLS alert
+    /// when it arrived first.
+    #[error(
+        "the server ended the connection right after the TLS handshake: it refused the client \
+         certificate ({detail})"
+    )]
+    ClientCertificateRefused {
+        /// The transport's error.
+        detail: String,
+    },
     /// [`ConnectClient::with_header`] refused a header (connect §3 metadata).
     #[error("the header {name:?} cannot be sent: {reason}")]
     Header {
@@ -63,6 +75,22 @@ pub enum ConnectClientError {
         #[source]
         source: tonic::transport::Error,
     },
+}
+
+/// Whether the server kept a new mutual-TLS connection (connect §7.1): one unary call; any
+/// status the server sends (`OK`, `UNIMPLEMENTED`, `UNAUTHENTICATED`, …) proves it did.
+async fn accepted(channel: &Channel) -> Result<(), ConnectClientError> {
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
+    let check = health.check(tonic_health::pb::HealthCheckRequest::default());
+    match tokio::time::timeout(super::tls::HANDSHAKE_TIMEOUT, check).await {
+        Ok(Err(status)) if std::error::Error::source(&status).is_some() => {
+            Err(ConnectClientError::ClientCertificateRefused {
+                detail: super::status::to_rpc_error(&status).message().to_owned(),
+            })
+        }
+        // Answered, or slow: not a refusal this can tell.
+        _ => Ok(()),
+    }
 }
 
 /// A Spark Connect client over one HTTP/2 channel (plaintext, or TLS with
@@ -102,11 +130,14 @@ impl ConnectClient {
     ///
     /// # Errors
     /// An invalid or non-`https` address, an invalid token, or a server that cannot be
-    /// reached or whose TLS handshake fails ([`ConnectClientError::Connect`]). A server
-    /// that requires a client certificate refuses a client without one only at its first
-    /// RPC: `UNAUTHENTICATED` from
-    /// [`ServerTls::server_builder`](super::tls::ServerTls::server_builder), a broken
-    /// connection (`UNAVAILABLE`) from a handshake that requires it.
+    /// reached or whose TLS handshake fails ([`ConnectClientError::Connect`]). With a client
+    /// certificate, a server that refuses it does so only after the client's side of the
+    /// TLS 1.3 handshake is done; so one unary call (a `grpc.health.v1` check, whatever its
+    /// answer) proves the connection accepted, and a connection the server ends instead is
+    /// [`ConnectClientError::ClientCertificateRefused`] (not an RPC error a client would
+    /// retry for minutes). A server that requires a certificate refuses a client without
+    /// one at its first RPC: `UNAUTHENTICATED` from
+    /// [`ServerTls::server_builder`](super::tls::ServerTls::server_builder).
     pub async fn connect_tls(
         address: &str,
         token: Option<&str>,
@@ -127,6 +158,9 @@ impl ConnectClient {
             .connect()
             .await
             .map_err(ConnectClientError::Connect)?;
+        if tls.has_identity() {
+            accepted(&channel).await?;
+        }
         Self::with_channel(channel, token)
     }
 

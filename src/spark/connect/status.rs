@@ -135,20 +135,27 @@ fn spark_status(error: &SparkError, message: String) -> tonic::Status {
     tonic::Status::with_error_details(tonic::Code::Internal, message, details)
 }
 
-/// Whether a transport error's chain holds a TLS failure (a `rustls::Error`, possibly inside
-/// an `io::Error`): an untrusted or refused certificate, a TLS alert, a peer that does not
-/// speak TLS (connect §7.1).
+/// Whether a transport error's chain holds a TLS failure (connect §7.1): a `rustls::Error`,
+/// or the `InvalidData` I/O error tokio-rustls makes of one (which keeps only its text):
+/// an alert the other side sent (`received fatal alert: …`, e.g. a server refusing the
+/// client's certificate) or a certificate this side refused (`invalid peer certificate: …`).
 fn is_tls_failure(e: &(dyn std::error::Error + 'static)) -> bool {
+    const TLS_TEXTS: [&str; 2] = ["received fatal alert: ", "invalid peer certificate: "];
     let mut next = Some(e);
     while let Some(e) = next {
-        let inner = e
-            .downcast_ref::<std::io::Error>()
-            .and_then(|io| io.get_ref())
-            .map(|inner| inner as &(dyn std::error::Error + 'static));
-        if e.is::<rustls::Error>() || inner.is_some_and(|i| i.is::<rustls::Error>()) {
+        if e.is::<rustls::Error>() {
             return true;
         }
-        next = e.source().or(inner);
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::InvalidData
+            && let Some(inner) = io.get_ref()
+        {
+            let text = inner.to_string();
+            if inner.is::<rustls::Error>() || TLS_TEXTS.iter().any(|t| text.starts_with(t)) {
+                return true;
+            }
+        }
+        next = e.source();
     }
     false
 }

@@ -48,6 +48,7 @@
 //! ```
 
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
@@ -482,10 +483,12 @@ pub const PLAINTEXT_REFUSAL: &str = "this Spark Connect server serves TLS only: 
 /// `400` and the same text. A connection that sends nothing within [`HANDSHAKE_TIMEOUT`]
 /// is dropped.
 ///
-/// Each connection is looked at on a task of its own: a slow one delays no other.
+/// Each connection is looked at on a task of its own: a slow one delays no other. Each is
+/// an [`AcceptedStream`], which closes gracefully, so that a client whose certificate the
+/// handshake refused reads the TLS alert instead of a reset connection.
 pub fn incoming(
     listener: tokio::net::TcpListener,
-) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> + Send + 'static {
+) -> impl futures::Stream<Item = std::io::Result<AcceptedStream>> + Send + 'static {
     let (tx, rx) = tokio::sync::mpsc::channel(64);
     tokio::spawn(async move {
         loop {
@@ -498,7 +501,7 @@ pub fn incoming(
                     let tx = tx.clone();
                     tokio::spawn(async move {
                         if let Some(stream) = sniff(stream).await {
-                            let _ = tx.send(Ok(stream)).await;
+                            let _ = tx.send(Ok(AcceptedStream::new(stream))).await;
                         }
                     });
                 }
@@ -514,6 +517,115 @@ pub fn incoming(
         let item = rx.recv().await?;
         Some((item, rx))
     })
+}
+
+/// How long a closing [`AcceptedStream`] reads (and drops) what its peer still sends.
+const LINGER: Duration = Duration::from_secs(1);
+
+/// A TCP connection [`incoming`] accepted (connect §7.1): a `TcpStream` that, when the
+/// server drops it, closes gracefully (a "lingering close", as web servers do): it sends its
+/// FIN, then reads and drops what the peer still sends, for at most 1 s, before it closes
+/// the socket. Closing a socket with unread data makes the kernel reset the connection,
+/// and a reset can overtake the TLS alert just sent: a client whose certificate the
+/// handshake refused (mutual TLS) would see a broken connection, which clients retry for
+/// minutes, instead of the alert that says why. The close runs on the runtime the stream
+/// is dropped in (without one, the socket is closed at once).
+#[derive(Debug)]
+pub struct AcceptedStream {
+    /// `Some` until dropped.
+    stream: Option<tokio::net::TcpStream>,
+}
+
+impl AcceptedStream {
+    /// `stream`, closed gracefully when dropped (for connections accepted some other way,
+    /// such as a plaintext server's; connect §7.1).
+    pub fn new(stream: tokio::net::TcpStream) -> Self {
+        Self {
+            stream: Some(stream),
+        }
+    }
+
+    /// The TCP connection (connect §7.1).
+    pub fn get_ref(&self) -> &tokio::net::TcpStream {
+        self.stream.as_ref().expect("present until dropped")
+    }
+
+    fn io(&mut self) -> Pin<&mut tokio::net::TcpStream> {
+        Pin::new(self.stream.as_mut().expect("present until dropped"))
+    }
+}
+
+impl Drop for AcceptedStream {
+    fn drop(&mut self) {
+        let Some(mut stream) = self.stream.take() else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                use tokio::io::{AsyncReadExt, AsyncWriteExt};
+                let _ = stream.shutdown().await;
+                let mut sink = [0u8; 4096];
+                let _ = tokio::time::timeout(LINGER, async {
+                    while matches!(stream.read(&mut sink).await, Ok(n) if n > 0) {}
+                })
+                .await;
+            });
+        }
+    }
+}
+
+impl tonic::transport::server::Connected for AcceptedStream {
+    type ConnectInfo = tonic::transport::server::TcpConnectInfo;
+
+    fn connect_info(&self) -> Self::ConnectInfo {
+        self.get_ref().connect_info()
+    }
+}
+
+impl tokio::io::AsyncRead for AcceptedStream {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.io().poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for AcceptedStream {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.io().poll_write(cx, buf)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        self.io().poll_write_vectored(cx, bufs)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.get_ref().is_write_vectored()
+    }
+
+    fn poll_flush(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.io().poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        self.io().poll_shutdown(cx)
+    }
 }
 
 /// `stream` when it starts like a TLS handshake (or like nothing this knows); `None` when
