@@ -162,7 +162,8 @@ async fn main() {
     let operation_id = stream.operation_id().to_owned();
     let mut tally = Tally::default();
     while let Some(item) = stream.next().await {
-        let response = item.unwrap_or_else(|e| fail(format!("the execution failed: {e}")));
+        let response =
+            item.unwrap_or_else(|e| fail(format!("the execution failed: {}", chain(&e))));
         tally.responses += 1;
         match response.response_type {
             Some(ResponseType::ArrowBatch(batch)) => {

@@ -68,11 +68,10 @@
 //! the retryable `SERVER_DRAINING` (`UNAVAILABLE`), and running queries are streamed to
 //! their clients until they release them (and their sessions have been quiet for
 //! `SESSION_QUIET`, 1 s, so `spark.stop()` still reaches this server) or
-//! `--drain-timeout-ms` passes. At the deadline every query whose client was not sent
-//! everything yet is canceled: its client gets `OPERATION_CANCELED` at once, what was still
-//! unsent is dropped, and the drain waits up to `DRAIN_GRACE` (5 s) for those clients to
-//! release; a query no client is attached to then is abandoned (nobody to tell). It prints
-//! the drain's report (`drained live_at_start=N canceled=N abandoned=N left=N
+//! `--drain-timeout-ms` passes. At the deadline every query still live is canceled: its
+//! client gets `OPERATION_CANCELED` at once, what was not read is dropped, and the drain
+//! waits up to `DRAIN_GRACE` (5 s) for those clients to release; a query no client has
+//! been attached to for 5 s is abandoned (nobody to tell). It prints the drain's report (`drained live_at_start=N canceled=N abandoned=N left=N
 //! sessions_open=N elapsed_ms=N`), stops (waiting up to 5 s more for open streams), prints
 //! its last `stats` line and exits 0, or 1 if the stop cut something short: executions
 //! `left` (a client still attached, not done), streams still open 5 s after the drain, or
@@ -1104,9 +1103,31 @@ fn drain_on_signal<E: QueryEngine>(
     (drained, hard_stop)
 }
 
+/// An error and its causes, `: `-separated, each text once.
+fn chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(e) = source {
+        let cause = e.to_string();
+        if !text.contains(&cause) {
+            text.push_str(": ");
+            text.push_str(&cause);
+        }
+        source = e.source();
+    }
+    text
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let args = Args::parse();
+async fn main() {
+    // Start-up errors in words, with their causes (a missing file says why), exit 1.
+    if let Err(e) = serve(Args::parse()).await {
+        eprintln!("connect_server: {}", chain(e.as_ref()));
+        std::process::exit(1);
+    }
+}
+
+async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let filter =
         tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     tracing_subscriber::fmt()
@@ -1167,7 +1188,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(
             ServerTls::from_pem_files(cert, key, args.tls_client_ca.as_deref())
-                .map_err(|e| format!("TLS: {e}"))?,
+                .map_err(|e| format!("TLS: {}", chain(&e)))?,
         ),
         _ => None,
     };

@@ -908,15 +908,13 @@ impl ExecutionCore {
     /// at its next poll, and any that reattaches, from any position. A client is told at
     /// once rather than after up to [`LogConfig::max_unsent_bytes`] of unsent responses, or
     /// the retained ones again. The execution stays registered until its client releases
-    /// it. Returns `false`, changing nothing, for an execution removed or canceled already,
-    /// or whose every response, up to its end, was handed to a consumer (it ends as before).
+    /// it. Returns `false`, changing nothing, for an execution removed or canceled already.
+    /// An execution whose every response was handed to a consumer is canceled too: handed
+    /// out is not read (a slow client may hold its whole result in its transport's buffers),
+    /// and a drain closes those buffers with the connection.
     #[must_use]
     pub fn cancel_now(&mut self) -> bool {
-        let handed_out = self
-            .log
-            .final_index()
-            .is_some_and(|last| last <= self.log.highest_consumed());
-        if self.removed.is_some() || self.log.is_cut() || handed_out {
+        if self.removed.is_some() || self.log.is_cut() {
             return false;
         }
         match self.runner {

@@ -470,8 +470,8 @@ impl ExecutionManager {
     /// any position ([`ExecutionCore::cancel_now`](super::ExecutionCore::cancel_now);
     /// rx §2.2 T9's error, without waiting for the unsent responses). Clients then release
     /// as after any failed stream (rx §6.2). Returns the keys of the executions it
-    /// canceled; one whose every response, up to its end, was handed to a consumer already
-    /// is left to end as before. What a drain's deadline does to what is left
+    /// canceled (every live one not canceled already). What a drain's deadline does to what
+    /// is left
     /// (`ConnectService::drain` also resets the canceled executions' open streams, so
     /// their clients need not read what is in flight before the error).
     pub fn cancel_all(&self) -> Vec<ExecuteKey> {
@@ -491,18 +491,25 @@ impl ExecutionManager {
         canceled
     }
 
-    /// Abandons every execution that is detached now, however briefly (rx §5.3's
-    /// abandonment without its `detached_timeout`: tombstoned, closed, counted in
+    /// Abandons every execution detached for at least `min_detached` now (rx §5.3's
+    /// abandonment with this instead of its `detached_timeout`; `Duration::ZERO`: however
+    /// briefly; tombstoned, closed, counted in
     /// [`ManagerStats::abandoned`]): for a shutdown, when no client is expected to
-    /// reattach any more. Attached executions are left. Returns the keys it abandoned.
-    pub fn abandon_detached(&self) -> Vec<ExecuteKey> {
+    /// reattach any more. Attached executions are left, and so, unless `delivered_too`,
+    /// are those whose client was handed `ResultComplete` (it may still be reading its
+    /// buffers, and will release). Returns the keys it abandoned.
+    pub fn abandon_detached(&self, min_detached: Duration, delivered_too: bool) -> Vec<ExecuteKey> {
         let now = self.now();
         let mut wakes = Wakes::default();
         let mut keys = Vec::new();
         {
             let mut reg = self.inner.lock();
-            let gone = reg.abandon_detached(now, Duration::ZERO, |exec| {
-                exec.lock().core.detached_since()
+            let gone = reg.abandon_detached(now, min_detached, |exec| {
+                let st = exec.lock();
+                if !delivered_too && st.core.delivered_result_complete() {
+                    return None;
+                }
+                st.core.detached_since()
             });
             for exec in &gone {
                 keys.push(exec.key.clone());

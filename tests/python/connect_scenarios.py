@@ -34,8 +34,8 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         OPERATION each get OPERATION_ABANDONED. Prints `CASE {json}` lines and
         `ABANDON DONE`.
 
-    python tests/python/connect_scenarios.py drain-read PORT
-        Reads range(5000000).toLocalIterator() at about 10 000 rows a second; prints
+    python tests/python/connect_scenarios.py drain-read PORT [ROWS]
+        Reads range(ROWS, default 5000000).toLocalIterator() at about 10 000 rows a second; prints
         `STARTED` after the first row. The test drains the server (SIGTERM, a short deadline)
         meanwhile: the read must fail with OPERATION_CANCELED (printed as `CASE {json}`
         with the rows read and the seconds from `STARTED`), and `spark.stop()` after it must
@@ -330,9 +330,9 @@ def abandon_check(port, session, op):
     print("ABANDON DONE", flush=True)
 
 
-def drain_read(port):
+def drain_read(port, total=5_000_000):
     spark = pyspark_session(port, "tether-drain", str(uuid.uuid4()))
-    rows = spark.range(5_000_000).toLocalIterator()
+    rows = spark.range(total).toLocalIterator()
     assert next(rows).id == 0
     started = time.monotonic()
     print("STARTED", flush=True)
@@ -371,7 +371,7 @@ def main():
     elif mode == "abandon-check":
         abandon_check(port, sys.argv[3], sys.argv[4])
     elif mode == "drain-read":
-        drain_read(port)
+        drain_read(port, *(int(a) for a in sys.argv[3:4]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

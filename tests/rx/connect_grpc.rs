@@ -341,7 +341,14 @@ async fn extra_headers_travel_on_every_rpc() {
         ("X-Upper", "v"),
         ("key-bin", "v"),
         ("bad name", "v"),
+        ("connection", "close"),
+        ("transfer-encoding", "chunked"),
+        ("host", "evil.example"),
         (ROUTE, "line\nbreak"),
+        (ROUTE, ""),
+        (ROUTE, " padded "),
+        (ROUTE, "tab\there"),
+        (ROUTE, "caf\u{e9}"),
     ] {
         let e = client.with_header(name, value).unwrap_err();
         assert!(

@@ -193,15 +193,36 @@ impl ConnectClient {
     /// # Errors
     /// [`ConnectClientError::Header`]: a name that is not a lower-case ASCII header name, a
     /// `-bin` (binary) name, a reserved one (`authorization`: use the token; `grpc-…`,
-    /// `content-type`, `te`, `user-agent`), or a value that cannot travel in a header.
+    /// `content-type`, `te`, `user-agent`, `host`), a connection-specific one HTTP/2 forbids
+    /// (`connection`, `keep-alive`, `proxy-connection`, `transfer-encoding`, `upgrade`), or
+    /// a value that is empty, padded with spaces, or not printable ASCII (gRPC metadata).
     pub fn with_header(&self, name: &str, value: &str) -> Result<Self, ConnectClientError> {
         let refused = |reason: &'static str| ConnectClientError::Header {
             name: name.to_owned(),
             reason,
         };
-        let reserved = ["authorization", "content-type", "te", "user-agent"];
+        let reserved = ["authorization", "content-type", "te", "user-agent", "host"];
         if reserved.contains(&name) || name.starts_with("grpc-") {
             return Err(refused("reserved for the client itself"));
+        }
+        // Connection-specific headers are forbidden in HTTP/2 (RFC 9113 §8.2.2).
+        let hop_by_hop = [
+            "connection",
+            "keep-alive",
+            "proxy-connection",
+            "transfer-encoding",
+            "upgrade",
+        ];
+        if hop_by_hop.contains(&name) {
+            return Err(refused("connection-specific, which HTTP/2 forbids"));
+        }
+        // gRPC metadata values are printable ASCII (space through `~`), and a header's
+        // surrounding spaces are dropped on the way.
+        if value.is_empty() || value.trim() != value {
+            return Err(refused("an empty value, or one with surrounding spaces"));
+        }
+        if !value.bytes().all(|b| (b' '..=b'~').contains(&b)) {
+            return Err(refused("its value holds characters a header cannot carry"));
         }
         if name.ends_with("-bin") {
             return Err(refused("a binary header; only ASCII values are sent"));

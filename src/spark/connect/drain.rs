@@ -44,10 +44,13 @@ pub struct DrainReport {
     /// responses already sent; what was still unsent was dropped. Empty when everything
     /// ended in time.
     pub canceled: Vec<ExecuteKey>,
-    /// The executions no client was attached to when the drain ended (after the deadline
-    /// and [`DRAIN_GRACE`]: a client that died, or never reattached), abandoned then
+    /// The executions the drain abandoned
     /// ([`ExecutionManager::abandon_detached`](crate::execution::ExecutionManager::abandon_detached),
-    /// rx §5.3): there is nobody to tell. Empty after a clean drain.
+    /// rx §5.3) because no client was attached to them: for [`DRAIN_GRACE`] during the
+    /// drain, or at its end. A client that died, one told `OPERATION_CANCELED` that went
+    /// away without releasing (so a key can be both `canceled` and `abandoned`), or one
+    /// handed its whole result that was still reading it from its buffers at the end (its
+    /// release then finds no server). Empty after a clean drain.
     pub abandoned: Vec<ExecuteKey>,
     /// The executions still registered, with a client attached, when the drain returned: a
     /// client still reading what was in flight, neither done nor released within
@@ -125,7 +128,17 @@ impl<E: QueryEngine> ConnectService<E> {
         let manager = self.manager();
         manager.drain();
         let live_at_start = manager.execution_count();
+        // Executions no client has been attached to for DRAIN_GRACE (a client that died, or
+        // one told and gone without releasing) are abandoned as the drain goes: waiting for
+        // them would only hold the drain to its deadline. Not those whose client was handed
+        // their whole result: it may still be reading its buffers, and will release.
+        let abandoned = std::sync::Mutex::new(Vec::new());
         let done = || {
+            let gone = manager.abandon_detached(DRAIN_GRACE, false);
+            abandoned
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend(gone);
             manager.execution_count() == 0
                 && manager
                     .sessions_quiet_for()
@@ -153,13 +166,16 @@ impl<E: QueryEngine> ConnectService<E> {
             tracing::warn!(
                 canceled = canceled.len(),
                 live = manager.execution_count(),
-                "drain deadline passed: canceled the executions whose clients had not been sent \
-                 everything (OPERATION_CANCELED now, unsent responses dropped)"
+                "drain deadline passed: canceled every live execution (OPERATION_CANCELED now, \
+                 held responses dropped, connections closed)"
             );
             wait(Instant::now().checked_add(DRAIN_GRACE)).await;
         }
         // Whoever is not attached now will not come back: nobody to tell.
-        let abandoned = manager.abandon_detached();
+        let mut abandoned = abandoned
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        abandoned.extend(manager.abandon_detached(Duration::ZERO, true));
         DrainReport {
             live_at_start,
             canceled,
