@@ -40,8 +40,8 @@ use clap::Parser;
 use futures::StreamExt;
 use prost::Message;
 use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream};
-use tether::spark::connect::ConnectClient;
 use tether::spark::connect::tls::ClientTls;
+use tether::spark::connect::{ConnectClient, error_chain};
 use tether::wire::connect::{
     ExecutePlanRequest, Plan, ReattachExecuteRequest, Relation, UserContext,
     execute_plan_response::ResponseType,
@@ -97,24 +97,6 @@ struct Tally {
     result_complete: bool,
 }
 
-/// An error and its causes, `: `-separated, each text once (tether's errors do not repeat
-/// their cause; some transports' do).
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        // A transport's error may repeat its cause's text (an io::Error shows the TLS
-        // error it wraps): each text once.
-        let cause = e.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-        source = e.source();
-    }
-    text
-}
-
 fn fail(message: impl std::fmt::Display) -> ! {
     eprintln!("connect_client: {message}");
     std::process::exit(1);
@@ -127,13 +109,18 @@ async fn main() {
         Some(ca) => {
             let identity = args.tls_cert.as_deref().zip(args.tls_key.as_deref());
             let tls = ClientTls::from_pem_files(ca, identity)
-                .unwrap_or_else(|e| fail(format!("TLS: {}", chain(&e))));
+                .unwrap_or_else(|e| fail(format!("TLS: {}", error_chain(&e))));
             ConnectClient::connect_tls(&args.url, args.token.as_deref(), &tls).await
         }
         None => ConnectClient::connect(&args.url, args.token.as_deref()).await,
     };
-    let mut client = connected
-        .unwrap_or_else(|e| fail(format!("cannot connect to {}: {}", args.url, chain(&e))));
+    let mut client = connected.unwrap_or_else(|e| {
+        fail(format!(
+            "cannot connect to {}: {}",
+            args.url,
+            error_chain(&e)
+        ))
+    });
     let session_id = uuid::Uuid::new_v4().to_string();
     for header in &args.header {
         let Some((name, value)) = header.split_once('=') else {
@@ -163,7 +150,7 @@ async fn main() {
     let mut tally = Tally::default();
     while let Some(item) = stream.next().await {
         let response =
-            item.unwrap_or_else(|e| fail(format!("the execution failed: {}", chain(&e))));
+            item.unwrap_or_else(|e| fail(format!("the execution failed: {}", error_chain(&e))));
         tally.responses += 1;
         match response.response_type {
             Some(ResponseType::ArrowBatch(batch)) => {

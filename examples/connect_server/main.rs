@@ -121,7 +121,7 @@ use tether::observe::{EventReceiver, event_channel};
 use tether::spark::connect::tls::{AcceptedStream, ClientCertificateCheck, ServerTls};
 use tether::spark::connect::{
     ConnectConfig, ConnectService, DrainReport, QueryEngine, ResponseSource, SPARK_VERSION,
-    SessionContext,
+    SessionContext, error_chain,
 };
 use tether::wire::connect::{
     Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Limit, Range,
@@ -1103,26 +1103,11 @@ fn drain_on_signal<E: QueryEngine>(
     (drained, hard_stop)
 }
 
-/// An error and its causes, `: `-separated, each text once.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        let cause = e.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-        source = e.source();
-    }
-    text
-}
-
 #[tokio::main]
 async fn main() {
     // Start-up errors in words, with their causes (a missing file says why), exit 1.
     if let Err(e) = serve(Args::parse()).await {
-        eprintln!("connect_server: {}", chain(e.as_ref()));
+        eprintln!("connect_server: {}", error_chain(e.as_ref()));
         std::process::exit(1);
     }
 }
@@ -1188,7 +1173,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let tls = match (&args.tls_cert, &args.tls_key) {
         (Some(cert), Some(key)) => Some(
             ServerTls::from_pem_files(cert, key, args.tls_client_ca.as_deref())
-                .map_err(|e| format!("TLS: {}", chain(&e)))?,
+                .map_err(|e| format!("TLS: {}", error_chain(&e)))?,
         ),
         _ => None,
     };

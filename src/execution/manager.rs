@@ -471,9 +471,8 @@ impl ExecutionManager {
     /// rx §2.2 T9's error, without waiting for the unsent responses). Clients then release
     /// as after any failed stream (rx §6.2). Returns the keys of the executions it
     /// canceled (every live one not canceled already). What a drain's deadline does to what
-    /// is left
-    /// (`ConnectService::drain` also resets the canceled executions' open streams, so
-    /// their clients need not read what is in flight before the error).
+    /// is left (`ConnectService::drain` also closes the server's connections, so that
+    /// clients need not read what is in flight before the error).
     pub fn cancel_all(&self) -> Vec<ExecuteKey> {
         let mut wakes = Wakes::default();
         let mut canceled = Vec::new();

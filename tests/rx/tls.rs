@@ -19,6 +19,7 @@ use tether::execution::{ExecutionManager, ManagerConfig, StreamLimits};
 use tether::spark::connect::tls::{ClientTls, NO_CLIENT_CERTIFICATE, PLAINTEXT_REFUSAL, ServerTls};
 use tether::spark::connect::{
     ConnectClient, ConnectClientError, ConnectConfig, ConnectHealth, ConnectService, SERVICE_NAME,
+    error_chain,
 };
 use tether::wire::connect::execute_plan_response::ResponseType;
 use tether::wire::connect::{ExecutePlanRequest, Plan, Relation, UserContext};
@@ -189,23 +190,6 @@ impl Drop for Pki {
     }
 }
 
-/// An error and its causes, `: `-separated, as a user would read them.
-fn chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(e) = source {
-        // A transport's error may repeat its cause's text (an io::Error shows the TLS
-        // error it wraps): each text once.
-        let cause = e.to_string();
-        if !text.contains(&cause) {
-            text.push_str(": ");
-            text.push_str(&cause);
-        }
-        source = e.source();
-    }
-    text
-}
-
 // ---------------------------------------------------------------------------------------------
 // In process
 // ---------------------------------------------------------------------------------------------
@@ -333,7 +317,7 @@ async fn connect_client_reads_to_the_end_over_mutual_tls() {
 /// client's certificate) at the first RPC.
 async fn failure(connected: Result<ConnectClient, ConnectClientError>) -> String {
     match connected {
-        Err(e) => chain(&e),
+        Err(e) => error_chain(&e),
         Ok(client) => first_rpc_error(&client).await,
     }
 }

@@ -117,8 +117,9 @@ impl<E: QueryEngine> ConnectService<E> {
     /// through [`connections`](Self::connections) is closed (so that a client reattaches
     /// and reads that error now, instead of after the responses in flight), and the drain
     /// waits at most [`DRAIN_GRACE`] more for those clients to release; what is detached
-    /// then is abandoned. So it takes at most `deadline` + [`DRAIN_GRACE`]. Returns what happened; stop the `tonic` server
-    /// afterwards (its graceful shutdown ends the open streams).
+    /// then is abandoned. So it takes at most `deadline` + [`DRAIN_GRACE`]. Returns what
+    /// happened; stop the `tonic` server afterwards (its graceful shutdown ends the open
+    /// streams).
     ///
     /// Calling it again (or on a clone) drains again, with the state as it is then. A
     /// `deadline` too far to represent (`Duration::MAX`) waits without one.

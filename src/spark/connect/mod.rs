@@ -161,3 +161,23 @@ pub const SERVICE_NAME: &str = "spark.connect.SparkConnectService";
 /// Largest message the service and client accept or send: 128 MiB, Spark's
 /// `spark.connect.grpc.maxInboundMessageSize` (rx §4.5; tonic's default is 4 MiB).
 pub const MAX_MESSAGE_SIZE: usize = 128 * 1024 * 1024;
+
+/// `e` and its causes, `: `-separated, leaving out a cause whose text the line already holds
+/// (tonic's and hyper's wrappers repeat their cause, or say only "transport error"): how
+/// the client reports a transport's error (connect §7.1), and how to print a
+/// [`ConnectClientError`] or [`TlsError`](tls::TlsError) whole.
+pub fn error_chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut line = String::new();
+    let mut next = Some(e);
+    while let Some(e) = next {
+        let text = e.to_string();
+        if !text.is_empty() && !line.contains(&text) {
+            if !line.is_empty() {
+                line.push_str(": ");
+            }
+            line.push_str(&text);
+        }
+        next = e.source();
+    }
+    line
+}

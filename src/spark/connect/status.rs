@@ -193,7 +193,7 @@ pub(crate) fn to_rpc_error(status: &tonic::Status) -> RpcError {
     // "transport error"): the message carries them, so a failed TLS handshake says why.
     let message = match std::error::Error::source(status) {
         Some(source) => {
-            let causes = super::tls::causes(source);
+            let causes = super::error_chain(source);
             if causes.is_empty() || status.message().contains(&causes) {
                 status.message().to_owned()
             } else if status.message().is_empty() || causes.contains(status.message()) {

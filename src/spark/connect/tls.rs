@@ -761,7 +761,7 @@ fn refused(e: &tonic::transport::Error, side: &'static str) -> TlsError {
         } else {
             "client TLS configuration"
         },
-        detail: std::error::Error::source(e).map_or_else(|| e.to_string(), causes),
+        detail: std::error::Error::source(e).map_or_else(|| e.to_string(), super::error_chain),
     }
 }
 
@@ -780,24 +780,6 @@ fn pem_error(what: &'static str, e: &rustls::pki_types::pem::Error) -> TlsError 
         e => e.to_string(),
     };
     TlsError::Pem { what, detail }
-}
-
-/// `e` and its causes, `: `-separated, leaving out a cause whose text the line already holds
-/// (tonic's and hyper's wrappers repeat their cause, or say only "transport error").
-pub(crate) fn causes(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut line = String::new();
-    let mut next = Some(e);
-    while let Some(e) = next {
-        let text = e.to_string();
-        if !text.is_empty() && !line.contains(&text) {
-            if !line.is_empty() {
-                line.push_str(": ");
-            }
-            line.push_str(&text);
-        }
-        next = e.source();
-    }
-    line
 }
 
 #[cfg(test)]
