@@ -349,40 +349,52 @@ fn summary(memory: Option<u64>) {
     observed_summary();
 }
 
-/// The event listener of the observed arm: a thread that reads every event in batches, once
-/// a millisecond (see `tether::observe` on reading at high event rates), until `stop`.
-struct Listener {
+/// A thread that reads everything `pop` yields in batches, once a millisecond (see
+/// `tether::observe` on reading at high event rates), until `finish`: the event listener of
+/// the observed arm, and the reader of the raw ring of its floor.
+struct Drainer<S> {
     stop: Arc<std::sync::atomic::AtomicBool>,
-    thread: std::thread::JoinHandle<(u64, u64)>,
+    read: Arc<std::sync::atomic::AtomicU64>,
+    thread: std::thread::JoinHandle<(u64, S)>,
 }
 
-impl Listener {
-    fn start(mut rx: tether::observe::EventReceiver<tether::execution::ExecutionEvent>) -> Self {
+impl<S: Send + 'static> Drainer<S> {
+    fn start<T: 'static>(mut source: S, pop: fn(&mut S) -> Option<T>) -> Self {
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let stopping = stop.clone();
+        let read = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (stopping, reading) = (stop.clone(), read.clone());
         let thread = std::thread::spawn(move || {
             let mut n = 0u64;
             loop {
                 let done = stopping.load(std::sync::atomic::Ordering::Acquire);
-                while let Some(e) = rx.try_recv() {
+                while let Some(e) = pop(&mut source) {
                     black_box(&e);
                     n += 1;
                 }
+                reading.store(n, std::sync::atomic::Ordering::Relaxed);
                 if done {
-                    return (n, rx.dropped());
+                    return (n, source);
                 }
                 std::thread::sleep(Duration::from_millis(1));
             }
         });
-        Self { stop, thread }
+        Self { stop, read, thread }
     }
 
-    /// Stops the thread; the events it read and those a full channel dropped.
-    fn finish(self) -> (u64, u64) {
+    /// The items read so far, once the source is empty (after `populated_with`).
+    fn settled(&self) -> u64 {
+        std::thread::sleep(Duration::from_millis(20));
+        self.read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Stops the thread; the items it read, and the source.
+    fn finish(self) -> (u64, S) {
         self.stop.store(true, std::sync::atomic::Ordering::Release);
-        self.thread.join().expect("the listener thread")
+        self.thread.join().expect("the draining thread")
     }
 }
+
+type Listener = Drainer<tether::observe::EventReceiver<tether::execution::ExecutionEvent>>;
 
 /// A manager like [`manager`] built with a Prometheus recorder installed (its handles are
 /// registered with it; nothing renders) and an event listener attached.
@@ -406,15 +418,29 @@ fn observed_manager() -> (ExecutionManager, Listener) {
     };
     // The recorder must outlive the handles the manager registered: leak it (one per run).
     Box::leak(Box::new(recorder));
-    (m, Listener::start(rx))
+    (m, Drainer::start(rx, |rx| rx.try_recv()))
 }
 
-/// Observability's cost on the registry lifecycle: paired ABBA rounds of the bare manager
-/// against the observed one (recorder + listener), same populations, same requests.
+/// The events one registry lifecycle of the observed arm publishes: `OperationStarted`,
+/// `Released { until: None }`, `OperationCanceled` and `OperationClosed` (the 64 sessions'
+/// `SessionStarted` are too few to count).
+const EVENTS_PER_LIFECYCLE: u64 = 4;
+
+/// The floor of delivering events to another thread at all: a bare `crossbeam_queue`
+/// ring of `ExecutionEvent`s (the ring `tether::observe::event_channel` is built on, the
+/// same capacity) that a [`Drainer`] reads, as the observed arm's listener does.
+type RawRing = Arc<crossbeam_queue::ArrayQueue<tether::execution::ExecutionEvent>>;
+
+/// Observability's cost on the registry lifecycle: paired ABBA rounds of the observed
+/// manager (recorder + listener) against the bare one, same populations, same requests; and
+/// against the bare one plus the raw cost of handing the same number of equally large events
+/// to another thread ([`RawRing`]): what is left above that floor is tether's own.
 fn observed_summary() {
     let (bare, _keep_bare) = populated_with(manager(), 100_000);
     let (observed, listener) = observed_manager();
     let (observed, keep_observed) = populated_with(observed, 100_000);
+    let before = listener.settled();
+    let lifecycles = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let arm = |m: &ExecutionManager| {
         let mut req = execute_request("", "");
         let mut release = release_all("", "");
@@ -426,15 +452,65 @@ fn observed_summary() {
             lifecycle_once(&m, &mut req, &mut release, &s, ids.next())
         }
     };
-    let (mut bare_arm, mut observed_arm) = (arm(&bare), arm(&observed));
+    let mut bare_arm = arm(&bare);
+    let mut observed_arm = {
+        let (mut run, count) = (arm(&observed), lifecycles.clone());
+        move || {
+            count.set(count.get() + 1);
+            run()
+        }
+    };
     let (mut ratios, observed_times, bare_times) = paired(&mut observed_arm, &mut bare_arm);
     let (lo, median, hi) = quartiles(&mut ratios);
-    drop((observed_arm, keep_observed, observed));
-    let (events, dropped) = listener.finish();
+    // The floor: the bare lifecycle, then the same events into a raw ring.
+    let ring: RawRing = Arc::new(crossbeam_queue::ArrayQueue::new(1 << 16));
+    let raw = Drainer::start(ring.clone(), |q| q.pop());
+    let event = tether::execution::ExecutionEvent {
+        at: Instant::now(),
+        session_id: Uuid::new_v4(),
+        operation_id: Some(Uuid::new_v4()),
+        kind: tether::execution::ExecutionEventKind::OperationCanceled,
+    };
+    let mut floor_arm = {
+        let (queue, mut bare_arm) = (ring.clone(), arm(&bare));
+        move || {
+            bare_arm();
+            for _ in 0..EVENTS_PER_LIFECYCLE {
+                let _ = queue.push(black_box(event.clone()));
+            }
+        }
+    };
+    let (mut floor_ratios, _, floor_times) = paired(&mut observed_arm, &mut floor_arm);
+    let (flo, fmedian, fhi) = quartiles(&mut floor_ratios);
+    drop((observed_arm, keep_observed, observed, floor_arm));
+    let (events, rx) = listener.finish();
+    let dropped = rx.dropped();
+    let (raw_events, _) = raw.finish();
+    let observed_lifecycles = lifecycles.get();
+    let half = std::env::var("TETHER_BENCH_OBSERVE").unwrap_or_default();
+    if half != "metrics" {
+        let per = (events + dropped - before) as f64 / observed_lifecycles as f64;
+        assert!(
+            (per - EVENTS_PER_LIFECYCLE as f64).abs() < 0.1,
+            "the observed arm published {per:.2} events per lifecycle, the floor arm {EVENTS_PER_LIFECYCLE}"
+        );
+    }
+    let what = match half.as_str() {
+        "metrics" => "recorder alone",
+        "events" => "listener alone",
+        _ => "recorder + listener",
+    };
     println!(
-        "create+attach+release observed (recorder + listener, {events} events read, {dropped} dropped) vs bare (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): observed {:?}, bare {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.97)",
+        "create+attach+release observed ({what}, {events} events read, {dropped} dropped) vs bare (paired, median of {PAIRED_ROUNDS} ABBA rounds of {PAIRED_CHUNK}): observed {:?}, bare {:?}, throughput ratio {median:.3} [IQR {lo:.3}–{hi:.3}] (target ≥ 0.97)",
         observed_times[PAIRED_ROUNDS / 2],
         bare_times[PAIRED_ROUNDS / 2],
+    );
+    if half == "metrics" {
+        return;
+    }
+    println!(
+        "create+attach+release observed ({what}) vs bare + {EVENTS_PER_LIFECYCLE} events into a raw ring drained by a thread ({raw_events} read; the floor of any listener on another thread): floor {:?}, throughput ratio {fmedian:.3} [IQR {flo:.3}–{fhi:.3}]",
+        floor_times[PAIRED_ROUNDS / 2],
     );
 }
 

@@ -36,7 +36,10 @@
 //! atomic add per event) and hands its counters to the recorder, and samples its gauges, at
 //! each maintenance pass (`ManagerConfig::maintenance_interval`, 30 s by default;
 //! `ExecutionManager::publish_metrics` does it on demand), so that a request pays nothing for
-//! a gauge and makes no call into the recorder; its histograms are recorded as they happen.
+//! a gauge and makes no call into the recorder. Its histograms are bucketed on its own
+//! memory the same way (32 log-linear buckets per power of two of nanoseconds) and handed
+//! over at the same passes as samples of each bucket's midpoint, within 1.6 % of the value
+//! recorded.
 //! Names follow Prometheus conventions; no label is unbounded (no ids: those are in the
 //! events and spans).
 //!

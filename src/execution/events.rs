@@ -8,7 +8,7 @@
 //! core queued, after each step, under the execution's lock, so that one execution's events
 //! reach the channel in the order the core decided them.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use metrics::{Counter, Gauge, Histogram};
 use smallvec::SmallVec;
@@ -340,6 +340,82 @@ impl LocalCounter {
     }
 }
 
+/// A histogram of the facade recorded on the manager's own memory and handed to the
+/// recorder at each maintenance pass ([`Metrics::publish`]), as [`LocalCounter`] does for
+/// counters: a sample is one relaxed atomic add to a bucket, not a call into the recorder
+/// (which, for `metrics-exporter-prometheus`, is a virtual call and a push into a growing
+/// sample buffer: about 45 ns per sample in the registry benchmark, `docs/benchmarks.md`).
+///
+/// Samples are durations in nanoseconds, bucketed log-linearly: values below 32 ns each
+/// have a bucket; above, each power of two is split into 32 equal buckets, so that a bucket
+/// is at most 1/32 (3.1 %) of its values wide. A bucket is published as that many samples of
+/// its midpoint, in seconds: a published value is within 1.6 % of the value recorded, which
+/// is finer than the buckets or quantiles of any exporter built on it.
+pub(crate) struct LocalHistogram {
+    handle: Histogram,
+    /// Samples since the last publication, by bucket ([`LocalHistogram::bucket`]).
+    counts: Box<[AtomicU64]>,
+}
+
+/// Sub-buckets per power of two of a [`LocalHistogram`], as a shift (32).
+const SUB_BITS: u32 = 5;
+/// Buckets of a [`LocalHistogram`]: the 32 exact values below 32 ns, then 32 for each of the
+/// 59 powers of two from 2^5 to 2^63 ns.
+const BUCKETS: usize = (1 << SUB_BITS) * (64 - SUB_BITS as usize + 1);
+
+impl LocalHistogram {
+    fn of(handle: Histogram) -> Self {
+        Self {
+            handle,
+            counts: (0..BUCKETS).map(|_| AtomicU64::new(0)).collect(),
+        }
+    }
+
+    /// The bucket of a duration of `nanos` nanoseconds.
+    fn bucket(nanos: u64) -> usize {
+        let sub = 1u64 << SUB_BITS;
+        if nanos < sub {
+            return nanos as usize;
+        }
+        let power = 63 - nanos.leading_zeros(); // ≥ SUB_BITS
+        let shift = power - SUB_BITS;
+        let within = (nanos >> shift) - sub; // 0..32
+        (sub as usize) * (shift as usize + 1) + within as usize
+    }
+
+    /// The midpoint of `bucket`, in seconds.
+    fn midpoint_seconds(bucket: usize) -> f64 {
+        let sub = 1usize << SUB_BITS;
+        if bucket < sub {
+            return bucket as f64 / 1e9;
+        }
+        let shift = (bucket / sub - 1) as i32;
+        let within = (bucket % sub) as f64;
+        let width = 2f64.powi(shift);
+        ((sub as f64 + within) * width + width / 2.0) / 1e9
+    }
+
+    /// Records one duration.
+    pub(crate) fn record(&self, d: std::time::Duration) {
+        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.counts[Self::bucket(nanos)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn publish(&self) {
+        for (bucket, count) in self.counts.iter().enumerate() {
+            // Relaxed suffices: a sample counted after the load is published the next time.
+            if count.load(Ordering::Relaxed) == 0 {
+                continue;
+            }
+            let n = count.swap(0, Ordering::Relaxed);
+            self.handle.record_many(
+                Self::midpoint_seconds(bucket),
+                usize::try_from(n).unwrap_or(usize::MAX),
+            );
+        }
+    }
+}
+
 /// A gauge of the facade set from a sample of one manager's state: published as the change
 /// since its last sample, so that the gauges of several managers in one process add up.
 pub(crate) struct LocalGauge {
@@ -393,8 +469,8 @@ pub(crate) struct Metrics {
     producer_waits: LocalCounter,
     unsent_bytes: LocalGauge,
     retained_bytes: LocalGauge,
-    execution_seconds: Histogram,
-    reattach_gap_seconds: Histogram,
+    execution_seconds: LocalHistogram,
+    reattach_gap_seconds: LocalHistogram,
     events_dropped: LocalCounter,
 }
 
@@ -590,8 +666,12 @@ impl Metrics {
             )),
             unsent_bytes: LocalGauge::of(metrics::gauge!("tether_connect_unsent_bytes")),
             retained_bytes: LocalGauge::of(metrics::gauge!("tether_connect_retained_bytes")),
-            execution_seconds: metrics::histogram!("tether_connect_execution_seconds"),
-            reattach_gap_seconds: metrics::histogram!("tether_connect_reattach_gap_seconds"),
+            execution_seconds: LocalHistogram::of(metrics::histogram!(
+                "tether_connect_execution_seconds"
+            )),
+            reattach_gap_seconds: LocalHistogram::of(metrics::histogram!(
+                "tether_connect_reattach_gap_seconds"
+            )),
             events_dropped: LocalCounter::of(
                 metrics::counter!("tether_events_dropped_total", "side" => "connect"),
             ),
@@ -600,7 +680,7 @@ impl Metrics {
 }
 
 impl Metrics {
-    /// Hands every counter's count to the recorder.
+    /// Hands every counter's count and every histogram's samples to the recorder.
     fn publish(&self) {
         for c in [
             &self.sessions_started,
@@ -627,6 +707,8 @@ impl Metrics {
         for (_, c) in &self.errors {
             c.publish();
         }
+        self.execution_seconds.publish();
+        self.reattach_gap_seconds.publish();
     }
 }
 
@@ -785,7 +867,7 @@ impl Observer {
             }
         };
         for event in batch.events {
-            let ran_for = || at.saturating_duration_since(started).as_secs_f64();
+            let ran_for = || at.saturating_duration_since(started);
             match event {
                 Lifecycle::Reattached => {
                     let r = batch.reattach;
@@ -793,7 +875,7 @@ impl Observer {
                     m.replayed.increment(u64::from(r.replayed));
                     if r.detached_ms != u32::MAX {
                         m.reattach_gap_seconds
-                            .record(f64::from(r.detached_ms) / 1e3);
+                            .record(Duration::from_millis(u64::from(r.detached_ms)));
                     }
                     send(ExecutionEventKind::Reattached {
                         resumed_at: r.resumed_at,
@@ -850,5 +932,76 @@ impl Observer {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LocalHistogram;
+
+    #[test]
+    fn a_histogram_bucket_holds_values_within_its_midpoint_s_precision() {
+        let mut last = 0;
+        for nanos in (0..4096u64)
+            .chain((12..64).flat_map(|p| [(1u64 << p) - 1, 1 << p, (1 << p) + 12345]))
+            .chain([u64::MAX])
+        {
+            let b = LocalHistogram::bucket(nanos);
+            assert!(b < super::BUCKETS, "{nanos} ns: bucket {b}");
+            if nanos < 4096 {
+                assert!(b >= last, "buckets grow with the value: {nanos} ns");
+                last = b;
+            }
+            let mid = LocalHistogram::midpoint_seconds(b) * 1e9;
+            let error = (mid - nanos as f64).abs() / (nanos as f64).max(1.0);
+            assert!(error <= 1.0 / 64.0 + 1e-9, "{nanos} ns → {mid} ns: {error}");
+        }
+        // The exact buckets below 32 ns, the first split power of two, the last bucket.
+        assert_eq!(LocalHistogram::bucket(31), 31);
+        assert_eq!(LocalHistogram::bucket(32), 32);
+        assert_eq!(LocalHistogram::bucket(64), 64);
+        assert_eq!(LocalHistogram::bucket(u64::MAX), super::BUCKETS - 1);
+    }
+
+    /// Keeps what the recorder was handed.
+    #[derive(Default)]
+    struct Samples(std::sync::Mutex<Vec<f64>>);
+
+    impl metrics::HistogramFn for Samples {
+        fn record(&self, value: f64) {
+            self.0.lock().unwrap().push(value);
+        }
+    }
+
+    #[test]
+    fn a_histogram_publishes_each_sample_once_near_its_value() {
+        use std::time::Duration;
+        let samples = std::sync::Arc::new(Samples::default());
+        let h = LocalHistogram::of(metrics::Histogram::from_arc(samples.clone()));
+        let recorded = [
+            Duration::ZERO,
+            Duration::from_nanos(700),
+            Duration::from_micros(250),
+            Duration::from_millis(3),
+            Duration::from_millis(3),
+            Duration::from_secs(90),
+        ];
+        for d in recorded {
+            h.record(d);
+        }
+        h.publish();
+        let mut seen = samples.0.lock().unwrap().clone();
+        seen.sort_by(f64::total_cmp);
+        assert_eq!(seen.len(), recorded.len());
+        for (d, s) in recorded.iter().zip(&seen) {
+            let want = d.as_secs_f64();
+            assert!((s - want).abs() <= want / 64.0, "{d:?} published as {s} s");
+        }
+        // Published once: a second pass with nothing new hands over nothing.
+        h.publish();
+        assert_eq!(samples.0.lock().unwrap().len(), recorded.len());
+        h.record(Duration::from_millis(1));
+        h.publish();
+        assert_eq!(samples.0.lock().unwrap().len(), recorded.len() + 1);
     }
 }
