@@ -19,7 +19,12 @@
 //! The channel is bounded and never blocks the protocol: sending is one push into a
 //! fixed ring (no lock, no allocation); when the ring is full the event is dropped, counted
 //! ([`EventReceiver::dropped`], [`EventSender::dropped`]) and reported in the metric
-//! `tether_events_dropped_total`, never lost silently. A listener that keeps up sees every
+//! `tether_events_dropped_total`, never lost silently. Once the [`EventReceiver`] is
+//! dropped nobody listens: events are discarded uncounted ([`EventSender::is_listened`]
+//! says so), as Spark's listener bus discards posts after its queue stopped. A listener
+//! that can fail (a log file on a full disk) should keep its receiver and keep reading,
+//! counting what it could not keep, rather than drop it: `examples/connect_server`'s
+//! `--events-log` does. A listener that keeps up sees every
 //! event, in the order the protocol decided it (per execution and per session, the order of
 //! Spark's status machine, [`OperationStatus`](crate::execution::OperationStatus); per
 //! worker session, the udf §4.1 states its `EngineCore` reached; per worker process, the

@@ -210,7 +210,8 @@ struct Args {
     /// Serve the metrics (tether's, `tether::observe`) as Prometheus text at
     /// `http://HOST:PORT/metrics`, through `metrics-exporter-prometheus`; the manager's
     /// counters and gauges are published every second (the `_seconds` metrics are
-    /// histograms with buckets from 1 ms to 10 min).
+    /// histograms with buckets from 1 ms to 10 min). Port 0 takes a free port; the address
+    /// is printed (`metrics on http://…/metrics`).
     #[arg(long, value_name = "HOST:PORT")]
     metrics_addr: Option<SocketAddr>,
     /// Append every lifecycle event of the execution manager to this file (created if
@@ -218,8 +219,14 @@ struct Args {
     /// (`tether::execution::ExecutionEvent`): `at_ms` (milliseconds since the server
     /// started), `kind`, `user_id`, `session_id`, `operation_id` (null for session events),
     /// `job_tag`, and `fields`, the kind's own fields; a last line
-    /// `{"kind":"Dropped","count":N}` counts the events a full channel dropped. The streams
-    /// `--faults` ends are the example's own doing, not the manager's: they are not events.
+    /// `{"kind":"Dropped","count":N,"unwritten":M}` counts the events a full channel dropped
+    /// (also in `tether_events_dropped_total`) and those a failed write lost (also in
+    /// `connect_server_events_unwritten_total`; the first failure of a streak is logged at
+    /// once). Written by a thread of its own; a stopping server waits at most 5 s for it.
+    /// The streams `--faults` ends are the example's own doing, not the manager's: they are
+    /// neither events nor counted in `tether_connect_errors_total`; an operation the faults
+    /// forget runs again under its id, so its id has two `OperationStarted` … `OperationClosed`
+    /// runs.
     #[arg(long, value_name = "FILE")]
     events_log: Option<std::path::PathBuf>,
     /// Serve the same engine without tether (module `baseline`): the baseline of
@@ -984,37 +991,112 @@ fn event_json(
     })
 }
 
-/// Writes every event of `events` to `path`, one JSON line each, flushed per line, until
-/// `stop` resolves; then what is queued, and a last line `{"kind":"Dropped","count":N}`
-/// with the events a full channel dropped.
-async fn log_events(
-    mut events: EventReceiver<ExecutionEvent>,
-    mut file: std::fs::File,
-    start: std::time::Instant,
-    stop: tokio::sync::oneshot::Receiver<()>,
-) -> std::io::Result<()> {
-    use futures::StreamExt;
-    use std::io::Write;
-    tokio::pin!(stop);
-    let mut users = Users::default();
-    loop {
-        let e = tokio::select! {
-            e = events.next() => e,
-            _ = &mut stop => None,
-        };
-        let Some(e) = e else { break };
-        writeln!(file, "{}", event_json(&e, &mut users, start))?;
-        file.flush()?;
+/// The `--events-log` writer: a thread of its own (a file write blocks, and a slow reader
+/// of a pipe would hold a runtime worker) that reads the manager's event channel in batches
+/// every [`EVENTS_LOG_PERIOD`] (as `tether::observe` suggests at high event rates) and
+/// appends them, one JSON line each. A failed write is logged at once (the first of a
+/// streak) and its events counted as `unwritten`, in the metric
+/// `connect_server_events_unwritten_total` and on the last line; the writer keeps reading,
+/// so the channel never fills behind a broken file, and writes again once the file takes
+/// them (a full disk freed).
+struct EventsLog {
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+/// How often the `--events-log` writer reads the channel.
+const EVENTS_LOG_PERIOD: Duration = Duration::from_millis(10);
+
+/// How long a stopping server waits for the `--events-log` writer to write what it read
+/// and its last line; a reader of a pipe that slow loses the rest (said on stdout).
+const EVENTS_LOG_FLUSH: Duration = Duration::from_secs(5);
+
+impl EventsLog {
+    fn start(
+        mut events: EventReceiver<ExecutionEvent>,
+        mut file: std::fs::File,
+        start: std::time::Instant,
+    ) -> Self {
+        use std::io::Write;
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stopping = stop.clone();
+        metrics::describe_counter!(
+            "connect_server_events_unwritten_total",
+            metrics::Unit::Count,
+            "Events the --events-log writer read but could not write."
+        );
+        let unwritten_total = metrics::counter!("connect_server_events_unwritten_total");
+        let thread = std::thread::spawn(move || {
+            let mut users = Users::default();
+            let (mut unwritten, mut failing) = (0u64, false);
+            let mut batch = Vec::new();
+            loop {
+                let last = stopping.load(std::sync::atomic::Ordering::Acquire);
+                let mut n = 0u64;
+                while let Some(e) = events.try_recv() {
+                    let _ = writeln!(batch, "{}", event_json(&e, &mut users, start));
+                    n += 1;
+                }
+                if last {
+                    let _ = writeln!(
+                        batch,
+                        "{}",
+                        serde_json::json!({
+                            "kind": "Dropped",
+                            "count": events.dropped(),
+                            "unwritten": unwritten + n,
+                        })
+                    );
+                }
+                if !batch.is_empty() {
+                    match file.write_all(&batch).and_then(|()| file.flush()) {
+                        Ok(()) => failing = false,
+                        Err(e) => {
+                            if !failing {
+                                tracing::error!(
+                                    error = %e,
+                                    "writing the events log failed: its events are counted \
+                                     as unwritten until a write succeeds"
+                                );
+                            }
+                            failing = true;
+                            unwritten += n;
+                            unwritten_total.increment(n);
+                        }
+                    }
+                    batch.clear();
+                }
+                if last {
+                    if unwritten > 0 {
+                        println!("events log: {unwritten} events could not be written");
+                    }
+                    return;
+                }
+                std::thread::sleep(EVENTS_LOG_PERIOD);
+            }
+        });
+        Self { stop, thread }
     }
-    for e in events.drain() {
-        writeln!(file, "{}", event_json(&e, &mut users, start))?;
+
+    /// Writes what is left and the last line, waiting at most [`EVENTS_LOG_FLUSH`].
+    async fn finish(self) {
+        self.stop.store(true, std::sync::atomic::Ordering::Release);
+        let waited = std::time::Instant::now();
+        while !self.thread.is_finished() {
+            if waited.elapsed() >= EVENTS_LOG_FLUSH {
+                println!(
+                    "events log: not written {} ms after the stop (its reader is too slow): \
+                     the rest is lost",
+                    EVENTS_LOG_FLUSH.as_millis()
+                );
+                return;
+            }
+            tokio::time::sleep(EVENTS_LOG_PERIOD).await;
+        }
+        if self.thread.join().is_err() {
+            tracing::error!("the events log writer panicked");
+        }
     }
-    writeln!(
-        file,
-        "{}",
-        serde_json::json!({ "kind": "Dropped", "count": events.dropped() })
-    )?;
-    file.flush()
 }
 
 /// `--token`: refuses what no client could send, or what would look like a token and
@@ -1123,7 +1205,14 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
 
     // The recorder first: the manager registers its metric handles when it is built.
     let start = std::time::Instant::now();
-    if let Some(addr) = args.metrics_addr {
+    if let Some(mut addr) = args.metrics_addr {
+        if addr.port() == 0 {
+            // The exporter binds its own listener and does not say its port: take a free one
+            // now (another process could take it in between; then the exporter fails to bind).
+            addr = std::net::TcpListener::bind(addr)
+                .and_then(|l| l.local_addr())
+                .map_err(|e| format!("--metrics-addr {addr}: {e}"))?;
+        }
         // Histograms with buckets (a summary's quantiles cannot be aggregated): 1 ms to 10 min.
         let buckets = [
             0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0, 600.0,
@@ -1146,9 +1235,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 .open(path)
                 .map_err(|e| format!("--events-log {}: {e}", path.display()))?;
             let (tx, rx) = event_channel(1 << 16);
-            let (stop, stopped) = tokio::sync::oneshot::channel();
-            let task = tokio::spawn(log_events(rx, file, start, stopped));
-            (Some(tx), Some((stop, task)))
+            (Some(tx), Some(EventsLog::start(rx, file, start)))
         }
         None => (None, None),
     };
@@ -1306,13 +1393,8 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         publisher.abort();
     }
     println!("{}", stats_line(&manager, faults.as_deref()));
-    if let Some((stop, task)) = events_task {
-        let _ = stop.send(());
-        match task.await {
-            Ok(Err(e)) => tracing::error!(error = %e, "writing the events log failed"),
-            Err(e) => tracing::error!(error = %e, "the events log task failed"),
-            Ok(Ok(())) => {}
-        }
+    if let Some(log) = events_task {
+        log.finish().await;
     }
     // Exit 1 when the stop cut something short: a forced stop, or executions the drain left
     // with a client attached (its stream is cut). Canceled executions were told; abandoned

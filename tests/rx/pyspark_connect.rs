@@ -441,6 +441,75 @@ fn the_readme_client_reads_a_million_rows_across_reattaches() {
     println!("range_client: {rows} rows, {reattaches} reattaches; server {stats:?}");
 }
 
+/// `--events-log` on a file that refuses every write (`/dev/full`, as a full disk): the
+/// server serves on, logs the failure once, counts every event it could not write in
+/// `connect_server_events_unwritten_total` (not silently lost), says how many when it
+/// stops, and a SIGTERM still stops it at once (the writer is a thread of its own).
+#[test]
+fn an_events_log_that_cannot_be_written_counts_what_it_loses() {
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let mut server =
+        Server::rotating(&["--events-log", "/dev/full", "--metrics-addr", &metrics_addr]);
+    let run = Command::new(example_binary("range_client"))
+        .arg(server.url())
+        .stdin(Stdio::null())
+        .output()
+        .expect("the client runs");
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    server.wait_for_stats(Duration::from_secs(10), "the execution released", |s| {
+        stat(s, "released") == 1 && stat(s, "live_executions") == 0
+    });
+    // Each rotated stream is a StreamRotated and a Reattached event: about 200, and more.
+    let unwritten = |m: &BTreeMap<String, f64>| {
+        m.get("connect_server_events_unwritten_total")
+            .copied()
+            .unwrap_or(0.0) as u64
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let counted = loop {
+        let n = unwritten(&scrape(metrics_port));
+        if n >= 200 || Instant::now() > deadline {
+            break n;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(counted >= 200, "{counted} events counted as unwritten");
+    let dropped = scrape(metrics_port)
+        .get("tether_events_dropped_total{side=\"connect\"}")
+        .copied();
+    assert!(
+        dropped.unwrap_or(0.0) == 0.0,
+        "a full channel dropped {dropped:?}"
+    );
+    assert_eq!(
+        server.log_count("writing the events log failed"),
+        1,
+        "logged once per streak"
+    );
+    server.terminate();
+    let status = server.wait_exit(Duration::from_secs(15));
+    assert!(status.success(), "exit status {status}");
+    let said = server
+        .stdout_lines()
+        .iter()
+        .find_map(|l| {
+            l.strip_prefix("events log: ")?
+                .strip_suffix(" events could not be written")?
+                .parse::<u64>()
+                .ok()
+        })
+        .expect("the stop says how many events were not written");
+    assert!(
+        said >= counted,
+        "{said} said at the stop, {counted} counted before"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tether_client_reads_ranges_limits_and_counts_as_spark_sends_them() {
     let server = tokio::task::spawn_blocking(|| Server::rotating(&[]))

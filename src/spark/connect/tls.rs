@@ -124,16 +124,34 @@ pub enum TlsError {
         /// What the PEM should hold.
         what: &'static str,
     },
-    /// The certificate is not valid now: expired or not yet valid (every peer would refuse
-    /// it in the handshake). Times as the certificate states them.
-    #[error("the {what} is not valid now: valid from {not_before} until {not_after}")]
+    /// A certificate of the chain is not valid now: expired or not yet valid (every peer
+    /// would refuse the chain in the handshake). Times as the certificate states them.
+    #[error(
+        "{} is not valid now: valid from {not_before} until {not_after}",
+        chain_member(what, *position)
+    )]
     NotValidNow {
         /// What the PEM should hold.
         what: &'static str,
+        /// Which certificate of the chain: 0 for the own certificate, then its
+        /// intermediates in the order of the PEM.
+        position: usize,
         /// Its `notBefore`.
         not_before: String,
         /// Its `notAfter`.
         not_after: String,
+    },
+    /// The private key is encrypted (`ENCRYPTED PRIVATE KEY`, or a PKCS #1 key with a
+    /// `Proc-Type: 4,ENCRYPTED` header): tether, like tonic and rustls, reads unencrypted keys
+    /// only.
+    #[error(
+        "the {what} is encrypted: decrypt it first (for example `openssl pkcs8 -in key.pem \
+         -out key-plain.pem`, or `openssl rsa` for an RSA key) and keep the file readable by \
+         the server only"
+    )]
+    EncryptedPrivateKey {
+        /// What the PEM should hold.
+        what: &'static str,
     },
     /// rustls refused the certificate and key together for another reason (for example a
     /// key type it does not support).
@@ -690,7 +708,8 @@ fn certificates(pem: &[u8], what: &'static str) -> Result<Vec<CertificateDer<'st
 }
 
 /// A peer's own chain, checked as the other side will check it (connect §7.1): its first
-/// certificate is its own, not a CA's, and valid now. (Whether it chains to a CA the other
+/// certificate is its own, not a CA's ahead of a leaf (a lone CA certificate is warned
+/// about), and every certificate is valid now. (Whether it chains to a CA the other
 /// side trusts only the other side can tell.)
 fn own_chain(certs: &[CertificateDer<'_>], what: &'static str) -> Result<(), TlsError> {
     use x509_parser::prelude::{FromDer, X509Certificate};
@@ -712,10 +731,23 @@ fn own_chain(certs: &[CertificateDer<'_>], what: &'static str) -> Result<(), Tls
         if is_ca(first) && rest.iter().any(|c| !is_ca(c)) {
             return Err(TlsError::ChainOrder { what });
         }
-        let validity = first.validity();
+        if is_ca(first) {
+            // OpenSSL's `req -x509` marks a self-signed certificate CA:TRUE by default.
+            tracing::warn!(
+                certificate = what,
+                "the {what} is a CA certificate (basicConstraints CA:TRUE) used as its own: \
+                 OpenSSL-based peers (PySpark's grpc-core, the JVM) accept it, rustls/webpki \
+                 peers (tether's own ConnectClient among them) refuse it (CaUsedAsEndEntity); \
+                 issue a certificate with CA:FALSE signed by that CA"
+            );
+        }
+    }
+    for (position, cert) in parsed.iter().enumerate() {
+        let validity = cert.validity();
         if !validity.is_valid() {
             return Err(TlsError::NotValidNow {
                 what,
+                position,
                 not_before: validity.not_before.to_string(),
                 not_after: validity.not_after.to_string(),
             });
@@ -725,10 +757,29 @@ fn own_chain(certs: &[CertificateDer<'_>], what: &'static str) -> Result<(), Tls
 }
 
 fn private_key(pem: &[u8], what: &'static str) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| match e {
-        rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoPrivateKey { what },
-        e => pem_error(what, &e),
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| {
+        let text = String::from_utf8_lossy(pem);
+        if text.contains("-----BEGIN ENCRYPTED PRIVATE KEY-----")
+            || text.contains("Proc-Type: 4,ENCRYPTED")
+        {
+            return TlsError::EncryptedPrivateKey { what };
+        }
+        match e {
+            rustls::pki_types::pem::Error::NoItemsFound => TlsError::NoPrivateKey { what },
+            e => pem_error(what, &e),
+        }
     })
+}
+
+/// The certificate of a chain at `position`, in words (0 is the chain's own certificate).
+fn chain_member(what: &str, position: usize) -> String {
+    match position {
+        0 => format!("the {what}"),
+        n => format!(
+            "certificate {} of the {what} chain (an intermediate)",
+            n + 1
+        ),
+    }
 }
 
 /// Every certificate of `pem` as a trust anchor (tonic skips the ones it cannot parse, which
@@ -866,6 +917,47 @@ mod tests {
                 e.starts_with("the client certificate is not valid now"),
                 "{e}"
             );
+        }
+        // A valid leaf after which comes an expired intermediate.
+        let ca_key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        ca.not_before = rcgen::date_time_ymd(2000, 1, 1);
+        ca.not_after = rcgen::date_time_ymd(2001, 1, 1);
+        let expired_ca = ca.self_signed(&ca_key).unwrap();
+        let chain = format!("{}{}", p.cert, expired_ca.pem());
+        let e = message(ServerTls::from_pem(&chain, &p.key));
+        assert!(
+            e.starts_with(
+                "certificate 2 of the server certificate chain (an intermediate) is not valid \
+                 now: valid from "
+            ),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn an_encrypted_private_key_is_named_as_such() {
+        let p = pki();
+        // The shape of `openssl pkcs8 -topk8 -v2 aes-256-cbc` output, and of a legacy
+        // encrypted PKCS #1 key: the body is never read.
+        let pkcs8 = "-----BEGIN ENCRYPTED PRIVATE KEY-----\nMIIFHzBJBgkqhkiG9w0BBQ0wPDAb\n\
+                     -----END ENCRYPTED PRIVATE KEY-----\n";
+        let pkcs1 = "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n\
+                     DEK-Info: AES-256-CBC,0123456789ABCDEF0123456789ABCDEF\n\nAAAA\n\
+                     -----END RSA PRIVATE KEY-----\n";
+        for key in [pkcs8, pkcs1] {
+            let e = message(ServerTls::from_pem(&p.cert, key));
+            assert!(
+                e.starts_with("the server private key is encrypted: decrypt it first"),
+                "{e}"
+            );
+            let e = message(
+                ClientTls::from_ca_pem(&p.ca)
+                    .unwrap()
+                    .with_identity_pem(&p.cert, key),
+            );
+            assert!(e.starts_with("the client private key is encrypted"), "{e}");
         }
     }
 
