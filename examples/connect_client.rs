@@ -23,7 +23,9 @@
 //! - the stream ended with `ResultComplete`, and the client sent its releases: a
 //!   `ReleaseUntil` per response (rx §6.3) and one `ReleaseAll`, all answered;
 //! - with `--verify-released`, the server holds nothing of it any more: a ReattachExecute
-//!   of the operation afterwards gets `INVALID_HANDLE.OPERATION_NOT_FOUND` (rx §5.5).
+//!   of the operation afterwards gets `INVALID_HANDLE.OPERATION_NOT_FOUND` (rx §5.5);
+//! - its session is released at the end (`ReleaseSession`, rx §1.7), as PySpark's
+//!   `spark.stop()` does, so that a server's live sessions go back to what they were.
 //!
 //! It prints one line `RESULT {json}` on stdout: `rows`, `batches`, `responses`,
 //! `reattaches`, `execute_plans`, `retries`, `release_until_calls`, `release_all_calls`,
@@ -43,7 +45,7 @@ use tether::execution::client::{ClientConfig, ExecutionRpc, ReattachingStream};
 use tether::spark::connect::tls::ClientTls;
 use tether::spark::connect::{ConnectClient, error_chain};
 use tether::wire::connect::{
-    ExecutePlanRequest, Plan, ReattachExecuteRequest, Relation, UserContext,
+    ExecutePlanRequest, Plan, ReattachExecuteRequest, Relation, ReleaseSessionRequest, UserContext,
     execute_plan_response::ResponseType,
 };
 
@@ -197,7 +199,7 @@ async fn main() {
     }
     if args.verify_released {
         let reattach = ReattachExecuteRequest {
-            session_id,
+            session_id: session_id.clone(),
             user_context: Some(user),
             operation_id: operation_id.clone(),
             ..Default::default()
@@ -213,6 +215,10 @@ async fn main() {
                  got {other:?}"
             )),
         }
+    }
+    let release = ReleaseSessionRequest::new(session_id, args.user_id.as_str(), false);
+    if let Err(e) = client.release_session(release).await {
+        fail(format!("ReleaseSession failed: {}", error_chain(&e)));
     }
     let result = serde_json::json!({
         "rows": tally.rows,
