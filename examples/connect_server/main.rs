@@ -71,13 +71,15 @@
 //! `--drain-timeout-ms` passes. At the deadline every query still live is canceled: its
 //! client gets `OPERATION_CANCELED` at once, what was not read is dropped, and the drain
 //! waits up to `DRAIN_GRACE` (5 s) for those clients to release; a query no client has
-//! been attached to for 5 s is abandoned (nobody to tell). It prints the drain's report (`drained live_at_start=N canceled=N abandoned=N left=N
-//! sessions_open=N elapsed_ms=N`), stops (waiting up to 5 s more for open streams), prints
-//! its last `stats` line and exits 0, or 1 if the stop cut something short: executions
-//! `left` (a client still attached, not done), streams still open 5 s after the drain, or
-//! a second signal, which stops it at once. So a SIGTERM ends the process within
-//! `--drain-timeout-ms` + 10 s: give an orchestrator's grace period (Kubernetes'
-//! `terminationGracePeriodSeconds`) at least that.
+//! been attached to for 5 s is abandoned (nobody to tell). It prints the drain's report
+//! (`drained live_at_start=N canceled=N abandoned=N left=N sessions_open=N elapsed_ms=N`),
+//! stops (waiting up to 5 s more for open streams; if those that are left reached no
+//! handler, such as a request whose body never came, it closes their connections and waits
+//! up to 2 s more), prints its last `stats` line and exits 0, or 1 if the stop cut
+//! something short: executions `left` (a client still attached, not done), streams of the
+//! service still open 5 s after the drain, or a second signal, which stops it at once. So a
+//! SIGTERM ends the process within `--drain-timeout-ms` + 12 s: give an orchestrator's grace
+//! period (Kubernetes' `terminationGracePeriodSeconds`) at least that.
 //!
 //! # TLS and health
 //!
@@ -1129,6 +1131,10 @@ async fn shutdown_signal() {
 /// How long the server waits, after its drain, for the streams still open to end.
 const HARD_STOP: Duration = Duration::from_secs(5);
 
+/// How long the server waits for its connections to end once it closed those whose streams
+/// reached no handler.
+const CLOSE_WAIT: Duration = Duration::from_secs(2);
+
 /// Why the server stopped without waiting for every open stream to end.
 #[derive(Debug, Clone, Copy)]
 enum ForcedStop {
@@ -1371,20 +1377,45 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
         Ok::<(), Box<dyn std::error::Error>>(())
     };
+    tokio::pin!(serving);
     let forced = tokio::select! {
-        served = serving => {
+        served = &mut serving => {
             served?;
             None
         }
-        why = hard_stop => {
-            match why {
-                ForcedStop::SecondSignal => println!("a second signal: stopping now"),
-                ForcedStop::StreamsOpen => println!(
-                    "streams still open {} ms after the drain: stopping",
+        why = hard_stop => match why {
+            // What is still open holds nothing of the service: requests that reached no
+            // handler (a body that never came). Close their connections, then stop cleanly.
+            ForcedStop::StreamsOpen
+                if manager.execution_count() == 0 && connect.rpcs_in_flight() == 0 =>
+            {
+                connect.close_connections();
+                println!(
+                    "streams still open {} ms after the drain reached no handler: closed \
+                     their connections",
                     HARD_STOP.as_millis()
-                ),
+                );
+                match tokio::time::timeout(CLOSE_WAIT, &mut serving).await {
+                    Ok(served) => {
+                        served?;
+                        None
+                    }
+                    Err(_) => {
+                        println!("streams still open after their connections closed: stopping");
+                        Some(ForcedStop::StreamsOpen)
+                    }
+                }
             }
-            Some(why)
+            why => {
+                match why {
+                    ForcedStop::SecondSignal => println!("a second signal: stopping now"),
+                    ForcedStop::StreamsOpen => println!(
+                        "streams still open {} ms after the drain: stopping",
+                        HARD_STOP.as_millis()
+                    ),
+                }
+                Some(why)
+            }
         }
     };
     stats.abort();

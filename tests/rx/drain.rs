@@ -562,6 +562,58 @@ mod example {
         }
     }
 
+    /// SIGTERM while a client holds a request whose message never comes (HTTP/2 headers and
+    /// a gRPC frame header promising 100 bytes, then nothing): no handler ever ran, so once
+    /// the graceful stop has waited its 5 s the server closes that connection and exits 0
+    /// instead of reporting streams it cut short.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_request_that_never_reached_a_handler_does_not_fail_the_stop() {
+        let mut server = tokio::task::spawn_blocking(|| Server::start(&[]))
+            .await
+            .unwrap();
+        let tcp = tokio::net::TcpStream::connect(("127.0.0.1", server.port))
+            .await
+            .unwrap();
+        let (client, connection) = h2::client::handshake(tcp).await.unwrap();
+        let connection = tokio::spawn(connection);
+        let mut client = client.ready().await.unwrap();
+        let request = tonic::codegen::http::Request::builder()
+            .method("POST")
+            .uri(format!(
+                "http://127.0.0.1:{}/spark.connect.SparkConnectService/Config",
+                server.port
+            ))
+            .header("content-type", "application/grpc")
+            .header("te", "trailers")
+            .body(())
+            .unwrap();
+        let (response, mut body) = client.send_request(request, false).unwrap();
+        body.send_data(bytes::Bytes::from_static(&[0, 0, 0, 0, 100]), false)
+            .unwrap();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.terminate();
+        let (status, server) = tokio::task::spawn_blocking(move || {
+            (server.wait_exit(Duration::from_secs(20)), server)
+        })
+        .await
+        .unwrap();
+        let lines = server.stdout_lines();
+        assert!(status.success(), "exit status {status}; stdout {lines:?}");
+        assert!(
+            lines
+                .iter()
+                .any(|l| l.contains("reached no handler: closed their connections")),
+            "{lines:?}"
+        );
+        // The stalled request itself ended with the connection, not with an answer.
+        assert!(
+            response.await.is_err(),
+            "no response to a request never completed"
+        );
+        drop(body);
+        connection.abort();
+    }
+
     /// SIGTERM while a client reads `range(1000000)` slowly (every stream rotated after one
     /// response of 10 000 rows): the client reads every row once across reattaches made
     /// during the drain, a new session is refused with `SERVER_DRAINING`, and the server

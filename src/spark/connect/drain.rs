@@ -109,8 +109,9 @@ impl<E: QueryEngine> ConnectService<E> {
     /// manager refuses new sessions and executions with the retryable `SERVER_DRAINING`
     /// ([`ExecutionManager::drain`](crate::execution::ExecutionManager::drain)), and every
     /// live execution is served (streams, ReattachExecute, ReleaseExecute) until it is
-    /// released or abandoned and every session has been quiet for [`SESSION_QUIET`] (or
-    /// released), or until `deadline` from now. At the deadline every execution still live
+    /// released or abandoned, no handler runs ([`rpcs_in_flight`](Self::rpcs_in_flight)) and
+    /// every session has been quiet for [`SESSION_QUIET`] (or released), or until `deadline`
+    /// from now. At the deadline every execution still live
     /// is canceled
     /// ([`ExecutionManager::cancel_all`](crate::execution::ExecutionManager::cancel_all):
     /// `OPERATION_CANCELED` is its next event, rx §2.2 T9), every connection accepted
@@ -141,6 +142,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .extend(gone);
             manager.execution_count() == 0
+                && self.rpcs_in_flight() == 0
                 && manager
                     .sessions_quiet_for()
                     .is_none_or(|quiet| quiet >= SESSION_QUIET)
@@ -163,7 +165,7 @@ impl<E: QueryEngine> ConnectService<E> {
             canceled = manager.cancel_all();
             // Their open streams hold responses the clients have not read yet, ahead of the
             // error: cut the connections, so the clients reattach and get the error now.
-            self.cut_connections();
+            self.close_connections();
             tracing::warn!(
                 canceled = canceled.len(),
                 live = manager.execution_count(),

@@ -4,6 +4,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
 use futures::stream::{BoxStream, Stream, StreamExt};
@@ -164,6 +165,17 @@ struct Inner<E> {
     /// The token of the connections accepted since the last cut (see
     /// [`ConnectService::connections`]); a drain's deadline cancels it and starts a new one.
     connections: Mutex<CancellationToken>,
+    /// Handlers running ([`ConnectService::rpcs_in_flight`]).
+    rpcs: Arc<AtomicUsize>,
+}
+
+/// One running handler, counted in [`ConnectService::rpcs_in_flight`] until dropped.
+struct InFlight(Arc<AtomicUsize>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Release);
+    }
 }
 
 /// Spark Connect's `SparkConnectService` over an [`ExecutionManager`] and a [`QueryEngine`].
@@ -210,6 +222,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 confs: Mutex::new(HashMap::new()),
                 health: ConnectHealth::new(),
                 connections: Mutex::new(CancellationToken::new()),
+                rpcs: Arc::new(AtomicUsize::new(0)),
             }),
         }
     }
@@ -217,6 +230,22 @@ impl<E: QueryEngine> ConnectService<E> {
     /// The manager the service registers executions in (rx §5).
     pub fn manager(&self) -> &ExecutionManager {
         &self.inner.manager
+    }
+
+    /// How many RPC handlers are running: from the decoded request to the response (for
+    /// ExecutePlan and ReattachExecute, to the response stream handed out; the stream
+    /// itself is its execution's, counted by the manager). A request whose message has not
+    /// fully arrived has no handler yet and is not counted: what a server's connections
+    /// still hold once this and the manager's executions are 0 reached no handler
+    /// (tether's own, for the drain of docs/deployment.md over the rx §5.1 registry; see
+    /// [`drain`](Self::drain) and [`close_connections`](Self::close_connections)).
+    pub fn rpcs_in_flight(&self) -> usize {
+        self.inner.rpcs.load(Ordering::Acquire)
+    }
+
+    fn in_flight(&self) -> InFlight {
+        self.inner.rpcs.fetch_add(1, Ordering::AcqRel);
+        InFlight(self.inner.rpcs.clone())
     }
 
     /// The service's health (connect §7.2): serve
@@ -275,9 +304,14 @@ impl<E: QueryEngine> ConnectService<E> {
         })
     }
 
-    /// Closes every connection [`connections`](Self::connections) accepted so far; later
-    /// ones get a fresh token. Returns whether any connection was wrapped at all.
-    pub(super) fn cut_connections(&self) {
+    /// Closes every connection [`connections`](Self::connections) accepted so far (their
+    /// reads and writes fail, so a graceful shutdown waiting for their streams ends); later
+    /// ones are served as usual. A drain's deadline does it; a server can do it after its
+    /// drain when its graceful shutdown waits for streams that hold nothing of the service
+    /// (no execution, [`rpcs_in_flight`](Self::rpcs_in_flight) 0: requests that never
+    /// reached a handler, such as one whose body never arrived). Clients of the closed
+    /// connections see `UNAVAILABLE` and Spark clients retry (rx §6.2).
+    pub fn close_connections(&self) {
         let old = std::mem::take(
             &mut *self
                 .inner
@@ -513,6 +547,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             request.operation_id.as_deref().unwrap_or(""),
         );
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let submitted = self.inner.manager.execute_plan(&request).map_err(|e| {
             tracing::debug!(
                 user_id = %shown(request.user_id()),
@@ -583,6 +618,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             &request.operation_id,
         );
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let result = self.inner.manager.reattach_execute(request);
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -608,6 +644,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             &request.operation_id,
         );
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let result = self.inner.manager.release_execute(request);
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -632,6 +669,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         let request = request.get_ref();
         let span = rpc_span("Interrupt", request.user_id(), &request.session_id, "");
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let result = self.inner.manager.interrupt(request);
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -655,6 +693,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             "",
         );
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let response = self.inner.manager.release_session(request.get_ref());
         tracing::debug!(
             user_id = %shown(user_of(request.get_ref().user_context.as_ref())),
@@ -683,6 +722,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             "",
         );
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let session = self.session(
             user_of(request.user_context.as_ref()),
             &request.session_id,
@@ -711,6 +751,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             "",
         );
         let _entered = span.enter();
+        let _in_flight = self.in_flight();
         let session = self.session(
             user_of(request.user_context.as_ref()),
             &request.session_id,
