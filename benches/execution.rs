@@ -483,6 +483,7 @@ fn observed_summary() {
     let (mut floor_ratios, _, floor_times) = paired(&mut observed_arm, &mut floor_arm);
     let (flo, fmedian, fhi) = quartiles(&mut floor_ratios);
     drop((observed_arm, keep_observed, observed, floor_arm));
+    let resolution = method_resolution(&bare, &mut bare_arm, &arm);
     let (events, rx) = listener.finish();
     let dropped = rx.dropped();
     let (raw_events, _) = raw.finish();
@@ -508,10 +509,62 @@ fn observed_summary() {
     if half == "metrics" {
         return;
     }
+    resolution.print();
     println!(
         "create+attach+release observed ({what}) vs bare + {EVENTS_PER_LIFECYCLE} events into a raw ring drained by a thread ({raw_events} read; the floor of any listener on another thread): floor {:?}, throughput ratio {fmedian:.3} [IQR {flo:.3}–{fhi:.3}]",
         floor_times[PAIRED_ROUNDS / 2],
     );
+}
+
+/// Two controls printed beside the observed arm's ratios, so that every run shows what the
+/// paired method can resolve and what the least possible event costs.
+struct Resolution {
+    /// A second bare manager, built and populated as the first, against the first: the
+    /// method's own spread (ideally 1.0).
+    same: (f64, f64, f64),
+    /// The bare manager plus [`EVENTS_PER_LIFECYCLE`] 16-byte records (the smallest event
+    /// that could name an execution: a key and a timestamp) into a ring another thread
+    /// drains, against the bare manager.
+    minimal: (f64, f64, f64),
+}
+
+impl Resolution {
+    fn print(&self) {
+        let ((slo, s, shi), (mlo, m, mhi)) = (self.same, self.minimal);
+        println!(
+            "create+attach+release, controls: a second bare manager vs the first (the method's resolution) {s:.3} [IQR {slo:.3}–{shi:.3}]; bare + {EVENTS_PER_LIFECYCLE} 16-byte records into a raw ring drained by a thread vs bare {m:.3} [IQR {mlo:.3}–{mhi:.3}]"
+        );
+    }
+}
+
+/// Measures the [`Resolution`] controls against `bare`'s arm.
+fn method_resolution<A: FnMut()>(
+    bare: &ExecutionManager,
+    bare_arm: &mut impl FnMut(),
+    arm: &impl Fn(&ExecutionManager) -> A,
+) -> Resolution {
+    let (twin, keep_twin) = populated_with(manager(), 100_000);
+    let mut twin_arm = arm(&twin);
+    let (mut same, _, _) = paired(&mut twin_arm, bare_arm);
+    drop((twin_arm, keep_twin, twin));
+    let ring = Arc::new(crossbeam_queue::ArrayQueue::<[u64; 2]>::new(1 << 16));
+    let reader = Drainer::start(ring.clone(), |q| q.pop());
+    let mut minimal_arm = {
+        let (ring, mut run, mut key) = (ring.clone(), arm(bare), 0u64);
+        move || {
+            run();
+            for _ in 0..EVENTS_PER_LIFECYCLE {
+                key += 1;
+                let _ = ring.push(black_box([key, key ^ 0x5a5a]));
+            }
+        }
+    };
+    let (mut minimal, _, _) = paired(&mut minimal_arm, bare_arm);
+    drop(reader.finish());
+    Resolution {
+        same: quartiles(&mut same),
+        minimal: quartiles(&mut minimal),
+    }
 }
 
 #[path = "common/malloc.rs"]
