@@ -3,17 +3,18 @@
 //! and a cancel; a pooled dispatcher run with reuse, a worker SIGKILLed mid-session, an
 //! idle worker found dead, one idle past its timeout and one exiting at start, whose
 //! counters are exactly what the run caused and whose gauges return to 0; a worker marked
-//! invalid mid-session, a session interrupted, a pooled worker that cannot open a session
-//! (each invalidation reason but `Inactive`, which the framed transport never reports); a
-//! full channel that drops and counts; a session made with `Session::new`,
+//! invalid mid-session, a session interrupted, a pooled worker that cannot open a session,
+//! an idle worker whose channel went inactive (each invalidation reason); a full channel that drops and counts; a session made with `Session::new`,
 //! which reports events and no metrics. The processes are real (this binary in worker mode,
 //! see `dispatcher`).
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use bytes::Bytes;
 use futures::StreamExt;
+use futures::future::BoxFuture;
 use tether::connection::pair;
 use tether::observe::{EventReceiver, event_channel};
 use tether::time::ManualClock;
@@ -22,7 +23,8 @@ use tether::wire::{UdfRequest, UdfResponse};
 use tether::worker::dispatcher::{DispatchError, Dispatcher, DispatcherConfig, PoolConfig};
 use tether::worker::endpoint::serve;
 use tether::worker::engine::{
-    CountingHandle, FramedTransport, Session, SessionConfig, TerminationKind, WorkerHandle,
+    CountingHandle, FramedTransport, Session, SessionConfig, TerminationKind, WorkerAddress,
+    WorkerHandle, WorkerTransport,
 };
 use tether::worker::{WorkerEvent, WorkerEventKind as K};
 use tether_testing::echo::{EchoUdf, echo_config};
@@ -38,8 +40,8 @@ use crate::dispatcher::{
 
 /// A framed dispatcher of real echo workers, built with a recorder of its own installed and
 /// an event channel of `capacity` in its session config.
-struct Observed {
-    d: Dispatcher<FramedTransport>,
+struct Observed<T: WorkerTransport = FramedTransport> {
+    d: Dispatcher<T>,
     rx: EventReceiver<WorkerEvent>,
     metrics: Arc<MetricTotals>,
 }
@@ -51,6 +53,17 @@ impl Observed {
 
     fn with_capacity(
         spec: tether::wire::UdfWorkerSpecification,
+        config: DispatcherConfig,
+        capacity: usize,
+    ) -> Self {
+        Observed::over(spec, FramedTransport::default(), config, capacity)
+    }
+}
+
+impl<T: WorkerTransport> Observed<T> {
+    fn over(
+        spec: tether::wire::UdfWorkerSpecification,
+        transport: T,
         mut config: DispatcherConfig,
         capacity: usize,
     ) -> Self {
@@ -59,7 +72,7 @@ impl Observed {
         let (tx, rx) = event_channel(capacity);
         config.session.events = Some(tx);
         let d = metrics::with_local_recorder(&*recorder, || {
-            Dispatcher::new(spec, FramedTransport::default(), config).expect("dispatcher")
+            Dispatcher::new(spec, transport, config).expect("dispatcher")
         });
         Self { d, rx, metrics }
     }
@@ -581,6 +594,87 @@ async fn a_pooled_worker_that_cannot_open_a_session_is_invalidated_as_open_faile
     o.invalidated_once("open_failed");
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 1.0);
     assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
+    assert_eq!(o.gauges(), [0.0; 3]);
+}
+
+/// The framed transport with a channel state of its own: a switch the test turns off, as a
+/// gRPC channel goes inactive when its connection to a still-running worker is lost
+/// (udf §3 `WorkerConnection.isActive`).
+#[derive(Default)]
+struct Switchable {
+    framed: FramedTransport,
+    active: Arc<AtomicBool>,
+}
+
+impl WorkerTransport for Switchable {
+    type Channel = Arc<AtomicBool>;
+    type Connection = <FramedTransport as WorkerTransport>::Connection;
+
+    fn connect<'a>(
+        &'a self,
+        address: &'a WorkerAddress,
+    ) -> BoxFuture<'a, std::io::Result<Arc<AtomicBool>>> {
+        Box::pin(async move {
+            self.framed.connect(address).await?;
+            Ok(self.active.clone())
+        })
+    }
+
+    fn open_session<'a>(
+        &'a self,
+        _channel: &'a Arc<AtomicBool>,
+        address: &'a WorkerAddress,
+    ) -> BoxFuture<'a, std::io::Result<Self::Connection>> {
+        self.framed.open_session(&(), address)
+    }
+
+    fn is_active(&self, channel: &Arc<AtomicBool>) -> bool {
+        channel.load(Ordering::SeqCst)
+    }
+}
+
+#[tokio::test]
+async fn an_idle_worker_whose_channel_went_inactive_is_invalidated_as_inactive_and_replaced() {
+    let transport = Switchable::default();
+    let active = transport.active.clone();
+    active.store(true, Ordering::SeqCst);
+    let mut o = Observed::over(reusable(tether_spec()), transport, pooled(), 1024);
+    let s = o.d.create_session().await.unwrap();
+    let w1 = s.worker().id().to_string();
+    let pid1 = o.d.worker(&w1).unwrap().pid;
+    assert_eq!(echo_round(s, &[b"1"]).await.1, TerminationKind::Finished);
+    assert_eq!(o.gauges(), [0.0, 1.0, 1.0], "idle in the pool");
+    // The process still runs; only its channel is gone. The pool judges it before reuse
+    // (udf §6.6: alive, valid and active), invalidates it and starts another.
+    active.store(false, Ordering::SeqCst);
+    let s = o.d.create_session().await.unwrap();
+    let w2 = s.worker().id().to_string();
+    assert_ne!(w2, w1, "an inactive worker is not reused (udf §6.6)");
+    active.store(true, Ordering::SeqCst);
+    assert_eq!(echo_round(s, &[b"2"]).await.1, TerminationKind::Finished);
+    eventually("the inactive worker is stopped", || !exists(pid1)).await;
+    o.d.close().await;
+
+    let events = o.rx.drain();
+    assert_eq!(
+        words_of(&events, &w1),
+        [
+            "spawned",
+            "ready",
+            "created",
+            "initialized",
+            "terminated:Finished",
+            "invalidated:Inactive",
+            "stopped:Invalid",
+        ]
+    );
+    o.invalidated_once("inactive");
+    assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 0.0);
+    assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
+    assert_eq!(
+        o.metric("tether_udf_workers_stopped_total", &[("reason", "invalid")]),
+        1.0
+    );
     assert_eq!(o.gauges(), [0.0; 3]);
 }
 
