@@ -59,7 +59,8 @@
 //! With `--metrics-addr HOST:PORT` it serves tether's metrics (the table in
 //! `tether::observe`) as Prometheus text at `http://HOST:PORT/metrics` and prints
 //! `metrics on http://HOST:PORT/metrics`; with `--events-log FILE` it appends every
-//! lifecycle event of its execution manager to `FILE`, one JSON object per line.
+//! lifecycle event of its execution manager to `FILE`, one JSON object per line, and
+//! opens `FILE` again on SIGHUP (after a log rotation moved it away).
 //!
 //! # Drain
 //!
@@ -225,6 +226,8 @@ struct Args {
     /// (also in `tether_events_dropped_total`) and those a failed write lost (also in
     /// `connect_server_events_unwritten_total`; the first failure of a streak is logged at
     /// once). Written by a thread of its own; a stopping server waits at most 5 s for it.
+    /// On SIGHUP the file is opened again at this path (created if missing), as after a log
+    /// rotation renamed it; if that fails, the old file is kept and the failure logged.
     /// The streams `--faults` ends are the example's own doing, not the manager's: they are
     /// neither events nor counted in `tether_connect_errors_total`; an operation the faults
     /// forget runs again under its id, so its id has two `OperationStarted` … `OperationClosed`
@@ -1000,7 +1003,8 @@ fn event_json(
 /// streak) and its events counted as `unwritten`, in the metric
 /// `connect_server_events_unwritten_total` and on the last line; the writer keeps reading,
 /// so the channel never fills behind a broken file, and writes again once the file takes
-/// them (a full disk freed).
+/// them (a full disk freed). On SIGHUP it opens its path again before its next write (the
+/// convention of log rotation: the old file was renamed, and its last events are in it).
 struct EventsLog {
     stop: Arc<std::sync::atomic::AtomicBool>,
     thread: std::thread::JoinHandle<()>,
@@ -1016,10 +1020,27 @@ const EVENTS_LOG_FLUSH: Duration = Duration::from_secs(5);
 impl EventsLog {
     fn start(
         mut events: EventReceiver<ExecutionEvent>,
-        mut file: std::fs::File,
+        path: std::path::PathBuf,
         start: std::time::Instant,
-    ) -> Self {
+    ) -> Result<Self, String> {
         use std::io::Write;
+        let open = |path: &std::path::Path| {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(path)
+        };
+        // Opened now: a path that cannot be written stops the server before it serves.
+        let mut file = open(&path).map_err(|e| format!("--events-log {}: {e}", path.display()))?;
+        let mut hangups = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
+            .map_err(|e| format!("a SIGHUP handler: {e}"))?;
+        let reopen = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let reopening = reopen.clone();
+        tokio::spawn(async move {
+            while hangups.recv().await.is_some() {
+                reopening.store(true, std::sync::atomic::Ordering::Release);
+            }
+        });
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let stopping = stop.clone();
         metrics::describe_counter!(
@@ -1034,6 +1055,19 @@ impl EventsLog {
             let mut batch = Vec::new();
             loop {
                 let last = stopping.load(std::sync::atomic::Ordering::Acquire);
+                if reopen.swap(false, std::sync::atomic::Ordering::AcqRel) {
+                    match open(&path) {
+                        Ok(reopened) => {
+                            file = reopened;
+                            tracing::info!(path = %path.display(), "events log opened again (SIGHUP)");
+                        }
+                        Err(e) => tracing::error!(
+                            path = %path.display(),
+                            error = %e,
+                            "opening the events log again failed (SIGHUP): writing on to the old file"
+                        ),
+                    }
+                }
                 let mut n = 0u64;
                 while let Some(e) = events.try_recv() {
                     let _ = writeln!(batch, "{}", event_json(&e, &mut users, start));
@@ -1077,7 +1111,7 @@ impl EventsLog {
                 std::thread::sleep(EVENTS_LOG_PERIOD);
             }
         });
-        Self { stop, thread }
+        Ok(Self { stop, thread })
     }
 
     /// Writes what is left and the last line, waiting at most [`EVENTS_LOG_FLUSH`].
@@ -1234,14 +1268,8 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     }
     let (events, events_task) = match &args.events_log {
         Some(path) => {
-            // Opened now: a path that cannot be written stops the server before it serves.
-            let file = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(path)
-                .map_err(|e| format!("--events-log {}: {e}", path.display()))?;
             let (tx, rx) = event_channel(1 << 16);
-            (Some(tx), Some(EventsLog::start(rx, file, start)))
+            (Some(tx), Some(EventsLog::start(rx, path.clone(), start)?))
         }
         None => (None, None),
     };

@@ -211,11 +211,16 @@ impl Server {
 
     /// Sends SIGTERM (the example drains, then stops).
     pub(crate) fn terminate(&self) {
+        self.signal("TERM");
+    }
+
+    /// Sends the signal named `name` (`kill -NAME`).
+    pub(crate) fn signal(&self, name: &str) {
         let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
+            .args([&format!("-{name}"), &self.child.id().to_string()])
             .status()
             .expect("kill runs");
-        assert!(status.success(), "kill -TERM failed: {status}");
+        assert!(status.success(), "kill -{name} failed: {status}");
     }
 
     /// Waits (up to `within`) for the process to exit; its status.
@@ -385,6 +390,24 @@ fn long_column(name: &str, metadata: Option<&str>) -> DataType {
     }
 }
 
+/// Runs `examples/range_client` against `server` to its end; its stdout (the run must
+/// succeed).
+fn run_range_client(server: &Server) -> String {
+    let run = Command::new(example_binary("range_client"))
+        .arg(server.url())
+        .stdin(Stdio::null())
+        .output()
+        .expect("the client runs");
+    let stdout = String::from_utf8_lossy(&run.stdout).into_owned();
+    assert!(
+        run.status.success(),
+        "range_client failed ({}): {stdout}{}",
+        run.status,
+        String::from_utf8_lossy(&run.stderr)
+    );
+    stdout
+}
+
 /// The README's client (`examples/range_client.rs`, the README's block after
 /// `<!-- example: range_client -->`, which must be that file without its `//!` docs) reads
 /// `spark.range(1000000)` from the example server with every stream rotated after one
@@ -411,18 +434,7 @@ fn the_readme_client_reads_a_million_rows_across_reattaches() {
     );
 
     let server = Server::rotating(&[]);
-    let run = Command::new(example_binary("range_client"))
-        .arg(server.url())
-        .stdin(Stdio::null())
-        .output()
-        .expect("the client runs");
-    let stdout = String::from_utf8_lossy(&run.stdout);
-    assert!(
-        run.status.success(),
-        "range_client failed ({}): {stdout}{}",
-        run.status,
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let stdout = run_range_client(&server);
     // "1000000 rows, N reattaches": 100 responses of 10 000 rows, one stream each.
     let (rows, reattaches) = stdout
         .trim()
@@ -451,16 +463,7 @@ fn an_events_log_that_cannot_be_written_counts_what_it_loses() {
     let metrics_addr = format!("127.0.0.1:{metrics_port}");
     let mut server =
         Server::rotating(&["--events-log", "/dev/full", "--metrics-addr", &metrics_addr]);
-    let run = Command::new(example_binary("range_client"))
-        .arg(server.url())
-        .stdin(Stdio::null())
-        .output()
-        .expect("the client runs");
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    run_range_client(&server);
     server.wait_for_stats(Duration::from_secs(10), "the execution released", |s| {
         stat(s, "released") == 1 && stat(s, "live_executions") == 0
     });
@@ -508,6 +511,103 @@ fn an_events_log_that_cannot_be_written_counts_what_it_loses() {
         said >= counted,
         "{said} said at the stop, {counted} counted before"
     );
+}
+
+/// `--events-log` across a log rotation: the file is renamed, SIGHUP makes the server open
+/// its path again, and each query's events are whole in one file or the other (the first
+/// query's in the renamed file, the second's and the last line in the new one); nothing is
+/// lost or written twice.
+#[test]
+fn an_events_log_is_opened_again_on_sighup_after_a_rotation() {
+    let dir = std::env::temp_dir().join(format!(
+        "tether-events-log-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let (path, rotated) = (dir.join("events.jsonl"), dir.join("events.jsonl.1"));
+    let mut server = Server::rotating(&["--events-log", path.to_str().unwrap()]);
+    let query = |released: u64| {
+        run_range_client(&server);
+        server.wait_for_stats(Duration::from_secs(10), "the execution released", |s| {
+            stat(s, "released") == released && stat(s, "live_executions") == 0
+        });
+    };
+    let lines_of = |file: &Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(file)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("a JSON line"))
+            .collect()
+    };
+    let kinds = |lines: &[serde_json::Value], kind: &str| -> Vec<String> {
+        lines
+            .iter()
+            .filter(|l| l["kind"] == kind)
+            .map(|l| l["operation_id"].as_str().unwrap_or_default().to_owned())
+            .collect()
+    };
+    let wait_for = |what: &str, ok: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !ok() {
+            assert!(Instant::now() < deadline, "{what}: not within 10 s");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+
+    query(1);
+    wait_for("the first query's OperationClosed written", &|| {
+        kinds(&lines_of(&path), "OperationClosed").len() == 1
+    });
+    std::fs::rename(&path, &rotated).unwrap();
+    server.signal("HUP");
+    wait_for("the events log opened again", &|| {
+        server.log_count("events log opened again") == 1
+    });
+    query(2);
+    server.terminate();
+    assert!(server.wait_exit(Duration::from_secs(15)).success());
+
+    let (old, new) = (lines_of(&rotated), lines_of(&path));
+    let (first, second) = (
+        kinds(&old, "OperationStarted"),
+        kinds(&new, "OperationStarted"),
+    );
+    assert_eq!(
+        first.len(),
+        1,
+        "the first query started in the renamed file"
+    );
+    assert_eq!(second.len(), 1, "the second query started in the new file");
+    assert_ne!(first, second, "two operations");
+    assert_eq!(
+        kinds(&old, "OperationClosed"),
+        first,
+        "closed where it started"
+    );
+    assert_eq!(
+        kinds(&new, "OperationClosed"),
+        second,
+        "closed where it started"
+    );
+    assert!(
+        kinds(&old, "Dropped").is_empty(),
+        "the last line is not in the renamed file"
+    );
+    let last = new.last().expect("the new file has lines");
+    assert_eq!(
+        (
+            last["kind"].as_str(),
+            last["count"].as_u64(),
+            last["unwritten"].as_u64()
+        ),
+        (Some("Dropped"), Some(0), Some(0)),
+        "the last line, in the new file: nothing dropped or unwritten"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
