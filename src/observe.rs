@@ -48,6 +48,20 @@
 //! Names follow Prometheus conventions; no label is unbounded (no ids: those are in the
 //! events and spans).
 //!
+//! # Spans and logs
+//!
+//! tether logs through `tracing`, inside spans that carry the ids, so that an application's
+//! subscriber can filter and correlate: each Spark Connect RPC runs in a `spark_connect_rpc`
+//! span (`rpc`, `user_id`, `session_id`, `operation_id`), each execution's producer in a
+//! `spark_connect_execution` span (the same ids), and each worker session in a `udf_session`
+//! span (`session`, `worker`). Errors answered to a client are logged as Spark's
+//! `ErrorUtils.handleError` logs them: an RPC's own refusal at ERROR (`Spark Connect RPC
+//! error`; at INFO when it is retryable, `UNAVAILABLE`, as while the server drains), an execution's error on its response stream at INFO (`Spark Connect error on a
+//! response stream`: the user's query failed or was canceled, not the server), each with
+//! its Spark condition (the engine's own too, which `tether_connect_errors_total` counts as
+//! `OTHER`; `OTHER` for none) and message.
+//! Each RPC's outcome is also logged at DEBUG.
+//!
 //! | name | type | unit | labels | what |
 //! |---|---|---|---|---|
 //! | `tether_connect_sessions` | gauge | sessions | | live sessions (rx §5.6; sampled at each maintenance pass) |

@@ -1203,6 +1203,23 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
         return;
     };
     assert_eq!(errors.len(), 10, "{errors:#?}");
+    // Each error the client was answered is in the server's log with its condition: an
+    // RPC's refusal at ERROR, an execution's error on its stream at INFO (as Spark's
+    // `ErrorUtils.handleError` logs them).
+    for case in &errors {
+        let case: serde_json::Value = serde_json::from_str(case).unwrap();
+        let Some(condition) = case["condition"].as_str() else {
+            continue;
+        };
+        let field = format!("condition=\"{condition}\"");
+        let logged = server.log_lines_with(&[" ERROR ", "Spark Connect RPC error", &field])
+            + server.log_lines_with(&[
+                " INFO ",
+                "Spark Connect error on a response stream",
+                &field,
+            ]);
+        assert!(logged >= 1, "{case}: not logged with its condition");
+    }
     // Every execution of the error cases was released by its client before its
     // ReleaseSession (the raw stub's RPCs are synchronous): none was abandoned.
     let after_errors = server.wait_for_stats(Duration::from_secs(10), "errors released", |s| {

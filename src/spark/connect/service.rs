@@ -332,7 +332,7 @@ impl<E: QueryEngine> ConnectService<E> {
             .inner
             .manager
             .get_or_create_session(user_id, session_id, observed)
-            .map_err(|e| to_status(&e))?;
+            .map_err(|e| rpc_error(&e))?;
         Ok(SessionContext {
             user_id: user_id.to_owned(),
             session_id: session_id.to_owned(),
@@ -487,7 +487,7 @@ type StatusStream = Pin<Box<dyn Stream<Item = Result<ExecutePlanResponse, tonic:
 /// (connect §2).
 fn as_grpc(stream: ResponseStream, span: tracing::Span) -> StatusStream {
     Box::pin(InSpan {
-        inner: stream.map(|item| item.map_err(|e| to_status(&e))),
+        inner: stream.map(|item| item.map_err(|e| stream_error(&e))),
         span,
     })
 }
@@ -515,6 +515,46 @@ impl<S: Stream> Stream for InSpan<S> {
 }
 
 /// The span of one RPC of the service, carrying the request's ids (connect §3).
+/// An error an RPC answers itself (a refusal: an unknown or abandoned operation, a session
+/// that changed, a plan the engine refused, …) as the client's status, logged at ERROR in
+/// the RPC's span (which names the RPC and the ids) with its Spark condition, as Spark's `ErrorUtils.handleError` logs "Spark Connect RPC error during: …" for
+/// every error outside an execution (rx §1.8, connect §2). A retryable refusal
+/// (`UNAVAILABLE`: the server is draining, clients retry elsewhere) is part of a planned
+/// stop, not a fault: it is logged at INFO.
+fn rpc_error(e: &ConnectError) -> tonic::Status {
+    let condition = logged_condition(e);
+    if e.code() == crate::execution::Code::Unavailable {
+        tracing::info!(condition, error = %e, "Spark Connect RPC error");
+    } else {
+        tracing::error!(condition, error = %e, "Spark Connect RPC error");
+    }
+    to_status(e)
+}
+
+/// An execution's error ending its response stream (the query failed or was canceled,
+/// rx §2.2 T8–T9, or a stream position is gone, rx §1.8) as the client's status, logged at
+/// INFO in the RPC's span, as Spark's `ErrorUtils.handleError` logs "Spark Connect error
+/// during: …" for errors inside an execution: they are the user's query's, not the
+/// server's.
+fn stream_error(e: &ConnectError) -> tonic::Status {
+    tracing::info!(
+        condition = logged_condition(e),
+        error = %e,
+        "Spark Connect error on a response stream"
+    );
+    to_status(e)
+}
+
+/// The condition an error is logged with: tether's own (rx §1.8), else the engine's
+/// ([`SparkError::condition`](crate::execution::SparkError::condition)), else `OTHER`.
+fn logged_condition(e: &ConnectError) -> &str {
+    match e {
+        ConnectError::Spark(spark) => spark.condition.as_deref(),
+        other => other.condition(),
+    }
+    .unwrap_or("OTHER")
+}
+
 fn rpc_span(
     rpc: &'static str,
     user_id: &str,
@@ -556,7 +596,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
                 error = %e,
                 "ExecutePlan refused"
             );
-            to_status(&e)
+            rpc_error(&e)
         })?;
         tracing::debug!(
             user_id = %shown(request.user_id()),
@@ -628,7 +668,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             error = result.as_ref().err().map(tracing::field::display),
             "ReattachExecute"
         );
-        let stream = result.map_err(|e| to_status(&e))?;
+        let stream = result.map_err(|e| rpc_error(&e))?;
         Ok(tonic::Response::new(as_grpc(stream, span.clone())))
     }
 
@@ -659,7 +699,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             error = result.as_ref().err().map(tracing::field::display),
             "ReleaseExecute"
         );
-        result.map(tonic::Response::new).map_err(|e| to_status(&e))
+        result.map(tonic::Response::new).map_err(|e| rpc_error(&e))
     }
 
     async fn interrupt(
@@ -679,7 +719,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             error = result.as_ref().err().map(tracing::field::display),
             "Interrupt"
         );
-        result.map(tonic::Response::new).map_err(|e| to_status(&e))
+        result.map(tonic::Response::new).map_err(|e| rpc_error(&e))
     }
 
     async fn release_session(
@@ -730,7 +770,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         )?;
         let (pairs, warnings) = self
             .conf_answer(&session, request.operation.and_then(|o| o.op_type))
-            .map_err(|e| to_status(&e))?;
+            .map_err(|e| rpc_error(&e))?;
         Ok(tonic::Response::new(ConfigResponse {
             session_id: session.session_id,
             pairs,
@@ -761,7 +801,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             .inner
             .engine
             .analyze(&session, &request)
-            .map_err(|e| to_status(&e))?;
+            .map_err(|e| rpc_error(&e))?;
         Ok(tonic::Response::new(AnalyzePlanResponse {
             session_id: session.session_id,
             result: Some(result),
