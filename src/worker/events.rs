@@ -47,7 +47,11 @@ pub struct WorkerEvent {
 /// others are a worker process's, as a `worker::dispatcher::Dispatcher` (feature `tokio`)
 /// runs it (udf §6.1, §6.2, §6.6): `WorkerSpawned` first, then `WorkerReady` (unless it is
 /// stopped before it became ready), its sessions, `WorkerReused` each time the pool hands
-/// it out again, at most one `WorkerInvalidated`, and `WorkerStopped` last.
+/// it out again, at most one `WorkerInvalidated` (none once the dispatcher decided to stop
+/// the worker: a session that fails on a worker being stopped does not judge it), and
+/// `WorkerStopped` last, but for the `SessionTerminated` of a session still running when
+/// the dispatcher's close stopped its worker, which may come after it (its
+/// `TransportFailed` outcome says so: the `WorkerLost` in it names the stop).
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub enum WorkerEventKind {
@@ -154,7 +158,8 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    fn label(self) -> &'static str {
+    /// Its metric label (`tether_udf_workers_stopped_total{reason}`), also used in messages.
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::Released => "released",
             Self::Invalid => "invalid",

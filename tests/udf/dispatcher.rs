@@ -593,19 +593,18 @@ where
 fn killed_chain(error: &SessionError, pid: u32) -> Vec<String> {
     let texts = error_chain(error);
     assert_eq!(
-        texts[..3],
-        [
-            "UDF worker stream failed".to_string(),
-            "transport error".to_string(),
-            format!("the worker connection was lost (worker pid {pid} exited: SIGKILL)"),
-        ],
+        texts[..2],
+        ["UDF worker stream failed", "transport error"],
         "{texts:?}"
     );
+    // Then the worker's last output (its start-up line here).
+    let lost = format!("the worker connection was lost (worker pid {pid} exited: SIGKILL); output");
+    assert!(texts[2].starts_with(&lost), "{texts:?}");
     texts
 }
 
 /// The [`WorkerLost`] inside a session's transport failure.
-fn worker_lost(error: &SessionError) -> &WorkerLost {
+pub(crate) fn worker_lost(error: &SessionError) -> &WorkerLost {
     std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| {
         e.source()
     })
@@ -636,6 +635,52 @@ async fn udf_s083_killed_worker_fails_the_stream_and_is_invalidated() {
     assert!(!exists(pid), "reaped");
     assert!(!socket_of(&info.address).exists());
     d.close().await;
+}
+
+/// A UDF callback that panics in a worker that keeps running (udf §2 R10: the connection
+/// drops without a terminator): `TransportFailed`, the worker invalidated, and the outcome
+/// says the process still runs and quotes its last output, where the panic's message is.
+#[tokio::test]
+async fn a_panicking_udf_callback_is_quoted_in_the_outcome_from_the_worker_s_output() {
+    use tether_testing::echo::{PANIC_BATCH, PANIC_MESSAGE};
+    let d = framed_dispatcher(tether_spec(), config());
+    let session = d.create_session().await.unwrap();
+    let (mut s, _) = session.init(init("udf")).await.expect("init");
+    let info = d.worker(s.worker().id()).unwrap();
+    s.send(Bytes::from_static(PANIC_BATCH.as_bytes()))
+        .await
+        .expect("send");
+    let err = loop {
+        match s.recv().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("a panicked session cannot finish"),
+            Err(e) => break e,
+        }
+    };
+    let handle = s.worker().clone();
+    let termination = s.close().await;
+    assert_eq!(termination.kind(), TerminationKind::TransportFailed);
+    let lost = worker_lost(&err);
+    assert_eq!((lost.pid, lost.exit, lost.stopping), (info.pid, None, None));
+    assert!(lost.output.contains(PANIC_MESSAGE), "{:?}", lost.output);
+    let text = lost.to_string();
+    assert!(
+        text.starts_with(&format!(
+            "the worker connection was lost (worker pid {} still running); output (last lines):",
+            info.pid
+        )),
+        "{text}"
+    );
+    assert!(
+        termination.to_string().contains(PANIC_MESSAGE),
+        "{termination}"
+    );
+    assert!(
+        handle.is_invalid(),
+        "a worker whose UDF panicked is not reused"
+    );
+    d.close().await;
+    assert!(!exists(info.pid), "reaped");
 }
 
 /// The same over Spark's transport: gRPC over the worker's Unix socket. The HTTP/2 layer's

@@ -26,13 +26,14 @@ use tether::worker::engine::{
     CountingHandle, FramedTransport, Session, SessionConfig, TerminationKind, WorkerAddress,
     WorkerHandle, WorkerTransport,
 };
-use tether::worker::{WorkerEvent, WorkerEventKind as K};
+use tether::worker::{StopReason, WorkerEvent, WorkerEventKind as K};
 use tether_testing::echo::{EchoUdf, echo_config};
 use tether_testing::fixtures::{INIT_FAILURE, direct_worker_spec, init, session_config_on};
 use tether_testing::metrics::MetricTotals;
 
 use crate::dispatcher::{
     config, echo_round, eventually, exists, pooled, reusable, running, socket_of, tether_spec,
+    worker_lost,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -746,6 +747,79 @@ async fn a_worker_exiting_at_start_is_spawned_and_stopped_never_ready() {
     );
     assert_eq!(o.metric("tether_udf_worker_startup_seconds", &[]), 0.0);
     assert_eq!(o.metric("tether_udf_sessions_total", &[]), 0.0);
+    assert_eq!(o.gauges(), [0.0; 3]);
+}
+
+/// The dispatcher's close stops the workers of running sessions (udf §6.2 `close`): their
+/// sessions end `TransportFailed` with a `WorkerLost` that names the stop, and no worker is
+/// judged (no `WorkerInvalidated`, nothing in `tether_udf_workers_invalidated_total`): the
+/// dispatcher decided their end, not a fault of theirs.
+#[tokio::test]
+async fn closing_the_dispatcher_under_running_sessions_judges_no_worker() {
+    let mut o = Observed::new(tether_spec(), config());
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let s = o.d.create_session().await.unwrap();
+        let (mut s, _) = s.init(init("udf")).await.expect("init");
+        s.send(Bytes::from_static(b"1")).await.expect("send");
+        assert_eq!(
+            s.recv().await.expect("echo"),
+            Some(Bytes::from_static(b"1"))
+        );
+        running.push(s);
+    }
+    o.d.close().await;
+    let mut workers = Vec::new();
+    for mut s in running {
+        let err = loop {
+            match s.recv().await {
+                Ok(Some(_)) => continue,
+                Ok(None) => panic!("a stopped worker cannot finish the session"),
+                Err(e) => break e,
+            }
+        };
+        let lost = worker_lost(&err);
+        assert_eq!(lost.stopping, Some(StopReason::DispatcherClosed), "{lost}");
+        assert!(
+            lost.output.is_empty(),
+            "no output quoted for a stop: {lost}"
+        );
+        assert!(
+            lost.to_string()
+                .contains("stopped by the dispatcher: closed"),
+            "{lost}"
+        );
+        workers.push(s.worker().id().to_owned());
+        assert_eq!(s.close().await.kind(), TerminationKind::TransportFailed);
+    }
+    let events = o.rx.drain();
+    for w in &workers {
+        let words = words_of(&events, w);
+        assert!(
+            !words.iter().any(|w| w.starts_with("invalidated")),
+            "{words:?}"
+        );
+        assert!(
+            words.contains(&"stopped:DispatcherClosed".to_owned()),
+            "{words:?}"
+        );
+        assert!(
+            words.contains(&"terminated:TransportFailed".to_owned()),
+            "{words:?}"
+        );
+    }
+    assert_eq!(o.metric("tether_udf_workers_invalidated_total", &[]), 0.0);
+    assert_eq!(
+        o.metric("tether_udf_workers_stopped_total", &[("reason", "closed")]),
+        2.0
+    );
+    assert_eq!(
+        o.metric(
+            "tether_udf_sessions_total",
+            &[("termination", "transport_failed")]
+        ),
+        2.0
+    );
     assert_eq!(o.gauges(), [0.0; 3]);
 }
 

@@ -5,7 +5,8 @@
 //!
 //! Behaviour: an assembled payload equal to `"INIT_ERROR"` fails init with
 //! `WorkerError(`[`INIT_FAILURE`]`)`; a data batch equal to `"ERROR"` fails with
-//! `UserError { error_class: `[`USER_ERROR_CLASS`](super::fixtures::USER_ERROR_CLASS)` }`; every other batch is echoed
+//! `UserError { error_class: `[`USER_ERROR_CLASS`](super::fixtures::USER_ERROR_CLASS)` }`; a batch equal to `"PANIC"`
+//! panics with [`PANIC_MESSAGE`] (a UDF bug: the endpoint does not catch it); every other batch is echoed
 //! unchanged; `Finish` is answered with `FinishResponse { metrics: {status = ok} }`, `Cancel`
 //! with an empty `CancelResponse`. The rules of udf §2 (an `InitResponse` first, one
 //! terminal, the R4 cancel wait) are the endpoint's, not the UDF's.
@@ -40,6 +41,10 @@ use tether::worker::endpoint::{EndpointConfig, Udf, WorkerControl};
 pub const INIT_ERROR_PAYLOAD: &str = "INIT_ERROR";
 /// The batch that makes the echo worker fail with a user error (udf §2.1).
 pub const ERROR_BATCH: &str = "ERROR";
+/// The batch that makes the echo worker's `process` panic (a bug in a UDF, udf §2 R10).
+pub const PANIC_BATCH: &str = "PANIC";
+/// What the echo worker's `process` panics with on [`PANIC_BATCH`] (udf §2 R10).
+pub const PANIC_MESSAGE: &str = "the echo UDF was told to panic";
 
 /// What an [`EchoUdf`] saw, shared with the test (udf §2.1 callbacks).
 #[derive(Debug, Default)]
@@ -98,6 +103,9 @@ impl Udf for EchoUdf {
         self.calls().batches += 1;
         if batch == ERROR_BATCH {
             return Err(simulated_user_error());
+        }
+        if batch == PANIC_BATCH {
+            panic!("{PANIC_MESSAGE}");
         }
         out.push(batch);
         Ok(())

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::connection::ConnectionError;
+use crate::worker::StopReason;
 use crate::worker::engine::WorkerAddress;
 
 /// Why a [`UdfWorkerSpecification`](crate::wire::UdfWorkerSpecification) cannot be run by a
@@ -144,9 +145,13 @@ impl fmt::Display for ExitReason {
 /// and the worker is invalidated, udf §6.5).
 ///
 /// Its text names the process and how it ended, "the worker connection was lost (worker pid
-/// 4242 exited: SIGKILL)", or "(worker pid 4242: exit status not known yet)" when the
-/// process had not ended within [`DispatcherConfig::exit_status_wait`](super::DispatcherConfig::exit_status_wait).
-/// The transport's own error, if there was one (a stream that simply ended has none), is the
+/// 4242 exited: SIGKILL)", or "(worker pid 4242 still running)" when the process had not
+/// ended within [`DispatcherConfig::exit_status_wait`](super::DispatcherConfig::exit_status_wait)
+/// (the worker dropped the connection itself, as when a callback of its UDF panicked);
+/// then, when the dispatcher itself was stopping the worker (its close), "stopped by the
+/// dispatcher: closed"; then the last lines of the worker's output (its log file, where a
+/// panic's message and a crash's last words are), unless the dispatcher stopped it. The
+/// transport's own error, if there was one (a stream that simply ended has none), is the
 /// [`source`](std::error::Error::source).
 #[derive(Debug, Clone)]
 pub struct WorkerLost {
@@ -157,6 +162,14 @@ pub struct WorkerLost {
     /// How the process ended; `None` when it had not ended (or had not been reaped) within
     /// the wait.
     pub exit: Option<ExitReason>,
+    /// Why the dispatcher was stopping the worker when the loss was explained (its close
+    /// stops the workers of running sessions, udf §6.2 `close`); `None` if it was not.
+    pub stopping: Option<StopReason>,
+    /// The worker's last lines of output when the loss was explained (at most 50 lines of
+    /// its log's last 1 MiB, udf §7 `PROCESS_OUTPUT_TAIL_LINES`; from the last Rust panic
+    /// report among them, if there is one, so that its message leads); empty if it printed
+    /// nothing or the dispatcher was stopping it.
+    pub output: String,
     cause: Option<ConnectionError>,
 }
 
@@ -171,6 +184,8 @@ impl WorkerLost {
             id,
             pid,
             exit,
+            stopping: None,
+            output: String::new(),
             cause,
         }
     }
@@ -182,13 +197,21 @@ impl fmt::Display for WorkerLost {
         match &self.exit {
             Some(reason) => write!(
                 f,
-                "the worker connection was lost (worker pid {pid} exited: {reason})"
-            ),
+                "the worker connection was lost (worker pid {pid} exited: {reason}"
+            )?,
             None => write!(
                 f,
-                "the worker connection was lost (worker pid {pid}: exit status not known yet)"
-            ),
+                "the worker connection was lost (worker pid {pid} still running"
+            )?,
         }
+        if let Some(reason) = self.stopping {
+            write!(f, ", stopped by the dispatcher: {}", reason.label())?;
+        }
+        f.write_str(")")?;
+        if !self.output.is_empty() {
+            write!(f, "{}", OutputTail(&self.output))?;
+        }
+        Ok(())
     }
 }
 
@@ -412,10 +435,23 @@ mod tests {
         let source = lost.source().expect("the transport error");
         assert_eq!(source.to_string(), "connection reset");
 
-        let unknown = WorkerLost::new("w".into(), 42, None, Some(ConnectionError::Closed));
+        let mut unknown = WorkerLost::new("w".into(), 42, None, Some(ConnectionError::Closed));
         assert_eq!(
             unknown.to_string(),
-            "the worker connection was lost (worker pid 42: exit status not known yet)"
+            "the worker connection was lost (worker pid 42 still running)"
+        );
+        unknown.output = "thread 'main' panicked at udf.rs:7:5:\nboom".into();
+        assert_eq!(
+            unknown.to_string(),
+            "the worker connection was lost (worker pid 42 still running); output (last \
+             lines):\nthread 'main' panicked at udf.rs:7:5:\nboom"
+        );
+        let mut closed = WorkerLost::new("w".into(), 42, Some(ExitReason::Signal(9)), None);
+        closed.stopping = Some(StopReason::DispatcherClosed);
+        assert_eq!(
+            closed.to_string(),
+            "the worker connection was lost (worker pid 42 exited: SIGKILL, stopped by the \
+             dispatcher: closed)"
         );
         assert_eq!(
             unknown.source().map(ToString::to_string).as_deref(),

@@ -23,6 +23,29 @@ pub const MAX_OUTPUT_SCAN_BYTES: u64 = 1024 * 1024;
 /// The last [`OUTPUT_TAIL_LINES`] lines of the file at `path`, reading at most the last
 /// [`MAX_OUTPUT_SCAN_BYTES`] (lossy UTF-8). Empty when the file is missing or empty.
 pub(crate) fn output_tail(path: &Path) -> String {
+    tail_of(path, |lines| lines.len().saturating_sub(OUTPUT_TAIL_LINES))
+}
+
+/// What a lost connection quotes of the worker's output ([`WorkerLost`](super::WorkerLost)):
+/// the last [`OUTPUT_TAIL_LINES`] lines, as [`output_tail`], except that when a Rust panic
+/// report (a line with ` panicked at `) is among the last four times as many lines, the
+/// quote starts at the last one, so that the panic's location and message lead rather than
+/// be pushed out by its backtrace.
+pub(crate) fn loss_output_tail(path: &Path) -> String {
+    tail_of(path, |lines| {
+        let tail = lines.len().saturating_sub(OUTPUT_TAIL_LINES);
+        lines
+            .iter()
+            .rposition(|l| l.contains(" panicked at "))
+            .filter(|&panic| panic >= tail.saturating_sub(3 * OUTPUT_TAIL_LINES))
+            .unwrap_or(tail)
+    })
+}
+
+/// Up to [`OUTPUT_TAIL_LINES`] lines of the file at `path` from the line `first` picks among
+/// those of its last [`MAX_OUTPUT_SCAN_BYTES`] (lossy UTF-8). Empty when the file is
+/// missing or empty.
+fn tail_of(path: &Path, first: impl FnOnce(&[&str]) -> usize) -> String {
     let Ok(mut file) = File::open(path) else {
         return String::new();
     };
@@ -38,8 +61,9 @@ pub(crate) fn output_tail(path: &Path) -> String {
     if start > 0 && lines.len() > 1 {
         lines.remove(0);
     }
-    let skip = lines.len().saturating_sub(OUTPUT_TAIL_LINES);
-    lines[skip..].join("\n")
+    let from = first(&lines).min(lines.len());
+    let to = (from + OUTPUT_TAIL_LINES).min(lines.len());
+    lines[from..to].join("\n")
 }
 
 /// The command line of `callable` plus `extra` arguments, for messages.
@@ -322,6 +346,34 @@ mod tests {
         assert!(tail.len() <= MAX_OUTPUT_SCAN_BYTES as usize);
 
         assert_eq!(output_tail(&dir.join("missing")), "");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn a_lost_connection_quotes_from_the_last_recent_panic_report() {
+        let dir = std::env::temp_dir().join(format!("tether-tail-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir(&dir).unwrap();
+        let path = dir.join("log");
+        let frames: String = (0..80).map(|i| format!("  {i}: frame\n")).collect();
+        let panic = "thread 'main' panicked at src/udf.rs:7:5:\nboom\nstack backtrace:\n";
+        std::fs::write(&path, format!("started\n{panic}{frames}")).unwrap();
+        let tail = loss_output_tail(&path);
+        assert!(
+            tail.starts_with("thread 'main' panicked at src/udf.rs:7:5:\nboom"),
+            "{tail}"
+        );
+        assert_eq!(tail.lines().count(), OUTPUT_TAIL_LINES);
+        assert!(
+            !output_tail(&path).contains("boom"),
+            "pushed out of the plain tail"
+        );
+
+        // A panic long before the end (a reused worker's earlier session) is not it.
+        let later: String = (0..500).map(|i| format!("later {i}\n")).collect();
+        std::fs::write(&path, format!("{panic}{later}")).unwrap();
+        assert_eq!(loss_output_tail(&path), output_tail(&path));
+        std::fs::write(&path, "no panic\n").unwrap();
+        assert_eq!(loss_output_tail(&path), "no panic");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

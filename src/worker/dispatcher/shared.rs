@@ -74,6 +74,8 @@ pub(crate) struct Shared<T: WorkerTransport> {
 pub(crate) struct Life {
     pub(crate) sessions: usize,
     pub(crate) stopping: bool,
+    /// Why it is being stopped, once `stopping`.
+    pub(crate) stop_reason: Option<StopReason>,
     pub(crate) stopped: bool,
     pub(crate) idle_since: Option<Instant>,
     pub(crate) served: u64,
@@ -170,6 +172,7 @@ impl<T: WorkerTransport> State<T> {
                 return None;
             }
             life.stopping = true;
+            life.stop_reason = Some(reason);
             life.idle_since = None;
         }
         if self
@@ -334,12 +337,20 @@ impl<T: WorkerTransport> Worker<T> {
         }
     }
 
-    /// Marks the worker invalid for `reason` (udf §6.5); the first time reports it.
+    /// Marks the worker invalid for `reason` (udf §6.5); the first time reports it, unless
+    /// the dispatcher already decided to stop it (then nothing is judged: a session that
+    /// fails because its worker is being stopped, as at the dispatcher's close, says nothing
+    /// about the worker).
     pub(crate) fn invalidate(&self, reason: InvalidationReason) {
-        if !self.invalid.swap(true, Ordering::SeqCst) {
-            tracing::debug!(worker = %self.id, ?reason, "worker marked invalid");
-            self.shared.observer.invalidated(&self.tag, reason);
+        if self.invalid.swap(true, Ordering::SeqCst) {
+            return;
         }
+        if lock(&self.life).stopping {
+            tracing::debug!(worker = %self.id, ?reason, "worker being stopped marked invalid");
+            return;
+        }
+        tracing::debug!(worker = %self.id, ?reason, "worker marked invalid");
+        self.shared.observer.invalidated(&self.tag, reason);
     }
 
     /// Judges a worker for reuse (udf §6.6): a valid one found dead or inactive is
@@ -490,7 +501,14 @@ impl<T: WorkerTransport> WorkerHandle for Worker<T> {
                 pause = (pause * 2).min(Duration::from_millis(20));
             };
             tracing::debug!(worker = %worker.id, ?exit, "connection to the worker lost");
-            let lost = WorkerLost::new(worker.id.clone(), worker.pid, exit, cause);
+            let mut lost = WorkerLost::new(worker.id.clone(), worker.pid, exit, cause);
+            lost.stopping = {
+                let life = lock(&worker.life);
+                life.stop_reason.filter(|_| life.stopping)
+            };
+            if lost.stopping.is_none() {
+                lost.output = process::loss_output_tail(&worker.log_path);
+            }
             ConnectionError::transport(lost)
         }))
     }

@@ -27,9 +27,10 @@ use super::typed::{Endpoint, InputEnd};
 ///
 /// A callback that panics is not caught: the session's connection drops without a
 /// terminator, the engine settles `TransportFailed` and invalidates the worker (udf §2 R10),
-/// and the panic's message reaches only the worker's own stderr (under the dispatcher, its
-/// log file). To report a failure to the engine, return an [`ExecutionError`] instead
-/// (catch panics inside the callback with `std::panic::catch_unwind` if the code may panic).
+/// and the panic's message goes to the worker's stderr (under a dispatcher, its log file,
+/// which the engine's outcome quotes: `worker::dispatcher::WorkerLost`). To report a failure
+/// to the engine as the user's, return an [`ExecutionError`] instead (catch panics inside
+/// the callback with `std::panic::catch_unwind` if the code may panic).
 pub trait Udf {
     /// Called once with the assembled, verified `Init` (its `udf.payload` is the whole
     /// payload, chunks joined; udf §1.3). `Ok(data)` answers `InitResponse { data }`; `Err(e)`
