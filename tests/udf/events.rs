@@ -478,6 +478,42 @@ async fn an_idle_worker_found_dead_is_invalidated_as_exited_and_replaced() {
     assert_eq!(o.gauges(), [0.0; 3]);
 }
 
+/// A pooled worker killed while idle leaves the pool on its own, within the idle health
+/// check's period: invalidated as `Exited` and stopped as invalid, the idle gauge back to
+/// 0, long before its idle timeout (udf §6.6).
+#[tokio::test]
+async fn an_idle_worker_that_dies_leaves_the_pool_without_waiting_for_a_session() {
+    let mut o = Observed::new(reusable(tether_spec()), pooled());
+    let s = o.d.create_session().await.unwrap();
+    let w = s.worker().id().to_string();
+    let pid = o.d.worker(&w).unwrap().pid;
+    assert_eq!(echo_round(s, &[b"1"]).await.1, TerminationKind::Finished);
+    assert_eq!(o.gauges(), [0.0, 1.0, 1.0], "idle in the pool");
+    sigkill(pid);
+    eventually("the dead idle worker leaves the pool", || {
+        o.d.workers().is_empty()
+    })
+    .await;
+    o.d.settle().await;
+    assert_eq!(o.gauges(), [0.0; 3], "neither idle nor running");
+    assert!(!exists(pid), "reaped");
+    let events = o.rx.drain();
+    assert_eq!(
+        words_of(&events, &w),
+        [
+            "spawned",
+            "ready",
+            "created",
+            "initialized",
+            "terminated:Finished",
+            "invalidated:Exited",
+            "stopped:Invalid",
+        ]
+    );
+    o.invalidated_once("exited");
+    o.d.close().await;
+}
+
 /// The words of `worker`'s events in `events`.
 fn words_of(events: &[WorkerEvent], worker: &str) -> Vec<String> {
     of_worker(events, worker).into_iter().map(word).collect()

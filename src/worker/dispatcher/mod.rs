@@ -86,7 +86,10 @@ use validate::EndpointKind;
 /// declares `capabilities.supports_reuse = true`, the session did not leave it invalid, its
 /// process is alive, its transport channel is active and fewer than
 /// [`max_idle`](Self::max_idle) workers are idle. `create_session` takes the most recently
-/// idled healthy worker first.
+/// idled healthy worker first. While idle (with a tokio runtime), a worker is checked every
+/// 250 ms as it would be before a reuse: one whose process died or whose channel went
+/// inactive is invalidated (`Exited`, `Inactive`) and stopped then, not when a session
+/// would have taken it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PoolConfig {
     /// Most idle workers kept per dispatcher (default 4). Zero disables reuse. tether's own

@@ -34,6 +34,11 @@ fn lock<V>(m: &Mutex<V>) -> std::sync::MutexGuard<'_, V> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
+/// How often an idle pooled worker's health is checked while it waits for reuse (tether's
+/// bound: a worker that died idle leaves the pool, and the `tether_udf_idle_workers` gauge,
+/// within this).
+pub(crate) const IDLE_HEALTH_INTERVAL: Duration = Duration::from_millis(250);
+
 /// Open → Closing (workers being stopped, cleanup pending) → Closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum PoolPhase {
@@ -572,7 +577,8 @@ impl<T: WorkerTransport> Shared<T> {
         self.config.pool.map_or(Duration::ZERO, |p| p.idle_timeout)
     }
 
-    /// Stops idle workers whose idle timeout has passed (called under the lock).
+    /// Stops idle workers whose idle timeout has passed (called under the lock): for the
+    /// timeout, or as invalid when one is found dead or inactive meanwhile (udf §6.6).
     fn reap_expired(&self, st: &mut State<T>) -> Vec<StopJob<T>> {
         let timeout = self.idle_timeout();
         let expired: Vec<_> = st
@@ -587,12 +593,21 @@ impl<T: WorkerTransport> Shared<T> {
             .collect();
         expired
             .iter()
-            .filter_map(|w| st.begin_stop(w, StopMode::GRACEFUL, StopReason::IdleTimeout))
+            .filter_map(|w| {
+                let reason = match w.check_reusable() {
+                    true => StopReason::IdleTimeout,
+                    false => StopReason::Invalid,
+                };
+                st.begin_stop(w, StopMode::GRACEFUL, reason)
+            })
             .collect()
     }
 
-    /// With a tokio runtime: a task that stops `worker` when it is still idle (since the same
-    /// instant) after the idle timeout. Without one, expiry is noticed by the next
+    /// With a tokio runtime: a task that watches `worker` while it stays idle (since the same
+    /// instant): every [`IDLE_HEALTH_INTERVAL`] it checks the worker as the pool would
+    /// before a reuse (udf §6.6), so that one that died or whose channel went inactive is
+    /// invalidated and stopped at once rather than counted as idle until then, and it stops
+    /// the worker after the idle timeout. Without a runtime, both are noticed by the next
     /// `create_session` or by close.
     fn schedule_idle_reap(self: &Arc<Self>, worker: &Arc<Worker<T>>, since: Instant) {
         let Ok(rt) = tokio::runtime::Handle::try_current() else {
@@ -602,7 +617,7 @@ impl<T: WorkerTransport> Shared<T> {
         let shared: Weak<Self> = Arc::downgrade(self);
         let worker = Arc::downgrade(worker);
         rt.spawn(async move {
-            let mut wait = timeout;
+            let mut wait = timeout.min(IDLE_HEALTH_INTERVAL);
             loop {
                 tokio::time::sleep(wait + Duration::from_millis(1)).await;
                 let (Some(shared), Some(worker)) = (shared.upgrade(), worker.upgrade()) else {
@@ -612,17 +627,20 @@ impl<T: WorkerTransport> Shared<T> {
                     if lock(&worker.life).idle_since != Some(since) {
                         return Ok(None);
                     }
+                    if !worker.check_reusable() {
+                        return Ok(st.begin_stop(&worker, StopMode::GRACEFUL, StopReason::Invalid));
+                    }
                     let elapsed = since.elapsed();
                     if elapsed >= timeout {
                         Ok(st.begin_stop(&worker, StopMode::GRACEFUL, StopReason::IdleTimeout))
                     } else {
-                        Err(timeout - elapsed)
+                        Err((timeout - elapsed).min(IDLE_HEALTH_INTERVAL))
                     }
                 });
                 match step {
                     Ok(job) => {
                         if let Some(job) = job {
-                            tracing::debug!(worker = %worker.id, "idle worker timed out");
+                            tracing::debug!(worker = %worker.id, "idle worker stopped");
                             job.start();
                         }
                         return;
