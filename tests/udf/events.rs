@@ -164,14 +164,7 @@ async fn a_finished_session_reports_its_states_and_its_worker_from_spawn_to_stop
     let events = o.rx.drain();
     assert_eq!(
         words(&events),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "stopped:Released"
-        ]
+        after_a_finished_session(&["stopped:Released"])
     );
     assert_eq!(of_worker(&events, &worker).len(), events.len());
     assert!(
@@ -367,12 +360,7 @@ async fn a_pooled_run_with_reuse_and_a_sigkill_counts_exactly_what_it_caused() {
             .into_iter()
             .map(word)
             .collect::<Vec<_>>(),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
+        after_a_finished_session(&[
             "reused",
             "created",
             "initialized",
@@ -382,22 +370,15 @@ async fn a_pooled_run_with_reuse_and_a_sigkill_counts_exactly_what_it_caused() {
             "initialized",
             "terminated:TransportFailed",
             "invalidated:TransportFailed",
-            "stopped:Invalid",
-        ]
+            "stopped:Invalid"
+        ])
     );
     assert_eq!(
         of_worker(&events, &w2)
             .into_iter()
             .map(word)
             .collect::<Vec<_>>(),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "stopped:DispatcherClosed",
-        ]
+        after_a_finished_session(&["stopped:DispatcherClosed"])
     );
     assert_eq!(events.len(), 21, "no event of another worker");
 
@@ -462,15 +443,7 @@ async fn an_idle_worker_found_dead_is_invalidated_as_exited_and_replaced() {
             .into_iter()
             .map(word)
             .collect::<Vec<_>>(),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "invalidated:Exited",
-            "stopped:Invalid",
-        ]
+        after_a_finished_session(&["invalidated:Exited", "stopped:Invalid"])
     );
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 0.0);
     assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 2.0);
@@ -500,18 +473,26 @@ async fn an_idle_worker_that_dies_leaves_the_pool_without_waiting_for_a_session(
     let events = o.rx.drain();
     assert_eq!(
         words_of(&events, &w),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "invalidated:Exited",
-            "stopped:Invalid",
-        ]
+        after_a_finished_session(&["invalidated:Exited", "stopped:Invalid"])
     );
     o.invalidated_once("exited");
     o.d.close().await;
+}
+
+/// The words of a worker's events for one finished session on it, spawn to termination,
+/// then `then`.
+fn after_a_finished_session(then: &[&str]) -> Vec<String> {
+    [
+        "spawned",
+        "ready",
+        "created",
+        "initialized",
+        "terminated:Finished",
+    ]
+    .iter()
+    .chain(then)
+    .map(|w| (*w).to_owned())
+    .collect()
 }
 
 /// The words of `worker`'s events in `events`.
@@ -617,16 +598,7 @@ async fn a_pooled_worker_that_cannot_open_a_session_is_invalidated_as_open_faile
     // Taken from the pool for reuse, then invalidated when its connection failed.
     assert_eq!(
         words_of(&events, &w1),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "reused",
-            "invalidated:OpenFailed",
-            "stopped:Invalid",
-        ]
+        after_a_finished_session(&["reused", "invalidated:OpenFailed", "stopped:Invalid"])
     );
     o.invalidated_once("open_failed");
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 1.0);
@@ -695,15 +667,7 @@ async fn an_idle_worker_whose_channel_went_inactive_is_invalidated_as_inactive_a
     let events = o.rx.drain();
     assert_eq!(
         words_of(&events, &w1),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "invalidated:Inactive",
-            "stopped:Invalid",
-        ]
+        after_a_finished_session(&["invalidated:Inactive", "stopped:Invalid"])
     );
     o.invalidated_once("inactive");
     assert_eq!(o.metric("tether_udf_workers_reused_total", &[]), 0.0);
@@ -739,14 +703,7 @@ async fn an_idle_worker_past_its_timeout_is_stopped_for_it_and_leaves_the_pool()
             .into_iter()
             .map(word)
             .collect::<Vec<_>>(),
-        [
-            "spawned",
-            "ready",
-            "created",
-            "initialized",
-            "terminated:Finished",
-            "stopped:IdleTimeout",
-        ]
+        after_a_finished_session(&["stopped:IdleTimeout"])
     );
     assert_eq!(
         o.metric(
