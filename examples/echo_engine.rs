@@ -9,11 +9,19 @@ use tether::spark::udf_grpc::GrpcTransport;
 use tether::wire::{Init, UdfPayload, UdfWorkerDataFormat, UdfWorkerSpecification};
 use tether::worker::dispatcher::{Dispatcher, DispatcherConfig};
 
+type Error = Box<dyn std::error::Error>;
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), Error> {
     let worker = std::env::args().nth(1).ok_or("usage: engine WORKER")?;
     let spec = UdfWorkerSpecification::direct_unix([worker]);
     let dispatcher = Dispatcher::new(spec, GrpcTransport::default(), DispatcherConfig::default())?;
+    let result = echo(&dispatcher).await;
+    dispatcher.close().await; // on every path: SIGTERM to the worker, socket directory removed
+    result
+}
+
+async fn echo(dispatcher: &Dispatcher<GrpcTransport>) -> Result<(), Error> {
     // Spawns `worker --id <uuid> --connection <socket>`, waits until it answers gRPC.
     let session = dispatcher.create_session().await?;
     let udf = UdfPayload::new(Bytes::new(), "echo");
@@ -25,6 +33,5 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("echoed {}", String::from_utf8_lossy(&batch));
     }
     println!("{}", output.close().await); // the one outcome: Finished, Cancelled, …
-    dispatcher.close().await; // SIGTERM to the worker, socket directory removed
     Ok(())
 }

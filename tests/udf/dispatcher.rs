@@ -82,6 +82,84 @@ fn worker_mode() {
     });
 }
 
+/// Not a test: an engine that dies without closing its dispatcher. Builds a dispatcher under
+/// `TETHER_TEST_ENGINE_BASE`, starts one worker, prints the socket directory and the
+/// worker's pid, then aborts (as a SIGKILL or `panic = "abort"` would end it).
+#[test]
+#[ignore = "engine mode: a dispatcher test runs this binary as an engine that dies"]
+fn dying_engine_mode() {
+    let base = std::env::var("TETHER_TEST_ENGINE_BASE")
+        .expect("dying_engine_mode runs only as the engine of a dispatcher test");
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let config = DispatcherConfig {
+            socket_base_dir: Some(PathBuf::from(base)),
+            ..config()
+        };
+        let d = framed_dispatcher(tether_spec(), config);
+        let s = d.create_session().await.expect("a session");
+        println!("dir {}", d.socket_dir().display());
+        println!(
+            "worker {}",
+            d.worker(s.worker().id()).expect("its worker").pid
+        );
+        std::mem::forget((s, d));
+        std::process::abort();
+    });
+}
+
+/// A dispatcher whose process died without closing it leaves its socket directory (its
+/// worker's socket and output log); the next dispatcher created under the same base removes
+/// it, since its owner no longer runs (udf §6.4), and keeps its own.
+#[test]
+fn a_directory_left_by_a_dead_engine_is_removed_by_the_next_dispatcher() {
+    let base = ScratchDir::new("left");
+    let run = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--ignored",
+            "--exact",
+            "dispatcher::dying_engine_mode",
+            "--nocapture",
+        ])
+        .env("TETHER_TEST_ENGINE_BASE", base.path())
+        .output()
+        .expect("the engine runs");
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    let left = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("dir "))
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            panic!(
+                "no directory printed: {stdout}{}",
+                String::from_utf8_lossy(&run.stderr)
+            )
+        });
+    // The orphaned worker (this binary's worker mode has no parent check) goes too.
+    let orphan: i32 = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("worker "))
+        .and_then(|p| p.parse().ok())
+        .expect("the worker's pid");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(orphan),
+        nix::sys::signal::Signal::SIGKILL,
+    );
+    assert!(!run.status.success(), "the engine aborted");
+    assert!(left.is_dir(), "the dead engine left {left:?}");
+    let config = DispatcherConfig {
+        socket_base_dir: Some(base.path().to_path_buf()),
+        ..config()
+    };
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    rt.block_on(async {
+        let d = framed_dispatcher(tether_spec(), config);
+        assert!(!left.exists(), "the next dispatcher removed {left:?}");
+        assert!(d.socket_dir().is_dir(), "and kept its own");
+        d.close().await;
+    });
+}
+
 // ---------------------------------------------------------------------------------------
 // Helpers.
 
@@ -214,6 +292,16 @@ pub(crate) async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting until {what}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// The files of workers left in a dispatcher's private directory: everything but the
+/// directory's `owner` record (which names the dispatcher's process, udf §6.4).
+fn worker_files<T: WorkerTransport>(d: &Dispatcher<T>) -> Vec<PathBuf> {
+    std::fs::read_dir(d.socket_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| !p.ends_with("owner"))
+        .collect()
 }
 
 pub(crate) fn socket_of(endpoint: &WorkerAddress) -> PathBuf {
@@ -845,7 +933,7 @@ async fn udf_s091_socket_file_without_a_server_is_not_readiness() {
     d.settle().await;
     assert_eq!(d.stats().spawned, 1);
     assert_eq!(d.stats().stopped, 1, "killed and reaped");
-    let leftovers: Vec<_> = std::fs::read_dir(d.socket_dir()).unwrap().collect();
+    let leftovers = worker_files(&d);
     assert!(
         leftovers.is_empty(),
         "socket file and log removed: {leftovers:?}"
@@ -1152,7 +1240,7 @@ async fn udf_s112_failed_session_construction_stops_the_worker() {
         "ref-count back to zero, worker untracked"
     );
     assert_eq!((d.stats().spawned, d.stats().stopped), (1, 1));
-    let leftovers: Vec<_> = std::fs::read_dir(d.socket_dir()).unwrap().collect();
+    let leftovers = worker_files(&d);
     assert!(leftovers.is_empty(), "{leftovers:?}");
     d.close().await;
 }
@@ -1191,7 +1279,7 @@ async fn udf_s115_failing_connection_creation_cleans_up_the_socket_file() {
         msg.contains("refused by the test"),
         "last error reported: {msg}"
     );
-    let leftovers: Vec<_> = std::fs::read_dir(d.socket_dir()).unwrap().collect();
+    let leftovers = worker_files(&d);
     assert!(leftovers.is_empty(), "socket file removed: {leftovers:?}");
     d.close().await;
 }
@@ -1558,14 +1646,17 @@ async fn udf_socket_path_over_the_limit_is_an_error() {
         socket_base_dir: Some(deep),
         ..config()
     };
-    let d = Dispatcher::new(stub_spec("ready", &[]), FileTransport::default(), cfg).unwrap();
-    let (e, msg) = err_text(d.create_session().await);
+    // Refused when the dispatcher is built, before any worker is started (udf §6.4).
+    let e = Dispatcher::new(stub_spec("ready", &[]), FileTransport::default(), cfg)
+        .expect_err("no socket path fits");
+    assert!(matches!(e, DispatchError::SocketPathTooLong { .. }), "{e}");
     assert!(
-        matches!(e, DispatchError::SocketPathTooLong { .. }),
-        "{msg}"
+        std::fs::read_dir(scratch.path().join("d".repeat(90)))
+            .unwrap()
+            .next()
+            .is_none(),
+        "no directory made"
     );
-    assert_eq!(d.stats().spawned, 0);
-    d.close().await;
 }
 
 #[tokio::test]

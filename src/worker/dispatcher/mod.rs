@@ -151,9 +151,10 @@ pub struct DispatcherConfig {
     pub socket_base_dir: Option<PathBuf>,
     /// Accept specs whose connection is local TCP (the engine picks a free loopback port and
     /// passes it as `--connection`, udf §1.9). Off by default: like Spark's gRPC dispatcher,
-    /// a Unix domain socket is required (udf §6.4, §8 scenario 93); turn it on only for
-    /// transports that can reach TCP endpoints (e.g.
-    /// [`FramedTransport`](crate::worker::engine::FramedTransport)).
+    /// a Unix domain socket is required (udf §6.4, §8 scenario 93); turn it on for a
+    /// transport that can reach TCP endpoints (both of tether's can:
+    /// [`FramedTransport`](crate::worker::engine::FramedTransport) and, with the `grpc`
+    /// feature, `spark::udf_grpc::GrpcTransport`), for a worker that serves on loopback TCP.
     pub allow_tcp: bool,
     /// Start workers and callables in their own process group and signal the whole group
     /// (default `true`), so a worker's children (a shell wrapper's child, a launcher's
@@ -228,7 +229,13 @@ pub struct DispatcherStats {
 ///
 /// Share it behind an `Arc`: [`create_session`](Self::create_session) takes `&self` and may
 /// run concurrently. Dropping it without [`close`](Self::close) starts the same shutdown in
-/// the background (stop workers, cleanup callable, remove the directory) without waiting.
+/// the background (stop workers, cleanup callable, remove the directory) without waiting:
+/// a process that exits right after the drop, or is killed, leaves its directory (sockets
+/// and output logs) behind; its workers exit on their own once their parent is gone
+/// (`WorkerMain`'s parent check). Close it on every path, errors included, as
+/// `examples/echo_engine.rs` does; what is left is removed by the next dispatcher created
+/// under the same base directory (its directory names its owner process, and one whose
+/// owner no longer runs is removed).
 ///
 /// - One session per worker at a time: `supports_concurrent_udfs` is not used (as in
 ///   Spark); each concurrent session gets its own process and socket.
@@ -254,20 +261,25 @@ impl<T: WorkerTransport> Dispatcher<T> {
     /// Validates `spec` ([`validate_spec`]), resolves its timeouts (unset or ≤ 0 → the
     /// config's defaults; above [`DispatcherConfig::max_spec_timeout`] → clamped) and creates
     /// the private socket directory (mode `0700`): the construction of udf §6.2, with
-    /// `initialize` of udf §6.4. Spawns nothing and runs no callable. Registers the metric
+    /// `initialize` of udf §6.4, removing the directories that dispatchers of processes no
+    /// longer running left in the same base directory. Spawns nothing and runs no callable. Registers the metric
     /// handles of its workers and sessions with the recorder installed now (see
     /// [`observe`](crate::observe)).
     ///
     /// # Errors
     /// [`DispatchError::InvalidSpec`]; [`DispatchError::SocketDirectory`] when no candidate
-    /// directory is writable.
+    /// directory is writable; [`DispatchError::SocketPathTooLong`] when the spec's workers
+    /// listen on Unix sockets and no candidate directory is short enough for their paths
+    /// (udf §6.4).
     pub fn new(
         spec: UdfWorkerSpecification,
         transport: T,
         config: DispatcherConfig,
     ) -> Result<Self, DispatchError> {
         let settings = validate::settings(&spec, &config)?;
-        let dir = socket::create_private_dir(config.socket_base_dir.as_deref())?;
+        let sockets = matches!(settings.endpoint, validate::EndpointKind::Unix);
+        let dir = socket::create_private_dir(config.socket_base_dir.as_deref(), sockets)?;
+        socket::sweep_stale(&dir);
         tracing::debug!(?dir, "dispatcher created");
         Ok(Self {
             shared: Arc::new(Shared::new(transport, spec, settings, config, dir)),

@@ -274,15 +274,37 @@ pub enum PeerViolation {
     StreamEndedWithoutTerminator,
 }
 
-/// Why a session settled `Interrupted` (udf §4.9).
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("interrupted while {context}; the worker did not acknowledge Cancel within {waited:?}")]
+/// Why a session settled `Interrupted` (udf §4.9). Its text says how long the session
+/// waited for the worker to acknowledge its Cancel, or, when it could not wait at all (zero:
+/// dropped without an async runtime, or a zero `interrupt_cancel_timeout`), that it did not.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Interrupted {
     /// What the session was doing when it was interrupted (e.g. "waiting for InitResponse").
     pub context: &'static str,
     /// How long the session waited for the Cancel acknowledgement (zero without a runtime).
     pub waited: Duration,
 }
+
+impl std::fmt::Display for Interrupted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let context = self.context;
+        if self.waited.is_zero() {
+            write!(
+                f,
+                "interrupted while {context}, without waiting for the worker to acknowledge a \
+                 Cancel"
+            )
+        } else {
+            write!(
+                f,
+                "interrupted while {context}; the worker did not acknowledge Cancel within {:?}",
+                self.waited
+            )
+        }
+    }
+}
+
+impl std::error::Error for Interrupted {}
 
 /// The error a session operation reports when the session has ended badly: derived from the
 /// [`Termination`] (udf §4.7 `throwIfTerminalError`). The session itself still holds the
@@ -316,5 +338,32 @@ impl SessionError {
             Self::Execution(e) => Some(e),
             _ => None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// udf §4.9: the text says how long the Cancel acknowledgement was waited for, or that
+    /// it was not (a session dropped without a runtime sends no Cancel to wait for).
+    #[test]
+    fn an_interruption_says_whether_it_waited_for_the_cancel_acknowledgement() {
+        let waited = Interrupted {
+            context: "streaming",
+            waited: Duration::from_secs(2),
+        };
+        assert_eq!(
+            waited.to_string(),
+            "interrupted while streaming; the worker did not acknowledge Cancel within 2s"
+        );
+        let dropped = Interrupted {
+            context: "streaming",
+            waited: Duration::ZERO,
+        };
+        assert_eq!(
+            dropped.to_string(),
+            "interrupted while streaming, without waiting for the worker to acknowledge a Cancel"
+        );
     }
 }
