@@ -118,7 +118,9 @@ pub struct DispatcherConfig {
     /// processes (udf §6) beside those of its sessions.
     pub session: SessionConfig,
     /// Readiness deadline when the spec sets no `initialization_timeout_ms` (or ≤ 0):
-    /// 10 s (udf §7 `DEFAULT_INIT_TIMEOUT_MS`).
+    /// 10 s (udf §7 `DEFAULT_INIT_TIMEOUT_MS`): how long a started worker process may take
+    /// to answer its transport. Not [`SessionConfig::init_timeout`](crate::worker::engine::SessionConfig::init_timeout),
+    /// which bounds a session's wait for its `InitResponse` (Spark names both "init").
     pub default_init_timeout: Duration,
     /// SIGTERM→SIGKILL grace when the spec sets no `graceful_termination_timeout_ms`
     /// (or ≤ 0): 5 s (udf §7 `DEFAULT_GRACEFUL_TIMEOUT_MS`).
@@ -587,7 +589,8 @@ impl<T: WorkerTransport> Dispatcher<T> {
     }
 
     /// The readiness deadline in effect: the spec's `initialization_timeout_ms`, defaulted
-    /// and clamped (udf §8 scenario 108).
+    /// ([`DispatcherConfig::default_init_timeout`]) and clamped (udf §8 scenario 108). A
+    /// worker process's start-up bound, not a session's `InitResponse` wait.
     pub fn init_timeout(&self) -> Duration {
         self.shared.settings.init_timeout
     }

@@ -11,7 +11,9 @@ use crate::worker::WorkerEvent;
 #[derive(Debug, Clone)]
 pub struct SessionConfig {
     /// Total wait for `InitResponse` after `Init` (udf §7 `initResponseTimeoutMs`, 30 s).
-    /// Expiry sends Cancel and settles `TransportFailed(Timeout)`.
+    /// Expiry sends Cancel and settles `TransportFailed(Timeout)`. Not a worker process's
+    /// start-up deadline (a dispatcher's `default_init_timeout`, the spec's
+    /// `initialization_timeout_ms`).
     pub init_timeout: Duration,
     /// Per-poll wait for the next worker event while streaming, and total wait for the
     /// terminator in `close`/after an init error (udf §7 `terminalTimeoutMs`, 30 s). Expiry
