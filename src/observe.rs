@@ -55,11 +55,16 @@
 //! span (`rpc`, `user_id`, `session_id`, `operation_id`), each execution's producer in a
 //! `spark_connect_execution` span (the same ids), and each worker session in a `udf_session`
 //! span (`session`, `worker`). Errors answered to a client are logged as Spark's
-//! `ErrorUtils.handleError` logs them: an RPC's own refusal at ERROR (`Spark Connect RPC
-//! error`; at INFO when it is retryable, `UNAVAILABLE`, as while the server drains), an execution's error on its response stream at INFO (`Spark Connect error on a
-//! response stream`: the user's query failed or was canceled, not the server), each with
-//! its Spark condition (the engine's own too, which `tether_connect_errors_total` counts as
-//! `OTHER`; `OTHER` for none) and message.
+//! `ErrorUtils.handleError` logs them, except for the level of an RPC's own refusal: one
+//! with a Spark condition (the client's mistake or race: an unknown operation, a closed
+//! session, a configuration key the server lacks) or a retryable one (`UNAVAILABLE`, as
+//! while draining) at INFO, any other (a failure in the server) at ERROR (`Spark Connect RPC
+//! error`; Spark logs all of them at ERROR); an execution's error on its response stream at
+//! INFO (`Spark Connect error on a response stream`: the user's query failed or was
+//! canceled). Each line has the Spark condition (the engine's own too, which
+//! `tether_connect_errors_total` counts as `OTHER`; `OTHER` for none) and the message. A
+//! request refused before it reaches the service (a wrong or missing token, no client
+//! certificate where one is required) is logged at WARN with the peer's address.
 //! Each RPC's outcome is also logged at DEBUG.
 //!
 //! | name | type | unit | labels | what |
@@ -70,7 +75,7 @@
 //! | `tether_connect_executions` | gauge | executions | | live (registered) executions (rx §5.1; sampled at each maintenance pass) |
 //! | `tether_connect_executions_started_total` | counter | executions | | executions registered (`OperationStarted`) |
 //! | `tether_connect_executions_ended_total` | counter | executions | `status`: `finished`, `failed`, `canceled` | executions whose run ended (rx §2.2 T7–T9) |
-//! | `tether_connect_executions_closed_total` | counter | executions | `removal`: `released` (fault-injection forgets included), `abandoned` | executions that left the registry (`OperationClosed`, rx §2.2 T12) |
+//! | `tether_connect_executions_closed_total` | counter | executions | `removal`: `released` (fault-injection forgets included), `abandoned` (detached past the detached timeout, or still registered when their session was released or expired, as Spark's `removeAllExecutionsForSession` abandons them: PySpark's `spark.stop()` can overtake its own last ReleaseAll) | executions that left the registry (`OperationClosed`, rx §2.2 T12) |
 //! | `tether_connect_attached_streams` | gauge | streams | | response streams attached (rx §4.4; sampled at each maintenance pass) |
 //! | `tether_connect_reattaches_total` | counter | reattaches | | ReattachExecute (and duplicate ExecutePlan) attaches (rx §5.5) |
 //! | `tether_connect_replayed_responses_total` | counter | responses | | responses a reattach resumed before the last one an earlier stream sent (rx §3.5) |

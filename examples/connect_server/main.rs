@@ -79,8 +79,12 @@
 //! up to 2 s more), prints its last `stats` line and exits 0, or 1 if the stop cut
 //! something short: executions `left` (a client still attached, not done), streams of the
 //! service still open 5 s after the drain, or a second signal, which stops it at once. So a
-//! SIGTERM ends the process within `--drain-timeout-ms` + 12 s: give an orchestrator's grace
-//! period (Kubernetes' `terminationGracePeriodSeconds`) at least that.
+//! SIGTERM ends the process within `--drain-timeout-ms` + 12 s (`DRAIN_GRACE` 5 s, `HARD_STOP`
+//! 5 s, `CLOSE_WAIT` 2 s; 5 s more for a slow `--events-log` reader, `EVENTS_LOG_FLUSH`): give
+//! an orchestrator's grace period (Kubernetes' `terminationGracePeriodSeconds`) at least
+//! that. A client that already holds the rest of its result (in its own and the
+//! transport's buffers) when the deadline passes reads it to the end and is not told:
+//! nothing of its query was left to cancel.
 //!
 //! # TLS and health
 //!
@@ -194,7 +198,7 @@ struct Args {
     stats_interval_ms: u64,
     /// On SIGTERM, how long running queries are streamed to their clients before what
     /// was not sent yet is canceled (`ConnectService::drain`'s deadline); the process ends
-    /// at most 10 s after it.
+    /// at most 12 s after it (17 s with a slow `--events-log` reader; see "Drain" above).
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
     /// Most rows per Arrow batch (`spark.sql.execution.arrow.maxRecordsPerBatch`).

@@ -1203,22 +1203,28 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
         return;
     };
     assert_eq!(errors.len(), 10, "{errors:#?}");
-    // Each error the client was answered is in the server's log with its condition: an
-    // RPC's refusal at ERROR, an execution's error on its stream at INFO (as Spark's
-    // `ErrorUtils.handleError` logs them).
+    // Each error the client was answered is in the server's log with its condition, as
+    // Spark's `ErrorUtils.handleError` logs them, and at INFO: each case is the client's
+    // (a refusal with a Spark condition, or an execution's error on its stream), never an
+    // ERROR an operator would be paged for.
     for case in &errors {
         let case: serde_json::Value = serde_json::from_str(case).unwrap();
         let Some(condition) = case["condition"].as_str() else {
             continue;
         };
         let field = format!("condition=\"{condition}\"");
-        let logged = server.log_lines_with(&[" ERROR ", "Spark Connect RPC error", &field])
+        let logged = server.log_lines_with(&[" INFO ", "Spark Connect RPC error", &field])
             + server.log_lines_with(&[
                 " INFO ",
                 "Spark Connect error on a response stream",
                 &field,
             ]);
         assert!(logged >= 1, "{case}: not logged with its condition");
+        assert_eq!(
+            server.log_lines_with(&[" ERROR ", &field]),
+            0,
+            "{case}: a client's error logged at ERROR"
+        );
     }
     // Every execution of the error cases was released by its client before its
     // ReleaseSession (the raw stub's RPCs are synchronous): none was abandoned.
@@ -1413,4 +1419,17 @@ fn pyspark_needs_the_right_token() {
         stat(s, "created") >= 2 && stat(s, "live_executions") == 0
     });
     assert_eq!(stat(&stats, "created"), 2, "{stats:?}");
+    // The refused requests (no token, a wrong one) are logged at WARN with the peer's
+    // address, never the token.
+    let refused = server.log_lines_with(&[
+        " WARN ",
+        "Spark Connect request refused",
+        "peer=\"127.0.0.1:",
+    ]);
+    assert!(refused >= 2, "{refused} refusals logged");
+    assert_eq!(
+        server.log_count("tether-s3cret"),
+        0,
+        "the token is never logged"
+    );
 }

@@ -30,14 +30,25 @@ impl tonic::service::Interceptor for TokenCheck {
         let Some(expected) = &self.expected else {
             return Ok(request);
         };
+        // A refusal is logged at WARN with the peer's address: failed logins are what an
+        // operator watches for (the token itself is never logged).
+        let refuse = |why: &'static str| {
+            let peer = request.remote_addr().map(|a| a.to_string());
+            tracing::warn!(
+                peer = peer.as_deref().unwrap_or("unknown"),
+                why,
+                "Spark Connect request refused"
+            );
+            Err(tonic::Status::unauthenticated(why))
+        };
         let Some(got) = request.metadata().get("authorization") else {
-            return Err(tonic::Status::unauthenticated(NO_TOKEN));
+            return refuse(NO_TOKEN);
         };
         // Constant time in the token's content (Spark compares with plain equality).
         if bool::from(got.as_bytes().ct_eq(expected)) {
             Ok(request)
         } else {
-            Err(tonic::Status::unauthenticated(INVALID_TOKEN))
+            refuse(INVALID_TOKEN)
         }
     }
 }

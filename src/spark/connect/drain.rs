@@ -120,7 +120,11 @@ impl<E: QueryEngine> ConnectService<E> {
     /// waits at most [`DRAIN_GRACE`] more for those clients to release; what is detached
     /// then is abandoned. So it takes at most `deadline` + [`DRAIN_GRACE`]. Returns what
     /// happened; stop the `tonic` server afterwards (its graceful shutdown ends the open
-    /// streams).
+    /// streams). Bound that shutdown too: a stream that never reached a handler (a request
+    /// whose body never came) keeps a graceful shutdown waiting; when
+    /// [`rpcs_in_flight`](Self::rpcs_in_flight) is 0 and no execution is left after a few
+    /// seconds, [`close_connections`](Self::close_connections) ends such streams, as
+    /// `examples/connect_server` does (its `HARD_STOP` and `CLOSE_WAIT`).
     ///
     /// Calling it again (or on a clone) drains again, with the state as it is then. A
     /// `deadline` too far to represent (`Duration::MAX`) waits without one.

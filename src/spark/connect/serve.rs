@@ -107,6 +107,12 @@ impl TransportLimits {
 /// gracefully. What `tonic::transport::Server` does, except that its send buffer is fixed
 /// at hyper's 400 KiB per stream.
 ///
+/// Plaintext only, on a bare listener, serving this one service: it does not combine with
+/// TLS ([`tls`](super::tls)), the health service or
+/// [`ConnectService::connections`](super::ConnectService::connections) (which a drain needs
+/// to close connections at its deadline). A server that needs those serves with tonic's
+/// server, as `examples/connect_server` does, and its send buffers are hyper's.
+///
 /// # Errors
 /// Accepting a connection failed for a reason other than the peer's.
 pub async fn serve_bounded<E: QueryEngine>(

@@ -514,16 +514,20 @@ impl<S: Stream> Stream for InSpan<S> {
     }
 }
 
-/// The span of one RPC of the service, carrying the request's ids (connect §3).
 /// An error an RPC answers itself (a refusal: an unknown or abandoned operation, a session
-/// that changed, a plan the engine refused, …) as the client's status, logged at ERROR in
-/// the RPC's span (which names the RPC and the ids) with its Spark condition, as Spark's `ErrorUtils.handleError` logs "Spark Connect RPC error during: …" for
-/// every error outside an execution (rx §1.8, connect §2). A retryable refusal
-/// (`UNAVAILABLE`: the server is draining, clients retry elsewhere) is part of a planned
-/// stop, not a fault: it is logged at INFO.
+/// that changed or closed, a configuration key that does not exist, a plan the engine
+/// refused, …) as the client's status, logged in the RPC's span (which names the RPC and the
+/// ids) with its Spark condition, as Spark's `ErrorUtils.handleError` logs "Spark Connect
+/// RPC error during: …" (rx §1.8, connect §2). Spark logs every one at ERROR; tether logs
+/// those that carry a Spark condition, the client's own mistakes or races (PySpark asks for
+/// configuration keys a server may not have, and its release can overtake its
+/// `ReleaseSession`), and retryable ones (`UNAVAILABLE`, as while the server drains) at
+/// INFO, and only the others, which say something failed in the server, at ERROR, so that
+/// an operator can alert on ERROR.
 fn rpc_error(e: &ConnectError) -> tonic::Status {
     let condition = logged_condition(e);
-    if e.code() == crate::execution::Code::Unavailable {
+    let clients = condition != "OTHER" || e.code() == crate::execution::Code::Unavailable;
+    if clients {
         tracing::info!(condition, error = %e, "Spark Connect RPC error");
     } else {
         tracing::error!(condition, error = %e, "Spark Connect RPC error");
@@ -555,6 +559,7 @@ fn logged_condition(e: &ConnectError) -> &str {
     .unwrap_or("OTHER")
 }
 
+/// The span of one RPC of the service, carrying the request's ids (connect §3).
 fn rpc_span(
     rpc: &'static str,
     user_id: &str,

@@ -371,6 +371,16 @@ where
                 .is_some_and(|certs| !certs.is_empty())
         };
         if self.required && !request.uri().path().starts_with(HEALTH_PATH) && !presented() {
+            let peer = request
+                .extensions()
+                .get::<TlsConnectInfo<TcpConnectInfo>>()
+                .and_then(|info| info.get_ref().remote_addr())
+                .map(|a| a.to_string());
+            tracing::warn!(
+                peer = peer.as_deref().unwrap_or("unknown"),
+                why = NO_CLIENT_CERTIFICATE,
+                "Spark Connect request refused"
+            );
             let refusal = tonic::Status::unauthenticated(NO_CLIENT_CERTIFICATE).into_http();
             return futures::future::Either::Left(std::future::ready(Ok(refusal)));
         }
