@@ -272,7 +272,7 @@ impl Server {
     }
 
     /// How many log lines contain every one of `needles`.
-    fn log_lines_with(&self, needles: &[&str]) -> usize {
+    pub(crate) fn log_lines_with(&self, needles: &[&str]) -> usize {
         let log = self.log.lock().unwrap();
         log.lines()
             .filter(|line| needles.iter().all(|n| line.contains(n)))

@@ -675,6 +675,14 @@ fn pyspark_tls_failures_are_clear_errors() {
     assert_eq!(e["code"], "StatusCode.UNAUTHENTICATED", "{e}");
     let message = e["message"].as_str().unwrap();
     assert!(message.contains(NO_CLIENT_CERTIFICATE), "{message}");
+    // The server logs the refusal at WARN with the peer's address (connect §7.1).
+    let refused = mutual.log_lines_with(&[
+        " WARN ",
+        "Spark Connect request refused",
+        "peer=\"127.0.0.1:",
+        "requires a client certificate",
+    ]);
+    assert!(refused >= 1, "the refusal is not logged");
 
     let stats = server.wait_for_stats(Duration::from_secs(10), "stats", |_| true);
     assert_eq!(stat(&stats, "created"), 0, "{stats:?}");
