@@ -516,13 +516,7 @@ async fn udf_s075_user_error_surfaces_with_its_class() {
         .await
         .unwrap();
     s.send(Bytes::from_static(b"ERROR")).await.expect("send");
-    let err = loop {
-        match s.recv().await {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("the session ended without the user error"),
-            Err(e) => break e,
-        }
-    };
+    let err = recv_error(&mut s, "the session ended without the user error").await;
     let exec = err.execution_error().expect("worker-reported error");
     assert_eq!(exec.error_class(), Some(USER_ERROR_CLASS));
     let handle = s.worker().clone();
@@ -691,6 +685,24 @@ fn killed_chain(error: &SessionError, pid: u32) -> Vec<String> {
     texts
 }
 
+/// Reads a streaming session's output until it fails: the error (output before it is
+/// dropped); panics with `ended` if the session ends without one.
+pub(crate) async fn recv_error<C>(
+    s: &mut tether::worker::engine::Session<tether::worker::state::Streaming, C>,
+    ended: &str,
+) -> SessionError
+where
+    C: tether::connection::Connection<UdfRequest, UdfResponse> + Send + Unpin + 'static,
+{
+    loop {
+        match s.recv().await {
+            Ok(Some(_)) => continue,
+            Ok(None) => panic!("{ended}"),
+            Err(e) => return e,
+        }
+    }
+}
+
 /// The [`WorkerLost`] inside a session's transport failure.
 pub(crate) fn worker_lost(error: &SessionError) -> &WorkerLost {
     std::iter::successors(Some(error as &(dyn std::error::Error + 'static)), |e| {
@@ -738,13 +750,7 @@ async fn a_panicking_udf_callback_is_quoted_in_the_outcome_from_the_worker_s_out
     s.send(Bytes::from_static(PANIC_BATCH.as_bytes()))
         .await
         .expect("send");
-    let err = loop {
-        match s.recv().await {
-            Ok(Some(_)) => continue,
-            Ok(None) => panic!("a panicked session cannot finish"),
-            Err(e) => break e,
-        }
-    };
+    let err = recv_error(&mut s, "a panicked session cannot finish").await;
     let handle = s.worker().clone();
     let termination = s.close().await;
     assert_eq!(termination.kind(), TerminationKind::TransportFailed);

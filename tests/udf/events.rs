@@ -32,8 +32,8 @@ use tether_testing::fixtures::{INIT_FAILURE, direct_worker_spec, init, session_c
 use tether_testing::metrics::MetricTotals;
 
 use crate::dispatcher::{
-    config, echo_round, eventually, exists, pooled, reusable, running, socket_of, tether_spec,
-    worker_lost,
+    config, echo_round, eventually, exists, pooled, recv_error, reusable, running, socket_of,
+    tether_spec, worker_lost,
 };
 
 // ---------------------------------------------------------------------------------------
@@ -764,13 +764,7 @@ async fn closing_the_dispatcher_under_running_sessions_judges_no_worker() {
     o.d.close().await;
     let mut workers = Vec::new();
     for mut s in running {
-        let err = loop {
-            match s.recv().await {
-                Ok(Some(_)) => continue,
-                Ok(None) => panic!("a stopped worker cannot finish the session"),
-                Err(e) => break e,
-            }
-        };
+        let err = recv_error(&mut s, "a stopped worker cannot finish the session").await;
         let lost = worker_lost(&err);
         assert_eq!(lost.stopping, Some(StopReason::DispatcherClosed), "{lost}");
         assert!(

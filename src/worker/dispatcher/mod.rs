@@ -264,9 +264,9 @@ impl<T: WorkerTransport> Dispatcher<T> {
     /// config's defaults; above [`DispatcherConfig::max_spec_timeout`] → clamped) and creates
     /// the private socket directory (mode `0700`): the construction of udf §6.2, with
     /// `initialize` of udf §6.4, removing the directories that dispatchers of processes no
-    /// longer running left in the same base directory. Spawns nothing and runs no callable. Registers the metric
-    /// handles of its workers and sessions with the recorder installed now (see
-    /// [`observe`](crate::observe)).
+    /// longer running left in the same base directory. Spawns nothing and runs no callable.
+    /// Registers the metric handles of its workers and sessions with the recorder installed
+    /// now (see [`observe`](crate::observe)).
     ///
     /// # Errors
     /// [`DispatchError::InvalidSpec`]; [`DispatchError::SocketDirectory`] when no candidate

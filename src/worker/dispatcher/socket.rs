@@ -74,7 +74,8 @@ pub(crate) fn create_private_dir(
     let mut too_long = None;
     for candidate in &tried {
         // The directory's own name is as long as `tether-udf-<12 hex>`.
-        let longest = longest_socket_path(&candidate.join("tether-udf-000000000000"));
+        let longest =
+            longest_socket_path(&candidate.join(format!("{DIR_PREFIX}{}", "0".repeat(12))));
         let len = longest.as_os_str().as_bytes().len();
         if sockets && len > MAX_SOCKET_PATH_BYTES {
             too_long.get_or_insert(DispatchError::SocketPathTooLong {
