@@ -25,8 +25,8 @@ use tether::execution::{
     ConnectError, ExecutionManager, ManagerConfig, MemoryBudget, StreamLimits,
 };
 use tether::spark::connect::{
-    ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
-    TransportLimits, serve_bounded,
+    ConnectClient, ConnectServer, ConnectService, QueryEngine, ResponseSource, SessionContext,
+    TransportLimits,
 };
 use tether::wire::connect::{
     ExecutePlanRequest, ExecutePlanResponse, Plan, UserContext,
@@ -114,8 +114,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         responses: args.responses,
         payload: Bytes::from(vec![7u8; args.payload]),
     };
-    let service =
-        ConnectService::new(manager.clone(), engine).into_service(&ConnectConfig::default());
+    let service = ConnectService::new(manager.clone(), engine);
     let limits = TransportLimits {
         max_concurrent_streams: u32::try_from(n.div_ceil(args.channels) + 64)?,
         ..TransportLimits::default()
@@ -123,9 +122,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let address = format!("http://{}", listener.local_addr()?);
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_bounded(service, listener, limits, async move {
-        let _ = stop_rx.await;
-    }));
+    let server = tokio::spawn(ConnectServer::new(service).limits(limits).serve(
+        listener,
+        async move {
+            let _ = stop_rx.await;
+        },
+    ));
     let per_channel = n.div_ceil(args.channels) as u64;
     let client_connection_window =
         u32::try_from(per_channel * u64::from(CLIENT_STREAM_WINDOW) + 1024 * 1024)?;

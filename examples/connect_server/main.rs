@@ -125,10 +125,9 @@ use tether::execution::{
     SparkError, StreamLimits,
 };
 use tether::observe::{EventReceiver, event_channel};
-use tether::spark::connect::tls::{AcceptedStream, ClientCertificateCheck, ServerTls};
+use tether::spark::connect::tls::ServerTls;
 use tether::spark::connect::{
-    ConnectConfig, ConnectService, DrainReport, QueryEngine, ResponseSource, SPARK_VERSION,
-    SessionContext, error_chain,
+    QueryEngine, ResponseSource, SPARK_VERSION, SessionContext, error_chain,
 };
 use tether::wire::connect::{
     Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Limit, Range,
@@ -136,11 +135,12 @@ use tether::wire::connect::{
     expression, plan,
 };
 use tokio::net::TcpListener;
-use tonic::transport::server::TcpIncoming;
 
 mod baseline;
 mod faults;
-use faults::{FaultService, Faults, KillableStream};
+mod harness;
+mod serve;
+use faults::Faults;
 
 /// A Spark Connect server for `spark.range`, `limit` and `count()`, on tether.
 #[derive(Debug, Parser)]
@@ -1142,18 +1142,7 @@ impl EventsLog {
 /// `--token`: refuses what no client could send, or what would look like a token and
 /// protect nothing (connect §4: the token travels in the `authorization` header).
 fn parse_token(token: &str) -> Result<String, String> {
-    if token.is_empty() {
-        return Err("the token is empty: omit --token to serve without authentication".into());
-    }
-    if let Some(c) = token.chars().find(|c| !(' '..='~').contains(c)) {
-        return Err(format!(
-            "the token holds {c:?}: a client can send only printable ASCII in a header"
-        ));
-    }
-    if token.trim() != token {
-        return Err("the token starts or ends with a space, which headers drop".into());
-    }
-    Ok(token.to_owned())
+    tether::spark::connect::check_token(token).map(|()| token.to_owned())
 }
 
 async fn shutdown_signal() {
@@ -1164,69 +1153,6 @@ async fn shutdown_signal() {
         _ = ctrl_c => {}
         _ = term.recv() => {}
     }
-}
-
-/// How long the server waits, after its drain, for the streams still open to end.
-const HARD_STOP: Duration = Duration::from_secs(5);
-
-/// How long the server waits for its connections to end once it closed those whose streams
-/// reached no handler.
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
-
-/// Why the server stopped without waiting for every open stream to end.
-#[derive(Debug, Clone, Copy)]
-enum ForcedStop {
-    /// A second signal came, during the drain or after it.
-    SecondSignal,
-    /// Streams were still open [`HARD_STOP`] after the drain.
-    StreamsOpen,
-}
-
-/// The server's shutdown: the first future resolves once a signal came and the drain of
-/// `connect` ended (the server then stops accepting and ends its connections gracefully);
-/// the second [`HARD_STOP`] later, or at a second signal, saying why, to stop without
-/// waiting for what is still open. The drain's report lands in `report`.
-fn drain_on_signal<E: QueryEngine>(
-    connect: ConnectService<E>,
-    deadline: Duration,
-    report: Arc<std::sync::OnceLock<DrainReport>>,
-) -> (
-    impl std::future::Future<Output = ()>,
-    impl std::future::Future<Output = ForcedStop>,
-) {
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<ForcedStop>();
-    let drained = async move {
-        shutdown_signal().await;
-        println!(
-            "draining: health NOT_SERVING, new sessions and executions refused, deadline {} ms",
-            deadline.as_millis()
-        );
-        tokio::select! {
-            drained = connect.drain(deadline) => {
-                println!("{drained}");
-                tracing::info!(report = %drained, "drained");
-                let _ = report.set(drained);
-                tokio::spawn(async move {
-                    let why = tokio::select! {
-                        () = tokio::time::sleep(HARD_STOP) => ForcedStop::StreamsOpen,
-                        () = shutdown_signal() => ForcedStop::SecondSignal,
-                    };
-                    let _ = stop_tx.send(why);
-                });
-            }
-            () = shutdown_signal() => {
-                let _ = stop_tx.send(ForcedStop::SecondSignal);
-            }
-        }
-    };
-    let hard_stop = async move {
-        match stop_rx.await {
-            Ok(why) => why,
-            // A dropped sender (the drain never began) never stops the server early.
-            Err(_) => std::future::pending().await,
-        }
-    };
-    (drained, hard_stop)
 }
 
 #[tokio::main]
@@ -1302,18 +1228,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         ),
         _ => None,
     };
-    let connect = ConnectService::new(manager.clone(), engine);
-    // grpc.health.v1 on the same port: SERVING for "" and spark.connect.SparkConnectService.
-    let health = connect.health().service().await;
     let drained = Arc::new(std::sync::OnceLock::new());
-    let (shutdown, hard_stop) = drain_on_signal(
-        connect.clone(),
-        Duration::from_millis(args.drain_timeout_ms),
-        drained.clone(),
-    );
-    let service = connect.clone().into_service(&ConnectConfig {
-        token: args.token.clone(),
-    });
 
     let listener = TcpListener::bind(SocketAddr::new(args.host, args.port)).await?;
     let address = listener.local_addr()?;
@@ -1331,20 +1246,6 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let faults = args.faults.map(|seed| Faults::new(seed, manager.clone()));
-    let maintenance = tokio::spawn(manager.clone().run_maintenance());
-    // Scrapes see the manager's counters and gauges at most a second late (a maintenance
-    // pass publishes them too, but only every `--maintenance-interval-ms`).
-    let publisher = args.metrics_addr.map(|_| {
-        let manager = manager.clone();
-        tokio::spawn(async move {
-            let mut tick = tokio::time::interval(Duration::from_secs(1));
-            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tick.tick().await;
-                manager.publish_metrics();
-            }
-        })
-    });
     let stats = {
         let manager = manager.clone();
         let faults = faults.clone();
@@ -1359,102 +1260,57 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         })
     };
 
-    // TCP_NODELAY on; over TLS, a client that speaks plaintext or (with mutual TLS)
-    // presents no certificate is told so (`tls::incoming`, `ServerTls::server_builder`).
-    let (mut server, connections): (_, futures::stream::BoxStream<'static, _>) = match tls {
-        Some(tls) => (
-            tls.server_builder(),
-            Box::pin(tether::spark::connect::tls::incoming(listener)),
-        ),
-        None => (
-            tonic::transport::Server::builder().layer(ClientCertificateCheck::default()),
-            // Closed gracefully too (`AcceptedStream`), like the TLS connections.
-            Box::pin(futures::StreamExt::map(
-                TcpIncoming::from(listener).with_nodelay(Some(true)),
-                |accepted| accepted.map(AcceptedStream::new),
-            )),
-        ),
-    };
-    let serving = async {
-        match &faults {
-            None if args.baseline.is_some() => {
-                let rotate = args.baseline == Some(Baseline::BareRotating);
-                tracing::info!(rotate, "serving the bare baseline, without tether");
-                server
-                    .add_service(health)
-                    .add_service(baseline::Bare::new(engine, rotate))
-                    .serve_with_incoming_shutdown(connections, shutdown)
-                    .await?;
-            }
-            None => {
-                // Connections the drain's deadline can close (`ConnectService::connections`).
-                server
-                    .add_service(health)
-                    .add_service(service)
-                    .serve_with_incoming_shutdown(connect.connections(connections), shutdown)
-                    .await?;
-            }
-            Some(faults) => {
-                tracing::info!(seed = args.faults, "fault mode on");
-                // Connections the faults can drop, and the drain's deadline close.
-                let incoming = futures::StreamExt::map(connections, |accepted| {
-                    accepted.map(KillableStream::new)
-                });
-                server
-                    .add_service(health)
-                    .add_service(FaultService::new(service, faults.clone()))
-                    .serve_with_incoming_shutdown(connect.connections(incoming), shutdown)
-                    .await?;
-            }
-        }
-        Ok::<(), Box<dyn std::error::Error>>(())
-    };
-    tokio::pin!(serving);
-    let forced = tokio::select! {
-        served = &mut serving => {
-            served?;
-            None
-        }
-        why = hard_stop => match why {
-            // What is still open holds nothing of the service: requests that reached no
-            // handler (a body that never came). Close their connections, then stop cleanly.
-            ForcedStop::StreamsOpen
-                if manager.execution_count() == 0 && connect.rpcs_in_flight() == 0 =>
-            {
-                connect.close_connections();
+    let forced = if faults.is_some() || args.baseline.is_some() {
+        // The test harnesses: faults injected into the service and its connections, or the
+        // bare baseline without tether (module `harness`).
+        harness::serve(
+            &args,
+            engine,
+            manager.clone(),
+            tls,
+            listener,
+            faults.clone(),
+            drained.clone(),
+        )
+        .await?
+    } else {
+        // On the first signal the server drains; a second one stops it at once.
+        let signaled = Arc::new(tokio::sync::Notify::new());
+        let deadline = Duration::from_millis(args.drain_timeout_ms);
+        let first = {
+            let signaled = signaled.clone();
+            async move {
+                shutdown_signal().await;
                 println!(
-                    "streams still open {} ms after the drain reached no handler: closed \
-                     their connections",
-                    HARD_STOP.as_millis()
+                    "draining: health NOT_SERVING, new sessions and executions refused, deadline {} ms",
+                    deadline.as_millis()
                 );
-                match tokio::time::timeout(CLOSE_WAIT, &mut serving).await {
-                    Ok(served) => {
-                        served?;
-                        None
-                    }
-                    Err(_) => {
-                        println!("streams still open after their connections closed: stopping");
-                        Some(ForcedStop::StreamsOpen)
-                    }
-                }
+                signaled.notify_one();
             }
-            why => {
-                match why {
-                    ForcedStop::SecondSignal => println!("a second signal: stopping now"),
-                    ForcedStop::StreamsOpen => println!(
-                        "streams still open {} ms after the drain: stopping",
-                        HARD_STOP.as_millis()
-                    ),
-                }
-                Some(why)
+        };
+        let serving = serve::serve(
+            engine,
+            manager.clone(),
+            listener,
+            tls,
+            args.token.clone(),
+            deadline,
+            first,
+        );
+        tokio::select! {
+            report = serving => {
+                let report = report?;
+                println!("{report}");
+                let _ = drained.set(report);
+                None
+            }
+            () = async { signaled.notified().await; shutdown_signal().await } => {
+                println!("a second signal: stopping now");
+                Some("a second signal")
             }
         }
     };
     stats.abort();
-    maintenance.abort();
-    if let Some(publisher) = publisher {
-        publisher.abort();
-    }
     println!("{}", stats_line(&manager, faults.as_deref()));
     if let Some(log) = events_task {
         log.finish().await;

@@ -151,7 +151,7 @@ pub const UNSUPPORTED_FEATURE_INTERRUPT_TYPE: Condition = Condition::new(
 /// executions (rx §5.2; Spark has no such bound). Sent as `RESOURCE_EXHAUSTED`.
 pub const EXECUTION_LIMIT_EXCEEDED: Condition =
     Condition::new("EXECUTION_LIMIT_EXCEEDED", None, Code::ResourceExhausted);
-/// tether's own: the server is draining for a shutdown or a restart (`ExecutionManager::drain`)
+/// tether's own: the server is draining for a shutdown or a restart (`ExecutionManager::refuse_new`)
 /// and takes no new session or execution; what runs is served to its end. Sent as
 /// `UNAVAILABLE`, which Spark clients retry with backoff (rx §6.1), so that a load balancer
 /// can route the retry to another server (docs/deployment.md).

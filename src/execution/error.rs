@@ -129,7 +129,7 @@ pub enum ConnectError {
         limit: usize,
     },
     /// tether-specific `SERVER_DRAINING`: the server is draining
-    /// ([`ExecutionManager::drain`](super::ExecutionManager::drain)) and creates no session
+    /// ([`ExecutionManager::refuse_new`](super::ExecutionManager::refuse_new)) and creates no session
     /// and registers no execution; live ones are served as before. Status code
     /// `UNAVAILABLE`, which Spark clients retry with backoff (rx §6.1): behind a load
     /// balancer the retry reaches another server once this one stops, or at once for a new

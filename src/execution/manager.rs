@@ -8,6 +8,7 @@ use uuid::Uuid;
 
 use super::budget::{BudgetUsage, MemoryBudget};
 use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
+use super::drain::{Drain, DrainReport, DrainStep, DrainView};
 use super::error::ConnectError;
 use super::events::{ExecutionEvent, Observer};
 use super::keys::{ExecuteKey, SessionKey, parse_uuid};
@@ -444,20 +445,61 @@ impl ExecutionManager {
         keys
     }
 
-    /// Starts a graceful drain (tether's; Spark has none): from now on a request that
-    /// would create a session or register an execution is refused with
-    /// [`ConnectError::ServerDraining`] (`UNAVAILABLE`, which clients retry, so a load
-    /// balancer can send the retry to another server); every live session and execution is
-    /// served as before: its streams, ReattachExecute, ReleaseExecute, Interrupt, and an
-    /// ExecutePlan repeating a live operation (rx §5.5). Idempotent and irreversible.
-    /// Wait for [`execution_count`](Self::execution_count) to reach 0, then stop the server;
-    /// [`cancel_all`](Self::cancel_all) ends what a deadline leaves.
-    /// `ConnectService::drain` does all of it (docs/deployment.md).
-    pub fn drain(&self) {
+    /// Refuses new work, the first step of a graceful drain (tether's; Spark has none):
+    /// from now on a request that would create a session or register an execution is
+    /// refused with [`ConnectError::ServerDraining`] (`UNAVAILABLE`, which clients retry, so
+    /// a load balancer can send the retry to another server); every live session and
+    /// execution is served as before: its streams, ReattachExecute, ReleaseExecute,
+    /// Interrupt, and an ExecutePlan repeating a live operation (rx §5.5). Idempotent and
+    /// irreversible. [`begin_drain`](Self::begin_drain) calls it.
+    pub fn refuse_new(&self) {
         self.inner.lock().set_draining();
     }
 
-    /// Whether [`drain`](Self::drain) was called: the registry then creates no session
+    /// Begins a graceful drain whose deadline is `deadline` from now on the manager's clock
+    /// ([`Drain`], the rule): refuses new work ([`refuse_new`](Self::refuse_new)) and
+    /// counts what is live (rx §5.1). Drive it with [`step_drain`](Self::step_drain).
+    pub fn begin_drain(&self, deadline: Duration) -> Drain {
+        self.refuse_new();
+        Drain::begin(deadline, self.now(), self.execution_count())
+    }
+
+    /// Polls `drain` (with `handlers` RPC handlers running in the server, 0 without one)
+    /// and carries out the steps that touch only this manager (rx §5.1): [`DrainStep::Abandon`]
+    /// ([`abandon_detached`](Self::abandon_detached)) and [`DrainStep::CancelAll`]
+    /// ([`cancel_all`](Self::cancel_all)), handing their keys to the drain. Returns
+    /// [`DrainStep::CancelAll`] once it has canceled (a server closes its connections
+    /// then), [`DrainStep::Wait`] (sleep until then on [`clock`](Self::clock), or until
+    /// something changed, and step again) or [`DrainStep::Done`]
+    /// ([`drain_report`](Self::drain_report)); never [`DrainStep::Abandon`].
+    pub fn step_drain(&self, drain: &mut Drain, handlers: usize) -> DrainStep {
+        loop {
+            let view = DrainView {
+                live: self.execution_count(),
+                handlers,
+                sessions_quiet_for: self.sessions_quiet_for(),
+            };
+            match drain.poll(view, self.now()) {
+                DrainStep::Abandon {
+                    detached_for,
+                    delivered_too,
+                } => drain.abandoned(self.abandon_detached(detached_for, delivered_too)),
+                DrainStep::CancelAll => {
+                    drain.canceled(self.cancel_all());
+                    return DrainStep::CancelAll;
+                }
+                step => return step,
+            }
+        }
+    }
+
+    /// `drain`'s report now ([`Drain::report`]): the executions still registered are
+    /// `left`, the live sessions `sessions_open` (rx §5.1, §5.6).
+    pub fn drain_report(&self, drain: &Drain) -> DrainReport {
+        drain.report(self.execution_keys(), self.stats().sessions, self.now())
+    }
+
+    /// Whether [`refuse_new`](Self::refuse_new) was called: the registry then creates no session
     /// (rx §5.6) and registers no execution (rx §5.1).
     pub fn is_draining(&self) -> bool {
         self.inner.lock().is_draining()

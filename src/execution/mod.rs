@@ -87,6 +87,7 @@ pub mod client;
 mod code;
 pub mod condition;
 mod core;
+mod drain;
 mod error;
 mod events;
 mod inactive;
@@ -105,6 +106,9 @@ pub use self::core::{
 };
 pub use budget::{BudgetUsage, MemoryBudget};
 pub use code::Code;
+pub use drain::{
+    DRAIN_CHECK, DRAIN_GRACE, Drain, DrainReport, DrainStep, DrainView, SESSION_QUIET,
+};
 pub use error::{ConnectError, SparkError};
 pub use events::{
     ExecutionEvent, ExecutionEventKind, IllegalTransition, OperationStatus, RotationReason,

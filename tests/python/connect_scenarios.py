@@ -34,8 +34,9 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         OPERATION each get OPERATION_ABANDONED. Prints `CASE {json}` lines and
         `ABANDON DONE`.
 
-    python tests/python/connect_scenarios.py drain-read PORT [ROWS]
-        Reads range(ROWS, default 5000000).toLocalIterator() at about 10 000 rows a second; prints
+    python tests/python/connect_scenarios.py drain-read PORT [ROWS [TOKEN]]
+        Reads range(ROWS, default 5000000).toLocalIterator() at about 10 000 rows a second (over
+        TLS with the token when TOKEN is given, the CA through GRPC_DEFAULT_SSL_ROOTS_FILE_PATH); prints
         `STARTED` after the first row. The test drains the server (SIGTERM, a short deadline)
         meanwhile: the read must fail with OPERATION_CANCELED (printed as `CASE {json}`
         with the rows read and the seconds from `STARTED`), and `spark.stop()` after it must
@@ -263,8 +264,8 @@ class FixedOperation(ConnectSession.Hook):
         return request
 
 
-def pyspark_session(port, user_id, session_id):
-    url = f"sc://localhost:{port}/;user_id={user_id};session_id={session_id}"
+def pyspark_session(port, user_id, session_id, extra=""):
+    url = f"sc://localhost:{port}/;user_id={user_id};session_id={session_id}{extra}"
     return ConnectSession.builder.remote(url)._registerHook(FixedOperation).create()
 
 
@@ -330,8 +331,9 @@ def abandon_check(port, session, op):
     print("ABANDON DONE", flush=True)
 
 
-def drain_read(port, total=5_000_000):
-    spark = pyspark_session(port, "tether-drain", str(uuid.uuid4()))
+def drain_read(port, total=5_000_000, token=None):
+    extra = f";use_ssl=true;token={token}" if token else ""
+    spark = pyspark_session(port, "tether-drain", str(uuid.uuid4()), extra)
     rows = spark.range(total).toLocalIterator()
     assert next(rows).id == 0
     started = time.monotonic()
@@ -371,7 +373,8 @@ def main():
     elif mode == "abandon-check":
         abandon_check(port, sys.argv[3], sys.argv[4])
     elif mode == "drain-read":
-        drain_read(port, *(int(a) for a in sys.argv[3:4]))
+        total = int(sys.argv[3]) if len(sys.argv) > 3 else 5_000_000
+        drain_read(port, total, sys.argv[4] if len(sys.argv) > 4 else None)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

@@ -1,4 +1,4 @@
-//! The Spark Connect service served with bounded HTTP/2 buffers (`serve_bounded`, connect
+//! The Spark Connect service served with bounded HTTP/2 buffers (`ConnectServer`, connect
 //! §4 transport) over a manager with a small memory budget (tether's bound over rx §3.1's
 //! unsent and retained responses): many executions multiplexed on two channels stall, then
 //! drain with every response once and in order, and the server shuts down on request.
@@ -11,8 +11,8 @@ use futures::StreamExt;
 use tether::execution::client::ExecutionRpc;
 use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, StreamLimits};
 use tether::spark::connect::{
-    ConnectClient, ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
-    TransportLimits, serve_bounded,
+    ConnectClient, ConnectServer, ConnectService, QueryEngine, ResponseSource, SessionContext,
+    TransportLimits,
 };
 use tether::wire::connect::ExecutePlanRequest;
 use tether_testing::connect::{self, Caller};
@@ -61,19 +61,18 @@ async fn stalled_streams_over_a_bounded_server_drain_completely() {
         },
         ..ManagerConfig::default()
     });
-    let service =
-        ConnectService::new(manager.clone(), Numbered).into_service(&ConnectConfig::default());
+    let service = ConnectService::new(manager.clone(), Numbered);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = format!("http://{}", listener.local_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(serve_bounded(
-        service,
-        listener,
-        TransportLimits::default(),
-        async move {
-            let _ = stopped.await;
-        },
-    ));
+    let server = tokio::spawn(
+        ConnectServer::new(service)
+            .limits(TransportLimits::default())
+            .drain_deadline(Duration::ZERO)
+            .serve(listener, async move {
+                let _ = stopped.await;
+            }),
+    );
     let mut clients = Vec::new();
     for _ in 0..2 {
         // Room for every stalled stream's 8 KiB window on the channel.
@@ -141,7 +140,9 @@ async fn stalled_streams_over_a_bounded_server_drain_completely() {
     assert_eq!(ids.len(), EXECUTIONS * (RESPONSES as usize + 1));
     assert!(budget.usage().peak <= budget.bound(EXECUTIONS as u64, largest));
     stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server)
+    // Its drain cancels at once and waits DRAIN_GRACE for these raw clients (they never
+    // release), then abandons what they left.
+    tokio::time::timeout(Duration::from_secs(15), server)
         .await
         .expect("the server stops when asked")
         .unwrap()

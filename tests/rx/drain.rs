@@ -20,7 +20,7 @@ fn draining_with_one(
     let f = ManualManager::default();
     let (p, s) = start(&f.manager, &c.execute(op));
     assert!(!f.manager.is_draining());
-    f.manager.drain();
+    f.manager.refuse_new();
     assert!(f.manager.is_draining());
     (f, p, s)
 }
@@ -142,7 +142,7 @@ fn cancel_all_cancels_ahead_of_unsent_responses_even_what_was_all_handed_out() {
     p_failed.fail(query_error.clone()).unwrap();
     let held = f.manager.memory_usage().expect("a budget").used;
 
-    f.manager.drain();
+    f.manager.refuse_new();
     let mut canceled = f.manager.cancel_all();
     canceled.sort_by_key(|k| k.operation_id);
     let mut expected = vec![
@@ -366,7 +366,7 @@ mod grpc {
         rows: u64,
     ) -> (
         tokio::task::JoinHandle<Read>,
-        tokio::task::JoinHandle<tether::spark::connect::DrainReport>,
+        tokio::task::JoinHandle<tether::execution::DrainReport>,
     ) {
         let running = tokio::spawn(read(
             address.to_owned(),
@@ -517,7 +517,7 @@ mod grpc {
         assert_eq!((rows, error), (300, None));
         // The query is released; the drain must not end before the session's release comes
         // (PySpark's `spark.stop()` a moment after its last query).
-        tokio::time::sleep(tether::spark::connect::SESSION_QUIET / 2).await;
+        tokio::time::sleep(tether::execution::SESSION_QUIET / 2).await;
         assert!(
             !drain.is_finished(),
             "the drain ended before the session was quiet"
@@ -538,6 +538,189 @@ mod grpc {
 // The example server on SIGTERM
 // ---------------------------------------------------------------------------------------------
 
+/// The drain's rule alone (`Drain`, no manager): it first asks for the detached check, then
+/// waits at most `DRAIN_CHECK`, never past its deadline; at the deadline with executions
+/// live it asks to cancel them, then waits out `DRAIN_GRACE`, and ends with the last
+/// abandonment and `Done`; the report counts what it was handed.
+#[test]
+fn the_drain_rule_steps_through_its_phases_on_any_clock() {
+    use std::time::{Duration, Instant};
+    use tether::execution::{DRAIN_CHECK, DRAIN_GRACE, Drain, DrainStep, DrainView};
+    let t0 = Instant::now();
+    let live = DrainView {
+        live: 1,
+        handlers: 0,
+        sessions_quiet_for: Some(Duration::ZERO),
+    };
+    let deadline = Duration::from_millis(120);
+    let mut drain = Drain::begin(deadline, t0, 1);
+    let check = DrainStep::Abandon {
+        detached_for: DRAIN_GRACE,
+        delivered_too: false,
+    };
+    assert_eq!(drain.poll(live, t0), check);
+    assert_eq!(drain.poll(live, t0), DrainStep::Wait(t0 + DRAIN_CHECK));
+    // Checks every DRAIN_CHECK and waits in between, never past the deadline.
+    let t2 = t0 + deadline;
+    let mut t = t0 + DRAIN_CHECK;
+    loop {
+        let mut step = drain.poll(live, t);
+        if step == check {
+            step = drain.poll(live, t);
+        }
+        match step {
+            DrainStep::Wait(until) => {
+                assert_eq!(until, (t + DRAIN_CHECK).min(t2), "never past the deadline");
+                t = until;
+            }
+            DrainStep::CancelAll => break,
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(t, t2, "canceled at the deadline");
+    assert!(drain.deadline_passed());
+    drain.canceled([]);
+    // In grace: checks, then waits; at its end, finishes although one is still live.
+    let t3 = t2 + DRAIN_GRACE;
+    let mut t = t2;
+    loop {
+        match drain.poll(live, t) {
+            DrainStep::Wait(until) => {
+                assert!(until > t && until <= t3, "{until:?}");
+                t = until;
+            }
+            DrainStep::Abandon { delivered_too, .. } if !delivered_too => {}
+            DrainStep::Abandon {
+                detached_for,
+                delivered_too: true,
+            } => {
+                assert_eq!(
+                    detached_for,
+                    Duration::ZERO,
+                    "the last abandonment takes all"
+                );
+                assert_eq!(t, t3, "grace waited out");
+                break;
+            }
+            other => panic!("unexpected {other:?} at {:?}", t - t0),
+        }
+    }
+    assert_eq!(drain.poll(live, t3), DrainStep::Done);
+    assert_eq!(drain.poll(live, t3), DrainStep::Done, "done stays done");
+    let report = drain.report(Vec::new(), 1, t3);
+    assert_eq!(report.live_at_start, 1);
+    assert_eq!(report.elapsed, deadline + DRAIN_GRACE);
+    assert!(report.is_clean(), "nothing handed back: {report}");
+}
+
+/// The rule waits for the sessions to be quiet for `SESSION_QUIET` once nothing is live (and
+/// for running handlers), then finishes at once; with no deadline it never cancels.
+#[test]
+fn the_drain_rule_waits_for_quiet_sessions_and_handlers() {
+    use std::time::{Duration, Instant};
+    use tether::execution::{Drain, DrainStep, DrainView, SESSION_QUIET};
+    let t0 = Instant::now();
+    let mut drain = Drain::begin(Duration::MAX, t0, 0);
+    let quiet_for = Duration::from_millis(900);
+    let view = DrainView {
+        live: 0,
+        handlers: 0,
+        sessions_quiet_for: Some(quiet_for),
+    };
+    assert!(matches!(drain.poll(view, t0), DrainStep::Abandon { .. }));
+    let DrainStep::Wait(until) = drain.poll(view, t0) else {
+        panic!("waits for quiet sessions")
+    };
+    assert!(
+        until <= t0 + (SESSION_QUIET - quiet_for),
+        "{:?}",
+        until - t0
+    );
+    let busy = DrainView {
+        handlers: 1,
+        sessions_quiet_for: Some(SESSION_QUIET),
+        ..view
+    };
+    let t1 = t0 + Duration::from_secs(3600);
+    assert!(matches!(drain.poll(busy, t1), DrainStep::Abandon { .. }));
+    assert!(
+        matches!(drain.poll(busy, t1), DrainStep::Wait(_)),
+        "a running handler holds a drain without a deadline"
+    );
+    let settled = DrainView {
+        handlers: 0,
+        ..busy
+    };
+    assert_eq!(
+        drain.poll(settled, t1),
+        DrainStep::Abandon {
+            detached_for: Duration::ZERO,
+            delivered_too: true
+        }
+    );
+    assert_eq!(drain.poll(settled, t1), DrainStep::Done);
+    assert!(!drain.deadline_passed());
+}
+
+/// The manager runs the rule on its own clock (`begin_drain`, `step_drain`): an execution no
+/// client is attached to is abandoned once detached for `DRAIN_GRACE`, one still streaming
+/// is canceled at the deadline (its client reads `OPERATION_CANCELED`), and the report says
+/// which was which.
+#[test]
+fn the_manager_steps_a_drain_on_its_manual_clock() {
+    use std::time::Duration;
+    use tether::execution::{DRAIN_GRACE, DrainStep};
+    let f = ManualManager::default();
+    let c = Caller::default();
+    let (attached, detached) = (op_id(), op_id());
+    let (mut p1, mut s1) = start(&f.manager, &c.execute(&attached));
+    let (_p2, s2) = start(&f.manager, &c.execute(&detached));
+    drop(s2);
+    push_n(&mut p1, 1, 1);
+    assert_eq!(rows(&next(&mut s1)), Some(1));
+    let deadline = Duration::from_secs(30);
+    let mut drain = f.manager.begin_drain(deadline);
+    assert!(f.manager.is_draining());
+    let step = |drain: &mut tether::execution::Drain| f.manager.step_drain(drain, 0);
+    let DrainStep::Wait(_) = step(&mut drain) else {
+        panic!("both still live")
+    };
+    assert_eq!(f.manager.execution_count(), 2);
+    f.clock.advance(DRAIN_GRACE);
+    let DrainStep::Wait(_) = step(&mut drain) else {
+        panic!("the attached one is still live")
+    };
+    assert_eq!(
+        f.manager.execution_keys(),
+        vec![c.key(&attached)],
+        "the detached one abandoned after DRAIN_GRACE"
+    );
+    f.clock.advance(deadline);
+    assert_eq!(step(&mut drain), DrainStep::CancelAll);
+    assert_eq!(
+        expect_err(&mut s1).condition(),
+        Some("OPERATION_CANCELED"),
+        "the attached client is told at once"
+    );
+    drop(s1);
+    f.manager
+        .release_execute(&c.release_all(&attached))
+        .unwrap();
+    f.clock.advance(DRAIN_GRACE);
+    let mut steps = 0;
+    while step(&mut drain) != DrainStep::Done {
+        steps += 1;
+        assert!(steps < 4, "done once released and quiet");
+    }
+    let report = f.manager.drain_report(&drain);
+    assert_eq!(report.live_at_start, 2);
+    assert_eq!(report.canceled, vec![c.key(&attached)]);
+    assert_eq!(report.abandoned, vec![c.key(&detached)]);
+    assert!(report.left.is_empty(), "{report}");
+    assert!(!report.is_clean());
+}
+
+#[cfg(feature = "spark-connect")]
 mod example {
     use std::sync::Arc;
     use std::time::Duration;
@@ -599,10 +782,9 @@ mod example {
         .unwrap();
         let lines = server.stdout_lines();
         assert!(status.success(), "exit status {status}; stdout {lines:?}");
-        assert!(
-            lines
-                .iter()
-                .any(|l| l.contains("reached no handler: closed their connections")),
+        assert_eq!(
+            server.log_lines_with(&["reached no handler", "closed their connections"]),
+            1,
             "{lines:?}"
         );
         // The stalled request itself ended with the connection, not with an answer.

@@ -1342,14 +1342,30 @@ fn told_at_a_drain_deadline(test: &str, total: u64) {
     let Some(python) = pyspark_python(test) else {
         return;
     };
-    let mut server = Server::start(&["--drain-timeout-ms", "1000"]);
+    let server = Server::start(&["--drain-timeout-ms", "1000"]);
+    drained_while_reading(test, &python, server, total, None);
+}
+
+/// PySpark reads `range(total)` slowly from `server` (over TLS with the token when `tls`
+/// gives the token and the CA file); SIGTERM with a 1 s drain deadline: PySpark is told
+/// `OPERATION_CANCELED` within seconds, `spark.stop()` returns at once, and the server
+/// reports one canceled execution and exits 0.
+pub(crate) fn drained_while_reading(
+    test: &str,
+    python: &Path,
+    mut server: Server,
+    total: u64,
+    tls: Option<(&str, &Path)>,
+) {
     let port = server.port.to_string();
     let total_arg = total.to_string();
-    let mut client = Checks::script(
-        &python,
-        "connect_scenarios.py",
-        &["drain-read", &port, &total_arg],
-    );
+    let mut args = vec!["drain-read", &port, &total_arg];
+    let mut env = Vec::new();
+    if let Some((token, roots)) = tls {
+        args.push(token);
+        env.push(("GRPC_DEFAULT_SSL_ROOTS_FILE_PATH", roots));
+    }
+    let mut client = Checks::script_with_env(python, "connect_scenarios.py", &args, &env);
     if client
         .expect_line("STARTED", Duration::from_secs(60))
         .is_none()

@@ -618,6 +618,38 @@ fn pyspark_reads_over_tls_with_the_token() {
     assert_eq!(stat(&stats, "created"), 1, "{stats:?}");
 }
 
+/// The server of `ConnectServer`'s documentation (the example server runs it as written,
+/// `examples/connect_server/serve.rs`) with TLS and the token: real PySpark reads a long
+/// result over TLS slowly, SIGTERM drains the server with the query running, PySpark is told
+/// `OPERATION_CANCELED` at the 1 s deadline, and the server's drain report says so.
+#[test]
+fn pyspark_over_tls_is_drained_with_a_query_running() {
+    let test = "pyspark_over_tls_is_drained_with_a_query_running";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let pki = Pki::new();
+    let (cert, key) = (pki.arg("server.pem"), pki.arg("server.key"));
+    let server = Server::start(&[
+        "--tls-cert",
+        &cert,
+        "--tls-key",
+        &key,
+        "--token",
+        TOKEN,
+        "--drain-timeout-ms",
+        "1000",
+    ]);
+    let roots = pki.path("ca.pem");
+    super::pyspark_connect::drained_while_reading(
+        test,
+        &python,
+        server,
+        5_000_000,
+        Some((TOKEN, &roots)),
+    );
+}
+
 /// PySpark's failure against the example server, as the script reports it: the exception's
 /// class, the gRPC code and the message.
 fn pyspark_failure(

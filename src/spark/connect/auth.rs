@@ -10,6 +10,27 @@ pub(crate) const NO_TOKEN: &str = "No authentication token provided";
 /// The message of a request whose token does not match (connect §4).
 pub(crate) const INVALID_TOKEN: &str = "Invalid authentication token";
 
+/// Whether `token` is one a client can send as `authorization: Bearer <token>` and that
+/// protects something (connect §4): not empty, printable ASCII only (what a header carries),
+/// without leading or trailing spaces (which headers drop).
+///
+/// # Errors
+/// Why it is not, in words for an operator.
+pub fn check_token(token: &str) -> Result<(), String> {
+    if token.is_empty() {
+        return Err("the token is empty: serve without one to need no authentication".into());
+    }
+    if let Some(c) = token.chars().find(|c| !(' '..='~').contains(c)) {
+        return Err(format!(
+            "the token holds {c:?}: a client can send only printable ASCII in a header"
+        ));
+    }
+    if token.trim() != token {
+        return Err("the token starts or ends with a space, which headers drop".into());
+    }
+    Ok(())
+}
+
 /// Checks every request's `authorization: Bearer <token>` against the configured token, as
 /// a tonic interceptor. Without a configured token every request passes.
 #[derive(Clone)]

@@ -8,9 +8,11 @@
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config and
 //! AnalyzePlan; the others of Spark's `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
-//! TLS and mutual TLS ([`tls`], connect §7.1) and the standard `grpc.health.v1` service
-//! ([`ConnectHealth`], from [`ConnectService::health`], connect §7.2) serve on the same port;
-//! Spark 4.3.0's server has no TLS of its own: its deployments put a proxy in front.
+//! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
+//! standard `grpc.health.v1` service ([`ConnectHealth`], connect §7.2) on the same port,
+//! bounded HTTP/2 buffers ([`TransportLimits`]), metrics publishing and a graceful drain
+//! ([`Drain`](crate::execution::Drain)) on a shutdown future. Spark 4.3.0's server has no
+//! TLS of its own: its deployments put a proxy in front.
 //!
 //! # Where tether deliberately differs from Spark
 //!
@@ -25,7 +27,7 @@
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
-//! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectService::drain`]: health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
+//! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines
 //!
@@ -44,7 +46,7 @@
 //! use prost::Message;
 //! use tether::execution::{ConnectError, ExecutionManager, ManagerConfig, SparkError};
 //! use tether::spark::connect::{
-//!     ConnectConfig, ConnectService, QueryEngine, ResponseSource, SessionContext,
+//!     ConnectServer, ConnectService, QueryEngine, ResponseSource, SessionContext,
 //! };
 //! use tether::wire::connect::{
 //!     AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Relation,
@@ -107,17 +109,17 @@
 //! #[tokio::main]
 //! async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //!     let manager = ExecutionManager::new(ManagerConfig::default());
-//!     tokio::spawn(manager.clone().run_maintenance()); // abandonment, session expiry
-//!     let service = ConnectService::new(manager, Engine).into_service(&ConnectConfig {
-//!         token: Some("s3cret".into()), // clients: `sc://localhost:PORT/;token=s3cret`
-//!     });
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:15002").await?; // or port 0
 //!     println!("listening on {}", listener.local_addr()?);
-//!     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-//!     tonic::transport::Server::builder()
-//!         .add_service(service)
-//!         .serve_with_incoming(incoming)
+//!     let stop = async {
+//!         let _ = tokio::signal::ctrl_c().await;
+//!     };
+//!     // Health, the maintenance pass, bounded buffers; on Ctrl-C a drain (`ConnectServer`).
+//!     let report = ConnectServer::new(ConnectService::new(manager, Engine))
+//!         .token("s3cret") // clients: `sc://localhost:PORT/;token=s3cret`
+//!         .serve(listener, stop)
 //!         .await?;
+//!     println!("{report}");
 //!     Ok(())
 //! }
 //! ```
@@ -140,15 +142,16 @@ mod auth;
 mod client;
 mod drain;
 mod health;
-mod serve;
+mod server;
 mod service;
 mod status;
 pub mod tls;
 
+pub use self::auth::check_token;
 pub use self::client::{ConnectClient, ConnectClientError};
-pub use self::drain::{DRAIN_GRACE, DrainConnection, DrainReport, SESSION_QUIET};
+pub use self::drain::DrainConnection;
 pub use self::health::ConnectHealth;
-pub use self::serve::{TransportLimits, serve_bounded};
+pub use self::server::{CLOSE_WAIT, ConnectServer, STOP_WAIT, TransportLimits};
 pub use self::service::{
     ConnectConfig, ConnectGrpcService, ConnectService, QueryEngine, ResponseSource, SPARK_VERSION,
     SessionContext, default_conf,

@@ -49,6 +49,7 @@
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rustls::pki_types::pem::PemObject;
@@ -174,6 +175,19 @@ pub enum TlsError {
 pub struct ServerTls {
     identity: Identity,
     client_ca: Option<Certificate>,
+    /// The PEM this was built from: the chain and key, and the client CA.
+    pem: Arc<ServerPem>,
+    /// rustls' configuration for [`ConnectServer`](super::ConnectServer), built (and so
+    /// checked) with this.
+    rustls: Arc<rustls::ServerConfig>,
+}
+
+/// The PEM of a [`ServerTls`].
+#[derive(Debug)]
+struct ServerPem {
+    chain: Vec<u8>,
+    key: Vec<u8>,
+    client_ca: Option<Vec<u8>>,
 }
 
 impl ServerTls {
@@ -193,12 +207,12 @@ impl ServerTls {
             "server certificate",
         )?;
         private_key(key_pem, "server private key")?;
-        let tls = Self {
-            identity: Identity::from_pem(cert_pem, key_pem),
+        let pem = ServerPem {
+            chain: cert_pem.to_vec(),
+            key: key_pem.to_vec(),
             client_ca: None,
         };
-        tls.check()?;
-        Ok(tls)
+        Self::checked(Identity::from_pem(cert_pem, key_pem), None, pem)
     }
 
     /// Requires every client to present a certificate signed by a CA of `ca_pem` (mutual
@@ -215,12 +229,12 @@ impl ServerTls {
     pub fn with_client_ca_pem(self, ca_pem: impl AsRef<[u8]>) -> Result<Self, TlsError> {
         let ca_pem = ca_pem.as_ref();
         trust_anchors(ca_pem, "client CA certificate")?;
-        let tls = Self {
-            client_ca: Some(Certificate::from_pem(ca_pem)),
-            ..self
+        let pem = ServerPem {
+            chain: self.pem.chain.clone(),
+            key: self.pem.key.clone(),
+            client_ca: Some(ca_pem.to_vec()),
         };
-        tls.check()?;
-        Ok(tls)
+        Self::checked(self.identity, Some(Certificate::from_pem(ca_pem)), pem)
     }
 
     /// [`from_pem`](Self::from_pem) and [`with_client_ca_pem`](Self::with_client_ca_pem)
@@ -292,17 +306,69 @@ impl ServerTls {
         }
     }
 
-    /// Builds the acceptors tonic builds from this configuration, so that what rustls
-    /// refuses is refused now.
-    fn check(&self) -> Result<(), TlsError> {
+    /// This configuration, once the acceptors tonic builds from it and rustls' own
+    /// configuration were built, so that what rustls refuses is refused now.
+    fn checked(
+        identity: Identity,
+        client_ca: Option<Certificate>,
+        pem: ServerPem,
+    ) -> Result<Self, TlsError> {
         install_default_provider();
+        let rustls = Arc::new(rustls_server_config(&pem)?);
+        let tls = Self {
+            identity,
+            client_ca,
+            pem: Arc::new(pem),
+            rustls,
+        };
         for optional in [false, true] {
             tonic::transport::Server::builder()
-                .tls_config(self.clone().config(optional))
+                .tls_config(tls.clone().config(optional))
                 .map_err(|e| refused(&e, "server"))?;
         }
-        Ok(())
+        Ok(tls)
     }
+
+    /// rustls' configuration, as [`ConnectServer`](super::ConnectServer) serves it: ALPN
+    /// `h2`; with a client CA, a client certificate is optional in the handshake (one the
+    /// CA did not sign fails it) and [`ClientCertificateCheck`] refuses the requests of a
+    /// connection without one.
+    pub(super) fn rustls_config(&self) -> Arc<rustls::ServerConfig> {
+        self.rustls.clone()
+    }
+}
+
+/// rustls' server configuration of `pem` (connect §7.1).
+fn rustls_server_config(pem: &ServerPem) -> Result<rustls::ServerConfig, TlsError> {
+    let chain = certificates(&pem.chain, "server certificate")?;
+    let key = private_key(&pem.key, "server private key")?;
+    let builder = rustls::ServerConfig::builder();
+    let builder = match &pem.client_ca {
+        None => builder.with_no_client_auth(),
+        Some(ca) => {
+            let what = "client CA certificate";
+            let roots = trust_anchors(ca, what)?;
+            let verifier = rustls::server::WebPkiClientVerifier::builder(Arc::new(roots))
+                .allow_unauthenticated()
+                .build()
+                .map_err(|e| TlsError::BadCa {
+                    what,
+                    detail: e.to_string(),
+                })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+    };
+    let mut config = builder.with_single_cert(chain, key).map_err(|e| match e {
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            TlsError::KeyMismatch { what: "server" }
+        }
+        e => TlsError::Refused {
+            what: "server TLS configuration",
+            detail: e.to_string(),
+        },
+    })?;
+    config.alpn_protocols = vec![b"h2".to_vec()];
+    Ok(config)
 }
 
 /// The path prefix of the standard gRPC health service's methods (`grpc.health.v1.Health`,
@@ -324,6 +390,25 @@ pub const NO_CLIENT_CERTIFICATE: &str = "this Spark Connect server requires a cl
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ClientCertificateCheck {
     required: bool,
+}
+
+impl ClientCertificateCheck {
+    /// The check, refusing requests without a client certificate when `required`.
+    pub(super) fn new(required: bool) -> Self {
+        Self { required }
+    }
+}
+
+/// What [`ConnectServer`](super::ConnectServer) knows of a connection, in each request's
+/// extensions (tonic's own server puts its `TlsConnectInfo` there instead).
+#[derive(Clone, Debug)]
+pub(super) struct TlsPeer {
+    /// The client's address.
+    pub(super) remote: Option<std::net::SocketAddr>,
+    /// The server's address.
+    pub(super) local: Option<std::net::SocketAddr>,
+    /// Whether the client presented a certificate in the TLS handshake.
+    pub(super) certificates: bool,
 }
 
 impl<S> tower::Layer<S> for ClientCertificateCheck {
@@ -369,12 +454,17 @@ where
                 .get::<TlsConnectInfo<TcpConnectInfo>>()
                 .and_then(TlsConnectInfo::peer_certs)
                 .is_some_and(|certs| !certs.is_empty())
+                || request
+                    .extensions()
+                    .get::<TlsPeer>()
+                    .is_some_and(|peer| peer.certificates)
         };
         if self.required && !request.uri().path().starts_with(HEALTH_PATH) && !presented() {
             let peer = request
                 .extensions()
                 .get::<TlsConnectInfo<TcpConnectInfo>>()
                 .and_then(|info| info.get_ref().remote_addr())
+                .or_else(|| request.extensions().get::<TlsPeer>()?.remote)
                 .map(|a| a.to_string());
             tracing::warn!(
                 peer = peer.as_deref().unwrap_or("unknown"),
@@ -794,7 +884,7 @@ fn chain_member(what: &str, position: usize) -> String {
 
 /// Every certificate of `pem` as a trust anchor (tonic skips the ones it cannot parse, which
 /// would only show as a failed handshake).
-fn trust_anchors(pem: &[u8], what: &'static str) -> Result<(), TlsError> {
+fn trust_anchors(pem: &[u8], what: &'static str) -> Result<rustls::RootCertStore, TlsError> {
     let mut roots = rustls::RootCertStore::empty();
     for cert in certificates(pem, what)? {
         roots.add(cert).map_err(|e| TlsError::BadCa {
@@ -802,7 +892,7 @@ fn trust_anchors(pem: &[u8], what: &'static str) -> Result<(), TlsError> {
             detail: e.to_string(),
         })?;
     }
-    Ok(())
+    Ok(roots)
 }
 
 /// What tonic's refusal of the `side`'s configuration means.
