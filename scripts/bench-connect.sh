@@ -21,5 +21,5 @@ bash scripts/pyspark-env.sh
 python=$PWD/target/pyspark-venv/bin/python
 [ -x "$python" ] || missing "no pyspark-client venv at target/pyspark-venv"
 target=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --release --features spark-connect --example connect_server --example connect_client
+cargo build --release --features spark-connect --example connect_test_server --example connect_client
 "$python" scripts/bench_connect.py "$target/release" "$@"

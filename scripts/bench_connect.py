@@ -139,7 +139,7 @@ class Tether:
 
     def __init__(self, target, args):
         self.proc = subprocess.Popen(
-            [os.path.join(target, "examples", "connect_server"), "--port", "0",
+            [os.path.join(target, "examples", "connect_test_server"), "--port", "0",
              "--stats-interval-ms", "60000", *args],
             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "RUST_LOG": "warn"})

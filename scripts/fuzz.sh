@@ -15,6 +15,9 @@ if ! cargo fuzz --version 2>/dev/null | grep -q "$CARGO_FUZZ_VERSION"; then
 fi
 
 cd fuzz
+# The committed fuzz/Cargo.lock is what builds: a lock file the build would rewrite fails
+# here (refresh it with `cargo metadata --manifest-path fuzz/Cargo.toml >/dev/null`).
+cargo +nightly metadata --locked --format-version 1 >/dev/null
 start=$(date +%s)
 cargo +nightly fuzz build -O
 echo "fuzz crate built in $(( $(date +%s) - start )) s"

@@ -18,7 +18,7 @@ python=$PWD/target/pyspark-venv/bin/python
 [ -x "$python" ] || missing "no pyspark-client venv at target/pyspark-venv (see the lines above)"
 target=${CARGO_TARGET_DIR:-$PWD/target}
 # The features of the test command, so its build is reused.
-cargo build --all-features --example connect_server --example connect_client
+cargo build --all-features --example connect_test_server --example connect_client
 started=$(date +%s)
 status=0
 python3 scripts/real_spark.py "$target/debug" "$python" || status=$?

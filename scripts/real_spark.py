@@ -95,7 +95,7 @@ class Step:
 
 
 def start_tether(target):
-    binary = os.path.join(target, "examples", "connect_server")
+    binary = os.path.join(target, "examples", "connect_test_server")
     proc = subprocess.Popen(
         [binary, "--port", "0", *ROTATION, "--detached-timeout-ms", "2000",
          "--maintenance-interval-ms", "1000", "--stats-interval-ms", "1000"],

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The CI-only replicas step (.ci/run runs it after the real-Spark step; it also runs by hand):
-# two examples/connect_server replicas behind a real HAProxy (Debian's package), read by the
+# two test servers (tests/support/test_server, examples/connect_server with stats lines) behind a real HAProxy (Debian's package), read by the
 # real PySpark client: sessions spread over both and each kept on one (part 1), a replica
 # killed mid-query and restarted (part 2), a replica drained (part 3, skipped while the
 # example has no drain). What it checks and prints: scripts/replicas.py; the deployment it
@@ -30,8 +30,8 @@ bash scripts/pyspark-env.sh
 python=$PWD/target/pyspark-venv/bin/python
 [ -x "$python" ] || missing "no pyspark-client venv at target/pyspark-venv (see the lines above)"
 target=${CARGO_TARGET_DIR:-$PWD/target}
-cargo build --release --all-features --example connect_server
-server=$target/release/examples/connect_server
+cargo build --release --all-features --example connect_test_server
+server=$target/release/examples/connect_test_server
 
 # scripts/replicas.py ends what it starts; this trap is the backstop (the orchestrator
 # killed, or this script interrupted): every process whose pid it recorded, if still one of
@@ -44,7 +44,7 @@ cleanup() {
   fi
   [ -f target/replicas/pids ] || return 0
   while read -r pid; do
-    if grep -qsE 'connect_server|haproxy|replica_client' "/proc/$pid/cmdline"; then
+    if grep -qsE 'connect_test_server|haproxy|replica_client' "/proc/$pid/cmdline"; then
       kill -KILL "$pid" 2>/dev/null || true
     fi
   done <target/replicas/pids

@@ -40,7 +40,7 @@
 //! within 10 % of the level after the warm-up (the system allocator: glibc malloc).
 #![cfg(all(feature = "grpc", feature = "spark-connect"))]
 
-#[path = "../../examples/connect_server/faults.rs"]
+#[path = "../support/test_server/faults.rs"]
 mod connect_faults;
 
 use std::collections::{BTreeMap, HashSet};

@@ -244,6 +244,7 @@ fn an_execute_plan_repeating_a_live_operation_reattaches_while_draining() {
 // ConnectService::drain over gRPC
 // ---------------------------------------------------------------------------------------------
 
+#[cfg(feature = "spark-connect")]
 mod grpc {
     use std::sync::Arc;
     use std::time::Duration;
@@ -743,6 +744,45 @@ mod example {
             )))),
             ..Default::default()
         }
+    }
+
+    /// `examples/connect_server` (what a user copies) serves `spark.range` to tether's client,
+    /// answers health on the same port, and on SIGTERM drains (nothing live: a clean report)
+    /// and exits 0.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_user_example_serves_drains_and_exits_0() {
+        let binary = super::super::pyspark_connect::example_binary("connect_server");
+        let mut server = tokio::task::spawn_blocking(move || Server::start_binary(&binary, &[]))
+            .await
+            .unwrap();
+        let client = ConnectClient::connect(&server.url(), None).await.unwrap();
+        let session = uuid::Uuid::new_v4().to_string();
+        let mut stream = ReattachingStream::new(
+            Arc::new(client),
+            range(&session, 100_000),
+            ClientConfig::default(),
+        )
+        .unwrap();
+        let mut rows = 0;
+        while let Some(item) = stream.next().await {
+            if let Some(ResponseType::ArrowBatch(batch)) = item.unwrap().response_type {
+                rows += batch.row_count;
+            }
+        }
+        assert_eq!(rows, 100_000);
+        stream.close().await;
+        server.terminate();
+        let (status, server) = tokio::task::spawn_blocking(move || {
+            (server.wait_exit(Duration::from_secs(20)), server)
+        })
+        .await
+        .unwrap();
+        let report = server.drain_report();
+        assert!(
+            report.starts_with("drained live_at_start=0 canceled=0 abandoned=0 left=0 "),
+            "{report}"
+        );
+        assert!(status.success(), "exit status {status}; {report}");
     }
 
     /// SIGTERM while a client holds a request whose message never comes (HTTP/2 headers and

@@ -1,4 +1,4 @@
-//! The example Spark Connect server (`examples/connect_server/main.rs`) as a real process on
+//! The example Spark Connect server (`tests/support/test_server`, examples/connect_server with stats lines and faults) as a real process on
 //! loopback, read by two clients:
 //!
 //! - tether's own [`ConnectClient`] + [`ReattachingStream`] (always runs): Spark's batch
@@ -13,7 +13,7 @@
 //!   a killed client's execution abandoned, and users isolated within one session id.
 //!   Without the venv these tests print SKIPPED (and fail under `CI=true`).
 //!
-//! The server binary is built on first use with `cargo build --example connect_server` and
+//! The server binary is built on first use with `cargo build --example connect_test_server` and
 //! the features this test was built with (a no-op when `cargo test` already built the
 //! examples); `TETHER_CONNECT_SERVER` names a prebuilt one instead.
 #![cfg(feature = "spark-connect")]
@@ -47,12 +47,12 @@ pub(crate) fn repo() -> &'static Path {
 // The server process
 // ---------------------------------------------------------------------------------------------
 
-/// `target/<profile>/examples/connect_server`, built once per test process.
+/// `target/<profile>/examples/connect_test_server`, built once per test process.
 fn server_binary() -> &'static Path {
     static BINARY: OnceLock<PathBuf> = OnceLock::new();
     BINARY.get_or_init(|| match std::env::var_os("TETHER_CONNECT_SERVER") {
         Some(path) => PathBuf::from(path),
-        None => example_binary("connect_server"),
+        None => example_binary("connect_test_server"),
     })
 }
 
@@ -138,8 +138,16 @@ impl Server {
     }
 
     pub(crate) fn start(args: &[&str]) -> Self {
-        let mut child = Command::new(server_binary())
-            .args(["--port", "0", "--stats-interval-ms", "50"])
+        Self::start_binary(
+            server_binary(),
+            &[&["--stats-interval-ms", "50"], args].concat(),
+        )
+    }
+
+    /// `binary` (a server that prints `listening on ADDRESS`) with `--port 0` and `args`.
+    pub(crate) fn start_binary(binary: &Path, args: &[&str]) -> Self {
+        let mut child = Command::new(binary)
+            .args(["--port", "0"])
             .args(args)
             .env("RUST_LOG", "info,tether::spark::connect=debug")
             .stdin(Stdio::null())
@@ -1254,14 +1262,18 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
     let stats = server.wait_for_stats(Duration::from_secs(10), "every execution released", |s| {
         stat(s, "live_executions") == 0
     });
-    let b_release = ["ReleaseExecute user_id=tether-user-b"];
+    // The RPC's span names the user; the handler's DEBUG line says what the release found.
+    let b_release = [
+        "rpc=\"ReleaseExecute\" user_id=tether-user-b",
+        "ReleaseExecute release=",
+    ];
     assert_eq!(
         server.log_lines_with(&b_release),
         1,
         "B sent one ReleaseExecute"
     );
     assert_eq!(
-        server.log_lines_with(&[b_release[0], "found=true"]),
+        server.log_lines_with(&[b_release[0], b_release[1], "found=true"]),
         0,
         "B's release must not find A's execution"
     );

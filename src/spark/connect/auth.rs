@@ -169,6 +169,15 @@ mod tests {
     }
 
     #[test]
+    fn tokens_no_client_could_send_or_that_protect_nothing_are_refused() {
+        assert_eq!(check_token("s3cr3t-token"), Ok(()));
+        for bad in ["", "line\nbreak", "tab\t", " padded", "tr\u{e9}s"] {
+            let e = check_token(bad).expect_err(bad);
+            assert!(e.starts_with("the token "), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn tokens_are_checked_with_sparks_messages() {
         let mut check = TokenCheck::new(Some("s3cret"));
         assert!(check.call(with(Some("Bearer s3cret"))).is_ok());

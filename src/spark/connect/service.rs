@@ -327,12 +327,11 @@ impl<E: QueryEngine> ConnectService<E> {
         user_id: &str,
         session_id: &str,
         observed: Option<&str>,
-    ) -> Result<SessionContext, tonic::Status> {
+    ) -> Result<SessionContext, ConnectError> {
         let server_side = self
             .inner
             .manager
-            .get_or_create_session(user_id, session_id, observed)
-            .map_err(|e| rpc_error(&e))?;
+            .get_or_create_session(user_id, session_id, observed)?;
         Ok(SessionContext {
             user_id: user_id.to_owned(),
             session_id: session_id.to_owned(),
@@ -575,37 +574,34 @@ fn rpc_span(
     )
 }
 
-#[tonic::async_trait]
-impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
-    type ExecutePlanStream = StatusStream;
-    type ReattachExecuteStream = StatusStream;
-
-    async fn execute_plan(
+impl<E: QueryEngine> ConnectService<E> {
+    /// Every RPC's prologue: its span (named after the RPC, carrying the request's ids,
+    /// connect §3) entered while `handler` runs, the handler counted in
+    /// [`rpcs_in_flight`](Self::rpcs_in_flight), and its error logged and answered as the
+    /// client's status ([`rpc_error`]). `handler` gets the span, for the response stream's.
+    fn rpc<T>(
         &self,
-        request: tonic::Request<ExecutePlanRequest>,
-    ) -> Result<tonic::Response<Self::ExecutePlanStream>, tonic::Status> {
-        let request = request.into_inner();
-        let span = rpc_span(
-            "ExecutePlan",
-            request.user_id(),
-            &request.session_id,
-            request.operation_id.as_deref().unwrap_or(""),
-        );
+        rpc: &'static str,
+        (user_id, session_id, operation_id): (&str, &str, &str),
+        handler: impl FnOnce(&tracing::Span) -> Result<T, ConnectError>,
+    ) -> Result<tonic::Response<T>, tonic::Status> {
+        let span = rpc_span(rpc, user_id, session_id, operation_id);
         let _entered = span.enter();
         let _in_flight = self.in_flight();
-        let submitted = self.inner.manager.execute_plan(&request).map_err(|e| {
-            tracing::debug!(
-                user_id = %shown(request.user_id()),
-                session_id = %shown(&request.session_id),
-                operation_id = %shown(request.operation_id.as_deref().unwrap_or("")),
-                error = %e,
-                "ExecutePlan refused"
-            );
-            rpc_error(&e)
-        })?;
+        handler(&span)
+            .map(tonic::Response::new)
+            .map_err(|e| rpc_error(&e))
+    }
+
+    /// ExecutePlan's handler (rx §1.2): registers the execution (or reattaches to the live
+    /// one it repeats, rx §5.5), starts the engine on a new one, hands out its stream.
+    fn start_execution(
+        &self,
+        request: &ExecutePlanRequest,
+        span: &tracing::Span,
+    ) -> Result<StatusStream, ConnectError> {
+        let submitted = self.inner.manager.execute_plan(request)?;
         tracing::debug!(
-            user_id = %shown(request.user_id()),
-            session_id = %shown(&request.session_id),
             operation_id = submitted.operation_id(),
             reattachable = request.is_reattachable(),
             duplicate = matches!(submitted, crate::execution::Submitted::Reattached(_)),
@@ -622,7 +618,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             // A panicking engine fails its execution instead of the RPC (the client would
             // see a reset stream, not an error it can read).
             let source = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                self.inner.engine.execute(&session, &request)
+                self.inner.engine.execute(&session, request)
             }))
             .unwrap_or_else(|_| {
                 tracing::error!(
@@ -638,7 +634,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             });
             let statement_text = source
                 .is_ok()
-                .then(|| self.inner.engine.statement_text(&request))
+                .then(|| self.inner.engine.statement_text(request))
                 .flatten();
             let execution_span = tracing::info_span!(
                 "spark_connect_execution",
@@ -648,7 +644,25 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             );
             Self::run(producer, source, statement_text, execution_span);
         }
-        Ok(tonic::Response::new(as_grpc(stream, span.clone())))
+        Ok(as_grpc(stream, span.clone()))
+    }
+}
+
+#[tonic::async_trait]
+impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
+    type ExecutePlanStream = StatusStream;
+    type ReattachExecuteStream = StatusStream;
+
+    async fn execute_plan(
+        &self,
+        request: tonic::Request<ExecutePlanRequest>,
+    ) -> Result<tonic::Response<Self::ExecutePlanStream>, tonic::Status> {
+        let request = request.get_ref();
+        let operation_id = request.operation_id.as_deref().unwrap_or("");
+        let ids = (request.user_id(), request.session_id.as_str(), operation_id);
+        self.rpc("ExecutePlan", ids, |span| {
+            self.start_execution(request, span)
+        })
     }
 
     async fn reattach_execute(
@@ -656,25 +670,19 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ReattachExecuteRequest>,
     ) -> Result<tonic::Response<Self::ReattachExecuteStream>, tonic::Status> {
         let request = request.get_ref();
-        let span = rpc_span(
-            "ReattachExecute",
+        let ids = (
             request.user_id(),
-            &request.session_id,
-            &request.operation_id,
+            request.session_id.as_str(),
+            request.operation_id.as_str(),
         );
-        let _entered = span.enter();
-        let _in_flight = self.in_flight();
-        let result = self.inner.manager.reattach_execute(request);
-        tracing::debug!(
-            user_id = %shown(request.user_id()),
-            session_id = %shown(&request.session_id),
-            operation_id = %shown(&request.operation_id),
-            last_response_id = %shown(request.last_response_id.as_deref().unwrap_or("")),
-            error = result.as_ref().err().map(tracing::field::display),
-            "ReattachExecute"
-        );
-        let stream = result.map_err(|e| rpc_error(&e))?;
-        Ok(tonic::Response::new(as_grpc(stream, span.clone())))
+        self.rpc("ReattachExecute", ids, |span| {
+            tracing::debug!(
+                last_response_id = %shown(request.last_response_id.as_deref().unwrap_or("")),
+                "ReattachExecute"
+            );
+            let stream = self.inner.manager.reattach_execute(request)?;
+            Ok(as_grpc(stream, span.clone()))
+        })
     }
 
     async fn release_execute(
@@ -682,29 +690,24 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ReleaseExecuteRequest>,
     ) -> Result<tonic::Response<ReleaseExecuteResponse>, tonic::Status> {
         let request = request.get_ref();
-        let span = rpc_span(
-            "ReleaseExecute",
+        let ids = (
             request.user_id(),
-            &request.session_id,
-            &request.operation_id,
+            request.session_id.as_str(),
+            request.operation_id.as_str(),
         );
-        let _entered = span.enter();
-        let _in_flight = self.in_flight();
-        let result = self.inner.manager.release_execute(request);
-        tracing::debug!(
-            user_id = %shown(request.user_id()),
-            session_id = %shown(&request.session_id),
-            operation_id = %shown(&request.operation_id),
-            release = match &request.release {
-                Some(release_execute_request::Release::ReleaseAll(_)) => "all",
-                Some(release_execute_request::Release::ReleaseUntil(_)) => "until",
-                None => "none",
-            },
-            found = result.as_ref().ok().map(|r| r.operation_id.is_some()),
-            error = result.as_ref().err().map(tracing::field::display),
-            "ReleaseExecute"
-        );
-        result.map(tonic::Response::new).map_err(|e| rpc_error(&e))
+        self.rpc("ReleaseExecute", ids, |_| {
+            let response = self.inner.manager.release_execute(request)?;
+            tracing::debug!(
+                release = match &request.release {
+                    Some(release_execute_request::Release::ReleaseAll(_)) => "all",
+                    Some(release_execute_request::Release::ReleaseUntil(_)) => "until",
+                    None => "none",
+                },
+                found = response.operation_id.is_some(),
+                "ReleaseExecute"
+            );
+            Ok(response)
+        })
     }
 
     async fn interrupt(
@@ -712,47 +715,40 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<InterruptRequest>,
     ) -> Result<tonic::Response<InterruptResponse>, tonic::Status> {
         let request = request.get_ref();
-        let span = rpc_span("Interrupt", request.user_id(), &request.session_id, "");
-        let _entered = span.enter();
-        let _in_flight = self.in_flight();
-        let result = self.inner.manager.interrupt(request);
-        tracing::debug!(
-            user_id = %shown(request.user_id()),
-            session_id = %shown(&request.session_id),
-            interrupt_type = request.interrupt_type,
-            interrupted = result.as_ref().ok().map(|r| r.interrupted_ids.len()),
-            error = result.as_ref().err().map(tracing::field::display),
-            "Interrupt"
-        );
-        result.map(tonic::Response::new).map_err(|e| rpc_error(&e))
+        let ids = (request.user_id(), request.session_id.as_str(), "");
+        self.rpc("Interrupt", ids, |_| {
+            let response = self.inner.manager.interrupt(request)?;
+            tracing::debug!(
+                interrupt_type = request.interrupt_type,
+                interrupted = response.interrupted_ids.len(),
+                "Interrupt"
+            );
+            Ok(response)
+        })
     }
 
     async fn release_session(
         &self,
         request: tonic::Request<ReleaseSessionRequest>,
     ) -> Result<tonic::Response<ReleaseSessionResponse>, tonic::Status> {
-        let span = rpc_span(
-            "ReleaseSession",
-            user_of(request.get_ref().user_context.as_ref()),
-            &request.get_ref().session_id,
+        let request = request.get_ref();
+        let ids = (
+            user_of(request.user_context.as_ref()),
+            request.session_id.as_str(),
             "",
         );
-        let _entered = span.enter();
-        let _in_flight = self.in_flight();
-        let response = self.inner.manager.release_session(request.get_ref());
-        tracing::debug!(
-            user_id = %shown(user_of(request.get_ref().user_context.as_ref())),
-            session_id = %shown(&request.get_ref().session_id),
-            "ReleaseSession"
-        );
-        if !response.server_side_session_id.is_empty() {
-            self.inner
-                .confs
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .remove(&response.server_side_session_id);
-        }
-        Ok(tonic::Response::new(response))
+        self.rpc("ReleaseSession", ids, |_| {
+            let response = self.inner.manager.release_session(request);
+            tracing::debug!("ReleaseSession");
+            if !response.server_side_session_id.is_empty() {
+                self.inner
+                    .confs
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&response.server_side_session_id);
+            }
+            Ok(response)
+        })
     }
 
     async fn config(
@@ -760,58 +756,45 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<ConfigRequest>,
     ) -> Result<tonic::Response<ConfigResponse>, tonic::Status> {
         let request = request.into_inner();
-        let span = rpc_span(
-            "Config",
-            user_of(request.user_context.as_ref()),
-            &request.session_id,
-            "",
-        );
-        let _entered = span.enter();
-        let _in_flight = self.in_flight();
-        let session = self.session(
-            user_of(request.user_context.as_ref()),
-            &request.session_id,
-            request.client_observed_server_side_session_id.as_deref(),
-        )?;
-        let (pairs, warnings) = self
-            .conf_answer(&session, request.operation.and_then(|o| o.op_type))
-            .map_err(|e| rpc_error(&e))?;
-        Ok(tonic::Response::new(ConfigResponse {
-            session_id: session.session_id,
-            pairs,
-            warnings,
-            server_side_session_id: session.server_side_session_id,
-        }))
+        let user_id = user_of(request.user_context.as_ref()).to_owned();
+        let ids = (user_id.as_str(), request.session_id.as_str(), "");
+        self.rpc("Config", ids, |_| {
+            let session = self.session(
+                &user_id,
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+            )?;
+            let operation = request.operation.and_then(|o| o.op_type);
+            let (pairs, warnings) = self.conf_answer(&session, operation)?;
+            Ok(ConfigResponse {
+                session_id: session.session_id,
+                pairs,
+                warnings,
+                server_side_session_id: session.server_side_session_id,
+            })
+        })
     }
 
     async fn analyze_plan(
         &self,
         request: tonic::Request<AnalyzePlanRequest>,
     ) -> Result<tonic::Response<AnalyzePlanResponse>, tonic::Status> {
-        let request = request.into_inner();
-        let span = rpc_span(
-            "AnalyzePlan",
-            user_of(request.user_context.as_ref()),
-            &request.session_id,
-            "",
-        );
-        let _entered = span.enter();
-        let _in_flight = self.in_flight();
-        let session = self.session(
-            user_of(request.user_context.as_ref()),
-            &request.session_id,
-            request.client_observed_server_side_session_id.as_deref(),
-        )?;
-        let result = self
-            .inner
-            .engine
-            .analyze(&session, &request)
-            .map_err(|e| rpc_error(&e))?;
-        Ok(tonic::Response::new(AnalyzePlanResponse {
-            session_id: session.session_id,
-            result: Some(result),
-            server_side_session_id: session.server_side_session_id,
-        }))
+        let request = request.get_ref();
+        let user_id = user_of(request.user_context.as_ref());
+        let ids = (user_id, request.session_id.as_str(), "");
+        self.rpc("AnalyzePlan", ids, |_| {
+            let session = self.session(
+                user_id,
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+            )?;
+            let result = self.inner.engine.analyze(&session, request)?;
+            Ok(AnalyzePlanResponse {
+                session_id: session.session_id,
+                result: Some(result),
+                server_side_session_id: session.server_side_session_id,
+            })
+        })
     }
 }
 

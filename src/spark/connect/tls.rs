@@ -784,8 +784,13 @@ async fn sniff(stream: tokio::net::TcpStream) -> Option<tokio::net::TcpStream> {
 /// rustls cannot pick), rustls would panic there. `ring`'s becomes the default then.
 fn install_default_provider() {
     if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Another thread may have installed one meanwhile: then that one stays.
-        let _ = rustls::crypto::ring::default_provider().install_default();
+        // Another thread may have installed one meanwhile: then that one stays. rustls
+        // 0.23.48 deprecates ring's provider for its lack of post-quantum key exchange; ring
+        // is the provider tonic's `tls-ring` serves with, and a process that wants another
+        // (aws-lc-rs, with post-quantum key exchange) installs it before this runs.
+        #[allow(deprecated, reason = "ring is tonic's tls-ring provider; see above")]
+        let provider = rustls::crypto::ring::default_provider();
+        let _ = provider.install_default();
     }
 }
 
