@@ -18,7 +18,7 @@ use tether::execution::client::{ClientConfig, ClientError, ExecutionRpc, Reattac
 use tether::execution::{ExecutionManager, ManagerConfig, StreamLimits};
 use tether::spark::connect::tls::{ClientTls, NO_CLIENT_CERTIFICATE, PLAINTEXT_REFUSAL, ServerTls};
 use tether::spark::connect::{
-    ConnectClient, ConnectClientError, ConnectConfig, ConnectHealth, ConnectService, SERVICE_NAME,
+    ConnectClient, ConnectClientError, ConnectHealth, ConnectServer, ConnectService, SERVICE_NAME,
     error_chain,
 };
 use tether::wire::connect::execute_plan_response::ResponseType;
@@ -194,8 +194,9 @@ impl Drop for Pki {
 // In process
 // ---------------------------------------------------------------------------------------------
 
-/// `ConnectService` with its health service on loopback behind `tls`, every stream rotated
-/// after 100 responses (so the client reattaches over TLS too); the token required.
+/// `ConnectServer` (its health service on the same port) on loopback behind `tls`, every
+/// stream rotated after 100 responses (so the client reattaches over TLS too); the token
+/// required.
 async fn serve(tls: ServerTls) -> (u16, ConnectHealth) {
     let manager = ExecutionManager::new(ManagerConfig {
         stream: StreamLimits {
@@ -206,17 +207,12 @@ async fn serve(tls: ServerTls) -> (u16, ConnectHealth) {
     });
     let connect = ConnectService::new(manager, super::connect_grpc::Counting);
     let health = connect.health().clone();
-    let health_service = health.service().await;
-    let service = connect.into_service(&ConnectConfig {
-        token: Some(TOKEN.to_owned()),
-    });
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
-    let server = tls
-        .server_builder()
-        .add_service(health_service)
-        .add_service(service)
-        .serve_with_incoming(tether::spark::connect::tls::incoming(listener));
+    let server = ConnectServer::new(connect)
+        .tls(tls)
+        .token(TOKEN)
+        .serve(listener, std::future::pending());
     tokio::spawn(server);
     (port, health)
 }
