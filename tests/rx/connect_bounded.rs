@@ -148,3 +148,23 @@ async fn stalled_streams_over_a_bounded_server_drain_completely() {
         .unwrap()
         .unwrap();
 }
+
+/// A token no client could send is refused before the server serves anything: `serve`
+/// returns `InvalidInput` saying why, and the listener is closed with it.
+#[tokio::test]
+async fn a_token_no_client_can_send_is_refused_before_serving() {
+    let manager = ExecutionManager::new(ManagerConfig::default());
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let e = ConnectServer::new(ConnectService::new(manager, Numbered))
+        .token("two words\n")
+        .serve(listener, std::future::pending())
+        .await
+        .expect_err("refused");
+    assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+    assert!(e.to_string().starts_with("the token holds"), "{e}");
+    assert!(
+        tokio::net::TcpStream::connect(address).await.is_err(),
+        "nothing listens any more"
+    );
+}
