@@ -7,16 +7,18 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::budget::{BudgetUsage, MemoryBudget};
-use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
+use super::core::{ExecutionCore, ExecutionPhase, StreamLimits};
 use super::error::ConnectError;
-use super::events::{ExecutionEvent, Observer};
+use super::events::ExecutionEvent;
 use super::keys::{ExecuteKey, SessionKey, parse_uuid};
 use super::log::{LogConfig, Stamp};
+use super::observer::ExecutionObserver;
 use super::registry::{
     Admit, Admitted, InterruptTarget, Leave, MaintenanceReport, ManagerStats, NewExecution,
     Registry, RegistryConfig, RegistryNote,
 };
 use super::state;
+use super::status::Removal;
 use super::stream::{ExecEnv, ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
 use crate::observe::EventSender;
@@ -350,7 +352,7 @@ impl ExecutionManager {
     /// [`config.timer`](ManagerConfig::timer).
     pub fn new(config: ManagerConfig) -> Self {
         let clock = config.timer.clone();
-        let observer = Observer::new(config.events.clone());
+        let observer = ExecutionObserver::new(config.events.clone());
         Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),

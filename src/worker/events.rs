@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use metrics::{Counter, Gauge, Histogram};
 use uuid::Uuid;
 
-use crate::observe::EventSender;
+use crate::observe::{EventSender, Metric};
 use crate::time::Timer;
 use crate::worker::engine::{SessionConfig, Termination, TerminationKind};
 
@@ -224,50 +224,50 @@ struct Metrics {
 
 /// Every metric of a dispatcher with its unit and description (the table of
 /// [`observe`](crate::observe), udf §4.1, §6), for the recorder's `# HELP` lines.
-const DESCRIBED: &[(&str, metrics::Unit, &str)] = {
+const DESCRIBED: &[Metric] = {
     use metrics::Unit::{Count, Seconds};
     &[
-        (
+        Metric::gauge(
             "tether_udf_sessions",
             Count,
             "Live worker sessions (udf §4.1).",
         ),
-        (
+        Metric::counter(
             "tether_udf_sessions_total",
             Count,
             "Worker sessions ended, by termination (udf §4.1).",
         ),
-        (
+        Metric::gauge(
             "tether_udf_workers",
             Count,
             "Worker processes spawned and not yet stopped (udf §6.1).",
         ),
-        (
+        Metric::gauge(
             "tether_udf_idle_workers",
             Count,
             "Idle workers waiting for reuse (udf §6.6).",
         ),
-        (
+        Metric::counter(
             "tether_udf_workers_spawned_total",
             Count,
             "Worker processes started (udf §6.2).",
         ),
-        (
+        Metric::counter(
             "tether_udf_workers_reused_total",
             Count,
             "Sessions given an idle pooled worker (udf §6.6).",
         ),
-        (
+        Metric::counter(
             "tether_udf_workers_invalidated_total",
             Count,
             "Workers judged unsafe to reuse, by reason (udf §6.5).",
         ),
-        (
+        Metric::counter(
             "tether_udf_workers_stopped_total",
             Count,
             "Worker processes stopped and reaped, by reason (udf §6.1).",
         ),
-        (
+        Metric::histogram(
             "tether_udf_worker_startup_seconds",
             Seconds,
             "From a worker's spawn to its readiness (udf §6.4).",
