@@ -1,12 +1,14 @@
-//! Each metric written once, and the local series a side records into (see
-//! [`observe`](super)).
+//! Each metric written once, and the one way both sides record it (see [`observe`](super)).
 //!
 //! A side keeps a `const` table of [`Metric`]s: the execution manager's in
-//! `execution/observer.rs`, a dispatcher's in `worker/events.rs`. The recorder's descriptions
-//! ([`describe`]) come from that table. The execution manager's series are local
-//! ([`LocalCounter`], [`LocalGauge`], [`LocalHistogram`]: one relaxed atomic operation on its
-//! own memory, no call into the recorder), registered from its table (`Metric::local_*`)
-//! and handed to the recorder at each maintenance pass.
+//! `execution/observer.rs`; a worker session's in `worker/engine/events.rs` and a dispatcher's
+//! worker processes' in `worker/dispatcher/events.rs`. The recorder's descriptions
+//! ([`describe`]) and every series the side registers (`Metric::local_*`) come from that
+//! table, and a standing check (`tests/checks`) holds the table in the module docs to the
+//! tables. Series are recorded locally ([`LocalCounter`], [`LocalGauge`], [`LocalHistogram`]:
+//! one relaxed atomic operation on the side's own memory, no call into the recorder) and
+//! handed to the recorder when the side publishes them: the execution manager at each
+//! maintenance pass, the worker side right after each event it reports.
 
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::Duration;
@@ -156,10 +158,10 @@ impl LocalCounter {
     }
 }
 
-/// A gauge of the facade, set on the side's own memory ([`set`](Self::set) a sample) and
-/// handed to the recorder when the side publishes, as the change since its last
-/// publication, so that the gauges of several managers in one process add up. Its values
-/// are whole numbers (counts and bytes).
+/// A gauge of the facade, set or moved on the side's own memory ([`set`](Self::set) a
+/// sample, [`add`](Self::add) a change) and handed to the recorder when the side publishes,
+/// as the change since its last publication, so that the gauges of several managers or
+/// dispatchers in one process add up. Its values are whole numbers (counts and bytes).
 pub(crate) struct LocalGauge {
     handle: Gauge,
     value: AtomicI64,
@@ -180,6 +182,11 @@ impl LocalGauge {
     pub(crate) fn set(&self, value: u64) {
         let value = i64::try_from(value).unwrap_or(i64::MAX);
         self.value.store(value, Ordering::Relaxed);
+    }
+
+    /// A change of the value.
+    pub(crate) fn add(&self, change: i64) {
+        self.value.fetch_add(change, Ordering::Relaxed);
     }
 
     /// Hands the change since the last publication to the recorder. Publications of one
@@ -384,7 +391,8 @@ mod tests {
         let level = Arc::new(Value::default());
         let read = || f64::from_bits(level.0.load(Ordering::Relaxed));
         let g = LocalGauge::of(metrics::Gauge::from_arc(level.clone()));
-        g.set(2);
+        g.add(3);
+        g.add(-1);
         assert_eq!(read(), 0.0, "not yet published");
         g.publish();
         g.publish();

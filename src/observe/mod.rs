@@ -12,9 +12,11 @@
 //! initialized, terminated with their `Termination`, udf §4.1) and from the worker
 //! processes a dispatcher runs (spawned, ready, reused, invalidated, stopped, udf §6). They
 //! go through an [`EventSender`] the application hands in (for the manager,
-//! [`ManagerConfig::events`](crate::execution::ManagerConfig::events); for sessions and a
-//! dispatcher, [`SessionConfig::events`](crate::worker::engine::SessionConfig::events)) and
-//! are read from the matching [`EventReceiver`], on the application's own task or thread.
+//! [`ManagerConfig::events`](crate::execution::ManagerConfig::events); for a session made
+//! with `Session::new`, [`SessionConfig::events`](crate::worker::engine::SessionConfig::events);
+//! for a dispatcher's worker processes and sessions, `DispatcherConfig::events`, feature
+//! `tokio`) and are read from the matching [`EventReceiver`], on the application's own task
+//! or thread.
 //!
 //! The channel is bounded and never blocks the protocol: sending is one push into a
 //! fixed ring (no lock, no allocation); when the ring is full the event is dropped, counted
@@ -37,14 +39,16 @@
 //! which register their handles once, so that no protocol path looks a metric up or
 //! allocates for one (the `tether_udf_` metrics are a dispatcher's, for its workers and
 //! sessions; a session made with `Session::new` reports events only). Without a
-//! recorder every update is a no-op. An execution manager counts on its own (one relaxed
-//! atomic add per event) and hands its counters to the recorder, and samples its gauges, at
-//! each maintenance pass (`ManagerConfig::maintenance_interval`, 30 s by default;
+//! recorder every update is a no-op. Both sides count on their own memory (one relaxed
+//! atomic add per event) and hand their series to the recorder at their own points. An
+//! execution manager does so, and samples its gauges, at each maintenance pass
+//! (`ManagerConfig::maintenance_interval`, 30 s by default;
 //! `ExecutionManager::publish_metrics` does it on demand), so that a request pays nothing for
-//! a gauge and makes no call into the recorder. Its histograms are bucketed on its own
-//! memory the same way (32 log-linear buckets per power of two of nanoseconds) and handed
-//! over at the same passes as samples of each bucket's midpoint, within 1.6 % of the value
-//! recorded.
+//! a gauge and makes no call into the recorder. A dispatcher does so right after each event
+//! (its events are per worker process and per session, so the recorder sees each at once).
+//! Histograms are bucketed on the side's own memory the same way (32 log-linear buckets per
+//! power of two of nanoseconds) and handed over as samples of each bucket's midpoint, within
+//! 1.6 % of the value recorded.
 //! Names follow Prometheus conventions; no label is unbounded (no ids: those are in the
 //! events and spans).
 //!

@@ -71,7 +71,7 @@ impl<T: WorkerTransport> Observed<T> {
         let recorder = Arc::new(MetricTotals::default());
         let metrics = recorder.clone();
         let (tx, rx) = event_channel(capacity);
-        config.session.events = Some(tx);
+        config.events = Some(tx);
         let d = metrics::with_local_recorder(&*recorder, || {
             Dispatcher::new(spec, transport, config).expect("dispatcher")
         });

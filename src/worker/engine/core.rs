@@ -12,10 +12,10 @@ use crate::wire::{
 };
 
 use super::config::SessionConfig;
+use super::events::SessionLifecycle;
 use super::termination::{
     Interrupted, PeerViolation, SessionError, Termination, TransportFailure, Wait,
 };
-use crate::worker::SessionLifecycle;
 
 /// The runtime state of an engine session (udf §4.1). The typestates `state::Init`,
 /// `state::Streaming`, `state::Finishing`, `state::Cancelling` and `state::Terminated` are
