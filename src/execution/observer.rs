@@ -359,7 +359,9 @@ impl ExecutionObserver {
         self.send(at, session_id, Some(op), ExecutionEventKind::TombstoneHit);
     }
 
-    /// An error answered to a client, by RPC or on a response stream (rx §1.8).
+    /// An error answered to a client (rx §1.8): called by the manager's RPC frame
+    /// (`ExecutionManager::rpc`, every RPC handler's) and where a response stream ends, the
+    /// only two ways an error reaches a client.
     pub(crate) fn error(&self, error: &ConnectError) {
         let counter = error
             .condition()

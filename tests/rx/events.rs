@@ -15,6 +15,7 @@ use tether::execution::{
 };
 use tether::observe::{EventReceiver, event_channel};
 use tether::time::ManualClock;
+use tether::wire::connect::InterruptType;
 use tether_testing::connect::{self, Caller, ManualManager};
 use tether_testing::metrics::MetricTotals;
 use uuid::Uuid;
@@ -454,6 +455,42 @@ fn abandonment_then_a_tombstone_hit() {
         ),
         1.0
     );
+}
+
+/// Every error answered to a client is counted once in `tether_connect_errors_total` (rx
+/// §1.8), by its condition: one refusal by each RPC handler, and one error on a response
+/// stream.
+#[test]
+fn each_error_answered_is_counted_once_by_rpc_or_by_stream() {
+    let o = observed();
+    let c = Caller::default();
+    let no_uuid = Caller::new("alice", "not-a-uuid");
+    let op = connect::op_id();
+    let mut answered = vec![
+        o.m.execute_plan(&no_uuid.execute(&op)).unwrap_err(),
+        o.m.reattach_execute(&c.reattach(&op, None)).unwrap_err(),
+        o.m.get_or_create_session("alice", "not-a-uuid", None)
+            .unwrap_err(),
+        o.m.interrupt(&c.interrupt(InterruptType::Tag, None))
+            .unwrap_err(),
+    ];
+    let (_p, mut s) = connect::start(&o.m, &c.execute_with(&op, false));
+    answered.push(o.m.release_execute(&c.release_all(&op)).unwrap_err());
+    o.m.interrupt(&c.interrupt_op(&op)).unwrap();
+    answered.push(connect::expect_err(&mut s));
+
+    let mut want: HashMap<&str, f64> = HashMap::new();
+    for e in &answered {
+        *want.entry(e.condition().unwrap_or("OTHER")).or_default() += 1.0;
+    }
+    for (condition, n) in want {
+        assert_eq!(
+            o.metric("tether_connect_errors_total", &[("condition", condition)]),
+            n,
+            "{condition}"
+        );
+    }
+    assert_eq!(o.metric("tether_connect_errors_total", &[]), 6.0);
 }
 
 #[test]
