@@ -139,8 +139,9 @@ impl<E> EventReceiver<E> {
         self.shared.queue.pop()
     }
 
-    /// Every queued event, oldest first (Spark's `AsyncEventQueue` order).
-    pub fn drain(&mut self) -> Vec<E> {
+    /// Every event queued now, oldest first (Spark's `AsyncEventQueue` order):
+    /// [`try_recv`](Self::try_recv) until the queue is empty; never waits.
+    pub fn try_recv_all(&mut self) -> Vec<E> {
         std::iter::from_fn(|| self.try_recv()).collect()
     }
 

@@ -143,7 +143,7 @@ impl Observed {
     /// The kinds received so far, each checked by a fresh [`EventLaw`] run over everything.
     fn kinds(&mut self, law: &mut EventLaw) -> Vec<K> {
         self.rx
-            .drain()
+            .try_recv_all()
             .into_iter()
             .map(|e| {
                 law.check(&e);
@@ -195,7 +195,7 @@ fn rx_s39_registration_posts_started_with_the_ids_and_the_job_tag() {
     let c = Caller::default();
     let op = connect::op_id();
     let (_p, _s) = connect::start(&o.m, &c.execute(&op));
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[0].kind, session_started());
     let e = &events[1];
@@ -503,7 +503,7 @@ fn release_until_is_reported_and_counted() {
     let r = connect::next(&mut s);
     o.m.release_execute(&c.release_until(&op, &r.response_id))
         .unwrap();
-    let kinds: Vec<_> = o.rx.drain().into_iter().map(|e| e.kind).collect();
+    let kinds: Vec<_> = o.rx.try_recv_all().into_iter().map(|e| e.kind).collect();
     assert_eq!(kinds.last(), Some(&K::Released { until: Some(1) }));
     assert_eq!(
         o.metric("tether_connect_releases_total", &[("kind", "until")]),
@@ -521,7 +521,7 @@ fn a_full_channel_drops_counts_and_never_blocks() {
         p.finish().unwrap();
     }
     // SessionStarted, Started, Finished × 3: 7 events into 2 slots.
-    assert_eq!(o.rx.drain().len(), 2);
+    assert_eq!(o.rx.try_recv_all().len(), 2);
     assert_eq!(o.rx.dropped(), 5);
     assert_eq!(o.metric("tether_events_dropped_total", &[]), 5.0);
     // The metrics saw everything.

@@ -175,7 +175,7 @@ where
     /// wait: udf §5.2 step 3 in `close`, §4.9 for an interrupt, per poll otherwise).
     async fn await_terminal(&mut self) {
         self.activity = Activity::AwaitingTerminator;
-        self.core.drain();
+        self.core.discard_output();
         self.drive(|core| core.is_terminal().then_some(())).await;
     }
 
