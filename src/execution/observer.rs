@@ -512,3 +512,24 @@ impl ExecutionObserver {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::{ExecutionMetrics, METRICS};
+    use crate::observe::described_and_registered;
+
+    #[test]
+    fn every_series_of_a_manager_is_of_a_metric_of_its_table() {
+        let (described, registered) = described_and_registered(|| {
+            ExecutionMetrics::register();
+        });
+        let table: BTreeSet<String> = METRICS.iter().map(|m| m.name.to_owned()).collect();
+        assert_eq!(described, table, "every metric of the table is described");
+        assert_eq!(
+            registered, table,
+            "every series is of a metric of the table, and back"
+        );
+    }
+}

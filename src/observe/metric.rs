@@ -278,6 +278,74 @@ impl LocalHistogram {
     }
 }
 
+/// What a recorder was asked while `register` ran: the names it was given descriptions of,
+/// and the names of the series registered with it. For the sides' tests: every series is of
+/// a metric of the side's table, and every metric of the table has a series.
+#[cfg(test)]
+pub(crate) fn described_and_registered(
+    register: impl FnOnce(),
+) -> (
+    std::collections::BTreeSet<String>,
+    std::collections::BTreeSet<String>,
+) {
+    use std::collections::BTreeSet;
+    use std::sync::Mutex;
+
+    use metrics::{Key, KeyName, Metadata, SharedString};
+
+    #[derive(Default)]
+    struct Names {
+        described: Mutex<BTreeSet<String>>,
+        registered: Mutex<BTreeSet<String>>,
+    }
+
+    impl Names {
+        fn describe(&self, name: KeyName) {
+            self.described
+                .lock()
+                .unwrap()
+                .insert(name.as_str().to_owned());
+        }
+        fn register(&self, key: &Key) {
+            self.registered
+                .lock()
+                .unwrap()
+                .insert(key.name().to_owned());
+        }
+    }
+
+    impl metrics::Recorder for Names {
+        fn describe_counter(&self, name: KeyName, _: Option<Unit>, _: SharedString) {
+            self.describe(name);
+        }
+        fn describe_gauge(&self, name: KeyName, _: Option<Unit>, _: SharedString) {
+            self.describe(name);
+        }
+        fn describe_histogram(&self, name: KeyName, _: Option<Unit>, _: SharedString) {
+            self.describe(name);
+        }
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            self.register(key);
+            Counter::noop()
+        }
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            self.register(key);
+            Gauge::noop()
+        }
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            self.register(key);
+            Histogram::noop()
+        }
+    }
+
+    let names = Names::default();
+    metrics::with_local_recorder(&names, register);
+    (
+        names.described.into_inner().unwrap(),
+        names.registered.into_inner().unwrap(),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;

@@ -50,7 +50,8 @@
 //! power of two of nanoseconds) and handed over as samples of each bucket's midpoint, within
 //! 1.6 % of the value recorded.
 //! Names follow Prometheus conventions; no label is unbounded (no ids: those are in the
-//! events and spans).
+//! events and spans). Each name is written once in the library, in its side's table of
+//! metrics; a standing check (`tests/checks`) holds the table below to those.
 //!
 //! # Spans and logs
 //!
@@ -58,18 +59,26 @@
 //! subscriber can filter and correlate: each Spark Connect RPC runs in a `spark_connect_rpc`
 //! span (`rpc`, `user_id`, `session_id`, `operation_id`), each execution's producer in a
 //! `spark_connect_execution` span (the same ids), and each worker session in a `udf_session`
-//! span (`session`, `worker`). Errors answered to a client are logged as Spark's
-//! `ErrorUtils.handleError` logs them, except for the level of an RPC's own refusal: one
-//! with a Spark condition (the client's mistake or race: an unknown operation, a closed
-//! session, a configuration key the server lacks) or a retryable one (`UNAVAILABLE`, as
-//! while draining) at INFO, any other (a failure in the server) at ERROR (`Spark Connect RPC
-//! error`; Spark logs all of them at ERROR); an execution's error on its response stream at
-//! INFO (`Spark Connect error on a response stream`: the user's query failed or was
-//! canceled). Each line has the Spark condition (the engine's own too, which
-//! `tether_connect_errors_total` counts as `OTHER`; `OTHER` for none) and the message. A
-//! request refused before it reaches the service (a wrong or missing token, no client
-//! certificate where one is required) is logged at WARN with the peer's address.
-//! Each RPC's outcome is also logged at DEBUG.
+//! span (`session`, `worker`). What a Spark Connect server logs, and at which level (Spark's
+//! `ErrorUtils.handleError` logs every error answered to a client at ERROR; tether keeps
+//! ERROR for the server's own failures, so that an operator can alert on it):
+//!
+//! | what | level | message | fields |
+//! |---|---|---|---|
+//! | an RPC's refusal with a Spark condition (the client's mistake or race: an unknown operation, a closed session, a configuration key the server lacks) | INFO | `Spark Connect RPC error` | `condition`, `error` |
+//! | an RPC's retryable refusal (`UNAVAILABLE`, as while draining) | INFO | `Spark Connect RPC error` | `condition`, `error` |
+//! | any other error of an RPC (a failure in the server) | ERROR | `Spark Connect RPC error` | `condition`, `error` |
+//! | an execution's error on its response stream (the user's query failed or was canceled) | INFO | `Spark Connect error on a response stream` | `condition`, `error` |
+//! | a request refused before the service: a wrong or missing token, no client certificate where one is required | WARN | `Spark Connect request refused` | `peer`, `why` |
+//! | each RPC's outcome | DEBUG | | |
+//!
+//! `condition` is the Spark condition: tether's own, else the engine's (which
+//! `tether_connect_errors_total` counts as `OTHER`), else `OTHER`.
+//!
+//! # The metrics
+//!
+//! Every metric either side records (see [Metrics](#metrics); the `tether_connect_` ones are
+//! an execution manager's, the `tether_udf_` ones a dispatcher's):
 //!
 //! | name | type | unit | labels | what |
 //! |---|---|---|---|---|
@@ -109,6 +118,8 @@ mod channel;
 mod metric;
 
 pub use channel::{EventReceiver, EventSender, event_channel};
+#[cfg(test)]
+pub(crate) use metric::described_and_registered;
 pub(crate) use metric::{
     EVENTS_DROPPED, LocalCounter, LocalGauge, LocalHistogram, Metric, PublishLock, describe,
 };

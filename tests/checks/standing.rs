@@ -5,6 +5,8 @@
 //!   import nothing from each other;
 //! - the client of reattachable executions imports nothing from the server side, and each
 //!   Spark condition is written once (`execution::condition`);
+//! - each metric name is written once (its side's table of `Metric`s), and the table in
+//!   `tether::observe`'s docs lists exactly those metrics, with their kinds and units;
 //! - no new import cycle between sibling modules, at any depth and through re-exports: an
 //!   import of an item through a `mod.rs` face counts for the file that defines it (the
 //!   known cycles are listed, with the work that removes them);
@@ -223,6 +225,96 @@ fn each_spark_condition_is_written_once() {
         wrong.is_empty(),
         "conditions not written exactly once outside tests:\n{}",
         wrong.join("\n")
+    );
+}
+
+/// Each metric is written once in the library: its name appears as a string literal in
+/// exactly one place of `src/` outside test code, its side's table (`Metric::counter(…)`,
+/// `gauge`, `histogram`), and the table in `tether::observe`'s docs lists exactly those
+/// metrics, each with the kind and the unit of its definition (the `metrics` facade's `Count`,
+/// `Bytes` or `Seconds`; the docs name what is counted).
+#[test]
+fn each_metric_is_written_once_and_the_observe_table_lists_them() {
+    let literal = Regex::new(r#""(tether_(?:connect|udf|events)_[a-z_]+)""#).unwrap();
+    let definition = Regex::new(
+        r#"Metric::(counter|gauge|histogram)\(\s*"(tether_[a-z_]+)",\s*(?:metrics::)?(?:Unit::)?(Count|Bytes|Seconds)\b"#,
+    )
+    .unwrap();
+    let mut places: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut defined: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for file in files("src", &["rs"]) {
+        if file.ends_with("tests.rs") {
+            continue;
+        }
+        let text = fs::read_to_string(&file).unwrap();
+        let shipped = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+        for (line, code) in code_lines(shipped) {
+            for cap in literal.captures_iter(code) {
+                places
+                    .entry(cap[1].to_string())
+                    .or_default()
+                    .push(format!("{}:{line}", relative(&file)));
+            }
+        }
+        for cap in definition.captures_iter(shipped) {
+            let unit = match &cap[3] {
+                "Bytes" => "bytes",
+                "Seconds" => "seconds",
+                _ => "count",
+            };
+            defined.insert(cap[2].to_string(), (cap[1].to_string(), unit.to_string()));
+        }
+    }
+    assert!(
+        defined.len() > 20,
+        "found {} metric definitions",
+        defined.len()
+    );
+    let not_once: Vec<String> = places
+        .iter()
+        .filter(|(name, at)| at.len() != 1 || !defined.contains_key(*name))
+        .map(|(name, at)| format!("{name}: {at:?}"))
+        .collect();
+    assert!(
+        not_once.is_empty(),
+        "metric names not written exactly once, in a `Metric::…(name, …)` definition:\n{}",
+        not_once.join("\n")
+    );
+
+    let row = Regex::new(r"(?m)^//! \| `(tether_[a-z_]+)` \| ([a-z]+) \| ([a-z]+) \|").unwrap();
+    let docs = fs::read_to_string(root().join("src/observe/mod.rs")).unwrap();
+    let mut listed: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for cap in row.captures_iter(&docs) {
+        let unit = match &cap[3] {
+            "bytes" | "seconds" => cap[3].to_string(),
+            _ => "count".to_string(),
+        };
+        let before = listed.insert(cap[1].to_string(), (cap[2].to_string(), unit));
+        assert!(
+            before.is_none(),
+            "{} is listed twice in observe's table",
+            &cap[1]
+        );
+    }
+    let missing: Vec<_> = defined
+        .keys()
+        .filter(|n| !listed.contains_key(*n))
+        .collect();
+    let unknown: Vec<_> = listed
+        .keys()
+        .filter(|n| !defined.contains_key(*n))
+        .collect();
+    let differ: Vec<String> = defined
+        .iter()
+        .filter_map(|(name, code)| {
+            let doc = listed.get(name)?;
+            (doc != code).then(|| format!("{name}: defined {code:?}, listed {doc:?}"))
+        })
+        .collect();
+    assert!(
+        missing.is_empty() && unknown.is_empty() && differ.is_empty(),
+        "observe's metric table (src/observe/mod.rs) and the metric definitions differ: \
+         not listed {missing:?}; listed but not defined {unknown:?}; kind or unit {differ:?}"
     );
 }
 

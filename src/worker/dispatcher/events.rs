@@ -208,3 +208,30 @@ impl DispatcherObserver {
         self.metrics.publish();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+    use std::sync::Arc;
+
+    use super::{DispatcherObserver, METRICS};
+    use crate::observe::described_and_registered;
+    use crate::time::ManualClock;
+
+    #[test]
+    fn every_series_of_a_dispatcher_is_of_a_metric_of_its_tables() {
+        let (described, registered) = described_and_registered(|| {
+            DispatcherObserver::registered(None, Arc::new(ManualClock::new()));
+        });
+        let tables: BTreeSet<String> = METRICS
+            .iter()
+            .chain(crate::worker::engine::events::METRICS)
+            .map(|m| m.name.to_owned())
+            .collect();
+        assert_eq!(described, tables, "every metric of the tables is described");
+        assert_eq!(
+            registered, tables,
+            "every series is of a metric of the tables, and back"
+        );
+    }
+}
