@@ -24,7 +24,7 @@ enum Op {
     SendData,
     Finish,
     Cancel,
-    Drain,
+    DiscardOutput,
     Close,
     Interrupt,
     Transmit,
@@ -87,8 +87,8 @@ fuzz_target!(|input: Input| {
                     first && w.core.stream_opened()
                 );
             }
-            Op::Drain => {
-                let _ = w.core.drain();
+            Op::DiscardOutput => {
+                let _ = w.core.discard_output();
                 assert_eq!(w.core.output_len(), 0);
             }
             Op::Close => w.core.close(),

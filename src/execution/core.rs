@@ -5,11 +5,9 @@ use std::time::{Duration, Instant};
 
 use super::budget::{MemoryBudget, Waiter};
 use super::error::ConnectError;
-use super::events::{
-    IllegalTransition, Lifecycle, LifecycleBatch, NO_ROWS, OperationStatus, Reattach,
-    RotationReason,
-};
+use super::events::{Lifecycle, LifecycleBatch, NO_ROWS, Reattach, RotationReason};
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
+use super::status::{IllegalTransition, OperationStatus, Removal};
 use crate::wire::connect::ExecutePlanResponse;
 
 /// The runner (producer) state machine of rx §2.1 (Spark 4.0+, SPARK-49688).
@@ -64,17 +62,6 @@ impl Default for StreamLimits {
             max_bytes: Some(1024 * 1024 * 1024),
         }
     }
-}
-
-/// How an execution left the registry (rx §2.1 dimension 1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Removal {
-    /// ReleaseAll, end of a non-reattachable stream, a failed start, or an orphan found by a
-    /// reattach: no tombstone; a later reattach gets `OPERATION_NOT_FOUND`.
-    Released,
-    /// Detached too long, or its session closed: tombstoned; a later reattach or
-    /// re-submit gets `OPERATION_ABANDONED`.
-    Abandoned,
 }
 
 /// How an execution's producer ended (the runner, rx §2.1 dimension 3):

@@ -7,17 +7,19 @@ use std::time::{Duration, Instant};
 use uuid::Uuid;
 
 use super::budget::{BudgetUsage, MemoryBudget};
-use super::core::{ExecutionCore, ExecutionPhase, Removal, StreamLimits};
+use super::core::{ExecutionCore, ExecutionPhase, StreamLimits};
 use super::drain::{Drain, DrainReport, DrainStep, DrainView};
 use super::error::ConnectError;
-use super::events::{ExecutionEvent, Observer};
+use super::events::ExecutionEvent;
 use super::keys::{ExecuteKey, SessionKey, parse_uuid};
 use super::log::{LogConfig, Stamp};
+use super::observer::ExecutionObserver;
 use super::registry::{
     Admit, Admitted, InterruptTarget, Leave, MaintenanceReport, ManagerStats, NewExecution,
     Registry, RegistryConfig, RegistryNote,
 };
 use super::state;
+use super::status::Removal;
 use super::stream::{ExecEnv, ExecShared, RegistryEvent, RegistryEvents, ResponseStream, Wakes};
 use super::typed::{Execution, NonReattachable, Reattachable};
 use crate::observe::EventSender;
@@ -351,7 +353,7 @@ impl ExecutionManager {
     /// [`config.timer`](ManagerConfig::timer).
     pub fn new(config: ManagerConfig) -> Self {
         let clock = config.timer.clone();
-        let observer = Observer::new(config.events.clone());
+        let observer = ExecutionObserver::new(config.events.clone());
         Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
@@ -374,6 +376,22 @@ impl ExecutionManager {
     /// The clock the detached and idle timeouts are measured on (rx §5.3, §5.6).
     pub fn clock(&self) -> &Arc<dyn Timer> {
         self.inner.clock()
+    }
+
+    /// One RPC handler's frame: `handle` runs with the clock's `now` and collects the
+    /// wake-ups of what it changed, which are woken once it returns (after every lock it
+    /// took is released); an error it answers is counted here, the one place an RPC's
+    /// errors reach the errors metric (rx §1.8; a response stream's are counted where it
+    /// ends). Every RPC handler runs in it.
+    #[inline]
+    fn rpc<T>(
+        &self,
+        handle: impl FnOnce(Instant, &mut Wakes) -> Result<T, ConnectError>,
+    ) -> Result<T, ConnectError> {
+        let mut wakes = Wakes::default();
+        let result = handle(self.now(), &mut wakes);
+        wakes.wake();
+        result.inspect_err(|e| self.inner.env.observer.error(e))
     }
 
     fn now(&self) -> Instant {
@@ -600,10 +618,8 @@ impl ExecutionManager {
     /// released the first response with ReleaseUntil (the attached consumer is preempted
     /// all the same, as Spark's sender does, rx §5.5).
     pub fn execute_plan(&self, request: &ExecutePlanRequest) -> Result<Submitted, ConnectError> {
-        let now = self.now();
         let config = &self.inner.config;
-        let mut wakes = Wakes::default();
-        let result = {
+        self.rpc(|now, wakes| {
             let mut reg = self.inner.lock();
             let admit = Admit {
                 user: request.user_id(),
@@ -641,7 +657,7 @@ impl ExecutionManager {
                 // A reattach from the start (rx §5.2, SPARK-52397), under the registry lock
                 // as every attach.
                 Ok(Admitted::Duplicate(existing)) => existing
-                    .attach(None, now, &mut wakes)
+                    .attach(None, now, wakes)
                     .map(|stream| Submitted::Reattached(Box::new(stream))),
                 Ok(Admitted::New(exec)) => {
                     exec.observer()
@@ -654,9 +670,7 @@ impl ExecutionManager {
                 }
                 Err(e) => Err(e),
             }
-        };
-        wakes.wake();
-        result.inspect_err(|e| self.inner.env.observer.error(e))
+        })
     }
 
     /// `ReattachExecute` (rx §5.5): resumes a reattachable execution after
@@ -673,21 +687,18 @@ impl ExecutionManager {
         &self,
         request: &ReattachExecuteRequest,
     ) -> Result<ResponseStream, ConnectError> {
-        let now = self.now();
-        let mut wakes = Wakes::default();
-        let r = self
-            .inner
-            .lock()
-            .find(
-                request.user_id(),
-                &request.session_id,
-                request.client_observed_server_side_session_id.as_deref(),
-                &request.operation_id,
-                now,
-            )
-            .and_then(|exec| exec.attach(request.last_response_id.as_deref(), now, &mut wakes));
-        wakes.wake();
-        r.inspect_err(|e| self.inner.env.observer.error(e))
+        self.rpc(|now, wakes| {
+            self.inner
+                .lock()
+                .find(
+                    request.user_id(),
+                    &request.session_id,
+                    request.client_observed_server_side_session_id.as_deref(),
+                    &request.operation_id,
+                    now,
+                )
+                .and_then(|exec| exec.attach(request.last_response_id.as_deref(), now, wakes))
+        })
     }
 
     /// `ReleaseExecute` (rx §5.5): `ReleaseUntil` frees responses (rx §3.4);
@@ -704,56 +715,53 @@ impl ExecutionManager {
         &self,
         request: &ReleaseExecuteRequest,
     ) -> Result<ReleaseExecuteResponse, ConnectError> {
-        let now = self.now();
-        let mut wakes = Wakes::default();
-        // One session lookup and one execution lookup (`Registry::release`). Like Spark,
-        // ReleaseExecute does not validate the observed server-side session id (rx §1.5),
-        // so a release always reaches the execution.
-        let mut reg = self.inner.lock();
-        let released = reg.release(
-            request.user_id(),
-            &request.session_id,
-            &request.operation_id,
-            now,
-            |server_side, exec| {
-                let mut response = ReleaseExecuteResponse {
-                    session_id: request.session_id.clone(),
-                    server_side_session_id: owned(server_side),
-                    operation_id: None,
-                };
-                // An unknown id, or one that is no UUID, names no execution (Spark).
-                let Some(exec) = exec else {
-                    return Ok((response, false));
-                };
-                if !exec.reattachable {
-                    return Err(ConnectError::NotReattachable);
-                }
-                let release_all = match &request.release {
-                    None => return Err(ConnectError::UnknownReleaseType),
-                    Some(release_execute_request::Release::ReleaseAll(_)) => true,
-                    Some(release_execute_request::Release::ReleaseUntil(until)) => {
-                        let mut st = exec.lock();
-                        st.core.release_until(&until.response_id)?;
-                        wakes.push(st.take_producer());
-                        false
+        self.rpc(|now, wakes| {
+            // One session lookup and one execution lookup (`Registry::release`). Like Spark,
+            // ReleaseExecute does not validate the observed server-side session id (rx §1.5),
+            // so a release always reaches the execution.
+            let mut reg = self.inner.lock();
+            let released = reg.release(
+                request.user_id(),
+                &request.session_id,
+                &request.operation_id,
+                now,
+                |server_side, exec| {
+                    let mut response = ReleaseExecuteResponse {
+                        session_id: request.session_id.clone(),
+                        server_side_session_id: owned(server_side),
+                        operation_id: None,
+                    };
+                    // An unknown id, or one that is no UUID, names no execution (Spark).
+                    let Some(exec) = exec else {
+                        return Ok((response, false));
+                    };
+                    if !exec.reattachable {
+                        return Err(ConnectError::NotReattachable);
                     }
-                };
-                // The execution's canonical id, already spelled (no formatting per call).
-                response.operation_id = Some(owned(&exec.operation_id));
-                Ok((response, release_all))
-            },
-        );
-        // Closed under the registry lock, as every removal (rx §2.2 T12).
-        let r = released.map(|(response, removed)| {
-            if let Some(exec) = removed {
-                exec.observer().released_all(now, &exec.key);
-                close(&exec, Removal::Released, &mut wakes);
-            }
-            response
-        });
-        drop(reg);
-        wakes.wake();
-        r.inspect_err(|e| self.inner.env.observer.error(e))
+                    let release_all = match &request.release {
+                        None => return Err(ConnectError::UnknownReleaseType),
+                        Some(release_execute_request::Release::ReleaseAll(_)) => true,
+                        Some(release_execute_request::Release::ReleaseUntil(until)) => {
+                            let mut st = exec.lock();
+                            st.core.release_until(&until.response_id)?;
+                            wakes.push(st.take_producer());
+                            false
+                        }
+                    };
+                    // The execution's canonical id, already spelled (no formatting per call).
+                    response.operation_id = Some(owned(&exec.operation_id));
+                    Ok((response, release_all))
+                },
+            );
+            // Closed under the registry lock, as every removal (rx §2.2 T12).
+            released.map(|(response, removed)| {
+                if let Some(exec) = removed {
+                    exec.observer().released_all(now, &exec.key);
+                    close(&exec, Removal::Released, wakes);
+                }
+                response
+            })
+        })
     }
 
     /// Gets or creates the session of `(user_id, session_id)` and returns its one
@@ -773,11 +781,11 @@ impl ExecutionManager {
         session_id: &str,
         observed: Option<&str>,
     ) -> Result<String, ConnectError> {
-        let now = self.now();
-        let mut reg = self.inner.lock();
-        reg.get_or_create_session(user_id, session_id, observed, now)
-            .map(|session| owned(session.server_side()))
-            .inspect_err(|e| self.inner.env.observer.error(e))
+        self.rpc(|now, _| {
+            let mut reg = self.inner.lock();
+            reg.get_or_create_session(user_id, session_id, observed, now)
+                .map(|session| owned(session.server_side()))
+        })
     }
 
     /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the
@@ -794,9 +802,7 @@ impl ExecutionManager {
     /// `INVALID_HANDLE.FORMAT` (a session id that is no UUID),
     /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`.
     pub fn interrupt(&self, request: &InterruptRequest) -> Result<InterruptResponse, ConnectError> {
-        let now = self.now();
-        let mut wakes = Wakes::default();
-        let r = (|| {
+        self.rpc(|now, wakes| {
             let mut reg = self.inner.lock();
             // Spark's Interrupt gets or creates its session (connect §3): an interrupt in a
             // session that does not exist yet succeeds and interrupts nothing.
@@ -835,7 +841,7 @@ impl ExecutionManager {
                 let mut st = exec.lock();
                 if st.core.interrupt() {
                     interrupted_ids.push(owned(&exec.operation_id));
-                    st.take_all(&mut wakes);
+                    st.take_all(wakes);
                 }
             }
             interrupted_ids.sort();
@@ -844,9 +850,7 @@ impl ExecutionManager {
                 interrupted_ids,
                 server_side_session_id: owned(session.server_side()),
             })
-        })();
-        wakes.wake();
-        r.inspect_err(|e| self.inner.env.observer.error(e))
+        })
     }
 
     /// `ReleaseSession` (rx §5.6): closes the session if it exists — a closed-session

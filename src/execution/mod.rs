@@ -95,13 +95,15 @@ pub(crate) mod keys;
 mod log;
 mod lru;
 mod manager;
+mod observer;
 mod registry;
 pub mod state;
+mod status;
 mod stream;
 mod typed;
 
 pub use self::core::{
-    ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, Removal, RunOutcome,
+    ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, RunOutcome,
     RunnerState, StreamEnd, StreamLimits,
 };
 pub use budget::{BudgetUsage, MemoryBudget};
@@ -110,13 +112,12 @@ pub use drain::{
     DRAIN_CHECK, DRAIN_GRACE, Drain, DrainReport, DrainStep, DrainView, SESSION_QUIET,
 };
 pub use error::{ConnectError, SparkError};
-pub use events::{
-    ExecutionEvent, ExecutionEventKind, IllegalTransition, OperationStatus, RotationReason,
-};
+pub use events::{ExecutionEvent, ExecutionEventKind, RotationReason};
 pub use keys::{ExecuteKey, SessionKey};
 pub use log::{AlreadyFinished, Consumed, LogConfig, PushError, ResponseLog, Stamp};
 pub use manager::{ExecutionManager, ManagerConfig, Submitted};
 pub use registry::{MaintenanceReport, ManagerStats};
+pub use status::{IllegalTransition, OperationStatus, Removal};
 pub use stream::{ForwardError, Producer, ResponseStream};
 pub use typed::{
     AnyExecution, Execution, ExecutionOutcome, Kind, Lookup, NonReattachable, Reattachable,

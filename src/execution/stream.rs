@@ -18,10 +18,12 @@ use futures::{Sink, Stream};
 use prost::Message as _;
 
 use super::budget::Waiter;
-use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, Removal, StreamEnd};
+use super::core::{ConsumerEvent, ConsumerId, ExecutionCore, ProduceError, StreamEnd};
 use super::error::ConnectError;
-use super::events::{IllegalTransition, LifecycleBatch, Observer};
+use super::events::LifecycleBatch;
 use super::keys::ExecuteKey;
+use super::observer::ExecutionObserver;
+use super::status::{IllegalTransition, Removal};
 use crate::sync::{AtomicBool, Mutex, MutexGuard, Ordering};
 use crate::time::Timer;
 use crate::wire::connect::{ExecutePlanResponse, Plan};
@@ -71,7 +73,7 @@ pub(crate) struct ExecEnv {
     pub(crate) clock: Arc<dyn Timer>,
     pub(crate) events: RegistryEvents,
     /// The manager's metrics and event channel.
-    pub(crate) observer: Observer,
+    pub(crate) observer: ExecutionObserver,
 }
 
 /// State shared by everything that refers to one registered execution.
@@ -215,7 +217,7 @@ impl ExecShared {
     }
 
     /// The manager's observer (metrics and events).
-    pub(crate) fn observer(&self) -> &Observer {
+    pub(crate) fn observer(&self) -> &ExecutionObserver {
         &self.env.observer
     }
 

@@ -7,9 +7,10 @@ use std::task::Poll;
 
 use futures::future::poll_fn;
 
-use super::core::{ExecutionPhase, Removal, RunOutcome};
+use super::core::{ExecutionPhase, RunOutcome};
 use super::error::ConnectError;
 use super::keys::ExecuteKey;
+use super::status::Removal;
 use super::stream::{ExecShared, Producer, ResponseStream, Wakes};
 
 mod sealed_kind {

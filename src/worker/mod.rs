@@ -13,18 +13,18 @@
 //! - `dispatcher` (feature `tokio`): the engine's process dispatcher, which spawns,
 //!   reaches, reuses and stops worker processes (udf §6).
 //! - [`WorkerEvent`]: the lifecycle of sessions and worker processes as typed events, sent
-//!   to [`engine::SessionConfig::events`] (see [`observe`](crate::observe)).
+//!   to [`engine::SessionConfig::events`] by a session made with `Session::new`, and to
+//!   `dispatcher::DispatcherConfig::events` by a dispatcher, for its worker processes and
+//!   its sessions (see [`observe`](crate::observe)).
 
 #[cfg(feature = "tokio")]
 pub mod dispatcher;
 pub mod endpoint;
 pub mod engine;
-mod events;
 mod pump;
 pub mod state;
 
-pub use events::{InvalidationReason, StopReason, WorkerEvent, WorkerEventKind};
-pub(crate) use events::{Observer, SessionLifecycle};
+pub use engine::events::{InvalidationReason, StopReason, WorkerEvent, WorkerEventKind};
 
 /// Writes an error and its [`source`](std::error::Error::source) chain on one line,
 /// `": "`-separated. Errors state themselves without their cause; the one-line summaries of

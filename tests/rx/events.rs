@@ -15,6 +15,7 @@ use tether::execution::{
 };
 use tether::observe::{EventReceiver, event_channel};
 use tether::time::ManualClock;
+use tether::wire::connect::InterruptType;
 use tether_testing::connect::{self, Caller, ManualManager};
 use tether_testing::metrics::MetricTotals;
 use uuid::Uuid;
@@ -142,7 +143,7 @@ impl Observed {
     /// The kinds received so far, each checked by a fresh [`EventLaw`] run over everything.
     fn kinds(&mut self, law: &mut EventLaw) -> Vec<K> {
         self.rx
-            .drain()
+            .try_recv_all()
             .into_iter()
             .map(|e| {
                 law.check(&e);
@@ -194,7 +195,7 @@ fn rx_s39_registration_posts_started_with_the_ids_and_the_job_tag() {
     let c = Caller::default();
     let op = connect::op_id();
     let (_p, _s) = connect::start(&o.m, &c.execute(&op));
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(events.len(), 2, "{events:?}");
     assert_eq!(events[0].kind, session_started());
     let e = &events[1];
@@ -456,6 +457,42 @@ fn abandonment_then_a_tombstone_hit() {
     );
 }
 
+/// Every error answered to a client is counted once in `tether_connect_errors_total` (rx
+/// §1.8), by its condition: one refusal by each RPC handler, and one error on a response
+/// stream.
+#[test]
+fn each_error_answered_is_counted_once_by_rpc_or_by_stream() {
+    let o = observed();
+    let c = Caller::default();
+    let no_uuid = Caller::new("alice", "not-a-uuid");
+    let op = connect::op_id();
+    let mut answered = vec![
+        o.m.execute_plan(&no_uuid.execute(&op)).unwrap_err(),
+        o.m.reattach_execute(&c.reattach(&op, None)).unwrap_err(),
+        o.m.get_or_create_session("alice", "not-a-uuid", None)
+            .unwrap_err(),
+        o.m.interrupt(&c.interrupt(InterruptType::Tag, None))
+            .unwrap_err(),
+    ];
+    let (_p, mut s) = connect::start(&o.m, &c.execute_with(&op, false));
+    answered.push(o.m.release_execute(&c.release_all(&op)).unwrap_err());
+    o.m.interrupt(&c.interrupt_op(&op)).unwrap();
+    answered.push(connect::expect_err(&mut s));
+
+    let mut want: HashMap<&str, f64> = HashMap::new();
+    for e in &answered {
+        *want.entry(e.condition().unwrap_or("OTHER")).or_default() += 1.0;
+    }
+    for (condition, n) in want {
+        assert_eq!(
+            o.metric("tether_connect_errors_total", &[("condition", condition)]),
+            n,
+            "{condition}"
+        );
+    }
+    assert_eq!(o.metric("tether_connect_errors_total", &[]), 6.0);
+}
+
 #[test]
 fn release_until_is_reported_and_counted() {
     let mut o = observed();
@@ -466,7 +503,7 @@ fn release_until_is_reported_and_counted() {
     let r = connect::next(&mut s);
     o.m.release_execute(&c.release_until(&op, &r.response_id))
         .unwrap();
-    let kinds: Vec<_> = o.rx.drain().into_iter().map(|e| e.kind).collect();
+    let kinds: Vec<_> = o.rx.try_recv_all().into_iter().map(|e| e.kind).collect();
     assert_eq!(kinds.last(), Some(&K::Released { until: Some(1) }));
     assert_eq!(
         o.metric("tether_connect_releases_total", &[("kind", "until")]),
@@ -484,7 +521,7 @@ fn a_full_channel_drops_counts_and_never_blocks() {
         p.finish().unwrap();
     }
     // SessionStarted, Started, Finished × 3: 7 events into 2 slots.
-    assert_eq!(o.rx.drain().len(), 2);
+    assert_eq!(o.rx.try_recv_all().len(), 2);
     assert_eq!(o.rx.dropped(), 5);
     assert_eq!(o.metric("tether_events_dropped_total", &[]), 5.0);
     // The metrics saw everything.

@@ -961,7 +961,7 @@ struct Sut {
 /// Every event since the last call, checked against Spark's status machine (rx §2.1
 /// item 4) and the session order.
 fn check_events(sut: &mut Sut) {
-    for e in sut.observed.rx.drain() {
+    for e in sut.observed.rx.try_recv_all() {
         sut.law.check(&e);
     }
 }

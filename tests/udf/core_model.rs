@@ -399,7 +399,7 @@ impl Model {
     }
 
     /// The deadline table of udf §7 for the calls this model makes (no `close`, `interrupt`
-    /// or `drain`): the length of the deadline a wait beginning now arms, and the `Wait` its
+    /// or `discard_output`): the length of the deadline a wait beginning now arms, and the `Wait` its
     /// expiry reports (`None`: the shutdown deadline after the terminal, which only drops
     /// the queued farewell).
     fn deadline(&self) -> Option<(Duration, Option<Wait>)> {

@@ -71,7 +71,7 @@ impl<T: WorkerTransport> Observed<T> {
         let recorder = Arc::new(MetricTotals::default());
         let metrics = recorder.clone();
         let (tx, rx) = event_channel(capacity);
-        config.session.events = Some(tx);
+        config.events = Some(tx);
         let d = metrics::with_local_recorder(&*recorder, || {
             Dispatcher::new(spec, transport, config).expect("dispatcher")
         });
@@ -161,7 +161,7 @@ async fn a_finished_session_reports_its_states_and_its_worker_from_spawn_to_stop
     assert_eq!((out.len(), kind), (2, TerminationKind::Finished));
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         words(&events),
         after_a_finished_session(&["stopped:Released"])
@@ -223,7 +223,7 @@ async fn a_failed_init_is_terminated_cancelled_and_never_initialized() {
     let handle = s.worker().clone();
     let failed = s.init(init("INIT_ERROR")).await.expect_err("init fails");
     // Settled before close: already reported, while the session is still held.
-    let before_close = o.rx.drain();
+    let before_close = o.rx.try_recv_all();
     assert_eq!(
         words(&before_close),
         ["spawned", "ready", "created", "terminated:Cancelled"]
@@ -238,7 +238,7 @@ async fn a_failed_init_is_terminated_cancelled_and_never_initialized() {
         TerminationKind::Cancelled
     );
     o.d.close().await;
-    let after = o.rx.drain();
+    let after = o.rx.try_recv_all();
     assert_eq!(words(&after), ["stopped:Released"], "reported once");
     assert!(!handle.is_invalid(), "an init error is not a worker fault");
 
@@ -272,7 +272,7 @@ async fn a_cancelled_session_is_terminated_cancelled_and_its_worker_stays_valid(
     assert_eq!(s.outcome().kind(), TerminationKind::Cancelled);
     assert_eq!(s.close().await.kind(), TerminationKind::Cancelled);
     o.d.close().await;
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         words(&events),
         [
@@ -354,7 +354,7 @@ async fn a_pooled_run_with_reuse_and_a_sigkill_counts_exactly_what_it_caused() {
     let stats = o.d.stats();
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         of_worker(&events, &w1)
             .into_iter()
@@ -437,7 +437,7 @@ async fn an_idle_worker_found_dead_is_invalidated_as_exited_and_replaced() {
     let _ = s.close().await;
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         of_worker(&events, &w1)
             .into_iter()
@@ -470,7 +470,7 @@ async fn an_idle_worker_that_dies_leaves_the_pool_without_waiting_for_a_session(
     o.d.settle().await;
     assert_eq!(o.gauges(), [0.0; 3], "neither idle nor running");
     assert!(!exists(pid), "reaped");
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         words_of(&events, &w),
         after_a_finished_session(&["invalidated:Exited", "stopped:Invalid"])
@@ -516,7 +516,7 @@ async fn a_worker_marked_invalid_mid_session_is_invalidated_as_marked_and_not_re
     assert_eq!(echo_round(s, &[b"2"]).await.1, TerminationKind::Finished);
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         words_of(&events, &w1),
         [
@@ -553,7 +553,7 @@ async fn a_session_dropped_outside_a_runtime_is_interrupted_and_its_worker_inval
     let _ = s.close().await;
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         words_of(&events, &w1),
         [
@@ -594,7 +594,7 @@ async fn a_pooled_worker_that_cannot_open_a_session_is_invalidated_as_open_faile
     assert_eq!(echo_round(s, &[b"2"]).await.1, TerminationKind::Finished);
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     // Taken from the pool for reuse, then invalidated when its connection failed.
     assert_eq!(
         words_of(&events, &w1),
@@ -664,7 +664,7 @@ async fn an_idle_worker_whose_channel_went_inactive_is_invalidated_as_inactive_a
     eventually("the inactive worker is stopped", || !exists(pid1)).await;
     o.d.close().await;
 
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         words_of(&events, &w1),
         after_a_finished_session(&["invalidated:Inactive", "stopped:Invalid"])
@@ -697,7 +697,7 @@ async fn an_idle_worker_past_its_timeout_is_stopped_for_it_and_leaves_the_pool()
     o.d.settle().await;
     assert_eq!(o.gauges(), [0.0; 3], "out of the pool, stopped");
     o.d.close().await;
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(
         of_worker(&events, &w)
             .into_iter()
@@ -728,7 +728,7 @@ async fn a_worker_exiting_at_start_is_spawned_and_stopped_never_ready() {
             .expect_err("the worker exits at once");
     assert!(matches!(e, DispatchError::ExitedAtStart { .. }), "{e}");
     o.d.close().await;
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     assert_eq!(words(&events), ["spawned", "stopped:StartFailed"]);
     assert_eq!(o.metric("tether_udf_workers_spawned_total", &[]), 1.0);
     assert_eq!(
@@ -779,7 +779,7 @@ async fn closing_the_dispatcher_under_running_sessions_judges_no_worker() {
         workers.push(s.worker().id().to_owned());
         assert_eq!(s.close().await.kind(), TerminationKind::TransportFailed);
     }
-    let events = o.rx.drain();
+    let events = o.rx.try_recv_all();
     for w in &workers {
         let words = words_of(&events, w);
         assert!(
@@ -821,7 +821,7 @@ async fn a_full_channel_drops_and_counts_while_the_metrics_stay_complete() {
     o.d.close().await;
     // Six events (spawned, ready, created, initialized, terminated, stopped): the first two
     // fit, the other four are dropped and counted on both sides.
-    assert_eq!(words(&o.rx.drain()), ["spawned", "ready"]);
+    assert_eq!(words(&o.rx.try_recv_all()), ["spawned", "ready"]);
     assert_eq!(o.rx.dropped(), 4);
     assert_eq!(
         o.metric("tether_events_dropped_total", &[("side", "udf")]),
@@ -854,7 +854,11 @@ async fn a_bare_session_reports_its_states_in_order_and_no_metrics() {
         Session::new(engine, Arc::clone(&handle), config)
     });
     let id = session.id();
-    assert_eq!(words(&rx.drain()), ["created"], "reported at construction");
+    assert_eq!(
+        words(&rx.try_recv_all()),
+        ["created"],
+        "reported at construction"
+    );
     clock.advance(Duration::from_secs(1));
     let (session, _) = session.init(init("udf")).await.unwrap();
     let mut output = session.process(futures::stream::iter([Bytes::from_static(b"x")]));
@@ -864,10 +868,10 @@ async fn a_bare_session_reports_its_states_in_order_and_no_metrics() {
     );
     assert!(output.next().await.is_none());
     // The stream saw the terminator: reported before close.
-    let events = rx.drain();
+    let events = rx.try_recv_all();
     assert_eq!(words(&events), ["initialized", "terminated:Finished"]);
     assert_eq!(output.close().await.kind(), TerminationKind::Finished);
-    assert!(rx.drain().is_empty(), "a session terminates once");
+    assert!(rx.try_recv_all().is_empty(), "a session terminates once");
     let _ = worker.await;
     for e in &events {
         assert_eq!((&*e.worker, e.session), (handle.id(), Some(id)));

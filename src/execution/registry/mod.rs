@@ -33,11 +33,11 @@ use std::time::{Duration, Instant};
 use hashbrown::hash_map::{Entry, EntryRef};
 use uuid::Uuid;
 
-use super::core::Removal;
 use super::error::ConnectError;
 use super::inactive::InactiveIds;
 use super::keys::{ExecuteKey, FastMap, SessionKey, SessionRef, fast_map, parse_uuid, shown};
 use super::lru::Lru;
+use super::status::Removal;
 
 /// What one maintenance pass did ([`ExecutionManager::maintain`](super::ExecutionManager::maintain):
 /// Spark's `SparkConnectExecutionManager.periodicMaintenance`, rx §5.3, plus session

@@ -50,6 +50,7 @@
 
 mod environment;
 mod error;
+mod events;
 mod monitor;
 mod process;
 mod shared;
@@ -60,6 +61,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::observe::EventSender;
 use crate::wire::UdfWorkerSpecification;
 use crate::worker::Chain;
 use crate::worker::engine::Session;
@@ -67,7 +69,7 @@ use crate::worker::engine::SessionConfig;
 use crate::worker::engine::WorkerHandle;
 use crate::worker::engine::{WorkerAddress, WorkerTransport};
 use crate::worker::state;
-use crate::worker::{InvalidationReason, StopReason};
+use crate::worker::{InvalidationReason, StopReason, WorkerEvent};
 
 pub use environment::EnvironmentState;
 pub use error::{
@@ -113,10 +115,15 @@ impl Default for PoolConfig {
 #[derive(Debug, Clone)]
 pub struct DispatcherConfig {
     /// Timeouts and buffers of every session created (udf §7: 30 s init, 30 s terminal,
-    /// 2 s interrupt-cancel), and the event channel
-    /// ([`SessionConfig::events`]) where the dispatcher sends the events of its worker
-    /// processes (udf §6) beside those of its sessions.
+    /// 2 s interrupt-cancel), and the clock their deadlines and the events run on. Its
+    /// `events` is not used: the dispatcher's sessions report to [`events`](Self::events).
     pub session: SessionConfig,
+    /// Where the lifecycle events go (see [`observe`](crate::observe)): those of the worker
+    /// processes (udf §6: spawned, ready, reused, invalidated, stopped) and of every session
+    /// created (udf §4.1), on one channel so that a listener sees a worker's and its
+    /// sessions' events in the order they happened; `None` (the default) sends none. The
+    /// metrics of both are recorded either way.
+    pub events: Option<EventSender<WorkerEvent>>,
     /// Readiness deadline when the spec sets no `initialization_timeout_ms` (or ≤ 0):
     /// 10 s (udf §7 `DEFAULT_INIT_TIMEOUT_MS`): how long a started worker process may take
     /// to answer its transport. Not [`SessionConfig::init_timeout`](crate::worker::engine::SessionConfig::init_timeout),
@@ -169,6 +176,7 @@ impl Default for DispatcherConfig {
     fn default() -> Self {
         Self {
             session: SessionConfig::default(),
+            events: None,
             default_init_timeout: Duration::from_secs(10),
             default_graceful_timeout: Duration::from_secs(5),
             max_spec_timeout: Duration::from_secs(30),
@@ -282,6 +290,12 @@ impl<T: WorkerTransport> Dispatcher<T> {
         let sockets = matches!(settings.endpoint, validate::EndpointKind::Unix);
         let dir = socket::create_private_dir(config.socket_base_dir.as_deref(), sockets)?;
         socket::sweep_stale(&dir);
+        if config.session.events.is_some() {
+            tracing::warn!(
+                "DispatcherConfig::session.events is not used by a dispatcher: its workers' and \
+                 sessions' events go to DispatcherConfig::events"
+            );
+        }
         tracing::debug!(?dir, "dispatcher created");
         Ok(Self {
             shared: Arc::new(Shared::new(transport, spec, settings, config, dir)),
@@ -378,7 +392,7 @@ impl<T: WorkerTransport> Dispatcher<T> {
                     connection,
                     worker,
                     shared.config.session.clone(),
-                    Some(shared.observer.clone()),
+                    Some(shared.observer.sessions().clone()),
                 ))
             }
             Err(source) => {

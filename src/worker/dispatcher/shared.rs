@@ -16,12 +16,13 @@ use std::time::{Duration, Instant};
 use futures::future::BoxFuture;
 use tokio::sync::watch;
 
+use super::events::DispatcherObserver;
 use crate::connection::ConnectionError;
 use crate::wire::UdfWorkerSpecification;
 use crate::worker::engine::{HandleError, WorkerHandle};
 use crate::worker::engine::{Termination, TerminationKind};
 use crate::worker::engine::{WorkerAddress, WorkerTransport};
-use crate::worker::{InvalidationReason, Observer, StopReason};
+use crate::worker::{InvalidationReason, StopReason};
 
 use super::environment::Environment;
 use super::error::{DispatchError, ExitReason, WorkerLost};
@@ -69,8 +70,8 @@ pub(crate) struct Shared<T: WorkerTransport> {
     pub(crate) state: Monitor<State<T>>,
     pub(crate) env: Arc<Environment>,
     /// Where the workers' and sessions' lifecycle goes: metrics registered once, events to
-    /// `config.session.events`.
-    pub(crate) observer: Arc<Observer>,
+    /// `config.events`.
+    pub(crate) observer: Arc<DispatcherObserver>,
     closed: watch::Sender<bool>,
 }
 
@@ -535,7 +536,10 @@ impl<T: WorkerTransport> Shared<T> {
             dir.clone(),
             config.process_group,
         ));
-        let observer = Arc::new(Observer::registered(&config.session));
+        let observer = Arc::new(DispatcherObserver::registered(
+            config.events.clone(),
+            config.session.timer.clone(),
+        ));
         Self {
             transport,
             spec,

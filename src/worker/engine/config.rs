@@ -3,9 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use super::events::WorkerEvent;
 use crate::observe::EventSender;
 use crate::time::Timer;
-use crate::worker::WorkerEvent;
 
 /// Timeouts and bounds of an engine-side worker session. Defaults are Spark's (udf §7).
 #[derive(Debug, Clone)]
@@ -44,12 +44,13 @@ pub struct SessionConfig {
     /// by default, a [`ManualClock`](crate::time::ManualClock) in simulations, or
     /// [`NoTimeouts`](crate::time::NoTimeouts) to disable every timeout explicitly.
     pub timer: Arc<dyn Timer>,
-    /// Where the lifecycle events go (see [`observe`](crate::observe)): the sending half of
-    /// an [`event_channel`](crate::observe::event_channel), or `None` (the default). A
-    /// session reports its udf §4.1 states (created, initialized, terminated with its
-    /// [`Termination`](super::Termination)); a `worker::dispatcher::Dispatcher` (feature
-    /// `tokio`) sends the events of its worker processes (udf §6) to the same channel, and
-    /// records the metrics of both.
+    /// Where a session made with [`Session::new`](super::Session::new) sends its lifecycle
+    /// events (see [`observe`](crate::observe)): the sending half of an
+    /// [`event_channel`](crate::observe::event_channel), or `None` (the default). A session
+    /// reports its udf §4.1 states (created, initialized, terminated with its
+    /// [`Termination`](super::Termination)). A `worker::dispatcher::Dispatcher` (feature
+    /// `tokio`) does not use it: its sessions and worker processes (udf §6) report to its
+    /// own `DispatcherConfig::events`, and it records the metrics of both.
     pub events: Option<EventSender<WorkerEvent>>,
 }
 

@@ -12,10 +12,10 @@ use crate::wire::{
 };
 
 use super::config::SessionConfig;
+use super::events::SessionLifecycle;
 use super::termination::{
     Interrupted, PeerViolation, SessionError, Termination, TransportFailure, Wait,
 };
-use crate::worker::SessionLifecycle;
 
 /// The runtime state of an engine session (udf §4.1). The typestates `state::Init`,
 /// `state::Streaming`, `state::Finishing`, `state::Cancelling` and `state::Terminated` are
@@ -95,7 +95,7 @@ pub struct Misuse {
 /// # When to call what
 ///
 /// - Calls of the engine: [`start_init`](Self::start_init), [`send_data`](Self::send_data),
-///   [`finish`](Self::finish), [`cancel`](Self::cancel), [`drain`](Self::drain),
+///   [`finish`](Self::finish), [`cancel`](Self::cancel), [`discard_output`](Self::discard_output),
 ///   [`close`](Self::close), [`interrupt`](Self::interrupt).
 /// - Events: [`handle_response`](Self::handle_response) for each received `UdfResponse`,
 ///   [`handle_stream_end`](Self::handle_stream_end),
@@ -158,7 +158,7 @@ pub struct Misuse {
 /// | [`interrupt`](Self::interrupt)ed        | `interrupt_cancel_timeout`| total    | `Interrupted` (udf §4.9)                |
 /// | [`close`](Self::close)d, or init failed | `terminal_timeout`        | total    | `TransportFailed(Timeout(Terminator))` (udf §5.2 step 3, §4.6 step 5) |
 /// | `Initializing`                          | `init_timeout`            | total    | `TransportFailed(Timeout(InitResponse))` (udf §4.6 step 4) |
-/// | `Streaming`, `Finishing`, `Cancelling`  | `terminal_timeout`        | per poll | `TransportFailed(Timeout(Output))`, or `Timeout(Terminator)` when cancelling or draining (udf §4.7 step 4) |
+/// | `Streaming`, `Finishing`, `Cancelling`  | `terminal_timeout`        | per poll | `TransportFailed(Timeout(Output))`, or `Timeout(Terminator)` when cancelling or discarding output (udf §4.7 step 4) |
 /// | `Created`                               | none                      |          |                                         |
 ///
 /// "Total" counts from the first wait of that state; "per poll" counts from the start of
@@ -199,7 +199,7 @@ pub struct EngineCore {
     /// The interrupt's context, once [`interrupt`](Self::interrupt) began (udf §4.9).
     interrupt: Option<&'static str>,
     /// The caller reads no more output: received batches are discarded (udf §5.2 step 2).
-    draining: bool,
+    discarding: bool,
     /// The request side's shutdown deadline expired: nothing more will be sent.
     requests_abandoned: bool,
     timeouts: Timeouts,
@@ -259,7 +259,7 @@ impl EngineCore {
             execution_error: None,
             closing: false,
             interrupt: None,
-            draining: false,
+            discarding: false,
             requests_abandoned: false,
             timeouts: Timeouts {
                 init: config.init_timeout,
@@ -504,9 +504,9 @@ impl EngineCore {
     /// The caller will read no more output (it waits for the terminator): queued and later
     /// `DataResponse`s are discarded (udf §5.2 step 2), and a per-poll timeout reports
     /// [`Wait::Terminator`]. Returns how many queued batches were dropped.
-    pub fn drain(&mut self) -> usize {
-        self.draining = true;
-        self.discard_output()
+    pub fn discard_output(&mut self) -> usize {
+        self.discarding = true;
+        self.clear_output()
     }
 
     /// `close()` begins (udf §5.2): unless terminal, Cancel ("session closed", or the
@@ -517,7 +517,7 @@ impl EngineCore {
             return;
         }
         self.closing = true;
-        self.drain();
+        self.discard_output();
         let _ = self.cancel(Some("session closed".into()));
     }
 
@@ -530,7 +530,7 @@ impl EngineCore {
             return;
         }
         self.interrupt = Some(context);
-        self.drain();
+        self.discard_output();
         let _ = self.cancel(Some(format!("interrupted while {context}")));
     }
 
@@ -624,7 +624,7 @@ impl EngineCore {
 
     /// Drops every queued output batch and returns how many there were (output no consumer
     /// will read, udf §5.2 step 2).
-    pub fn discard_output(&mut self) -> usize {
+    fn clear_output(&mut self) -> usize {
         let n = self.output.len();
         self.output.clear();
         self.output_bytes = 0;
@@ -687,7 +687,7 @@ impl EngineCore {
         match rule {
             Rule::Init => self.time_out(Wait::InitResponse, self.timeouts.init),
             Rule::Poll => {
-                let waiting_for = if self.draining || self.phase == EnginePhase::Cancelling {
+                let waiting_for = if self.discarding || self.phase == EnginePhase::Cancelling {
                     Wait::Terminator
                 } else {
                     Wait::Output
@@ -775,7 +775,7 @@ impl EngineCore {
                     return self.fail(PeerViolation::DataBeforeInitResponse.into());
                 }
                 self.stats.data_received += 1;
-                if !self.draining {
+                if !self.discarding {
                     self.output_bytes += data.len();
                     self.output.push_back(data);
                 }

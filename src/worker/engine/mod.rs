@@ -12,6 +12,7 @@
 
 mod config;
 mod core;
+pub(super) mod events;
 mod handle;
 mod session;
 mod termination;
@@ -19,6 +20,8 @@ mod transport;
 
 pub use self::config::SessionConfig;
 pub use self::core::{CoreStats, EngineCore, EnginePhase, InitStatus, Misuse};
+#[cfg(feature = "tokio")]
+pub(crate) use self::events::SessionObserver;
 pub use self::handle::{CountingHandle, HandleError, IntoWorkerHandle, WorkerHandle};
 pub use self::session::{AnySession, ProcessStream, Session, SessionFailed, TerminationWatch};
 pub use self::termination::{

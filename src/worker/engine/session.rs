@@ -17,9 +17,9 @@ use crate::wire::{Init, InitResponse, UdfRequest, UdfResponse};
 
 use super::config::SessionConfig;
 use super::core::{EngineCore, EnginePhase, InitStatus};
+use super::events::SessionObserver;
 use super::handle::{IntoWorkerHandle, WorkerHandle};
 use super::termination::{SessionError, Termination};
-use crate::worker::Observer;
 use crate::worker::pump::{LossExplainer, Pump};
 
 use crate::worker::state::{self, State as _};
@@ -118,7 +118,7 @@ pub(crate) struct Inner<C> {
     activity: Activity,
     finalized: bool,
     /// Where the core's lifecycle goes (a dispatcher's observer, or the config's channel).
-    observer: Option<Arc<Observer>>,
+    observer: Option<Arc<SessionObserver>>,
     /// The worker's id for events, built once when they are listened to.
     worker_tag: Option<Arc<str>>,
     /// The session's span (`udf_session`, with its id and its worker's): what the session
@@ -175,7 +175,7 @@ where
     /// wait: udf §5.2 step 3 in `close`, §4.9 for an interrupt, per poll otherwise).
     async fn await_terminal(&mut self) {
         self.activity = Activity::AwaitingTerminator;
-        self.core.drain();
+        self.core.discard_output();
         self.drive(|core| core.is_terminal().then_some(())).await;
     }
 
@@ -511,7 +511,7 @@ where
     /// sessions of a `worker::dispatcher::Dispatcher`, which registers their handles once
     /// (see [`observe`](crate::observe)).
     pub fn new(connection: C, handle: impl IntoWorkerHandle, config: SessionConfig) -> Self {
-        let observer = Observer::for_session(&config);
+        let observer = SessionObserver::for_session(config.events.as_ref(), &config.timer);
         Self::observed(connection, handle.into_worker_handle(), config, observer)
     }
 
@@ -521,7 +521,7 @@ where
         connection: C,
         handle: Arc<dyn WorkerHandle>,
         config: SessionConfig,
-        observer: Option<Arc<Observer>>,
+        observer: Option<Arc<SessionObserver>>,
     ) -> Self {
         let worker_tag = observer
             .as_ref()

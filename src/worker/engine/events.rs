@@ -1,15 +1,16 @@
-//! The lifecycle of worker sessions and worker processes as typed events (udf §4.1 for
-//! sessions, udf §6.1–§6.6 for the processes a dispatcher runs), and the metrics derived from
-//! them at the same place (see [`observe`](crate::observe) for the channel and the metric
+//! The lifecycle of the engine side as typed events: a worker session's (udf §4.1) and, for
+//! a `worker::dispatcher::Dispatcher` (feature `tokio`), its worker processes' (udf §6.1–§6.6),
+//! in one [`WorkerEvent`] type so that one listener sees a worker's and its sessions'
+//! events in the order they happened; and the session's observer, which turns what a
+//! session's core decided into those events and, for a dispatcher's sessions, into the
+//! metrics of [`METRICS`] (see [`observe`](crate::observe) for the channel and the metric
 //! table).
 //!
-//! A session's events are decided by its [`EngineCore`](super::engine::EngineCore) (created,
+//! A session's events are decided by its [`EngineCore`](super::EngineCore) (created,
 //! initialized, terminated: the udf §4.1 states it reaches); the async session only forwards
 //! what the core queued, after each step. A worker process's events are decided by the
-//! dispatcher's own state machine (spawned, ready, reused, invalidated, stopped: its spawn,
-//! its readiness wait, the pool's acquire and release, its stop jobs). Both go to the same
-//! channel, [`SessionConfig::events`](super::engine::SessionConfig::events),
-//! so one listener sees a worker's and its sessions' events in the order they happened.
+//! dispatcher's own state machine (its `events.rs`), which sends them through the observer
+//! of its sessions.
 
 // Without `tokio` there is no dispatcher: nothing registers metrics or reports a process.
 #![cfg_attr(not(feature = "tokio"), allow(dead_code))]
@@ -17,12 +18,14 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use metrics::{Counter, Gauge, Histogram};
+use metrics::Unit::Count;
 use uuid::Uuid;
 
-use crate::observe::EventSender;
+use super::termination::{Termination, TerminationKind};
+use crate::observe::{
+    EVENTS_DROPPED, EventSender, LocalCounter, LocalGauge, Metric, PublishLock, describe,
+};
 use crate::time::Timer;
-use crate::worker::engine::{SessionConfig, Termination, TerminationKind};
 
 /// One lifecycle event of a worker session or of a worker process: when, whose, and what
 /// ([`WorkerEventKind`]). The ids are those Spark's worker logs carry: the worker's
@@ -30,12 +33,12 @@ use crate::worker::engine::{SessionConfig, Termination, TerminationKind};
 /// v2). See [`observe`](crate::observe) for how to receive them.
 #[derive(Debug, Clone)]
 pub struct WorkerEvent {
-    /// When, on the sessions' clock ([`SessionConfig::timer`](super::engine::SessionConfig::timer)).
+    /// When, on the sessions' clock ([`SessionConfig::timer`](super::SessionConfig::timer)).
     pub at: Instant,
-    /// The worker: [`WorkerHandle::id`](super::engine::WorkerHandle::id) (udf §3), the
+    /// The worker: [`WorkerHandle::id`](super::WorkerHandle::id) (udf §3), the
     /// `--id` a dispatcher passed to its process (udf §6.2 step 4).
     pub worker: Arc<str>,
-    /// The session ([`Session::id`](super::engine::Session::id)) for session events; `None`
+    /// The session ([`Session::id`](super::Session::id)) for session events; `None`
     /// for events of the worker process.
     pub session: Option<Uuid>,
     /// What happened.
@@ -63,7 +66,7 @@ pub enum WorkerEventKind {
     SessionInitialized,
     /// The session settled its one outcome (udf §4.1 `Terminal`, §4.2 `completeTerminal`).
     SessionTerminated {
-        /// The outcome, as [`Session::close`](super::engine::Session::close) returns it
+        /// The outcome, as [`Session::close`](super::Session::close) returns it
         /// (udf §5.3).
         termination: Termination,
     },
@@ -110,13 +113,14 @@ pub enum InvalidationReason {
     /// Its transport channel was no longer active when the pool checked it for reuse
     /// (udf §6.1 `isAlive`: `connection.isActive`, §6.6).
     Inactive,
-    /// [`WorkerHandle::mark_invalid`](super::engine::WorkerHandle::mark_invalid) was called
+    /// [`WorkerHandle::mark_invalid`](super::WorkerHandle::mark_invalid) was called
     /// outside a session's finalization (udf §6.1 `markInvalid`).
     Marked,
 }
 
 impl InvalidationReason {
-    fn label(self) -> &'static str {
+    /// Its label in `tether_udf_workers_invalidated_total{reason}`.
+    pub(crate) fn label(self) -> &'static str {
         match self {
             Self::TransportFailed => "transport_failed",
             Self::Interrupted => "interrupted",
@@ -127,7 +131,8 @@ impl InvalidationReason {
         }
     }
 
-    const ALL: [Self; 6] = [
+    /// Every reason, in the order of a dispatcher's series.
+    pub(crate) const ALL: [Self; 6] = [
         Self::TransportFailed,
         Self::Interrupted,
         Self::OpenFailed,
@@ -169,7 +174,8 @@ impl StopReason {
         }
     }
 
-    const ALL: [Self; 5] = [
+    /// Every reason, in the order of a dispatcher's series.
+    pub(crate) const ALL: [Self; 5] = [
         Self::Released,
         Self::Invalid,
         Self::IdleTimeout,
@@ -197,7 +203,7 @@ const TERMINATIONS: [TerminationKind; 5] = [
     TerminationKind::Interrupted,
 ];
 
-/// What an [`EngineCore`](super::engine::EngineCore) step decided that the observer reports:
+/// What an [`EngineCore`](super::EngineCore) step decided that the observer reports:
 /// queued by the core, drained by the session after the step.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum SessionLifecycle {
@@ -207,135 +213,99 @@ pub(crate) enum SessionLifecycle {
     Terminated,
 }
 
-/// The metric handles of one dispatcher, registered once with the recorder installed when it
-/// was built (see [`observe`](crate::observe)).
-struct Metrics {
-    sessions: Gauge,
-    terminations: [Counter; 5],
-    workers: Gauge,
-    idle: Gauge,
-    spawned: Counter,
-    reused: Counter,
-    invalidated: [Counter; 6],
-    stopped: [Counter; 5],
-    startup_seconds: Histogram,
-    events_dropped: Counter,
+const SESSIONS: Metric = Metric::gauge(
+    "tether_udf_sessions",
+    Count,
+    "Live worker sessions (udf §4.1).",
+);
+const SESSIONS_ENDED: Metric = Metric::counter(
+    "tether_udf_sessions_total",
+    Count,
+    "Worker sessions ended, by termination (udf §4.1).",
+);
+
+/// Every metric of a dispatcher's sessions (udf §4.1), and of its event channel: the
+/// recorder's descriptions and the sessions' series come from it. The dispatcher's own
+/// (its worker processes') are in its `events.rs`.
+pub(crate) const METRICS: &[Metric] = &[SESSIONS, SESSIONS_ENDED, EVENTS_DROPPED];
+
+/// The series of a dispatcher's sessions, registered once with the recorder installed when
+/// the dispatcher was built (see [`observe`](crate::observe)).
+struct SessionMetrics {
+    sessions: LocalGauge,
+    terminations: [LocalCounter; 5],
+    events_dropped: LocalCounter,
+    /// Held while publishing (see [`LocalGauge::publish`]).
+    publishing: PublishLock,
 }
 
-/// Every metric of a dispatcher with its unit and description (the table of
-/// [`observe`](crate::observe), udf §4.1, §6), for the recorder's `# HELP` lines.
-const DESCRIBED: &[(&str, metrics::Unit, &str)] = {
-    use metrics::Unit::{Count, Seconds};
-    &[
-        (
-            "tether_udf_sessions",
-            Count,
-            "Live worker sessions (udf §4.1).",
-        ),
-        (
-            "tether_udf_sessions_total",
-            Count,
-            "Worker sessions ended, by termination (udf §4.1).",
-        ),
-        (
-            "tether_udf_workers",
-            Count,
-            "Worker processes spawned and not yet stopped (udf §6.1).",
-        ),
-        (
-            "tether_udf_idle_workers",
-            Count,
-            "Idle workers waiting for reuse (udf §6.6).",
-        ),
-        (
-            "tether_udf_workers_spawned_total",
-            Count,
-            "Worker processes started (udf §6.2).",
-        ),
-        (
-            "tether_udf_workers_reused_total",
-            Count,
-            "Sessions given an idle pooled worker (udf §6.6).",
-        ),
-        (
-            "tether_udf_workers_invalidated_total",
-            Count,
-            "Workers judged unsafe to reuse, by reason (udf §6.5).",
-        ),
-        (
-            "tether_udf_workers_stopped_total",
-            Count,
-            "Worker processes stopped and reaped, by reason (udf §6.1).",
-        ),
-        (
-            "tether_udf_worker_startup_seconds",
-            Seconds,
-            "From a worker's spawn to its readiness (udf §6.4).",
-        ),
-    ]
-};
-
-impl Metrics {
+impl SessionMetrics {
     fn register() -> Self {
-        crate::observe::describe(DESCRIBED);
+        describe(METRICS);
         Self {
-            sessions: metrics::gauge!("tether_udf_sessions"),
-            terminations: TERMINATIONS.map(|k| {
-                metrics::counter!("tether_udf_sessions_total", "termination" => termination_label(k))
-            }),
-            workers: metrics::gauge!("tether_udf_workers"),
-            idle: metrics::gauge!("tether_udf_idle_workers"),
-            spawned: metrics::counter!("tether_udf_workers_spawned_total"),
-            reused: metrics::counter!("tether_udf_workers_reused_total"),
-            invalidated: InvalidationReason::ALL.map(|r| {
-                metrics::counter!("tether_udf_workers_invalidated_total", "reason" => r.label())
-            }),
-            stopped: StopReason::ALL.map(|r| {
-                metrics::counter!("tether_udf_workers_stopped_total", "reason" => r.label())
-            }),
-            startup_seconds: metrics::histogram!("tether_udf_worker_startup_seconds"),
-            events_dropped: metrics::counter!("tether_events_dropped_total", "side" => "udf"),
+            sessions: SESSIONS.local_gauge(&[]),
+            terminations: TERMINATIONS
+                .map(|k| SESSIONS_ENDED.local_counter(&[("termination", termination_label(k))])),
+            events_dropped: EVENTS_DROPPED.local_counter(&[("side", "udf")]),
+            publishing: PublishLock::default(),
         }
+    }
+
+    /// Hands every series to the recorder: after each event (a session's are few, so the
+    /// recorder sees them at once).
+    fn publish(&self) {
+        let _publishing = self.publishing.hold();
+        self.sessions.publish();
+        for c in &self.terminations {
+            c.publish();
+        }
+        self.events_dropped.publish();
     }
 }
 
-/// Where worker-side lifecycle goes: a dispatcher's metrics (none for a session made with
-/// `Session::new`), and the application's event channel if it gave one. Shared by a
-/// dispatcher, its workers and its sessions.
-pub(crate) struct Observer {
-    metrics: Option<Metrics>,
+/// Where a session's lifecycle goes: the application's event channel if it gave one, and,
+/// for a dispatcher's sessions, the dispatcher's session metrics. One per dispatcher (shared
+/// by its sessions, and the channel its own events go through), or one per session made with
+/// `Session::new` that has a channel.
+pub(crate) struct SessionObserver {
+    metrics: Option<SessionMetrics>,
     events: Option<EventSender<WorkerEvent>>,
     timer: Arc<dyn Timer>,
 }
 
-impl std::fmt::Debug for Observer {
+impl std::fmt::Debug for SessionObserver {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Observer")
+        f.debug_struct("SessionObserver")
             .field("metrics", &self.metrics.is_some())
             .field("events", &self.events)
             .finish_non_exhaustive()
     }
 }
 
-impl Observer {
-    /// A dispatcher's observer: its metric handles registered now, events to
-    /// `config.events`, stamped on `config.timer`.
-    pub(crate) fn registered(config: &SessionConfig) -> Self {
+impl SessionObserver {
+    /// A dispatcher's: its session metrics registered now, events to `events`, stamped on
+    /// `timer`.
+    pub(crate) fn registered(
+        events: Option<EventSender<WorkerEvent>>,
+        timer: Arc<dyn Timer>,
+    ) -> Self {
         Self {
-            metrics: Some(Metrics::register()),
-            events: config.events.clone(),
-            timer: config.timer.clone(),
+            metrics: Some(SessionMetrics::register()),
+            events,
+            timer,
         }
     }
 
-    /// A session's own observer when no dispatcher made it: events only, if `config` has a
-    /// sender.
-    pub(crate) fn for_session(config: &SessionConfig) -> Option<Arc<Self>> {
-        config.events.as_ref().map(|tx| {
+    /// A session's own when no dispatcher made it: events only, if there is a channel.
+    pub(crate) fn for_session(
+        events: Option<&EventSender<WorkerEvent>>,
+        timer: &Arc<dyn Timer>,
+    ) -> Option<Arc<Self>> {
+        events.map(|tx| {
             Arc::new(Self {
                 metrics: None,
                 events: Some(tx.clone()),
-                timer: config.timer.clone(),
+                timer: timer.clone(),
             })
         })
     }
@@ -345,7 +315,9 @@ impl Observer {
         self.events.is_some()
     }
 
-    fn send(&self, worker: &Arc<str>, session: Option<Uuid>, kind: WorkerEventKind) {
+    /// Sends one event of `worker` (of its `session`, for session events), counting it in
+    /// `tether_events_dropped_total` if a full channel dropped it.
+    pub(crate) fn send(&self, worker: &Arc<str>, session: Option<Uuid>, kind: WorkerEventKind) {
         if let Some(tx) = &self.events
             && !tx.send(WorkerEvent {
                 at: self.timer.now(),
@@ -357,6 +329,7 @@ impl Observer {
             && let Some(m) = &self.metrics
         {
             m.events_dropped.increment(1);
+            m.publish();
         }
     }
 
@@ -372,7 +345,8 @@ impl Observer {
         let kind = match step {
             SessionLifecycle::Created => {
                 if let Some(m) = &self.metrics {
-                    m.sessions.increment(1.0);
+                    m.sessions.add(1);
+                    m.publish();
                 }
                 WorkerEventKind::SessionCreated
             }
@@ -382,12 +356,13 @@ impl Observer {
                     return;
                 };
                 if let Some(m) = &self.metrics {
-                    m.sessions.decrement(1.0);
+                    m.sessions.add(-1);
                     let i = TERMINATIONS
                         .iter()
                         .position(|k| *k == termination.kind())
                         .unwrap_or(0);
                     m.terminations[i].increment(1);
+                    m.publish();
                 }
                 if !self.listened() {
                     return;
@@ -399,67 +374,6 @@ impl Observer {
         };
         if let Some(worker) = worker {
             self.send(worker, Some(session), kind);
-        }
-    }
-
-    /// A worker process was started.
-    pub(crate) fn spawned(&self, worker: &Arc<str>, pid: u32) {
-        if let Some(m) = &self.metrics {
-            m.spawned.increment(1);
-            m.workers.increment(1.0);
-        }
-        self.send(worker, None, WorkerEventKind::WorkerSpawned { pid });
-    }
-
-    /// A worker became reachable `startup` after its spawn.
-    pub(crate) fn ready(&self, worker: &Arc<str>, startup: Duration) {
-        if let Some(m) = &self.metrics {
-            m.startup_seconds.record(startup.as_secs_f64());
-        }
-        self.send(worker, None, WorkerEventKind::WorkerReady { startup });
-    }
-
-    /// An idle worker was taken for a session.
-    pub(crate) fn reused(&self, worker: &Arc<str>) {
-        if let Some(m) = &self.metrics {
-            m.reused.increment(1);
-        }
-        self.send(worker, None, WorkerEventKind::WorkerReused);
-    }
-
-    /// A worker was invalidated (once per worker: the caller checks).
-    pub(crate) fn invalidated(&self, worker: &Arc<str>, reason: InvalidationReason) {
-        if let Some(m) = &self.metrics {
-            let i = InvalidationReason::ALL
-                .iter()
-                .position(|r| *r == reason)
-                .unwrap_or(0);
-            m.invalidated[i].increment(1);
-        }
-        self.send(worker, None, WorkerEventKind::WorkerInvalidated { reason });
-    }
-
-    /// A worker process was stopped and reaped.
-    pub(crate) fn stopped(&self, worker: &Arc<str>, reason: StopReason) {
-        if let Some(m) = &self.metrics {
-            let i = StopReason::ALL
-                .iter()
-                .position(|r| *r == reason)
-                .unwrap_or(0);
-            m.stopped[i].increment(1);
-            m.workers.decrement(1.0);
-        }
-        self.send(worker, None, WorkerEventKind::WorkerStopped { reason });
-    }
-
-    /// A worker entered (`true`) or left (`false`) the idle pool.
-    pub(crate) fn idle(&self, entered: bool) {
-        if let Some(m) = &self.metrics {
-            if entered {
-                m.idle.increment(1.0);
-            } else {
-                m.idle.decrement(1.0);
-            }
         }
     }
 }
