@@ -15,8 +15,9 @@
 //! only), `--metrics-addr` serves Prometheus text at `/metrics`; `grpc.health.v1` answers
 //! on the same port. On SIGTERM or Ctrl-C it drains (docs/deployment.md §9): it prints
 //! `draining …`, then the drain's report (`drained live_at_start=N canceled=N …`), and exits
-//! 0, or 1 if the drain left executions with a client attached; a second signal stops it at
-//! once. stderr carries the log (`RUST_LOG`, default `info`).
+//! 0, or 1 if the drain left executions with a client attached or gave up on a canceled one
+//! whose client had not read its `OPERATION_CANCELED` (`left`, `untold`); a second signal
+//! stops it at once (its clients then retry a closed port). stderr carries the log (`RUST_LOG`, default `info`).
 
 use std::io::IsTerminal;
 use std::net::SocketAddr;
@@ -130,7 +131,7 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         report = serving => {
             let report = report?;
             println!("{report}");
-            Ok(report.left.is_empty())
+            Ok(report.left.is_empty() && report.untold.is_empty())
         }
         _ = async { if second.await.is_ok() { shutdown_signal().await } else { std::future::pending().await } } => {
             println!("a second signal: stopping now");

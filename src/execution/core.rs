@@ -235,6 +235,8 @@ pub struct ExecutionCore {
     detached_since: Option<Instant>,
     attaches: u64,
     delivered_result_complete: bool,
+    /// Whether a consumer was handed the execution's terminal error.
+    delivered_error: bool,
     /// Spark's operation status (rx §2.1 item 4): what the events posted so far say.
     status: OperationStatus,
     /// The lifecycle this core decided and the driver has not forwarded yet.
@@ -272,6 +274,7 @@ impl ExecutionCore {
             detached_since: None,
             attaches: 0,
             delivered_result_complete: false,
+            delivered_error: false,
             status: OperationStatus::Started,
             // Registered: Spark posts Started with the holder (rx §2.2 T1).
             // Registered (Spark posts Started with the holder, rx §2.2 T1): the registry
@@ -422,6 +425,12 @@ impl ExecutionCore {
     /// Whether a consumer was handed the `ResultComplete` response (rx §1.3).
     pub fn delivered_result_complete(&self) -> bool {
         self.delivered_result_complete
+    }
+
+    /// Whether a consumer was handed the execution's terminal error (rx §2.2 T8–T9: its
+    /// client was told how the execution ended, `OPERATION_CANCELED` among them).
+    pub fn delivered_error(&self) -> bool {
+        self.delivered_error
     }
 
     /// The coarse [`ExecutionPhase`] of the execution (rx §2.3).
@@ -595,7 +604,10 @@ impl ExecutionCore {
         {
             self.end_consumer(now);
             return match self.log.terminal_error() {
-                Some(e) => ConsumerEvent::Error(e.clone()),
+                Some(e) => {
+                    self.delivered_error = true;
+                    ConsumerEvent::Error(e.clone())
+                }
                 None => ConsumerEvent::End(StreamEnd::Complete),
             };
         }
@@ -642,7 +654,10 @@ impl ExecutionCore {
             Ok(Consumed::End(e)) => {
                 self.end_consumer(now);
                 match e {
-                    Some(e) => ConsumerEvent::Error(e),
+                    Some(e) => {
+                        self.delivered_error = true;
+                        ConsumerEvent::Error(e)
+                    }
                     None => ConsumerEvent::End(StreamEnd::Complete),
                 }
             }

@@ -114,12 +114,16 @@ enum Phase {
 #[derive(Debug, Clone)]
 pub struct Drain {
     start: Instant,
+    /// How long the grace after the deadline lasts, and how long an execution may be
+    /// detached before it is abandoned ([`DRAIN_GRACE`] unless [`with_grace`](Self::with_grace)).
+    grace: Duration,
     phase: Phase,
     /// When the last [`DrainStep::Abandon`] of detached executions was asked.
     last_check: Option<Instant>,
     live_at_start: usize,
     canceled: Vec<ExecuteKey>,
     abandoned: Vec<ExecuteKey>,
+    untold: Vec<ExecuteKey>,
 }
 
 impl Drain {
@@ -130,12 +134,24 @@ impl Drain {
     pub fn begin(deadline: Duration, now: Instant, live_at_start: usize) -> Self {
         Self {
             start: now,
+            grace: DRAIN_GRACE,
             phase: Phase::Serving(now.checked_add(deadline)),
             last_check: None,
             live_at_start,
             canceled: Vec::new(),
             abandoned: Vec::new(),
+            untold: Vec::new(),
         }
+    }
+
+    /// This drain with `grace` instead of [`DRAIN_GRACE`] (rx §5.3): how long it waits after
+    /// the deadline for clients to read their `OPERATION_CANCELED`, and how long an execution
+    /// may be detached before it is abandoned. Clients that read slowly, holding many
+    /// responses in their transport's buffers when the deadline cuts their connection, need
+    /// more to be told (else [`DrainReport::untold`]).
+    #[must_use]
+    pub fn with_grace(self, grace: Duration) -> Self {
+        Self { grace, ..self }
     }
 
     /// What to do next, given the state at `now` (module docs' table; rx §5.1, §5.3).
@@ -157,7 +173,7 @@ impl Drain {
         if self.last_check.is_none_or(|at| now >= at + DRAIN_CHECK) {
             self.last_check = Some(now);
             return DrainStep::Abandon {
-                detached_for: DRAIN_GRACE,
+                detached_for: self.grace,
                 delivered_too: false,
             };
         }
@@ -168,7 +184,7 @@ impl Drain {
         }
         if until.is_some_and(|until| now >= until) {
             if matches!(self.phase, Phase::Serving(_)) && view.live > 0 {
-                self.phase = Phase::Grace(now + DRAIN_GRACE);
+                self.phase = Phase::Grace(now + self.grace);
                 return DrainStep::CancelAll;
             }
             self.phase = Phase::Finishing;
@@ -184,9 +200,16 @@ impl Drain {
         DrainStep::Wait(wake)
     }
 
-    /// The executions a [`DrainStep::Abandon`] abandoned (rx §5.3).
-    pub fn abandoned(&mut self, keys: impl IntoIterator<Item = ExecuteKey>) {
-        self.abandoned.extend(keys);
+    /// The executions a [`DrainStep::Abandon`] abandoned (rx §5.3), each with whether its
+    /// client had been handed the execution's terminal error
+    /// ([`ExecutionCore::delivered_error`](super::ExecutionCore::delivered_error)).
+    pub fn abandoned(&mut self, keys: impl IntoIterator<Item = (ExecuteKey, bool)>) {
+        for (key, told) in keys {
+            if !told && self.canceled.contains(&key) {
+                self.untold.push(key.clone());
+            }
+            self.abandoned.push(key);
+        }
     }
 
     /// The executions a [`DrainStep::CancelAll`] canceled (rx §2.2 T9).
@@ -206,6 +229,7 @@ impl Drain {
             live_at_start: self.live_at_start,
             canceled: self.canceled.clone(),
             abandoned: self.abandoned.clone(),
+            untold: self.untold.clone(),
             left,
             sessions_open,
             elapsed: now.saturating_duration_since(self.start),
@@ -229,6 +253,13 @@ pub struct DrainReport {
     /// [`DRAIN_GRACE`] during the drain, or at its end. A key can be both `canceled` and
     /// `abandoned` (told, then gone without releasing). Empty after a clean drain.
     pub abandoned: Vec<ExecuteKey>,
+    /// The executions canceled at the deadline and then abandoned before their client was
+    /// handed the `OPERATION_CANCELED` (rx §2.2 T9): it was still reading responses it held
+    /// when the grace ended, and learns how its query ended only as
+    /// `INVALID_HANDLE.OPERATION_ABANDONED` from this server, or not at all once the server
+    /// is gone (it retries a closed port). A longer grace
+    /// ([`Drain::with_grace`]) tells such slow readers. Empty after a clean drain.
+    pub untold: Vec<ExecuteKey>,
     /// The executions still registered, with a client attached, when the drain returned
     /// (still reading, not released within [`DRAIN_GRACE`] after the deadline): the server
     /// cuts their streams when it stops. Empty after a clean drain.
@@ -242,31 +273,34 @@ pub struct DrainReport {
 
 impl DrainReport {
     /// Whether every execution ended on its own before the deadline: nothing canceled,
-    /// abandoned or left (rx §5.1). Open sessions do not count: they hold no query.
+    /// abandoned (so none untold) or left (rx §5.1). Open sessions do not count: they hold
+    /// no query.
     pub fn is_clean(&self) -> bool {
         self.canceled.is_empty() && self.abandoned.is_empty() && self.left.is_empty()
     }
 }
 
 /// One line for a log: `drained live_at_start=N canceled=N abandoned=N left=N
-/// sessions_open=N elapsed_ms=N`, then the operation ids canceled, abandoned and left, if
+/// sessions_open=N elapsed_ms=N untold=N`, then the operation ids canceled, abandoned and left, if
 /// any (rx §5.1 keys).
 impl fmt::Display for DrainReport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
             "drained live_at_start={} canceled={} abandoned={} left={} sessions_open={} \
-             elapsed_ms={}",
+             elapsed_ms={} untold={}",
             self.live_at_start,
             self.canceled.len(),
             self.abandoned.len(),
             self.left.len(),
             self.sessions_open,
-            self.elapsed.as_millis()
+            self.elapsed.as_millis(),
+            self.untold.len()
         )?;
         for (name, keys) in [
             ("canceled", &self.canceled),
             ("abandoned", &self.abandoned),
+            ("untold", &self.untold),
             ("left", &self.left),
         ] {
             if !keys.is_empty() {

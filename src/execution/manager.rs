@@ -501,7 +501,7 @@ impl ExecutionManager {
                 DrainStep::Abandon {
                     detached_for,
                     delivered_too,
-                } => drain.abandoned(self.abandon_detached(detached_for, delivered_too)),
+                } => drain.abandoned(self.abandon_detached_told(detached_for, delivered_too)),
                 DrainStep::CancelAll => {
                     drain.canceled(self.cancel_all());
                     return DrainStep::CancelAll;
@@ -558,6 +558,19 @@ impl ExecutionManager {
     /// are those whose client was handed `ResultComplete` (it may still be reading its
     /// buffers, and will release). Returns the keys it abandoned.
     pub fn abandon_detached(&self, min_detached: Duration, delivered_too: bool) -> Vec<ExecuteKey> {
+        self.abandon_detached_told(min_detached, delivered_too)
+            .into_iter()
+            .map(|(key, _)| key)
+            .collect()
+    }
+
+    /// [`abandon_detached`](Self::abandon_detached), each key with whether its client had
+    /// been handed the execution's terminal error ([`ExecutionCore::delivered_error`]).
+    fn abandon_detached_told(
+        &self,
+        min_detached: Duration,
+        delivered_too: bool,
+    ) -> Vec<(ExecuteKey, bool)> {
         let now = self.now();
         let mut wakes = Wakes::default();
         let mut keys = Vec::new();
@@ -571,7 +584,8 @@ impl ExecutionManager {
                 st.core.detached_since()
             });
             for exec in &gone {
-                keys.push(exec.key.clone());
+                let told = exec.lock().core.delivered_error();
+                keys.push((exec.key.clone(), told));
                 close(exec, Removal::Abandoned, &mut wakes);
             }
         }

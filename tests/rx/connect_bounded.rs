@@ -49,6 +49,53 @@ fn the_transport_bound_adds_up() {
     assert!(limits.per_connection_bound() >= u64::from(limits.connection_window));
 }
 
+/// Limits that would panic HTTP/2 (a frame size out of its range) or stall every client (a
+/// window, send buffer or stream limit of 0) are refused in words, and `serve` refuses them
+/// before it serves.
+#[tokio::test]
+async fn limits_that_cannot_serve_are_refused() {
+    let ok = TransportLimits::default();
+    assert_eq!(ok.check(), Ok(()));
+    let cases = [
+        TransportLimits {
+            max_frame_size: 100,
+            ..ok
+        },
+        TransportLimits {
+            max_frame_size: 1 << 24,
+            ..ok
+        },
+        TransportLimits {
+            stream_window: 0,
+            ..ok
+        },
+        TransportLimits {
+            connection_window: 1 << 31,
+            ..ok
+        },
+        TransportLimits {
+            max_send_buf_size: 0,
+            ..ok
+        },
+        TransportLimits {
+            max_concurrent_streams: 0,
+            ..ok
+        },
+    ];
+    for limits in cases {
+        let why = limits.check().expect_err("refused");
+        let manager = ExecutionManager::new(ManagerConfig::default());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let e = ConnectServer::new(ConnectService::new(manager, Numbered))
+            .limits(limits)
+            .serve(listener, std::future::pending())
+            .await
+            .expect_err("refused by serve");
+        assert_eq!(e.kind(), std::io::ErrorKind::InvalidInput);
+        assert_eq!(e.to_string(), why);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stalled_streams_over_a_bounded_server_drain_completely() {
     const EXECUTIONS: usize = 200;

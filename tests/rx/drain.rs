@@ -244,6 +244,40 @@ fn an_execute_plan_repeating_a_live_operation_reattaches_while_draining() {
 // ConnectService::drain over gRPC
 // ---------------------------------------------------------------------------------------------
 
+/// A client that has not read its `OPERATION_CANCELED` when the grace after the deadline
+/// ends (still reading what it held) is abandoned and reported `untold`; one that read it is
+/// not, and a longer grace (`Drain::with_grace`) waits for the slow one.
+#[test]
+fn a_canceled_execution_abandoned_before_its_client_read_the_error_is_untold() {
+    use std::time::Duration;
+    use tether::execution::{DRAIN_GRACE, DrainStep};
+    let f = ManualManager::default();
+    let c = Caller::default();
+    let (told, slow) = (op_id(), op_id());
+    let (mut p1, mut s1) = start(&f.manager, &c.execute(&told));
+    let (mut p2, mut s2) = start(&f.manager, &c.execute(&slow));
+    push_n(&mut p1, 1, 1);
+    push_n(&mut p2, 1, 1);
+    assert_eq!(rows(&next(&mut s1)), Some(1));
+    assert_eq!(rows(&next(&mut s2)), Some(1));
+    let deadline = Duration::from_secs(1);
+    let mut drain = f.manager.begin_drain(deadline);
+    f.clock.advance(deadline);
+    assert_eq!(f.manager.step_drain(&mut drain, 0), DrainStep::CancelAll);
+    // One client reads its error; the other's connection is cut while it still reads what
+    // it holds: it never reaches the error.
+    assert_eq!(expect_err(&mut s1).condition(), Some("OPERATION_CANCELED"));
+    drop(s1);
+    drop(s2);
+    f.clock.advance(DRAIN_GRACE);
+    while f.manager.step_drain(&mut drain, 0) != DrainStep::Done {}
+    let report = f.manager.drain_report(&drain);
+    assert_eq!(report.canceled.len(), 2, "{report}");
+    assert_eq!(report.abandoned.len(), 2, "neither released: {report}");
+    assert_eq!(report.untold, vec![c.key(&slow)], "{report}");
+    assert!(report.to_string().contains(" untold=1"), "{report}");
+}
+
 #[cfg(feature = "spark-connect")]
 mod grpc {
     use std::sync::Arc;

@@ -32,10 +32,21 @@ impl<E: QueryEngine> ConnectService<E> {
     /// Calling it again (or on a clone) drains again, with the state as it is then. A
     /// `deadline` too far to represent (`Duration::MAX`) waits without one.
     pub async fn drain(&self, deadline: Duration) -> DrainReport {
+        self.drain_with_grace(deadline, crate::execution::DRAIN_GRACE)
+            .await
+    }
+
+    /// [`drain`](Self::drain) with `grace` instead of
+    /// [`DRAIN_GRACE`](crate::execution::DRAIN_GRACE) ([`Drain::with_grace`](crate::execution::Drain::with_grace)).
+    pub(super) async fn drain_with_grace(
+        &self,
+        deadline: Duration,
+        grace: Duration,
+    ) -> DrainReport {
         self.health().set_serving(false).await;
         let manager = self.manager();
         let clock = manager.clock().clone();
-        let mut drain = manager.begin_drain(deadline);
+        let mut drain = manager.begin_drain(deadline).with_grace(grace);
         loop {
             match manager.step_drain(&mut drain, self.rpcs_in_flight()) {
                 DrainStep::Wait(until) => clock.sleep_until(until).await,

@@ -54,7 +54,9 @@
 //!     relation::RelType,
 //! };
 //!
-//! /// Runs `spark.range(start, end)` and nothing else: one `bigint` column `id`.
+//! /// Runs `spark.range(start, end)` and nothing else: one `bigint` column `id`, in one
+//! /// batch (a real engine splits its result into batches of at most
+//! /// `spark.sql.execution.arrow.maxRecordsPerBatch` rows: `examples/connect_server/range.rs`).
 //! struct Engine;
 //!
 //! fn schema() -> DataType {
@@ -111,11 +113,13 @@
 //!     let manager = ExecutionManager::new(ManagerConfig::default());
 //!     let listener = tokio::net::TcpListener::bind("127.0.0.1:15002").await?; // or port 0
 //!     println!("listening on {}", listener.local_addr()?);
+//!     // Ctrl-C here; an orchestrator sends SIGTERM (`tokio::signal::unix`).
 //!     let stop = async {
 //!         let _ = tokio::signal::ctrl_c().await;
 //!     };
 //!     // Health, the maintenance pass, bounded buffers; on Ctrl-C a drain (`ConnectServer`).
 //!     let report = ConnectServer::new(ConnectService::new(manager, Engine))
+//!         // PySpark sends a token in plaintext only to `localhost`; elsewhere serve `.tls(…)`.
 //!         .token("s3cret") // clients: `sc://localhost:PORT/;token=s3cret`
 //!         .serve(listener, stop)
 //!         .await?;

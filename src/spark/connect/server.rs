@@ -93,6 +93,39 @@ impl TransportLimits {
             .saturating_add(connections.saturating_mul(self.per_connection_bound()))
     }
 
+    /// Why these limits cannot serve, if so (connect §4 transport; HTTP/2's ranges, RFC 9113
+    /// §6.5.2): a frame size outside 16 KiB ..= 16 MiB − 1, a window of 0 or above 2³¹ − 1,
+    /// or a send buffer or stream limit of 0 (which would stall every client).
+    ///
+    /// # Errors
+    /// The first field out of range, in words.
+    pub fn check(&self) -> Result<(), String> {
+        const MAX_WINDOW: u32 = (1 << 31) - 1;
+        if !(16_384..=16_777_215).contains(&self.max_frame_size) {
+            return Err(format!(
+                "max_frame_size {} is outside HTTP/2's 16384 ..= 16777215",
+                self.max_frame_size
+            ));
+        }
+        for (name, window) in [
+            ("stream_window", self.stream_window),
+            ("connection_window", self.connection_window),
+        ] {
+            if window == 0 || window > MAX_WINDOW {
+                return Err(format!(
+                    "{name} {window} is outside HTTP/2's 1 ..= {MAX_WINDOW}"
+                ));
+            }
+        }
+        if self.max_send_buf_size == 0 {
+            return Err("max_send_buf_size 0 would stall every response".into());
+        }
+        if self.max_concurrent_streams == 0 {
+            return Err("max_concurrent_streams 0 would refuse every request".into());
+        }
+        Ok(())
+    }
+
     /// The HTTP/2 server these limits configure (connect §4 transport).
     fn builder(&self) -> auto::Builder<TokioExecutor> {
         let mut builder = auto::Builder::new(TokioExecutor::new()).http2_only();
@@ -156,6 +189,7 @@ pub struct ConnectServer<E> {
     token: Option<String>,
     limits: TransportLimits,
     drain_deadline: Duration,
+    drain_grace: Duration,
     publish_metrics: Option<Duration>,
     maintenance: bool,
 }
@@ -167,6 +201,7 @@ impl<E> std::fmt::Debug for ConnectServer<E> {
             .field("token", &self.token.is_some())
             .field("limits", &self.limits)
             .field("drain_deadline", &self.drain_deadline)
+            .field("drain_grace", &self.drain_grace)
             .field("publish_metrics", &self.publish_metrics)
             .field("maintenance", &self.maintenance)
             .finish_non_exhaustive()
@@ -184,6 +219,7 @@ impl<E: QueryEngine> ConnectServer<E> {
             token: None,
             limits: TransportLimits::default(),
             drain_deadline: Duration::from_secs(30),
+            drain_grace: crate::execution::DRAIN_GRACE,
             publish_metrics: None,
             maintenance: true,
         }
@@ -217,6 +253,17 @@ impl<E: QueryEngine> ConnectServer<E> {
         self
     }
 
+    /// How long the drain waits after its deadline for clients to read their
+    /// `OPERATION_CANCELED` and release, and how long an execution may be detached during
+    /// the drain before it is abandoned (default
+    /// [`DRAIN_GRACE`](crate::execution::DRAIN_GRACE), 5 s; rx §5.3,
+    /// [`Drain::with_grace`](crate::execution::Drain::with_grace)). Slow readers need more:
+    /// see [`DrainReport::untold`](crate::execution::DrainReport::untold).
+    pub fn drain_grace(mut self, grace: Duration) -> Self {
+        self.drain_grace = grace;
+        self
+    }
+
     /// Hands the manager's counters, gauges and histograms to the `metrics` recorder every
     /// `period` ([`ExecutionManager::publish_metrics`](crate::execution::ExecutionManager::publish_metrics)),
     /// so that scrapes are at most `period` late (without it, each maintenance pass
@@ -244,7 +291,8 @@ impl<E: QueryEngine> ConnectServer<E> {
     ///
     /// # Errors
     /// `InvalidInput` when the token is one no client can send
-    /// ([`check_token`](super::check_token)). Failures to accept a connection are logged and
+    /// ([`check_token`](super::check_token)) or the limits cannot serve
+    /// ([`TransportLimits::check`]). Failures to accept a connection are logged and
     /// retried, not returned.
     pub async fn serve(
         self,
@@ -257,6 +305,7 @@ impl<E: QueryEngine> ConnectServer<E> {
             token,
             limits,
             drain_deadline,
+            drain_grace,
             publish_metrics,
             maintenance,
         } = self;
@@ -264,6 +313,9 @@ impl<E: QueryEngine> ConnectServer<E> {
             super::check_token(token)
                 .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         }
+        limits
+            .check()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
         let manager = service.manager().clone();
         let mut background = JoinSet::new();
         if maintenance {
@@ -305,7 +357,7 @@ impl<E: QueryEngine> ConnectServer<E> {
                 deadline_ms = drain_deadline.as_millis() as u64,
                 "draining: health NOT_SERVING, new sessions and executions refused"
             );
-            service.drain(drain_deadline).await
+            service.drain_with_grace(drain_deadline, drain_grace).await
         };
         let mut drain = pin!(drain);
         let report = loop {
@@ -333,7 +385,13 @@ impl<E: QueryEngine> ConnectServer<E> {
                                     tls::HANDSHAKE_TIMEOUT,
                                     acceptor.accept(connection),
                                 );
-                                match handshake.await {
+                                // A handshake still under way when the server stops is dropped: it
+                                // holds nothing of the service.
+                                let handshake = tokio::select! {
+                                    done = handshake => done,
+                                    _ = stopping.wait_for(|s| *s) => return,
+                                };
+                                match handshake {
                                     Ok(Ok(stream)) => {
                                         peer.certificates = stream
                                             .get_ref()

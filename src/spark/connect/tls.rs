@@ -8,28 +8,26 @@
 //! NASM). Spark 4.3.0's server has no TLS of its own; PySpark reaches a TLS server with
 //! `sc://host:port/;use_ssl=true` (connect §7.1).
 //!
-//! A server (the token, connect §4, works over it unchanged). [`ServerTls::server_builder`]
-//! and [`incoming`] answer a plaintext client and (with mutual TLS) a client without a
-//! certificate with an error it can read, not a broken connection:
+//! A server: [`ConnectServer::tls`](super::ConnectServer::tls) serves it (the token,
+//! connect §4, works over it unchanged), answering a plaintext client and (with mutual TLS)
+//! a client without a certificate with an error it can read, not a broken connection. On
+//! tonic's own server, [`ServerTls::server_builder`] and [`incoming`] do the same:
 //!
 //! ```no_run
 //! # async fn serve(
 //! #     service: tether::spark::connect::ConnectService<impl tether::spark::connect::QueryEngine>,
 //! # ) -> Result<(), Box<dyn std::error::Error>> {
-//! use tether::spark::connect::ConnectConfig;
-//! use tether::spark::connect::tls::{self, ServerTls};
+//! use tether::spark::connect::ConnectServer;
+//! use tether::spark::connect::tls::ServerTls;
 //!
 //! // `.with_client_ca_pem(…)?` would require clients to present a certificate that CA
 //! // signed (mutual TLS).
 //! let tls = ServerTls::from_pem_files("server.pem".as_ref(), "server.key".as_ref(), None)?;
-//! let health = service.health().service().await; // grpc.health.v1 (connect §7.2)
-//! let config = ConnectConfig { token: Some("s3cret".into()) };
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:15002").await?;
-//! tls.server_builder()
-//!     .add_service(health)
-//!     .add_service(service.into_service(&config))
-//!     .serve_with_incoming(tls::incoming(listener))
-//!     .await?;
+//! let stop = async {
+//!     let _ = tokio::signal::ctrl_c().await;
+//! };
+//! ConnectServer::new(service).tls(tls).token("s3cret").serve(listener, stop).await?;
 //! # Ok(())
 //! # }
 //! ```

@@ -624,7 +624,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     // Exit 1 when the stop cut something short: a forced stop, or executions the drain left
     // with a client attached (its stream is cut). Canceled executions were told; abandoned
     // ones had nobody to tell.
-    let left = drained.get().map_or(0, |r| r.left.len());
+    let left = drained.get().map_or(0, |r| r.left.len() + r.untold.len());
     if forced.is_some() || left > 0 {
         tracing::warn!(
             ?forced,
