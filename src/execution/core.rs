@@ -252,6 +252,8 @@ impl ExecutionCore {
     /// counts as attached (the initial ExecutePlan RPC's grace period, rx §2.2 T1) until
     /// its first consumer detaches. A non-reattachable execution gets a retry budget of 0
     /// whatever `log` says (rx §3.1).
+    // Inlined, so that a new execution's core is built where it lives rather than moved there.
+    #[inline]
     pub fn new(reattachable: bool, log: LogConfig, limits: StreamLimits, stamp: Stamp) -> Self {
         let log = if reattachable {
             log
@@ -343,8 +345,10 @@ impl ExecutionCore {
 
     /// Charges this execution's held responses to a budget shared with other executions
     /// (tether's bound over rx §3.1's unsent and retained responses; see [`MemoryBudget`]).
+    // Inlined, as `new`: the budget is set where the core is, not on a moved copy.
+    #[inline]
     pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
-        self.log = self.log.with_budget(budget);
+        self.log.set_budget(budget);
         self
     }
 

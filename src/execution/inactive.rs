@@ -2,7 +2,8 @@
 //! or abandoned ids that a re-submitted ExecutePlan may not reuse for
 //! `inactive_operation_expiry`.
 //!
-//! One record per id, 32 bytes in the table (the UUID and when it became inactive) and
+//! One record per id, 24 bytes in the table (the UUID and when it became inactive, as
+//! nanoseconds from the set's first record, where an `Instant` would make it 32) and
 //! nothing else: no access order, no per-insertion queue. Every ReleaseAll writes one and
 //! every ExecutePlan of a known id reads one, so their size is what a busy session's
 //! submit/release cycle keeps in cache (issue 12: the registry's "lighter record for
@@ -25,8 +26,27 @@ use super::keys::{FastMap, fast_map};
 /// over an eighth of the bound's insertions: O(1) per insertion.
 #[derive(Debug)]
 pub(crate) struct InactiveIds {
-    map: FastMap<Uuid, Instant>,
+    /// When each id became inactive, in nanoseconds from `epoch`.
+    map: FastMap<Uuid, i64>,
+    /// The first instant recorded: every record is its exact offset from it (an `i64` of
+    /// nanoseconds spans ±292 years, far beyond any clock a process reads).
+    epoch: Option<Instant>,
     capacity: usize,
+}
+
+/// `at - epoch` in nanoseconds (saturated at ±292 years).
+fn offset(at: Instant, epoch: Instant) -> i64 {
+    let nanos = |d: Duration| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX);
+    match at.checked_duration_since(epoch) {
+        Some(after) => nanos(after),
+        None => -nanos(epoch.duration_since(at)),
+    }
+}
+
+/// The instant `offset` nanoseconds from `epoch` (`offset`'s inverse).
+fn instant(epoch: Instant, offset: i64) -> Instant {
+    let d = Duration::from_nanos(offset.unsigned_abs());
+    if offset >= 0 { epoch + d } else { epoch - d }
 }
 
 impl InactiveIds {
@@ -34,6 +54,7 @@ impl InactiveIds {
     pub(crate) fn new(capacity: usize) -> Self {
         Self {
             map: fast_map(),
+            epoch: None,
             capacity,
         }
     }
@@ -48,8 +69,12 @@ impl InactiveIds {
     /// than `expiry` ago. An expired record is forgotten, so that a live id has none. One
     /// lookup.
     pub(crate) fn refuses(&mut self, op: Uuid, now: Instant, expiry: Duration) -> bool {
+        let Some(epoch) = self.epoch else {
+            return false;
+        };
+        let refused = |since: i64| crate::time::deadline_after(instant(epoch, since), expiry) > now;
         match self.map.entry(op) {
-            Entry::Occupied(o) if crate::time::deadline_after(*o.get(), expiry) > now => true,
+            Entry::Occupied(o) if refused(*o.get()) => true,
             Entry::Occupied(o) => {
                 o.remove();
                 false
@@ -64,7 +89,8 @@ impl InactiveIds {
         if self.capacity == 0 {
             return;
         }
-        self.map.insert(op, at);
+        let epoch = *self.epoch.get_or_insert(at);
+        self.map.insert(op, offset(at, epoch));
         if self.map.len() > self.capacity {
             self.forget_oldest();
         }
@@ -74,7 +100,7 @@ impl InactiveIds {
     fn forget_oldest(&mut self) {
         let keep = self.capacity - self.capacity / 8;
         let excess = self.map.len() - keep;
-        let mut order: Vec<(Instant, Uuid)> = self.map.iter().map(|(op, at)| (*at, *op)).collect();
+        let mut order: Vec<(i64, Uuid)> = self.map.iter().map(|(op, at)| (*at, *op)).collect();
         let (_, &mut last_forgotten, _) = order.select_nth_unstable(excess - 1);
         self.map.retain(|op, at| (*at, *op) > last_forgotten);
     }
@@ -82,8 +108,11 @@ impl InactiveIds {
     /// Forgets every id that became inactive `expiry` or longer before `now` (rx §5.2
     /// expiry, run by maintenance).
     pub(crate) fn forget_expired(&mut self, now: Instant, expiry: Duration) {
+        let Some(epoch) = self.epoch else {
+            return;
+        };
         self.map
-            .retain(|_, at| crate::time::deadline_after(*at, expiry) > now);
+            .retain(|_, since| crate::time::deadline_after(instant(epoch, *since), expiry) > now);
     }
 }
 
@@ -141,6 +170,30 @@ mod tests {
         assert!(!tied.refuses(id(3), t, Duration::MAX));
         assert!(tied.refuses(id(7), t, Duration::MAX));
         assert!(tied.refuses(id(9), t, Duration::MAX));
+    }
+
+    /// Records are exact offsets from the first one, before it as after it: the expiry and
+    /// the order of forgetting are those of the instants.
+    #[test]
+    fn records_before_and_after_the_first_are_exact() {
+        let t = Instant::now() + Duration::from_secs(100);
+        let expiry = Duration::from_secs(10);
+        let mut ids = InactiveIds::new(2);
+        ids.insert(id(1), t);
+        ids.insert(id(2), t - Duration::from_nanos(30_000_000_001));
+        let earlier = t - Duration::from_nanos(30_000_000_001);
+        assert!(ids.refuses(id(2), earlier + expiry - Duration::from_nanos(1), expiry));
+        assert!(ids.refuses(id(1), t + expiry - Duration::from_nanos(1), expiry));
+        assert!(!ids.refuses(id(2), earlier + expiry, expiry));
+        ids.insert(id(2), earlier);
+        // The earliest goes first: id 2, recorded before the first record.
+        ids.insert(id(3), t + Duration::from_nanos(1));
+        assert_eq!(ids.len(), 2);
+        assert!(!ids.refuses(id(2), t, Duration::MAX));
+        assert!(ids.refuses(id(1), t, Duration::MAX));
+        ids.forget_expired(t + expiry, expiry);
+        assert!(!ids.refuses(id(1), t, Duration::MAX));
+        assert!(ids.refuses(id(3), t + expiry, expiry));
     }
 
     #[test]

@@ -7,8 +7,58 @@ use std::sync::Arc;
 
 use uuid::Uuid;
 
-/// Handles parse as the wire layer parses them (rx §1.9); re-exported for the server side.
-pub(crate) use crate::wire::connect::parse_uuid;
+/// A handle as the wire layer parses it (rx §1.9, `wire::connect::parse_uuid`): exactly a
+/// hyphenated UUID, 8-4-4-4-12 hex digits of either case; anything else is `None`.
+///
+/// The registry parses a session and an operation id on every ExecutePlan and
+/// ReleaseExecute. The uuid crate's parser gathers the 32 digits byte by byte into a buffer
+/// it then reads back as vectors, and that read waits for the byte stores to retire; this
+/// one reads the request's bytes eight at a time and decodes them in registers.
+#[inline]
+pub(crate) fn parse_uuid(s: &str) -> Option<Uuid> {
+    let b: &[u8; 36] = s.as_bytes().try_into().ok()?;
+    let word = |i: usize| u64::from_le_bytes(b[i..i + 8].try_into().expect("8 bytes"));
+    let half = |i: usize| u64::from(u32::from_le_bytes(b[i..i + 4].try_into().expect("4 bytes")));
+    let (first, a) = hex8(word(0));
+    let (second, c) = hex8(half(9) | (half(14) << 32));
+    let (third, d) = hex8(half(19) | (half(24) << 32));
+    let (fourth, e) = hex8(word(28));
+    if a & c & d & e != HIGH || [b[8], b[13], b[18], b[23]] != *b"----" {
+        return None;
+    }
+    let mut bytes = [0; 16];
+    bytes[..4].copy_from_slice(&first.to_le_bytes());
+    bytes[4..8].copy_from_slice(&second.to_le_bytes());
+    bytes[8..12].copy_from_slice(&third.to_le_bytes());
+    bytes[12..].copy_from_slice(&fourth.to_le_bytes());
+    Some(Uuid::from_bytes(bytes))
+}
+
+/// A byte's lowest bit in each of a `u64`'s eight bytes.
+const ONES: u64 = 0x0101_0101_0101_0101;
+/// A byte's highest bit in each of a `u64`'s eight bytes.
+const HIGH: u64 = ONES << 7;
+
+/// Eight hex digits, the first in `x`'s lowest byte, decoded into four bytes (the first in
+/// the lowest), with the mask of the bytes that are digits: the high bit of each byte that
+/// is `0-9`, `a-f` or `A-F` (all of [`HIGH`] for a valid word).
+#[inline]
+fn hex8(x: u64) -> (u32, u64) {
+    // The high bit of each byte that is at least `c` (≤ 0x80: no borrow crosses a byte);
+    // meaningful for the bytes below 0x80, and the others are masked out below.
+    let at_least = |x: u64, c: u8| ((x | HIGH) - ONES * u64::from(c)) & HIGH;
+    let digit = at_least(x, b'0') & !at_least(x, b'9' + 1);
+    // `| 0x20` maps `A-F` to `a-f` and nothing else into `a-f`.
+    let lower = x | (ONES * 0x20);
+    let alpha = at_least(lower, b'a') & !at_least(lower, b'f' + 1);
+    let valid = (digit | alpha) & !x;
+    // The low nibble, plus 9 for a letter (`a` is 0x61, `A` 0x41).
+    let nibbles = (x & (ONES * 0x0f)) + (alpha >> 7) * 9;
+    // Byte k = nibble k << 4 | nibble k + 1; the even bytes are the output, gathered down.
+    let pairs = ((nibbles << 4) | (nibbles >> 8)) & 0x00ff_00ff_00ff_00ff;
+    let pairs = (pairs | (pairs >> 8)) & 0x0000_ffff_0000_ffff;
+    ((pairs | (pairs >> 16)) as u32, valid)
+}
 
 /// Identifies a session: `(user_id, session_id)` (rx §5.6: sessions are isolated by that
 /// pair). Another user's identical `session_id` is another session.
@@ -156,6 +206,44 @@ mod tests {
         };
         assert_eq!(map.get(&other_user), None);
         assert_eq!(map.get(&other_session), None);
+    }
+
+    /// The word-at-a-time parser accepts and decodes exactly what the wire layer's does
+    /// (the uuid crate's, at 36 bytes): every ASCII byte and some multi-byte characters at
+    /// every position of valid handles of either case, and random ones.
+    #[test]
+    fn handles_parse_as_the_wire_layer_parses_them() {
+        let wire = crate::wire::connect::parse_uuid;
+        for id in [
+            "00112233-4455-6677-8899-aabbccddeeff",
+            "ffffffff-ffff-ffff-ffff-ffffffffffff",
+            "00000000-0000-0000-0000-000000000000",
+            "0A1b2C3d-4E5f-6a7B-8c9D-aEbFcAdBeCfD",
+            "99999999-9999-9999-9999-999999999999",
+        ] {
+            assert!(parse_uuid(id).is_some(), "{id}");
+            assert_eq!(parse_uuid(id), wire(id), "{id}");
+            for at in 0..id.len() {
+                for c in (0u8..0x80).map(char::from).chain(['é', '€', '\u{10000}']) {
+                    let mut s = String::with_capacity(40);
+                    s.push_str(&id[..at]);
+                    s.push(c);
+                    s.push_str(&id[at + 1..]);
+                    assert_eq!(parse_uuid(&s), wire(&s), "{s:?}");
+                    // A multi-byte character cut back to 36 bytes.
+                    let end = s.len().min(36);
+                    if s.is_char_boundary(end) {
+                        assert_eq!(parse_uuid(&s[..end]), wire(&s[..end]), "{s:?}");
+                    }
+                }
+            }
+        }
+        for _ in 0..10_000 {
+            let u = Uuid::new_v4();
+            let s = u.hyphenated().to_string();
+            assert_eq!(parse_uuid(&s), Some(u));
+            assert_eq!(parse_uuid(&s.to_uppercase()), Some(u));
+        }
     }
 
     #[test]

@@ -177,6 +177,8 @@ pub struct ResponseLog {
 impl ResponseLog {
     /// An empty log stamping `stamp` on every response: nothing produced, the first
     /// response gets index 1 (rx §3.1).
+    // Inlined, so that a new execution's log is built where it lives rather than moved there.
+    #[inline]
     pub fn new(config: LogConfig, stamp: Stamp) -> Self {
         Self {
             config,
@@ -201,12 +203,22 @@ impl ResponseLog {
     /// [`push`](Self::push) describes, and every response that leaves the log returns its
     /// bytes. What is already held is charged at once.
     pub fn with_budget(mut self, budget: Arc<MemoryBudget>) -> Self {
-        if let Some(old) = self.budget.take() {
-            old.release(self.held_bytes());
-        }
-        budget.charge(self.held_bytes());
-        self.budget = Some(budget);
+        self.set_budget(budget);
         self
+    }
+
+    /// [`with_budget`](Self::with_budget) in place. A log that holds nothing (every new
+    /// execution's) charges nothing, so the budget's lock is not taken.
+    #[inline]
+    pub(crate) fn set_budget(&mut self, budget: Arc<MemoryBudget>) {
+        let held = self.held_bytes();
+        if let Some(old) = self.budget.take() {
+            old.release(held);
+        }
+        if held > 0 {
+            budget.charge(held);
+        }
+        self.budget = Some(budget);
     }
 
     /// The shared budget this log is charged to, if any (tether's bound, rx §3.1 ranges).
