@@ -624,7 +624,7 @@ impl ExecutionManager {
     /// # Errors
     /// `INVALID_HANDLE.FORMAT` (session or operation id not a UUID), `SESSION_CLOSED`,
     /// `SESSION_CHANGED`, `SERVER_DRAINING` (a new session or execution while
-    /// [draining](Self::drain)), `OPERATION_ALREADY_EXISTS` (live, different plan),
+    /// [draining](Self::refuse_new)), `OPERATION_ALREADY_EXISTS` (live, different plan),
     /// `OPERATION_ABANDONED` (tombstoned, or released/completed and still remembered),
     /// `NOT_REATTACHABLE` / orphan (same plan, but not reattachable), an invalid tag, or
     /// `EXECUTION_LIMIT_EXCEEDED`: on these nothing is registered. For a duplicate with the
@@ -787,7 +787,7 @@ impl ExecutionManager {
     /// # Errors
     /// `INVALID_HANDLE.FORMAT` if `session_id` is not a UUID, `SESSION_CLOSED` for a
     /// released session (rx §5.6), `SERVER_DRAINING` for a new session while
-    /// [draining](Self::drain), `SESSION_CHANGED` if `observed` is set and differs from
+    /// [draining](Self::refuse_new), `SESSION_CHANGED` if `observed` is set and differs from
     /// the session's server-side id (rx §5.5).
     pub fn get_or_create_session(
         &self,
@@ -811,7 +811,7 @@ impl ExecutionManager {
     ///
     /// # Errors
     /// `SESSION_CLOSED` / `SESSION_CHANGED`, `SERVER_DRAINING` (a new session while
-    /// [draining](Self::drain)),
+    /// [draining](Self::refuse_new)),
     /// `INTERRUPT_TYPE_TAG_REQUIRES_TAG`, `INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID`,
     /// `INVALID_HANDLE.FORMAT` (a session id that is no UUID),
     /// `UNSUPPORTED_FEATURE.INTERRUPT_TYPE`.
