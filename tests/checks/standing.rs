@@ -71,6 +71,21 @@ fn relative(path: &Path) -> String {
         .into_owned()
 }
 
+/// Every library source file with its shipped code: without a `tests.rs` file or a file's
+/// trailing `#[cfg(test)] mod tests`.
+fn shipped_sources() -> Vec<(PathBuf, String)> {
+    files("src", &["rs"])
+        .into_iter()
+        .filter(|file| !file.ends_with("tests.rs"))
+        .map(|file| {
+            let text = fs::read_to_string(&file).unwrap();
+            let shipped = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
+            let shipped = shipped.to_owned();
+            (file, shipped)
+        })
+        .collect()
+}
+
 /// The lines of a Rust file that are code, not comments: `(line number, text)`.
 fn code_lines(text: &str) -> impl Iterator<Item = (usize, &str)> {
     text.lines()
@@ -202,13 +217,8 @@ fn each_spark_condition_is_written_once() {
         .map(|c| (c.name(), Vec::new()))
         .collect();
     assert!(counts.len() > 10, "the condition table is empty");
-    for file in files("src", &["rs"]) {
-        if file.ends_with("tests.rs") {
-            continue;
-        }
-        let text = fs::read_to_string(&file).unwrap();
-        let shipped = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        for (line, code) in code_lines(shipped) {
+    for (file, shipped) in shipped_sources() {
+        for (line, code) in code_lines(&shipped) {
             for (name, places) in counts.iter_mut() {
                 if code.contains(&format!("\"{name}\"")) {
                     places.push(format!("{}:{line}", relative(&file)));
@@ -242,13 +252,8 @@ fn each_metric_is_written_once_and_the_observe_table_lists_them() {
     .unwrap();
     let mut places: BTreeMap<String, Vec<String>> = BTreeMap::new();
     let mut defined: BTreeMap<String, (String, String)> = BTreeMap::new();
-    for file in files("src", &["rs"]) {
-        if file.ends_with("tests.rs") {
-            continue;
-        }
-        let text = fs::read_to_string(&file).unwrap();
-        let shipped = text.split("#[cfg(test)]\nmod tests").next().unwrap_or("");
-        for (line, code) in code_lines(shipped) {
+    for (file, shipped) in shipped_sources() {
+        for (line, code) in code_lines(&shipped) {
             for cap in literal.captures_iter(code) {
                 places
                     .entry(cap[1].to_string())
@@ -256,7 +261,7 @@ fn each_metric_is_written_once_and_the_observe_table_lists_them() {
                     .push(format!("{}:{line}", relative(&file)));
             }
         }
-        for cap in definition.captures_iter(shipped) {
+        for cap in definition.captures_iter(&shipped) {
             let unit = match &cap[3] {
                 "Bytes" => "bytes",
                 "Seconds" => "seconds",

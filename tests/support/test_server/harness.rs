@@ -15,12 +15,8 @@ use super::baseline;
 use super::faults::{FaultService, Faults, KillableStream};
 use super::{Args, Baseline, RangeEngine, shutdown_signal};
 
-/// How long the server waits, after its drain, for the streams still open to end.
-const HARD_STOP: Duration = Duration::from_secs(5);
-
-/// How long the server waits for its connections to end once it closed those whose streams
-/// reached no handler.
-const CLOSE_WAIT: Duration = Duration::from_secs(2);
+// The stop's bounds are ConnectServer's, so the harnesses stop as the library's server does.
+use tether::spark::connect::{CLOSE_WAIT, STOP_WAIT as HARD_STOP};
 
 /// Why the server stopped without waiting for every open stream to end.
 #[derive(Debug, Clone, Copy)]
