@@ -905,11 +905,24 @@ mod example {
                 {
                     tokio::time::sleep(Duration::from_millis(10)).await;
                 }
-                // A new session during the drain.
-                let other = uuid::Uuid::new_v4().to_string();
-                let e = match client.execute_plan(range(&other, 10)).await {
-                    Ok(mut s) => s.next().await.expect("an item").expect_err("refused"),
-                    Err(e) => e,
+                // A new session during the drain. The example prints `draining` when the
+                // signal arrives, a moment before the server's drain refuses new work: a
+                // new session may still be served until then.
+                let refused_by = tokio::time::Instant::now() + Duration::from_secs(10);
+                let e = loop {
+                    let other = uuid::Uuid::new_v4().to_string();
+                    let refusal = match client.execute_plan(range(&other, 10)).await {
+                        Ok(mut s) => s.next().await.expect("an item").err(),
+                        Err(e) => Some(e),
+                    };
+                    if let Some(e) = refusal {
+                        break e;
+                    }
+                    assert!(
+                        tokio::time::Instant::now() < refused_by,
+                        "new sessions still served 10 s after `draining`"
+                    );
+                    tokio::time::sleep(Duration::from_millis(20)).await;
                 };
                 assert_eq!(e.code(), Code::Unavailable, "{e}");
                 assert_eq!(e.condition(), Some("SERVER_DRAINING"), "{e}");

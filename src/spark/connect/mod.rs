@@ -142,6 +142,7 @@ mod generated {
     ));
 }
 
+mod accepted;
 mod auth;
 mod client;
 mod drain;
@@ -151,9 +152,9 @@ mod service;
 mod status;
 pub mod tls;
 
+pub use self::accepted::DrainConnection;
 pub use self::auth::check_token;
 pub use self::client::{ConnectClient, ConnectClientError};
-pub use self::drain::DrainConnection;
 pub use self::health::ConnectHealth;
 pub use self::server::{CLOSE_WAIT, ConnectServer, STOP_WAIT, TransportLimits};
 pub use self::service::{

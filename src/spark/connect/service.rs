@@ -288,7 +288,7 @@ impl<E: QueryEngine> ConnectService<E> {
     pub fn connections<S, IO, Err>(
         &self,
         incoming: S,
-    ) -> impl Stream<Item = Result<super::drain::DrainConnection<IO>, Err>> + use<S, IO, Err, E>
+    ) -> impl Stream<Item = Result<super::accepted::DrainConnection<IO>, Err>> + use<S, IO, Err, E>
     where
         S: Stream<Item = Result<IO, Err>>,
     {
@@ -300,7 +300,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 .lock()
                 .unwrap_or_else(PoisonError::into_inner)
                 .clone();
-            accepted.map(|io| super::drain::DrainConnection::new(io, token))
+            accepted.map(|io| super::accepted::DrainConnection::new(io, token))
         })
     }
 
