@@ -12,11 +12,12 @@ use tokio_util::sync::{CancellationToken, WaitForCancellationFutureOwned};
 use tonic::transport::server::Connected;
 
 /// A server connection that a drain's deadline can close (from
-/// [`ConnectService::connections`](super::ConnectService::connections)): once its token is canceled, every read and write fails
-/// (`ConnectionAborted`), so the server drops the connection and its client sees it lost
-/// (gRPC `UNAVAILABLE`, which Spark clients retry with a ReattachExecute, rx §6.2). A
-/// connection waiting to read is woken by the cut. Carries the wrapped connection's
-/// `connect_info` (tonic's `Connected`), so request extensions stay as they were.
+/// [`ConnectService::connections`](super::ConnectService::connections)): once its token is
+/// canceled, every read and write fails (`ConnectionAborted`), so the server drops the
+/// connection and its client sees it lost (gRPC `UNAVAILABLE`, which Spark clients retry
+/// with a ReattachExecute, rx §6.2). A connection waiting to read is woken by the cut.
+/// Carries the wrapped connection's `connect_info` (tonic's `Connected`), so request
+/// extensions stay as they were.
 #[pin_project::pin_project]
 pub struct DrainConnection<IO> {
     #[pin]
