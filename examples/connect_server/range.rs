@@ -598,6 +598,9 @@ fn responses(output: Output, max_records: u32) -> ResponseSource {
                     row_count,
                     data,
                     start_offset: Some(i64::try_from(offset).unwrap_or(i64::MAX)),
+                    // The service splits a large batch when the client allows it.
+                    chunk_index: None,
+                    num_chunks_in_batch: None,
                 },
             )),
             ..ExecutePlanResponse::default()

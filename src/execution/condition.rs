@@ -39,15 +39,17 @@ impl Condition {
     /// `INVALID_HANDLE.SESSION_*`, `HY000` for the other `INVALID_HANDLE.*`, `HY109` for
     /// `INVALID_CURSOR.*`, `HY008` for `OPERATION_CANCELED`, `22023` for
     /// `INVALID_PARAMETER_VALUE.*`, `0A000` for `UNSUPPORTED_FEATURE.*` (Spark's
-    /// `error-conditions.json`); `None` for tether's `EXECUTION_LIMIT_EXCEEDED` and
-    /// `SERVER_DRAINING` and the client-only `RESPONSE_ALREADY_RECEIVED`.
+    /// `error-conditions.json`); `None` for tether's own conditions
+    /// (`EXECUTION_LIMIT_EXCEEDED`, `ARROW_BATCH_TOO_LARGE`, `SERVER_DRAINING`,
+    /// `SERVER_BUSY`) and the client-only `RESPONSE_ALREADY_RECEIVED`.
     pub const fn sql_state(self) -> Option<&'static str> {
         self.sql_state
     }
 
     /// The gRPC status code it is sent with: `INTERNAL`, as Spark sends every recoverable
-    /// server error (rx §1.8), except tether's `EXECUTION_LIMIT_EXCEEDED`
-    /// (`RESOURCE_EXHAUSTED`) and `SERVER_DRAINING` (`UNAVAILABLE`, retried by clients).
+    /// server error (rx §1.8), except tether's `EXECUTION_LIMIT_EXCEEDED` and
+    /// `ARROW_BATCH_TOO_LARGE` (`RESOURCE_EXHAUSTED`), `SERVER_DRAINING` and `SERVER_BUSY`
+    /// (`UNAVAILABLE`, retried by clients).
     pub const fn code(self) -> Code {
         self.code
     }
@@ -156,6 +158,15 @@ pub const EXECUTION_LIMIT_EXCEEDED: Condition =
 /// `UNAVAILABLE`, which Spark clients retry with backoff (rx §6.1), so that a load balancer
 /// can route the retry to another server (docs/deployment.md).
 pub const SERVER_DRAINING: Condition = Condition::new("SERVER_DRAINING", None, Code::Unavailable);
+/// tether's own: the server's admission cap is reached and the execution waited its longest
+/// for a slot (`AdmissionConfig`, SPARK-49580's proposal). Sent as `UNAVAILABLE`, which Spark
+/// clients retry with backoff (rx §6.1).
+pub const SERVER_BUSY: Condition = Condition::new("SERVER_BUSY", None, Code::Unavailable);
+/// tether's own: a result batch does not fit in one response and the client did not allow
+/// chunking (connect §10). Sent as `RESOURCE_EXHAUSTED`, as gRPC reports a message above
+/// the receiver's limit.
+pub const ARROW_BATCH_TOO_LARGE: Condition =
+    Condition::new("ARROW_BATCH_TOO_LARGE", None, Code::ResourceExhausted);
 /// Client-only: an operation or session was not found after responses had been delivered,
 /// so re-executing would duplicate results (rx §1.8, §6.3; Python client's condition name).
 /// No server sends it.
@@ -163,7 +174,8 @@ pub const RESPONSE_ALREADY_RECEIVED: Condition =
     Condition::new("RESPONSE_ALREADY_RECEIVED", None, INTERNAL);
 
 /// Every condition a server reports (the server conditions of rx §1.8 and §5.7, and tether's
-/// `EXECUTION_LIMIT_EXCEEDED` and `SERVER_DRAINING`), longest name first: the order [`Condition::find_in`] searches
+/// `EXECUTION_LIMIT_EXCEEDED`, `ARROW_BATCH_TOO_LARGE`, `SERVER_DRAINING` and
+/// `SERVER_BUSY`), longest name first: the order [`Condition::find_in`] searches
 /// in. Not [`RESPONSE_ALREADY_RECEIVED`], which only a client raises.
 pub const ALL: &[Condition] = &[
     INVALID_PARAMETER_VALUE_INTERRUPT_TYPE_OPERATION_ID_REQUIRES_ID,
@@ -180,9 +192,11 @@ pub const ALL: &[Condition] = &[
     INVALID_HANDLE_SESSION_CLOSED,
     INVALID_CURSOR_DISCONNECTED,
     EXECUTION_LIMIT_EXCEEDED,
+    ARROW_BATCH_TOO_LARGE,
     INVALID_HANDLE_FORMAT,
     OPERATION_CANCELED,
     SERVER_DRAINING,
+    SERVER_BUSY,
 ];
 
 #[cfg(test)]

@@ -135,6 +135,26 @@ pub enum ConnectError {
     /// balancer the retry reaches another server once this one stops, or at once for a new
     /// session the balancer sends elsewhere (docs/deployment.md §5).
     ServerDraining,
+    /// tether-specific `SERVER_BUSY`: the server runs as many executions as its admission
+    /// allows ([`AdmissionConfig`](super::AdmissionConfig); SPARK-49580's proposal) and this
+    /// one waited [`max_wait`](super::AdmissionConfig::max_wait) for a slot without getting
+    /// one. Nothing was registered. Status code `UNAVAILABLE`, which Spark clients retry
+    /// with backoff (rx §6.1): a retried ExecutePlan queues again.
+    ServerBusy {
+        /// How long it waited.
+        waited: std::time::Duration,
+    },
+    /// tether-specific `ARROW_BATCH_TOO_LARGE`: a result batch's response is larger than
+    /// the largest message the server sends ([`MAX_MESSAGE_SIZE`](crate::spark::connect)
+    /// by default) and the client did not allow chunking (connect §10,
+    /// `ResultChunkingOptions`; Spark 4.3.0 sends it and the client fails with gRPC's `RESOURCE_EXHAUSTED`
+    /// "Received message larger than max"). Status code `RESOURCE_EXHAUSTED`.
+    BatchTooLarge {
+        /// The encoded response's size, in bytes.
+        bytes: usize,
+        /// The largest message the server sends, in bytes.
+        limit: usize,
+    },
     /// The execution failed: the terminal error its producer reported, re-delivered to every
     /// stream that reaches the end of the log (rx §2.2 T8, §4.2). `message` is used
     /// verbatim as the status message. No condition travels in the rich status: a Spark
@@ -176,7 +196,7 @@ pub struct SparkError {
 }
 
 impl SparkError {
-    /// The classes of Spark's `AnalysisException` (connect §6.3: a negative limit).
+    /// The classes of Spark's `AnalysisException` (connect §10: a negative limit).
     pub const ANALYSIS_EXCEPTION: &'static [&'static str] = &[
         "org.apache.spark.sql.AnalysisException",
         "java.lang.Exception",
@@ -185,7 +205,7 @@ impl SparkError {
     ];
 
     /// The classes of `java.lang.IllegalArgumentException`, which Spark raises without a
-    /// condition for a failed `require` (connect §6.3: a range step of 0).
+    /// condition for a failed `require` (connect §10: a range step of 0).
     pub const ILLEGAL_ARGUMENT_EXCEPTION: &'static [&'static str] = &[
         "java.lang.IllegalArgumentException",
         "java.lang.RuntimeException",
@@ -195,7 +215,7 @@ impl SparkError {
     ];
 
     /// The classes of Spark Connect's `InvalidPlanInput`, raised for a plan it cannot read
-    /// (connect §6.3: an unset or unsupported oneof).
+    /// (connect §10: an unset or unsupported oneof).
     pub const INVALID_PLAN_INPUT: &'static [&'static str] = &[
         "org.apache.spark.sql.connect.common.InvalidPlanInput",
         "java.lang.Exception",
@@ -206,7 +226,7 @@ impl SparkError {
     /// `CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET` (SQLSTATE 56K00): the oneof of
     /// message `full_name` (e.g. `spark.connect.Relation`) is not set; `case` is Spark's name
     /// for the unset case (`RELTYPE_NOT_SET`, `OPTYPE_NOT_SET`, `COMMANDTYPE_NOT_SET`). Text,
-    /// parameters and classes as real Spark 4.3.0 sends them (connect §6.3).
+    /// parameters and classes as real Spark 4.3.0 sends them (connect §10).
     pub fn oneof_not_set(full_name: &str, case: &str) -> Self {
         Self::invalid_plan_input(
             "CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SET",
@@ -222,7 +242,7 @@ impl SparkError {
     /// `CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED` (SQLSTATE 56K00): the set
     /// case of the oneof of `full_name` is one the server does not run; `case` is the
     /// field's name in upper case (`PROJECT`) and `number` its field number. Text, parameters
-    /// and classes as real Spark 4.3.0 sends them (connect §6.3).
+    /// and classes as real Spark 4.3.0 sends them (connect §10).
     pub fn oneof_not_supported(full_name: &str, case: &str, number: u32) -> Self {
         Self::invalid_plan_input(
             "CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED",
@@ -293,7 +313,7 @@ impl SparkError {
         }
     }
 
-    /// A plain `IllegalArgumentException` without a condition (connect §6.3).
+    /// A plain `IllegalArgumentException` without a condition (connect §10).
     pub fn illegal_argument(text: impl Into<String>) -> Self {
         Self {
             condition: None,
@@ -408,6 +428,15 @@ impl ConnectError {
                                      one has stopped, or at once where the load balancer \
                                      sends new sessions elsewhere."
                 .into(),
+            Self::ServerBusy { waited } => format!(
+                "The server is running its maximum of concurrent executions; this one waited \
+                 {waited:.1?} for a slot and was not started. Retry later."
+            ),
+            Self::BatchTooLarge { bytes, limit } => format!(
+                "A result batch of {bytes} bytes does not fit in one response of at most \
+                 {limit} bytes. Allow result chunking (ResultChunkingOptions, on by default \
+                 since Spark 4.1 clients) or lower spark.sql.execution.arrow.maxRecordsPerBatch."
+            ),
             Self::Failed { message, .. } => return message.clone(),
             Self::Spark(e) => return e.message(),
         };
@@ -456,6 +485,8 @@ impl ConnectError {
             Self::UnsupportedInterruptType { .. } => condition::UNSUPPORTED_FEATURE_INTERRUPT_TYPE,
             Self::ExecutionLimitExceeded { .. } => condition::EXECUTION_LIMIT_EXCEEDED,
             Self::ServerDraining => condition::SERVER_DRAINING,
+            Self::ServerBusy { .. } => condition::SERVER_BUSY,
+            Self::BatchTooLarge { .. } => condition::ARROW_BATCH_TOO_LARGE,
             Self::InvalidTag { .. }
             | Self::UnknownReleaseType
             | Self::Orphaned { .. }

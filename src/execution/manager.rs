@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
+use super::admission::{Admission, AdmissionConfig, AdmissionWait};
 use super::budget::{BudgetUsage, MemoryBudget};
 use super::core::{ExecutionCore, ExecutionPhase, StreamLimits};
 use super::drain::{Drain, DrainReport, DrainStep, DrainView};
@@ -85,6 +86,10 @@ pub struct ManagerConfig {
     /// sending half of an [`event_channel`](crate::observe::event_channel), or `None`
     /// (the default) for metrics alone.
     pub events: Option<EventSender<ExecutionEvent>>,
+    /// The cap on executions running at once, server-wide and per user, with FIFO waiting
+    /// ([`ExecutionManager::admit`]; tether's, SPARK-49580's proposal). The default has no
+    /// cap, as Spark 4.3.0.
+    pub admission: AdmissionConfig,
     /// The clock every timeout of rx §4.5, §5.3 and §5.6 is measured on:
     /// [`TokioTimer`](crate::time::TokioTimer) by default (monotonic, as Spark 4.0+ measures
     /// its timeouts), a [`ManualClock`](crate::time::ManualClock) in tests and simulations.
@@ -107,6 +112,7 @@ impl ManagerConfig {
             inactive_operation_expiry: Duration::from_secs(30 * 60),
             inactive_operations_per_session: 10_000,
             memory_budget: Some(MemoryBudget::DEFAULT_LIMIT),
+            admission: AdmissionConfig::default(),
             events: None,
             timer,
         }
@@ -176,6 +182,8 @@ pub(crate) struct ManagerInner {
     env: Arc<ExecEnv>,
     /// The budget every execution's log is charged to ([`ManagerConfig::memory_budget`]).
     budget: Option<Arc<MemoryBudget>>,
+    /// The cap on running executions ([`ManagerConfig::admission`]).
+    admission: Arc<Admission>,
 }
 
 /// The server side of reattachable executions: Spark's `SparkConnectExecutionManager` and
@@ -354,16 +362,18 @@ impl ExecutionManager {
     pub fn new(config: ManagerConfig) -> Self {
         let clock = config.timer.clone();
         let observer = ExecutionObserver::new(config.events.clone());
+        let env = Arc::new(ExecEnv {
+            clock,
+            events: RegistryEvents::default(),
+            observer,
+        });
         Self {
             inner: Arc::new(ManagerInner {
                 registry: Mutex::new(Registry::new(RegistryConfig::from(&config))),
                 budget: config.memory_budget.map(MemoryBudget::new),
+                admission: Arc::new(Admission::new(config.admission, env.clone())),
                 config,
-                env: Arc::new(ExecEnv {
-                    clock,
-                    events: RegistryEvents::default(),
-                    observer,
-                }),
+                env,
             }),
         }
     }
@@ -472,6 +482,23 @@ impl ExecutionManager {
     /// irreversible. [`begin_drain`](Self::begin_drain) calls it.
     pub fn refuse_new(&self) {
         self.inner.lock().set_draining();
+        self.inner.admission.refuse_all();
+    }
+
+    /// Waits for a slot to run one execution of `user_id` under
+    /// [`ManagerConfig::admission`] (tether's; SPARK-49580's proposal): at once while the
+    /// server-wide and the user's caps have room and nobody waits, else in FIFO order as
+    /// running executions end (a user at its own cap does not hold back others). Hold the
+    /// [`AdmissionPermit`](super::AdmissionPermit) for as long as the execution runs; dropping it frees the slot.
+    /// Ask before [`execute_plan`](Self::execute_plan), so that nothing is registered
+    /// while it waits.
+    ///
+    /// # Errors
+    /// The future resolves to `SERVER_BUSY` ([`ConnectError::ServerBusy`]) after
+    /// [`AdmissionConfig::max_wait`] on the manager's clock, or `SERVER_DRAINING` once
+    /// [`refuse_new`](Self::refuse_new) is called; both `UNAVAILABLE`, retried by clients.
+    pub fn admit(&self, user_id: &str) -> AdmissionWait {
+        self.inner.admission.admit(user_id)
     }
 
     /// Begins a graceful drain whose deadline is `deadline` from now on the manager's clock
@@ -983,6 +1010,8 @@ impl ExecutionManager {
     /// counters to the recorder.
     fn sample_and_publish(&self, reg: &Reg, unsent: u64, retained: u64, attached: usize) {
         let observer = &self.inner.env.observer;
+        let (running, waiting) = self.inner.admission.usage();
+        observer.sample_admission(running, waiting);
         let stats = reg.stats();
         observer.sample_registry(stats.executions, stats.sessions, attached);
         observer.sample_held(unsent, retained);

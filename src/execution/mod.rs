@@ -82,6 +82,7 @@
 //! # }).unwrap();
 //! ```
 
+mod admission;
 mod budget;
 pub mod client;
 mod code;
@@ -106,6 +107,7 @@ pub use self::core::{
     ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, RunOutcome,
     RunnerState, StreamEnd, StreamLimits,
 };
+pub use admission::{AdmissionConfig, AdmissionPermit, AdmissionWait};
 pub use budget::{BudgetUsage, MemoryBudget};
 pub use code::Code;
 pub use drain::{

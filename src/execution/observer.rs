@@ -132,6 +132,27 @@ const REATTACH_GAP_SECONDS: Metric = Metric::histogram(
     "How long an execution was detached before a reattach resumed it.",
 );
 
+const ADMISSION_RUNNING: Metric = Metric::gauge(
+    "tether_connect_admission_running",
+    Count,
+    "Executions holding an admission slot (running), when a cap is configured.",
+);
+const ADMISSION_WAITING: Metric = Metric::gauge(
+    "tether_connect_admission_waiting",
+    Count,
+    "Executions waiting for an admission slot.",
+);
+const ADMISSION_WAITED: Metric = Metric::counter(
+    "tether_connect_admission_waited_total",
+    Count,
+    "Executions that had to wait for an admission slot.",
+);
+const ADMISSION_REFUSED: Metric = Metric::counter(
+    "tether_connect_admission_refused_total",
+    Count,
+    "Executions refused while waiting for a slot, by reason.",
+);
+
 /// Every metric of an execution manager (the rows of [`observe`](crate::observe)'s table
 /// before the `tether_udf_` ones): the recorder's descriptions and the manager's series come
 /// from it.
@@ -157,6 +178,10 @@ pub(crate) const METRICS: &[Metric] = &[
     RETAINED_BYTES,
     EXECUTION_SECONDS,
     REATTACH_GAP_SECONDS,
+    ADMISSION_RUNNING,
+    ADMISSION_WAITING,
+    ADMISSION_WAITED,
+    ADMISSION_REFUSED,
     EVENTS_DROPPED,
 ];
 
@@ -190,6 +215,11 @@ struct ExecutionMetrics {
     retained_bytes: LocalGauge,
     execution_seconds: LocalHistogram,
     reattach_gap_seconds: LocalHistogram,
+    admission_running: LocalGauge,
+    admission_waiting: LocalGauge,
+    admission_waited: LocalCounter,
+    admission_refused_timeout: LocalCounter,
+    admission_refused_draining: LocalCounter,
     events_dropped: LocalCounter,
     /// Held while publishing: publications do not overlap (a maintenance pass and
     /// `publish_metrics`), so the recorder never falls behind a finished one.
@@ -235,6 +265,11 @@ impl ExecutionMetrics {
             retained_bytes: RETAINED_BYTES.local_gauge(&[]),
             execution_seconds: EXECUTION_SECONDS.local_histogram(&[]),
             reattach_gap_seconds: REATTACH_GAP_SECONDS.local_histogram(&[]),
+            admission_running: ADMISSION_RUNNING.local_gauge(&[]),
+            admission_waiting: ADMISSION_WAITING.local_gauge(&[]),
+            admission_waited: ADMISSION_WAITED.local_counter(&[]),
+            admission_refused_timeout: ADMISSION_REFUSED.local_counter(&[("reason", "timeout")]),
+            admission_refused_draining: ADMISSION_REFUSED.local_counter(&[("reason", "draining")]),
             events_dropped: EVENTS_DROPPED.local_counter(&[("side", "connect")]),
             publishing: PublishLock::default(),
         }
@@ -261,6 +296,9 @@ impl ExecutionMetrics {
             &self.tombstone_hits,
             &self.errors_other,
             &self.producer_waits,
+            &self.admission_waited,
+            &self.admission_refused_timeout,
+            &self.admission_refused_draining,
             &self.events_dropped,
         ] {
             c.publish();
@@ -276,6 +314,8 @@ impl ExecutionMetrics {
             &self.budget_waiting,
             &self.unsent_bytes,
             &self.retained_bytes,
+            &self.admission_running,
+            &self.admission_waiting,
         ] {
             g.publish();
         }
@@ -417,6 +457,27 @@ impl ExecutionObserver {
         self.metrics.executions.set(executions as u64);
         self.metrics.sessions.set(sessions as u64);
         self.metrics.attached_streams.set(attached as u64);
+    }
+
+    /// Samples the admission's gauges: executions holding a slot, and waiting for one.
+    pub(crate) fn sample_admission(&self, running: usize, waiting: usize) {
+        self.metrics.admission_running.set(running as u64);
+        self.metrics.admission_waiting.set(waiting as u64);
+    }
+
+    /// An execution had to wait for an admission slot.
+    pub(crate) fn admission_waited(&self) {
+        self.metrics.admission_waited.increment(1);
+    }
+
+    /// A waiting execution was refused: it waited its longest (`timeout`), or the server
+    /// began draining.
+    pub(crate) fn admission_refused(&self, timeout: bool) {
+        if timeout {
+            self.metrics.admission_refused_timeout.increment(1);
+        } else {
+            self.metrics.admission_refused_draining.increment(1);
+        }
     }
 
     /// Samples the unsent and retained bytes of every execution (rx §3.1).

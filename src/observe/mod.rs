@@ -103,6 +103,10 @@
 //! | `tether_connect_retained_bytes` | gauge | bytes | | responses sent and kept for a reattach, all executions (rx §3.1; sampled at each maintenance pass) |
 //! | `tether_connect_execution_seconds` | histogram | seconds | | from `OperationStarted` to the run's end (Finished, Failed, Canceled) |
 //! | `tether_connect_reattach_gap_seconds` | histogram | seconds | | how long an execution was detached before a reattach resumed it |
+//! | `tether_connect_admission_running` | gauge | executions | | executions holding an admission slot, when `ManagerConfig::admission` caps them (sampled at each maintenance pass) |
+//! | `tether_connect_admission_waiting` | gauge | executions | | executions waiting for an admission slot (sampled at each maintenance pass) |
+//! | `tether_connect_admission_waited_total` | counter | executions | | executions that had to wait for a slot |
+//! | `tether_connect_admission_refused_total` | counter | executions | `reason`: `timeout` (`SERVER_BUSY`), `draining` (`SERVER_DRAINING`) | waiting executions refused |
 //! | `tether_events_dropped_total` | counter | events | `side`: `connect`, `udf` | events a full channel dropped |
 //! | `tether_udf_sessions` | gauge | sessions | | live worker sessions: created and not yet terminated (udf §4.1) |
 //! | `tether_udf_sessions_total` | counter | sessions | `termination`: `finished`, `cancelled`, `failed`, `transport_failed`, `interrupted` | worker sessions ended, by their [`TerminationKind`](crate::worker::engine::TerminationKind) (udf §4.1) |

@@ -15,6 +15,7 @@
 #[path = "../model_support/mod.rs"]
 mod model_support;
 
+mod admission;
 mod client;
 mod client_model;
 mod connect_bounded;

@@ -144,6 +144,7 @@ mod generated {
 
 mod accepted;
 mod auth;
+mod chunks;
 mod client;
 mod drain;
 mod health;
@@ -154,6 +155,7 @@ pub mod tls;
 
 pub use self::accepted::DrainConnection;
 pub use self::auth::check_token;
+pub use self::chunks::DEFAULT_MAX_CHUNK_SIZE;
 pub use self::client::{ConnectClient, ConnectClientError};
 pub use self::health::ConnectHealth;
 pub use self::server::{CLOSE_WAIT, ConnectServer, STOP_WAIT, TransportLimits};

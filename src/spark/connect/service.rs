@@ -12,10 +12,12 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 
 use super::ConnectHealth;
+use super::chunks::Chunking;
 use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
 use super::status::to_status;
+use crate::execution::AdmissionPermit;
 use crate::execution::keys::shown;
 use crate::execution::{
     ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey, SparkError,
@@ -167,6 +169,8 @@ struct Inner<E> {
     connections: Mutex<CancellationToken>,
     /// Handlers running ([`ConnectService::rpcs_in_flight`]).
     rpcs: Arc<AtomicUsize>,
+    /// The largest chunk of a result batch ([`ConnectService::with_max_chunk_size`]).
+    max_chunk_size: AtomicUsize,
 }
 
 /// One running handler, counted in [`ConnectService::rpcs_in_flight`] until dropped.
@@ -223,8 +227,25 @@ impl<E: QueryEngine> ConnectService<E> {
                 health: ConnectHealth::new(),
                 connections: Mutex::new(CancellationToken::new()),
                 rpcs: Arc::new(AtomicUsize::new(0)),
+                max_chunk_size: AtomicUsize::new(super::chunks::DEFAULT_MAX_CHUNK_SIZE),
             }),
         }
+    }
+
+    /// Sets the largest chunk a result batch is split into when the client allows chunking
+    /// (Spark's `spark.connect.session.resultChunking.maxChunkSize`, connect §10; default
+    /// [`DEFAULT_MAX_CHUNK_SIZE`](super::DEFAULT_MAX_CHUNK_SIZE), 90 % of
+    /// [`MAX_MESSAGE_SIZE`](super::MAX_MESSAGE_SIZE)); a client's preferred chunk size is
+    /// used when it lies between 1 KiB and this. `0` turns chunking off, as Spark's `-1`
+    /// does: a batch whose response exceeds `MAX_MESSAGE_SIZE` then fails with
+    /// `ARROW_BATCH_TOO_LARGE`. Values above `DEFAULT_MAX_CHUNK_SIZE` are capped to it, so
+    /// that a chunk's response always fits a message. Applies to executions started
+    /// afterwards.
+    #[must_use]
+    pub fn with_max_chunk_size(self, bytes: usize) -> Self {
+        let bytes = bytes.min(super::chunks::DEFAULT_MAX_CHUNK_SIZE);
+        self.inner.max_chunk_size.store(bytes, Ordering::Relaxed);
+        self
     }
 
     /// The manager the service registers executions in (rx §5).
@@ -344,10 +365,14 @@ impl<E: QueryEngine> ConnectService<E> {
     /// that accepted the plan has analyzed it, and is ready once its stream is driven
     /// (Spark's `postAnalyzed`, `postReadyForExecution`, rx §2.1 item 4); a plan it refused
     /// fails the execution straight from Started, as Spark allows.
+    ///
+    /// Each batch goes out as [`Chunking`] says (connect §10). The admission `permit` is
+    /// held until the run ends (the engine's stream finished, failed or was dropped).
     fn run(
         producer: Producer,
         source: Result<ResponseSource, ConnectError>,
         statement_text: Option<String>,
+        (chunking, permit): (Chunking, AdmissionPermit),
         span: tracing::Span,
     ) {
         let mut producer = producer;
@@ -371,8 +396,17 @@ impl<E: QueryEngine> ConnectService<E> {
                     // `push` waits while the unsent bound is reached and fails once the
                     // execution is interrupted or released (it wakes the waiting producer).
                     Some(Ok(response)) => {
-                        if producer.push(response).await.is_err() {
-                            return;
+                        let responses = match chunking.split(response) {
+                            Ok(r) => r,
+                            Err(e) => {
+                                let _ = producer.fail(e);
+                                return;
+                            }
+                        };
+                        for response in responses {
+                            if producer.push(response).await.is_err() {
+                                return;
+                            }
                         }
                     }
                     Some(Err(e)) => {
@@ -385,6 +419,10 @@ impl<E: QueryEngine> ConnectService<E> {
                     }
                 }
             }
+        };
+        let task = async move {
+            task.await;
+            drop(permit);
         };
         tokio::spawn(tracing::Instrument::instrument(task, span));
     }
@@ -595,9 +633,13 @@ impl<E: QueryEngine> ConnectService<E> {
 
     /// ExecutePlan's handler (rx §1.2): registers the execution (or reattaches to the live
     /// one it repeats, rx §5.5), starts the engine on a new one, hands out its stream.
+    ///
+    /// `permit` is the execution's admission slot ([`ExecutionManager::admit`]), held while
+    /// a new execution runs and dropped at once for a duplicate (nothing new runs).
     fn start_execution(
         &self,
         request: &ExecutePlanRequest,
+        permit: AdmissionPermit,
         span: &tracing::Span,
     ) -> Result<StatusStream, ConnectError> {
         let submitted = self.inner.manager.execute_plan(request)?;
@@ -642,7 +684,18 @@ impl<E: QueryEngine> ConnectService<E> {
                 session_id = %shown(&request.session_id),
                 operation_id = submitted_id.as_str(),
             );
-            Self::run(producer, source, statement_text, execution_span);
+            let chunking = Chunking::of(
+                request,
+                self.inner.max_chunk_size.load(Ordering::Relaxed),
+                super::MAX_MESSAGE_SIZE,
+            );
+            Self::run(
+                producer,
+                source,
+                statement_text,
+                (chunking, permit),
+                execution_span,
+            );
         }
         Ok(as_grpc(stream, span.clone()))
     }
@@ -660,8 +713,11 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         let request = request.get_ref();
         let operation_id = request.operation_id.as_deref().unwrap_or("");
         let ids = (request.user_id(), request.session_id.as_str(), operation_id);
+        // Admission first (waiting if the server is at its cap), so that nothing is
+        // registered while it waits; its refusal is answered like any other error.
+        let admitted = self.inner.manager.admit(request.user_id()).await;
         self.rpc("ExecutePlan", ids, |span| {
-            self.start_execution(request, span)
+            self.start_execution(request, admitted?, span)
         })
     }
 

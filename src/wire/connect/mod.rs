@@ -19,9 +19,10 @@
 //! [`ExecutePlanResponse::metrics`], [`ExecutePlanResponse::observed_metrics`] and
 //! [`ExecutePlanResponse::schema`]. Bytes produced by any real Spark Connect encoder decode
 //! into them unchanged and re-encode identically. Fields and `response_type` variants that
-//! are not modelled here (for example `client_env`, `sql_command_result`) are skipped on
-//! decode, as protobuf requires for unknown fields; a client must ignore unknown response
-//! types anyway (rx §1.3).
+//! are not modelled here are skipped on decode, as protobuf requires for unknown fields; a
+//! client must ignore unknown response types anyway (rx §1.3). Every `response_type` branch
+//! of Spark 4.3.0 is here, the command results as their encoded messages, so an engine can
+//! send any response Spark sends.
 //!
 //! Identifiers (`session_id`, `operation_id`, `response_id`) are UUID strings in the
 //! canonical `00112233-4455-6677-8899-aabbccddeeff` form (rx §1.9).
@@ -178,13 +179,27 @@ pub struct ExecutePlanRequest {
     pub client_observed_server_side_session_id: Option<String>,
 }
 
+/// `ResultChunkingOptions` (Spark 4.1+, connect §10): whether the client accepts an Arrow
+/// batch split over several responses, and the chunk size it prefers.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct ResultChunkingOptions {
+    /// Field 1: the server may split a large Arrow batch into chunks
+    /// ([`ArrowBatch::chunk_index`](execute_plan_response::ArrowBatch::chunk_index)).
+    #[prost(bool, tag = "1")]
+    pub allow_arrow_batch_chunking: bool,
+    /// Field 2: the chunk size the client prefers, in bytes of `ArrowBatch.data`; Spark uses
+    /// it only within `[1 KiB, spark.connect.session.resultChunking.maxChunkSize]`.
+    #[prost(int64, optional, tag = "2")]
+    pub preferred_arrow_chunk_size: Option<i64>,
+}
+
 /// Nested types of [`ExecutePlanRequest`].
 pub mod execute_plan_request {
     /// `ExecutePlanRequest.RequestOption` (rx §1.2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct RequestOption {
         /// The `request_option` oneof.
-        #[prost(oneof = "request_option::RequestOption", tags = "1, 999")]
+        #[prost(oneof = "request_option::RequestOption", tags = "1, 2, 999")]
         pub request_option: Option<request_option::RequestOption>,
     }
 
@@ -196,6 +211,9 @@ pub mod execute_plan_request {
             /// Field 1: reattach options.
             #[prost(message, tag = "1")]
             ReattachOptions(super::super::ReattachOptions),
+            /// Field 2: result chunking options (Spark 4.1+, connect §10).
+            #[prost(message, tag = "2")]
+            ResultChunkingOptions(super::super::ResultChunkingOptions),
             /// Field 999: an extension option.
             #[prost(message, tag = "999")]
             Extension(super::super::Any),
@@ -211,10 +229,38 @@ pub mod execute_plan_request {
                 )),
             }
         }
+
+        /// The option `result_chunking_options { allow_arrow_batch_chunking,
+        /// preferred_arrow_chunk_size }` (field 2, connect §10), as PySpark 4.2 sends it on
+        /// every ExecutePlan (`allow` true by default).
+        pub fn result_chunking(allow: bool, preferred_chunk_size: Option<i64>) -> Self {
+            Self {
+                request_option: Some(request_option::RequestOption::ResultChunkingOptions(
+                    super::ResultChunkingOptions {
+                        allow_arrow_batch_chunking: allow,
+                        preferred_arrow_chunk_size: preferred_chunk_size,
+                    },
+                )),
+            }
+        }
     }
 }
 
 impl ExecutePlanRequest {
+    /// The request's `ResultChunkingOptions` (connect §10), if it sent any (the last one
+    /// wins). `None`: the client did not allow chunking.
+    pub fn result_chunking(&self) -> Option<&ResultChunkingOptions> {
+        self.request_options
+            .iter()
+            .rev()
+            .find_map(|o| match &o.request_option {
+                Some(
+                    execute_plan_request::request_option::RequestOption::ResultChunkingOptions(c),
+                ) => Some(c),
+                _ => None,
+            })
+    }
+
     /// Whether any request option asks for a reattachable execution (rx §1.2; the server
     /// conf `spark.connect.execute.reattachable.enabled` is assumed true).
     pub fn is_reattachable(&self) -> bool {
@@ -256,7 +302,10 @@ pub struct ExecutePlanResponse {
     #[prost(string, tag = "13")]
     pub response_id: String,
     /// The `response_type` oneof (the modelled subset; see the module docs).
-    #[prost(oneof = "execute_plan_response::ResponseType", tags = "2, 14, 18, 999")]
+    #[prost(
+        oneof = "execute_plan_response::ResponseType",
+        tags = "2, 5, 8, 9, 10, 11, 14, 16, 17, 18, 19, 20, 21, 22, 999"
+    )]
     pub response_type: Option<execute_plan_response::ResponseType>,
     /// Field 4: `Metrics`, as its encoded bytes (opaque at this layer).
     #[prost(bytes = "bytes", optional, tag = "4")]
@@ -285,6 +334,16 @@ pub mod execute_plan_response {
         /// Field 3: the row offset of this batch in the whole result, if known.
         #[prost(int64, optional, tag = "3")]
         pub start_offset: Option<i64>,
+        /// Field 4: this chunk's index in its batch, from 0, when the batch is sent in
+        /// chunks (Spark 4.1+, `ResultChunkingOptions`, connect §10); every chunk carries
+        /// the batch's `row_count` and `start_offset`, and `data` is a slice of the batch's
+        /// Arrow IPC stream.
+        #[prost(int64, optional, tag = "4")]
+        pub chunk_index: Option<i64>,
+        /// Field 5: how many chunks the batch was split into (the same on each chunk);
+        /// unset or 0 when the batch is whole in this response (connect §10).
+        #[prost(int64, optional, tag = "5")]
+        pub num_chunks_in_batch: Option<i64>,
     }
 
     /// `ExecutePlanResponse.ResultComplete` (empty): the end-of-result marker of a
@@ -323,18 +382,56 @@ pub mod execute_plan_response {
         pub done: bool,
     }
 
-    /// The modelled branches of `ExecutePlanResponse.response_type` (rx §1.3).
+    /// Every branch of `ExecutePlanResponse.response_type` in Spark 4.3.0's `base.proto`
+    /// (rx §1.3). The three the session layer reads are modelled; the command results it
+    /// only carries are their encoded messages (same wire form as the embedded message, as
+    /// in the module docs), so an engine answers each command as Spark does: for example
+    /// `spark.sql()`'s `SqlCommand` with [`SqlCommandResult`](Self::SqlCommandResult), the
+    /// encoded `SqlCommandResult { relation }` (Spark's `SparkConnectPlanner.handleSqlCommand`).
     #[derive(Clone, PartialEq, ::prost::Oneof)]
     pub enum ResponseType {
         /// Field 2: a result batch.
         #[prost(message, tag = "2")]
         ArrowBatch(ArrowBatch),
+        /// Field 5: `SqlCommandResult`, encoded (the relation a SQL command returns).
+        #[prost(bytes = "bytes", tag = "5")]
+        SqlCommandResult(Bytes),
+        /// Field 8: `WriteStreamOperationStartResult`, encoded.
+        #[prost(bytes = "bytes", tag = "8")]
+        WriteStreamOperationStartResult(Bytes),
+        /// Field 9: `StreamingQueryCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "9")]
+        StreamingQueryCommandResult(Bytes),
+        /// Field 10: `GetResourcesCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "10")]
+        GetResourcesCommandResult(Bytes),
+        /// Field 11: `StreamingQueryManagerCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "11")]
+        StreamingQueryManagerCommandResult(Bytes),
         /// Field 14: end of result (reattachable executions only).
         #[prost(message, tag = "14")]
         ResultComplete(ResultComplete),
+        /// Field 16: `StreamingQueryListenerEventsResult`, encoded.
+        #[prost(bytes = "bytes", tag = "16")]
+        StreamingQueryListenerEventsResult(Bytes),
+        /// Field 17: `CreateResourceProfileCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "17")]
+        CreateResourceProfileCommandResult(Bytes),
         /// Field 18: a progress report.
         #[prost(message, tag = "18")]
         ExecutionProgress(ExecutionProgress),
+        /// Field 19: `CheckpointCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "19")]
+        CheckpointCommandResult(Bytes),
+        /// Field 20: `MlCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "20")]
+        MlCommandResult(Bytes),
+        /// Field 21: `PipelineEventResult`, encoded.
+        #[prost(bytes = "bytes", tag = "21")]
+        PipelineEventResult(Bytes),
+        /// Field 22: `PipelineCommandResult`, encoded.
+        #[prost(bytes = "bytes", tag = "22")]
+        PipelineCommandResult(Bytes),
         /// Field 999: an arbitrary result (`google.protobuf.Any`).
         #[prost(message, tag = "999")]
         Extension(super::Any),
@@ -351,6 +448,8 @@ impl ExecutePlanResponse {
                     row_count,
                     data: data.into(),
                     start_offset: None,
+                    chunk_index: None,
+                    num_chunks_in_batch: None,
                 },
             )),
             ..Self::default()
@@ -376,10 +475,15 @@ impl ExecutePlanResponse {
     }
 
     /// The rows of the Arrow batch this response carries (`ArrowBatch.row_count`, rx §1.3;
-    /// a negative count reads as 0); `None` for any other response.
+    /// a negative count reads as 0); `None` for any other response. A batch sent in chunks
+    /// counts on its first chunk only (each chunk repeats the batch's count, connect §10),
+    /// so the counts of a result's responses add up to its rows.
     pub fn row_count(&self) -> Option<u64> {
         match &self.response_type {
             Some(execute_plan_response::ResponseType::ArrowBatch(batch)) => {
+                if batch.chunk_index.is_some_and(|i| i > 0) {
+                    return Some(0);
+                }
                 Some(u64::try_from(batch.row_count).unwrap_or(0))
             }
             _ => None,
