@@ -173,6 +173,10 @@ pub struct SparkError {
     /// The Java class of the exception and its superclasses, most specific first (Spark's
     /// `classes` metadata; the first is the `ErrorInfo.reason`).
     pub classes: Vec<String>,
+    /// The error that caused this one (Java's `Throwable.getCause`), if any: not in the
+    /// status, only in FetchErrorDetails' error chain (connect §8), which ends after five
+    /// errors as Spark's does.
+    pub cause: Option<Box<Self>>,
 }
 
 impl SparkError {
@@ -262,6 +266,7 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
         .with_parameter("sqlConf", format!("\"{key}\""))
     }
@@ -276,6 +281,7 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
     }
 
@@ -290,6 +296,7 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
     }
 
@@ -304,7 +311,16 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
+    }
+
+    /// Sets the error that caused this one (connect §8: the next error of the chain
+    /// FetchErrorDetails answers).
+    #[must_use]
+    pub fn with_cause(mut self, cause: Self) -> Self {
+        self.cause = Some(Box::new(cause));
+        self
     }
 
     /// Adds one `messageParameters` entry (connect §2).

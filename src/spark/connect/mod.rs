@@ -5,8 +5,9 @@
 //!
 //! The gRPC glue is generated at build time from the hand-written messages of
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
-//! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config and
-//! AnalyzePlan; the others of Spark's `SparkConnectService` answer `UNIMPLEMENTED`.
+//! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
+//! AnalyzePlan and FetchErrorDetails (connect §8); the others of Spark's
+//! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
 //! standard `grpc.health.v1` service ([`ConnectHealth`], connect §7.2) on the same port,
@@ -145,6 +146,7 @@ mod generated {
 mod auth;
 mod client;
 mod drain;
+mod error_details;
 mod health;
 mod server;
 mod service;
