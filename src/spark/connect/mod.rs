@@ -28,6 +28,9 @@
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
+//! | FetchErrorDetails' `stack_trace` | the JVM's stack, whatever `spark.sql.connect.serverStacktrace.enabled` says | none: tether has no JVM stack (connect §8.1) |
+//! | the errors a session keeps for FetchErrorDetails | 20, Guava's approximate eviction (measured: it can evict more than the oldest) | `ManagerConfig::error_details_per_session` (20), exactly the oldest evicted (connect §8.1) |
+//! | a stream's error delivered again after its id was fetched | the same `errorId`, now answered empty | a new `errorId`, answered with the details (connect §8.1) |
 //! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines

@@ -94,7 +94,8 @@ pub mod fetch_error_details_response {
         pub line_number: i32,
     }
 
-    /// `FetchErrorDetailsResponse.QueryContext`: where in the query an error arose.
+    /// `FetchErrorDetailsResponse.QueryContext`: where in the query an error arose
+    /// (connect §8.2). tether sends none (connect §8.1).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct QueryContext {
         /// Field 10: a [`ContextType`] as a raw `i32` (`SQL` = 0, `DATAFRAME` = 1).
@@ -123,8 +124,8 @@ pub mod fetch_error_details_response {
         pub summary: String,
     }
 
-    /// `FetchErrorDetailsResponse.QueryContext.ContextType`. Stored as a raw `i32` in
-    /// [`QueryContext::context_type`].
+    /// `FetchErrorDetailsResponse.QueryContext.ContextType` (connect §8.2). Stored as a raw
+    /// `i32` in [`QueryContext::context_type`].
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
     #[repr(i32)]
     pub enum ContextType {
@@ -135,7 +136,7 @@ pub mod fetch_error_details_response {
     }
 
     /// `FetchErrorDetailsResponse.SparkThrowable`: the structured part of an error that has
-    /// a Spark condition.
+    /// a Spark condition (connect §8.1, §8.2).
     #[derive(Clone, PartialEq, Eq, ::prost::Message)]
     pub struct SparkThrowable {
         /// Field 1: the condition (`errorClass`), e.g. `DIVIDE_BY_ZERO`.
@@ -155,7 +156,8 @@ pub mod fetch_error_details_response {
         pub breaking_change_info: Option<BreakingChangeInfo>,
     }
 
-    /// `FetchErrorDetailsResponse.BreakingChangeInfo`.
+    /// `FetchErrorDetailsResponse.BreakingChangeInfo` (connect §8.2): how to migrate past a
+    /// breaking change that caused the error. tether sends none.
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct BreakingChangeInfo {
         /// Field 1: how to migrate.
@@ -170,7 +172,7 @@ pub mod fetch_error_details_response {
     }
 
     /// `FetchErrorDetailsResponse.MitigationConfig`: a configuration key and the value that
-    /// mitigates a breaking change.
+    /// mitigates a breaking change (connect §8.2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct MitigationConfig {
         /// Field 1: the key.
@@ -181,7 +183,7 @@ pub mod fetch_error_details_response {
         pub value: String,
     }
 
-    /// `FetchErrorDetailsResponse.Error`: one error of the chain.
+    /// `FetchErrorDetailsResponse.Error`: one error of the chain (connect §8.1, §8.2).
     #[derive(Clone, PartialEq, Eq, ::prost::Message)]
     pub struct Error {
         /// Field 1: the Java class of the error and its superclasses, most specific first,
