@@ -57,6 +57,13 @@ mod spark_connect {
             "ReleaseSessionResponse",
             false,
         ),
+        (
+            "fetch_error_details",
+            "FetchErrorDetails",
+            "FetchErrorDetailsRequest",
+            "FetchErrorDetailsResponse",
+            false,
+        ),
     ];
 
     pub(super) fn generate() {

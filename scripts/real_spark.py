@@ -11,12 +11,16 @@ Then, printing the time of each:
    execution gone afterwards (a reattach gets OPERATION_NOT_FOUND).
 2. The same raw requests for each error case (tests/python/connect_scenarios.py errors,
    isolation, and a killed client's abandonment) go to both servers: the outcomes (gRPC
-   code, condition, SQLSTATE, parameter names, the exception class PySpark raises) must be
-   equal, case for case.
+   code, condition, SQLSTATE, parameter names, whether an errorId comes with it, the
+   exception class PySpark raises; for FetchErrorDetails, the answer without the JVM's
+   stack trace) must be equal, case for case.
 3. The cases of the table of deliberate differences (connect_scenarios.py differences) get,
    from each server, exactly the answer the table documents for it (tether::spark::connect).
 4. The real PySpark client runs tests/python/pyspark_checks.py data on spark.range(2000000)
    against both.
+5. PySpark's exception for spark.range(10).limit(-1).collect(), built from the server's
+   FetchErrorDetails answer (pyspark_checks.py error-details): class, condition, message
+   parameters, SQLSTATE and the answer's shape must be equal.
 
 Usage: python3 scripts/real_spark.py TARGET_DIR PYSPARK_PYTHON
 (scripts/real-spark.sh builds the binaries and the venv first). Exit status 0 when every
@@ -168,6 +172,30 @@ def abandoned(python, port):
                                  f"{done.stdout}\n{done.stderr}")
 
 
+# What pyspark_checks.py error-details reports that both servers must give alike (the
+# message's text after the SQLSTATE and how many FetchErrorDetails PySpark sent on its own
+# may differ).
+ERROR_DETAILS_KEYS = ["class", "condition", "parameters", "sql_state", "classes",
+                      "root_error_idx", "errors", "details_condition", "second_fetch_empty",
+                      "unknown_fetch_empty"]
+
+
+def error_details(python, port):
+    out = run([python, "tests/python/pyspark_checks.py", "error-details", str(port)], 180)
+    line = next(l for l in out.splitlines() if l.startswith("ERROR-DETAILS "))
+    return json.loads(line[len("ERROR-DETAILS "):])
+
+
+def same_error_details(reports):
+    spark, tether = reports["spark"], reports["tether"]
+    for key in ERROR_DETAILS_KEYS:
+        if spark.get(key) != tether.get(key):
+            raise AssertionError(f"error-details: {key} differs:\n  spark:  {spark.get(key)}"
+                                 f"\n  tether: {tether.get(key)}")
+    print(f"   same: {spark['class']} {spark['condition']} {spark['parameters']} "
+          f"{spark['sql_state']}")
+
+
 def documented(case, server):
     want = DIFFERENCES.get(case["case"])
     if want is None:
@@ -215,6 +243,9 @@ def main():
                            "--rows", "2000000", "--short-queries", "20"]
                           + (["--real-spark"] if name == "spark" else []), 900, stdin="\n")
                 print("   " + next(l for l in out.splitlines() if l.startswith("READY")))
+        with Step("PySpark's exception from FetchErrorDetails, on both servers"):
+            same_error_details({name: error_details(python, port)
+                                for name, port in servers.items()})
     finally:
         tether.kill()
         subprocess.run(["bash", ORACLE, "stop", str(spark_port)], check=False)

@@ -154,6 +154,7 @@ fn invalid_plan(what: impl std::fmt::Display) -> ConnectError {
             .iter()
             .map(|c| (*c).to_owned())
             .collect(),
+        cause: None,
     }
     .into()
 }
@@ -468,6 +469,7 @@ fn count_of(input: Output, agg: &Aggregate) -> Result<Output, ConnectError> {
             ]
             .map(str::to_owned)
             .to_vec(),
+            cause: None,
         })
     })?;
     Ok(Output {

@@ -193,6 +193,10 @@ pub struct SparkError {
     /// The Java class of the exception and its superclasses, most specific first (Spark's
     /// `classes` metadata; the first is the `ErrorInfo.reason`).
     pub classes: Vec<String>,
+    /// The error that caused this one (Java's `Throwable.getCause`), if any: not in the
+    /// status, only in FetchErrorDetails' error chain (connect §8), which ends after five
+    /// errors as Spark's does.
+    pub cause: Option<Box<Self>>,
 }
 
 impl SparkError {
@@ -282,6 +286,7 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
         .with_parameter("sqlConf", format!("\"{key}\""))
     }
@@ -296,6 +301,7 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
     }
 
@@ -310,6 +316,7 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
     }
 
@@ -324,7 +331,16 @@ impl SparkError {
                 .iter()
                 .map(|c| (*c).to_owned())
                 .collect(),
+            cause: None,
         }
+    }
+
+    /// Sets the error that caused this one (connect §8: the next error of the chain
+    /// FetchErrorDetails answers).
+    #[must_use]
+    pub fn with_cause(mut self, cause: Self) -> Self {
+        self.cause = Some(Box::new(cause));
+        self
     }
 
     /// Adds one `messageParameters` entry (connect §2).

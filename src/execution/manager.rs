@@ -76,6 +76,16 @@ pub struct ManagerConfig {
     /// rx §5.2; 10 000). Beyond it the ids that became inactive first are forgotten, down
     /// to seven eighths of the bound at once; a forgotten id may be submitted again.
     pub inactive_operations_per_session: usize,
+    /// Most errors each session keeps for FetchErrorDetails (connect §8.1): every error a
+    /// client is sent with an `errorId` is stored in its session until fetched (once), or
+    /// until this many newer ones evicted it (the oldest first), or
+    /// [`error_details_expiry`](Self::error_details_expiry) passed, or the session closed.
+    /// Default 20 (Spark's `SessionHolder` cache size). 0: no error is stored and none is
+    /// sent with an `errorId`.
+    pub error_details_per_session: usize,
+    /// How long a stored error can be fetched with FetchErrorDetails (connect §8.1;
+    /// Spark's 60 s).
+    pub error_details_expiry: Duration,
     /// One byte budget over the unsent and retained responses (rx §3.1) of every
     /// execution of the manager: tether's own bound, default 1 GiB
     /// ([`MemoryBudget::DEFAULT_LIMIT`]); `None` = only the per-execution bounds of
@@ -111,6 +121,8 @@ impl ManagerConfig {
             max_executions_per_session: 1_000,
             inactive_operation_expiry: Duration::from_secs(30 * 60),
             inactive_operations_per_session: 10_000,
+            error_details_per_session: 20,
+            error_details_expiry: Duration::from_secs(60),
             memory_budget: Some(MemoryBudget::DEFAULT_LIMIT),
             admission: AdmissionConfig::default(),
             events: None,
@@ -263,6 +275,8 @@ impl From<&ManagerConfig> for RegistryConfig {
             max_executions_per_session: c.max_executions_per_session,
             inactive_operation_expiry: c.inactive_operation_expiry,
             inactive_operations_per_session: c.inactive_operations_per_session,
+            error_details_per_session: c.error_details_per_session,
+            error_details_expiry: c.error_details_expiry,
         }
     }
 }
@@ -827,6 +841,64 @@ impl ExecutionManager {
             reg.get_or_create_session(user_id, session_id, observed, now)
                 .map(|session| owned(session.server_side()))
         })
+    }
+
+    /// Stores `error`, about to be sent to a client of the live session
+    /// `(user_id, session_id)`, for FetchErrorDetails, and returns the `errorId` to send
+    /// with it (connect §8.1): a fresh UUID, or, for the same error delivered again by the
+    /// stream of `operation_id` (an execution's error after a reattach), the id it was sent
+    /// with before while that one is still stored. `None` (send no `errorId`) when the
+    /// session is not live (unknown, closed, an id that is no UUID: Spark sends none without
+    /// a session) or [`ManagerConfig::error_details_per_session`] is 0. The session keeps at
+    /// most that many, the oldest evicted first; its idle clock is not refreshed.
+    pub fn record_error(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        operation_id: Option<&str>,
+        error: &ConnectError,
+    ) -> Option<String> {
+        let sid = parse_uuid(session_id)?;
+        let operation = operation_id.and_then(parse_uuid);
+        let now = self.now();
+        let id = self
+            .inner
+            .lock()
+            .record_error(user_id, sid, operation, error, now)?;
+        Some(id.hyphenated().to_string())
+    }
+
+    /// `FetchErrorDetails` (connect §8.1): gets or creates the session of the request (as
+    /// Spark's handler does; its idle clock is refreshed) and removes the error stored under
+    /// `error_id`, returning the session's `server_side_session_id` and the error, or `None`
+    /// for an id the session does not hold (unknown, no UUID, fetched before, evicted,
+    /// expired, or another session's): each stored error is answered once.
+    ///
+    /// # Errors
+    /// As [`get_or_create_session`](Self::get_or_create_session): `INVALID_HANDLE.FORMAT`,
+    /// `SESSION_CLOSED`, `SERVER_DRAINING`, `SESSION_CHANGED`.
+    pub fn take_error(
+        &self,
+        request: &crate::wire::connect::FetchErrorDetailsRequest,
+    ) -> Result<(String, Option<ConnectError>), ConnectError> {
+        self.rpc(|now, _| {
+            let (server_side, error) = self.inner.lock().take_error(
+                request.user_id(),
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+                &request.error_id,
+                now,
+            )?;
+            Ok((owned(&server_side), error))
+        })
+    }
+
+    /// How many errors the live session `key` keeps for FetchErrorDetails (connect §8.1);
+    /// `None` when it is not live.
+    pub fn stored_errors(&self, key: &SessionKey) -> Option<usize> {
+        self.inner
+            .lock()
+            .stored_errors(&key.user_id, key.session_id)
     }
 
     /// `Interrupt` (rx §5.7, §2.2 T9): interrupts all, tagged, or one execution of the

@@ -90,6 +90,7 @@ pub mod condition;
 mod core;
 mod drain;
 mod error;
+mod error_store;
 mod events;
 mod inactive;
 pub(crate) mod keys;

@@ -9,9 +9,12 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         operation (OPERATION_NOT_FOUND), a duplicate active operation id with another plan
         (OPERATION_ALREADY_EXISTS) and with the same plan (a reattach from the start),
         operation ids that are no UUID, an empty relation, an Interrupt in a brand-new
-        session, a reattach in an unknown session. Prints one
-        `CASE {json}` line per case: gRPC code, condition, SQLSTATE, messageParameters
-        names, and the exception class PySpark raises for it. Exits 0 after `ERRORS DONE`.
+        session, a reattach in an unknown session; FetchErrorDetails of an unknown id, of
+        an id that is no UUID, of a Config error's id (twice: answered once), with a session
+        id that is no UUID, and in a released session. Prints one `CASE {json}` line per
+        case: gRPC code, condition, SQLSTATE, messageParameters names, whether the error
+        carries an errorId, and the exception class PySpark raises for it (or the answer,
+        stack trace left out). Exits 0 after `ERRORS DONE`.
 
     python tests/python/connect_scenarios.py differences PORT
         The cases where tether deliberately differs from Spark: a reattach with an
@@ -104,6 +107,8 @@ def outcome(case, call):
         out["sql_state"] = info.metadata.get("sqlState")
         out["parameters"] = sorted(json.loads(info.metadata.get("messageParameters") or "{}"))
         out["reason"] = info.reason
+        # Whether the server can answer FetchErrorDetails for it (connect §8.1).
+        out["error_id"] = "errorId" in info.metadata
         converted = convert_exception(info, status.message, None, grpc_status_code=e.code())
         out["exception"] = type(converted).__name__
         return out
@@ -204,8 +209,73 @@ def errors(port):
                                   operation_id=unknown))))),
         code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND", sql_state="08003",
         parameters=["handle"])
+    fetch_error_details(s, session, a)
     s.ReleaseSession(pb.ReleaseSessionRequest(session_id=session, user_context=a))
+    # FetchErrorDetails gets its session as every RPC does: a released one is closed.
+    expect(report(outcome("fetch_error_details_closed_session", lambda: describe(
+        s.FetchErrorDetails(pb.FetchErrorDetailsRequest(
+            session_id=session, user_context=a, error_id=str(uuid.uuid4())))))),
+        code="INTERNAL", condition="INVALID_HANDLE.SESSION_CLOSED", sql_state="08003",
+        error_id=False)
     print("ERRORS DONE", flush=True)
+
+
+def describe(details):
+    """What a FetchErrorDetails answer says, without the server's stack trace (Spark's is
+    its JVM's; tether has none, connect §8.1)."""
+    return {
+        "root_error_idx": details.root_error_idx if details.HasField("root_error_idx") else None,
+        "bytes": 0 if details.ByteSize() == 0 else "some",
+        "errors": [{
+            "classes": list(e.error_type_hierarchy),
+            "message": e.message,
+            "cause_idx": e.cause_idx if e.HasField("cause_idx") else None,
+            "condition": e.spark_throwable.error_class
+            if e.spark_throwable.HasField("error_class") else None,
+            "parameters": dict(e.spark_throwable.message_parameters),
+            "sql_state": e.spark_throwable.sql_state
+            if e.spark_throwable.HasField("sql_state") else None,
+        } for e in details.errors],
+    }
+
+
+def fetch_error_details(s, session, a):
+    """FetchErrorDetails (connect §8): an unknown id (the empty answer, no root_error_idx);
+    the details of an RPC's error in a live session, once; a session id that is no UUID."""
+    def fetch(error_id, session_id=session):
+        return describe(s.FetchErrorDetails(pb.FetchErrorDetailsRequest(
+            session_id=session_id, user_context=a, error_id=error_id)))
+
+    expect(report(outcome("fetch_error_details_unknown_id", lambda: fetch(str(uuid.uuid4())))),
+           code="OK", result={"root_error_idx": None, "bytes": 0, "errors": []})
+    expect(report(outcome("fetch_error_details_not_a_uuid", lambda: fetch("not-a-uuid"))),
+           code="OK", result={"root_error_idx": None, "bytes": 0, "errors": []})
+    try:
+        s.Config(pb.ConfigRequest(session_id=session, user_context=a,
+                                  operation=pb.ConfigRequest.Operation(
+                                      get=pb.ConfigRequest.Get(keys=["tether.no.such.key"]))))
+        raise AssertionError("a Config get of an unknown key must fail")
+    except grpc.RpcError as e:
+        status = rpc_status.from_call(e)
+        info = error_details_pb2.ErrorInfo()
+        next(d for d in status.details if d.Is(error_details_pb2.ErrorInfo.DESCRIPTOR)).Unpack(info)
+        error_id = info.metadata["errorId"]
+    key = '"tether.no.such.key"'
+    expect(report(outcome("fetch_error_details_of_an_rpc_error", lambda: fetch(error_id))),
+           code="OK", result={"root_error_idx": 0, "bytes": "some", "errors": [{
+               "classes": ["org.apache.spark.SparkNoSuchElementException",
+                           "java.util.NoSuchElementException", "java.lang.RuntimeException",
+                           "java.lang.Exception", "java.lang.Throwable", "java.lang.Object"],
+               "message": f"[SQL_CONF_NOT_FOUND] The SQL config {key} cannot be found. "
+                          "Please verify that the config exists. SQLSTATE: 42K0I",
+               "cause_idx": None, "condition": "SQL_CONF_NOT_FOUND",
+               "parameters": {"sqlConf": key}, "sql_state": "42K0I"}]})
+    expect(report(outcome("fetch_error_details_twice", lambda: fetch(error_id))),
+           code="OK", result={"root_error_idx": None, "bytes": 0, "errors": []})
+    expect(report(outcome("fetch_error_details_bad_session_id",
+                          lambda: fetch(str(uuid.uuid4()), session_id="not-a-uuid"))),
+           code="INTERNAL", condition="INVALID_HANDLE.FORMAT", sql_state="HY000",
+           error_id=False)
 
 
 def differences(port):

@@ -25,6 +25,14 @@ Run by tests/rx/pyspark_connect.rs with the interpreter of target/pyspark-venv
         (PySpark retries UNAVAILABLE for minutes by default). Prints `TLS-FAIL {json}` with
         the exception's class, gRPC status code and message.
 
+    python tests/python/pyspark_checks.py error-details PORT
+        spark.range(10).limit(-1).collect() must fail; PySpark builds the exception from the
+        server's FetchErrorDetails answer (the errorId of the error's ErrorInfo). Prints
+        `ERROR-DETAILS {json}`: the exception's class, getCondition(), getMessageParameters(),
+        getSqlState(), the first line of its message, and what FetchErrorDetails answered
+        (root_error_idx, the errors' classes); then a FetchErrorDetails of the same id again
+        (answered once: empty) and of an unknown id (empty, no root_error_idx).
+
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
@@ -224,10 +232,60 @@ def tls_fail(port, params):
         print("TLS-FAIL " + json.dumps(report), flush=True)
 
 
+def error_details(port):
+    spark = session(port, user_id="tether-error-details")
+    client = spark.client
+    answers = []
+    fetch = client._fetch_enriched_error
+
+    def recording(info):
+        answer = fetch(info)
+        answers.append((info.metadata.get("errorId"), answer))
+        return answer
+
+    client._fetch_enriched_error = recording
+    try:
+        spark.range(10).limit(-1).collect()
+        raise AssertionError("a negative limit must fail")
+    except connect_errors.AnalysisException as e:
+        error = e
+    # The last error PySpark handled is the one it raised (an earlier one may be a conf it
+    # reads on its own, such as a plan compression setting the server does not have).
+    assert answers, "PySpark asked FetchErrorDetails"
+    error_id, answer = answers[-1]
+    assert error_id is not None, "the error's ErrorInfo carries an errorId"
+    assert answer is not None and answer.HasField("root_error_idx"), answer
+    root = answer.errors[answer.root_error_idx]
+
+    def again(eid):
+        import pyspark.sql.connect.proto as pb2
+        req = pb2.FetchErrorDetailsRequest(session_id=client._session_id, error_id=eid)
+        req.user_context.user_id = client._user_id
+        return client._stub.FetchErrorDetails(req, metadata=client._builder.metadata())
+
+    second, unknown = again(error_id), again("00112233-4455-6677-8899-aabbccddeeff")
+    report = {
+        "class": type(error).__name__,
+        "condition": error.getCondition(),
+        "parameters": error.getMessageParameters(),
+        "sql_state": error.getSqlState(),
+        "message": str(error).splitlines()[0],
+        "root_error_idx": answer.root_error_idx,
+        "errors": len(answer.errors),
+        "fetched": len(answers),
+        "classes": list(root.error_type_hierarchy),
+        "details_condition": root.spark_throwable.error_class,
+        "second_fetch_empty": second.ByteSize() == 0,
+        "unknown_fetch_empty": unknown.ByteSize() == 0,
+    }
+    print("ERROR-DETAILS " + json.dumps(report, sort_keys=True), flush=True)
+    spark.stop()
+
+
 def main():
     global N, SHORT_QUERIES, REAL_SPARK
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["data", "auth", "tls", "tls-fail"])
+    parser.add_argument("mode", choices=["data", "auth", "tls", "tls-fail", "error-details"])
     parser.add_argument("port", type=int)
     parser.add_argument("token", nargs="?")
     parser.add_argument("--rows", type=int, default=N)
@@ -240,6 +298,8 @@ def main():
         data(args.port)
     elif args.mode == "auth":
         auth(args.port, args.token)
+    elif args.mode == "error-details":
+        error_details(args.port)
     elif args.mode == "tls":
         tls(args.port, args.token)
     else:

@@ -5,6 +5,7 @@
 //! - [`server_model`], [`client_model`]: the cores against reference models;
 //! - [`events`]: lifecycle events and metrics (rx §7.4 and tether's own);
 //! - [`drain`]: a draining manager (docs/deployment.md);
+//! - [`error_details`]: FetchErrorDetails and the sessions' stored errors (connect §8);
 //! - [`memory_budget`]: the manager-wide byte budget (rx §3.1);
 //! - [`connect_grpc`], [`connect_bounded`]: `ConnectService` and `ConnectClient` over gRPC;
 //! - [`pyspark_connect`]: the example server as a process, read by tether's client and by
@@ -21,6 +22,7 @@ mod client_model;
 mod connect_bounded;
 mod connect_grpc;
 mod drain;
+mod error_details;
 mod events;
 mod memory_budget;
 mod pyspark_connect;

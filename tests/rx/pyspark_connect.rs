@@ -1210,7 +1210,7 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
     let Some(errors) = scenarios(&python, test, &["errors", &port], "ERRORS DONE") else {
         return;
     };
-    assert_eq!(errors.len(), 10, "{errors:#?}");
+    assert_eq!(errors.len(), 16, "{errors:#?}");
     // Each error the client was answered is in the server's log with its condition, as
     // Spark's `ErrorUtils.handleError` logs them, and at INFO: each case is the client's
     // (a refusal with a Spark condition, or an execution's error on its stream), never an
@@ -1460,4 +1460,75 @@ fn pyspark_needs_the_right_token() {
         0,
         "the token is never logged"
     );
+}
+
+/// An engine's error (the example engine's negative limit, a Spark condition with message
+/// parameters) reaches PySpark with an `errorId`, and PySpark builds its exception from the
+/// FetchErrorDetails answer (connect §8): the class, `getCondition()`,
+/// `getMessageParameters()` and `getSqlState()` are those real Spark 4.3.0 gives PySpark for
+/// `spark.range(10).limit(-1).collect()` (measured; scripts/real_spark.py compares the two
+/// servers), the answer is the error's chain, a second fetch of the id and an unknown id
+/// are answered empty.
+#[test]
+fn pyspark_builds_an_engine_error_from_fetch_error_details() {
+    let test = "pyspark_builds_an_engine_error_from_fetch_error_details";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::start(&[]);
+    let mut checks = Checks::start(&python, &["error-details", &server.port.to_string()]);
+    let Some(line) = checks.expect_line("ERROR-DETAILS ", Duration::from_secs(60)) else {
+        skipped::<()>(test, &checks.stderr());
+        return;
+    };
+    let status = checks.wait(Duration::from_secs(30));
+    assert_eq!(status, Some(0), "pyspark_checks.py:\n{}", checks.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(line.trim_start_matches("ERROR-DETAILS ")).unwrap();
+    // As Spark 4.3.0 answers PySpark (measured with the same script).
+    assert_eq!(report["class"], "AnalysisException", "{report}");
+    assert_eq!(
+        report["condition"], "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE",
+        "{report}"
+    );
+    assert_eq!(
+        report["parameters"],
+        serde_json::json!({"expr": "\"-1\"", "name": "limit", "v": "-1"}),
+        "{report}"
+    );
+    assert_eq!(report["sql_state"], "42K0E", "{report}");
+    assert_eq!(
+        report["classes"],
+        serde_json::json!([
+            "org.apache.spark.sql.catalyst.ExtendedAnalysisException",
+            "org.apache.spark.sql.AnalysisException",
+            "java.lang.Exception",
+            "java.lang.Throwable",
+            "java.lang.Object"
+        ]),
+        "{report}"
+    );
+    assert_eq!(report["root_error_idx"], 0, "{report}");
+    assert_eq!(report["errors"], 1, "{report}");
+    assert_eq!(
+        report["details_condition"], "INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE",
+        "{report}"
+    );
+    assert!(
+        report["message"].as_str().unwrap().starts_with(
+            "[INVALID_LIMIT_LIKE_EXPRESSION.IS_NEGATIVE] The limit like expression \"-1\" is \
+             invalid. The limit expression must be equal to or greater than 0, but got -1. \
+             SQLSTATE: 42K0E"
+        ),
+        "{report}"
+    );
+    assert_eq!(report["second_fetch_empty"], true, "{report}");
+    assert_eq!(report["unknown_fetch_empty"], true, "{report}");
+    // The server found each error PySpark asked about (the limit's, and any conf PySpark
+    // read on its own that the server does not have), then answered nothing twice.
+    let fetches = |found: &str| {
+        server.log_lines_with(&["rpc=\"FetchErrorDetails\"", &format!("found={found}")])
+    };
+    assert_eq!(Some(fetches("true") as u64), report["fetched"].as_u64());
+    assert_eq!(fetches("false"), 2);
 }

@@ -34,6 +34,7 @@ use hashbrown::hash_map::{Entry, EntryRef};
 use uuid::Uuid;
 
 use super::error::ConnectError;
+use super::error_store::ErrorStore;
 use super::inactive::InactiveIds;
 use super::keys::{ExecuteKey, FastMap, SessionKey, SessionRef, fast_map, parse_uuid, shown};
 use super::lru::Lru;
@@ -96,6 +97,11 @@ pub(crate) struct RegistryConfig {
     /// Most remembered inactive ids per session, the earliest forgotten first (tether's
     /// bound on rx §5.2's cache).
     pub(crate) inactive_operations_per_session: usize,
+    /// Most errors stored per session for FetchErrorDetails, the oldest evicted first
+    /// (connect §8.1); 0 = none.
+    pub(crate) error_details_per_session: usize,
+    /// How long a stored error can be fetched (connect §8.1).
+    pub(crate) error_details_expiry: Duration,
 }
 
 /// One session (rx §5.6): its identities, idle clock, live executions and the ids of its
@@ -108,6 +114,8 @@ pub(crate) struct Session<E> {
     executions: FastMap<Uuid, E>,
     /// Inactive ids (rx §5.2): the UUID and when it became inactive, nothing else.
     inactive: InactiveIds,
+    /// The errors sent with an `errorId`, for FetchErrorDetails (connect §8.1).
+    errors: ErrorStore,
 }
 
 /// Which executions an Interrupt names (rx §5.7), once the manager has read the request.
@@ -395,6 +403,57 @@ impl<E> Registry<E> {
         self.closed_sessions.peek(key).is_some()
     }
 
+    /// Stores `error` in the live session `(user, sid)` for FetchErrorDetails and returns
+    /// its id (connect §8.1); `None` when the session is not live (Spark sends no `errorId`
+    /// without a session) or the store holds nothing (`error_details_per_session` 0). Does
+    /// not refresh the session's idle clock.
+    pub(crate) fn record_error(
+        &mut self,
+        user: &str,
+        sid: Uuid,
+        operation: Option<Uuid>,
+        error: &ConnectError,
+        now: Instant,
+    ) -> Option<Uuid> {
+        let (capacity, expiry) = (
+            self.config.error_details_per_session,
+            self.config.error_details_expiry,
+        );
+        self.session_mut(user, sid)?
+            .errors
+            .record(error, operation, now, capacity, expiry)
+    }
+
+    /// FetchErrorDetails (connect §8.1): gets or creates the session as
+    /// [`get_or_create_session`](Self::get_or_create_session) does, then removes and
+    /// returns the error stored under `error_id`, if any.
+    ///
+    /// # Errors
+    /// As [`get_or_create_session`](Self::get_or_create_session).
+    pub(crate) fn take_error(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        error_id: &str,
+        now: Instant,
+    ) -> Result<(Arc<str>, Option<ConnectError>), ConnectError> {
+        let expiry = self.config.error_details_expiry;
+        let session = self.get_or_create_session(user, raw_session_id, observed, now)?;
+        let error = session.errors.take(error_id, now, expiry);
+        Ok((session.server_side.clone(), error))
+    }
+
+    /// How many errors the live session `(user, sid)` stores (connect §8.1).
+    pub(crate) fn stored_errors(&self, user: &str, sid: Uuid) -> Option<usize> {
+        self.sessions
+            .get(&SessionRef {
+                user_id: user,
+                session_id: sid,
+            })
+            .map(|s| s.errors.len())
+    }
+
     fn session_mut(&mut self, user: &str, sid: Uuid) -> Option<&mut Session<E>> {
         self.sessions.get_mut(&SessionRef {
             user_id: user,
@@ -559,6 +618,7 @@ impl<E> Registry<E> {
                     last_access: now,
                     executions: fast_map(),
                     inactive: InactiveIds::new(config.inactive_operations_per_session),
+                    errors: ErrorStore::default(),
                 };
                 v.insert_with_key(key, session)
             }

@@ -21,6 +21,8 @@ fn config() -> RegistryConfig {
         max_executions_per_session: 1_000,
         inactive_operation_expiry: Duration::from_secs(1800),
         inactive_operations_per_session: 10_000,
+        error_details_per_session: 20,
+        error_details_expiry: Duration::from_secs(60),
     }
 }
 

@@ -5,8 +5,9 @@
 //!
 //! The gRPC glue is generated at build time from the hand-written messages of
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
-//! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config and
-//! AnalyzePlan; the others of Spark's `SparkConnectService` answer `UNIMPLEMENTED`.
+//! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
+//! AnalyzePlan and FetchErrorDetails (connect §8); the others of Spark's
+//! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
 //! standard `grpc.health.v1` service ([`ConnectHealth`], connect §7.2) on the same port,
@@ -27,6 +28,9 @@
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
+//! | FetchErrorDetails' `stack_trace` | the JVM's stack, whatever `spark.sql.connect.serverStacktrace.enabled` says | none: tether has no JVM stack (connect §8.1) |
+//! | the errors a session keeps for FetchErrorDetails | 20, Guava's approximate eviction (measured: it can evict more than the oldest) | `ManagerConfig::error_details_per_session` (20), exactly the oldest evicted (connect §8.1) |
+//! | a stream's error delivered again after its id was fetched | the same `errorId`, now answered empty | a new `errorId`, answered with the details (connect §8.1) |
 //! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines
@@ -147,6 +151,7 @@ mod auth;
 mod chunks;
 mod client;
 mod drain;
+mod error_details;
 mod health;
 mod server;
 mod service;

@@ -1,6 +1,7 @@
 //! The Spark Connect service over an [`ExecutionManager`]: ExecutePlan, ReattachExecute,
 //! ReleaseExecute, Interrupt and ReleaseSession in full, Config and AnalyzePlan through the
-//! user's [`QueryEngine`] (rx §1, §4, §5; connect §3).
+//! user's [`QueryEngine`], FetchErrorDetails from the sessions' stored errors (rx §1, §4,
+//! §5; connect §3, §8).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -16,7 +17,7 @@ use super::chunks::Chunking;
 use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
-use super::status::to_status;
+use super::status::{carries_error_info, status_with_error_id};
 use crate::execution::AdmissionPermit;
 use crate::execution::keys::shown;
 use crate::execution::{
@@ -24,10 +25,10 @@ use crate::execution::{
 };
 use crate::wire::connect::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
-    ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest,
-    ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
-    UserContext, analyze_plan_request, analyze_plan_response, config_request,
-    release_execute_request,
+    ExecutePlanResponse, FetchErrorDetailsRequest, FetchErrorDetailsResponse, InterruptRequest,
+    InterruptResponse, KeyValue, ReattachExecuteRequest, ReleaseExecuteRequest,
+    ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse, UserContext,
+    analyze_plan_request, analyze_plan_response, config_request, release_execute_request,
 };
 
 /// The responses of one ExecutePlan, in order: the schema and Arrow batches, metrics, and
@@ -521,10 +522,14 @@ impl<E: QueryEngine> ConnectService<E> {
 type StatusStream = Pin<Box<dyn Stream<Item = Result<ExecutePlanResponse, tonic::Status>> + Send>>;
 
 /// The responses of one RPC as gRPC items: the first error ends the stream with its status
-/// (connect §2).
-fn as_grpc(stream: ResponseStream, span: tracing::Span) -> StatusStream {
+/// (connect §2), with the `errorId` `error_id` gives it (connect §8.1).
+fn as_grpc(
+    stream: ResponseStream,
+    span: tracing::Span,
+    error_id: impl Fn(&ConnectError) -> Option<String> + Send + 'static,
+) -> StatusStream {
     Box::pin(InSpan {
-        inner: stream.map(|item| item.map_err(|e| stream_error(&e))),
+        inner: stream.map(move |item| item.map_err(|e| stream_error(&e, error_id(&e)))),
         span,
     })
 }
@@ -561,7 +566,9 @@ impl<S: Stream> Stream for InSpan<S> {
 /// `ReleaseSession`), and retryable ones (`UNAVAILABLE`, as while the server drains) at
 /// INFO, and only the others, which say something failed in the server, at ERROR, so that
 /// an operator can alert on ERROR.
-fn rpc_error(e: &ConnectError) -> tonic::Status {
+///
+/// `error_id` is the `errorId` its `ErrorInfo` carries, if any (connect §8.1).
+fn rpc_error(e: &ConnectError, error_id: Option<&str>) -> tonic::Status {
     let condition = logged_condition(e);
     let clients = condition != "OTHER" || e.code() == crate::execution::Code::Unavailable;
     if clients {
@@ -569,21 +576,21 @@ fn rpc_error(e: &ConnectError) -> tonic::Status {
     } else {
         tracing::error!(condition, error = %e, "Spark Connect RPC error");
     }
-    to_status(e)
+    status_with_error_id(e, error_id)
 }
 
 /// An execution's error ending its response stream (the query failed or was canceled,
 /// rx §2.2 T8–T9, or a stream position is gone, rx §1.8) as the client's status, logged at
 /// INFO in the RPC's span, as Spark's `ErrorUtils.handleError` logs "Spark Connect error
 /// during: …" for errors inside an execution: they are the user's query's, not the
-/// server's.
-fn stream_error(e: &ConnectError) -> tonic::Status {
+/// server's. `error_id` is the `errorId` its `ErrorInfo` carries, if any (connect §8.1).
+fn stream_error(e: &ConnectError, error_id: Option<String>) -> tonic::Status {
     tracing::info!(
         condition = logged_condition(e),
         error = %e,
         "Spark Connect error on a response stream"
     );
-    to_status(e)
+    status_with_error_id(e, error_id.as_deref())
 }
 
 /// The condition an error is logged with: tether's own (rx §1.8), else the engine's
@@ -626,9 +633,63 @@ impl<E: QueryEngine> ConnectService<E> {
         let span = rpc_span(rpc, user_id, session_id, operation_id);
         let _entered = span.enter();
         let _in_flight = self.in_flight();
-        handler(&span)
-            .map(tonic::Response::new)
-            .map_err(|e| rpc_error(&e))
+        handler(&span).map(tonic::Response::new).map_err(|e| {
+            let id = self.error_id(user_id, session_id, None, &e);
+            rpc_error(&e, id.as_deref())
+        })
+    }
+
+    /// The `errorId` to send `error` with to a client of the session
+    /// `(user_id, session_id)` (connect §8.1): stored in the session for FetchErrorDetails
+    /// when its status carries an `ErrorInfo`, the session is live and its conf does not
+    /// set `spark.sql.connect.enrichError.enabled` to `false` (Spark's rule); `None`
+    /// otherwise. `operation_id` names the execution whose stream delivers it, so that its
+    /// error delivered again after a reattach keeps its id ([`ExecutionManager::record_error`]).
+    fn error_id(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        operation_id: Option<&str>,
+        error: &ConnectError,
+    ) -> Option<String> {
+        if !carries_error_info(error) {
+            return None;
+        }
+        let key = session_key(user_id, session_id)?;
+        let server_side = self.inner.manager.server_side_session_id(&key)?;
+        let enrich = self
+            .inner
+            .confs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&server_side)
+            .and_then(|(_, conf)| {
+                conf.get(super::error_details::ENRICH_ERROR_ENABLED)
+                    .cloned()
+            });
+        if enrich.is_some_and(|v| v.trim().eq_ignore_ascii_case("false")) {
+            return None;
+        }
+        self.inner
+            .manager
+            .record_error(user_id, session_id, operation_id, error)
+    }
+
+    /// What gives the errors of the response stream of `operation_id` in the session
+    /// `(user_id, session_id)` their `errorId` ([`error_id`](Self::error_id)).
+    fn stream_error_ids(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        operation_id: &str,
+    ) -> impl Fn(&ConnectError) -> Option<String> + Send + 'static {
+        let service = self.clone();
+        let (user_id, session_id, operation_id) = (
+            user_id.to_owned(),
+            session_id.to_owned(),
+            operation_id.to_owned(),
+        );
+        move |e| service.error_id(&user_id, &session_id, Some(&operation_id), e)
     }
 
     /// ExecutePlan's handler (rx §1.2): registers the execution (or reattaches to the live
@@ -697,7 +758,9 @@ impl<E: QueryEngine> ConnectService<E> {
                 execution_span,
             );
         }
-        Ok(as_grpc(stream, span.clone()))
+        let error_ids =
+            self.stream_error_ids(request.user_id(), &request.session_id, &submitted_id);
+        Ok(as_grpc(stream, span.clone(), error_ids))
     }
 }
 
@@ -737,7 +800,12 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
                 "ReattachExecute"
             );
             let stream = self.inner.manager.reattach_execute(request)?;
-            Ok(as_grpc(stream, span.clone()))
+            let error_ids = self.stream_error_ids(
+                request.user_id(),
+                &request.session_id,
+                &request.operation_id,
+            );
+            Ok(as_grpc(stream, span.clone(), error_ids))
         })
     }
 
@@ -831,6 +899,17 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         })
     }
 
+    async fn fetch_error_details(
+        &self,
+        request: tonic::Request<FetchErrorDetailsRequest>,
+    ) -> Result<tonic::Response<FetchErrorDetailsResponse>, tonic::Status> {
+        let request = request.get_ref();
+        let ids = (request.user_id(), request.session_id.as_str(), "");
+        self.rpc("FetchErrorDetails", ids, |_| {
+            super::error_details::fetch(&self.inner.manager, request)
+        })
+    }
+
     async fn analyze_plan(
         &self,
         request: tonic::Request<AnalyzePlanRequest>,
@@ -863,13 +942,14 @@ const SERVED: &[&str] = &[
     "ReleaseSession",
     "Config",
     "AnalyzePlan",
+    "FetchErrorDetails",
 ];
 
 /// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`], rx §1.1): a
 /// `tower::Service` named `spark.connect.SparkConnectService`, for
 /// `tonic::transport::Server::add_service`. A method it does not serve (`AddArtifacts`,
-/// `ArtifactStatus`, `FetchErrorDetails`, …) gets `UNIMPLEMENTED` naming the method, as a
-/// gRPC server without the method answers.
+/// `ArtifactStatus`, …) gets `UNIMPLEMENTED` naming the method, as a gRPC server without the
+/// method answers.
 pub struct ConnectGrpcService<E> {
     inner:
         InterceptedService<SparkConnectServiceServer<ConnectService<E>>, super::auth::TokenCheck>,

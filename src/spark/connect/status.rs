@@ -16,6 +16,20 @@ pub(crate) const DOMAIN: &str = "org.apache.spark";
 const REASON: &str = "org.apache.spark.SparkSQLException";
 const CLASSES: &str = r#"["org.apache.spark.SparkSQLException","java.sql.SQLException","java.lang.Exception","java.lang.Throwable","java.lang.Object"]"#;
 
+/// [`CLASSES`] as a list: the `error_type_hierarchy` of the errors of this layer in
+/// FetchErrorDetails (connect §8.1).
+pub(super) const SQL_EXCEPTION_CLASSES: [&str; 5] = [
+    "org.apache.spark.SparkSQLException",
+    "java.sql.SQLException",
+    "java.lang.Exception",
+    "java.lang.Throwable",
+    "java.lang.Object",
+];
+
+/// The `ErrorInfo.metadata` key of the id a client passes to FetchErrorDetails
+/// (connect §8.1).
+pub(super) const ERROR_ID: &str = "errorId";
+
 fn code(code: Code) -> tonic::Code {
     tonic::Code::from_i32(code as i32)
 }
@@ -44,7 +58,7 @@ fn code_back(code: tonic::Code) -> Code {
 }
 
 /// The `messageParameters` of `ErrorInfo`, as Spark names them (connect §2).
-fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
+pub(super) fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
     use ConnectError as E;
     match error {
         E::InvalidHandleFormat { handle }
@@ -68,8 +82,9 @@ fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
 /// The gRPC status of `error`: its code (INTERNAL for Spark's conditions), Spark's message,
 /// and a rich-status trailer (`google.rpc.Status` carrying one `ErrorInfo` with `reason`,
 /// `domain`, `errorClass`, `sqlState`, `messageParameters` and `classes`), as Spark 4.3.0
-/// sends it (connect §2). No `errorId`: this server does not serve `FetchErrorDetails`,
-/// which the Python client would call when it sees one.
+/// sends it (connect §2). No `errorId`: [`ConnectService`](super::ConnectService) adds one
+/// to the errors of a live session, whose details it can then answer (connect §8.1); an
+/// `errorId` nothing can answer for would only cost the client a FetchErrorDetails call.
 ///
 /// An error without a Spark condition (an engine's [`ConnectError::Failed`], …) still gets
 /// the trailer, with no details: Spark sends one with every error it raises, and the
@@ -79,9 +94,22 @@ fn message_parameters(error: &ConnectError) -> Vec<(&'static str, String)> {
 /// code that answers Spark Connect RPCs itself (a method of its own, a proxy, a fault
 /// injector) and must send errors the same way.
 pub fn to_status(error: &ConnectError) -> tonic::Status {
+    status_with_error_id(error, None)
+}
+
+/// Whether the status of `error` carries an `ErrorInfo` (an engine's [`SparkError`], or an
+/// error with a Spark condition, connect §2): only those can carry an `errorId`
+/// (connect §8.1).
+pub(super) fn carries_error_info(error: &ConnectError) -> bool {
+    matches!(error, ConnectError::Spark(_)) || error.condition().is_some()
+}
+
+/// [`to_status`] with `error_id` in the `ErrorInfo` metadata as `errorId`, when given and
+/// the status carries an `ErrorInfo` (connect §8.1).
+pub(super) fn status_with_error_id(error: &ConnectError, error_id: Option<&str>) -> tonic::Status {
     let message = error.message();
     if let ConnectError::Spark(spark) = error {
-        return spark_status(spark, message);
+        return spark_status(spark, message, error_id);
     }
     let Some(condition) = error.condition() else {
         return tonic::Status::with_error_details(code(error.code()), message, ErrorDetails::new());
@@ -100,14 +128,20 @@ pub fn to_status(error: &ConnectError) -> tonic::Status {
         serde_json::Value::Object(parameters).to_string(),
     );
     metadata.insert("classes".to_owned(), CLASSES.to_owned());
+    if let Some(id) = error_id {
+        metadata.insert(ERROR_ID.to_owned(), id.to_owned());
+    }
     let details = ErrorDetails::with_error_info(REASON, DOMAIN, metadata);
     tonic::Status::with_error_details(code(error.code()), message, details)
 }
 
 /// The status of an engine's [`SparkError`]: its own condition, SQLSTATE, parameters and
 /// Java classes in the `ErrorInfo` (connect §2), the most specific class as the reason.
-fn spark_status(error: &SparkError, message: String) -> tonic::Status {
+fn spark_status(error: &SparkError, message: String, error_id: Option<&str>) -> tonic::Status {
     let mut metadata = HashMap::new();
+    if let Some(id) = error_id {
+        metadata.insert(ERROR_ID.to_owned(), id.to_owned());
+    }
     if let Some(condition) = &error.condition {
         metadata.insert("errorClass".to_owned(), condition.clone());
     }
@@ -278,6 +312,33 @@ mod tests {
             std::io::ErrorKind::BrokenPipe,
         )));
         assert_eq!(to_rpc_error(&status).code(), Code::Unavailable);
+    }
+
+    #[test]
+    fn the_classes_list_is_the_classes_metadata() {
+        let listed: Vec<String> = serde_json::from_str(CLASSES).unwrap();
+        assert_eq!(listed, SQL_EXCEPTION_CLASSES);
+        assert_eq!(listed[0], REASON);
+    }
+
+    /// An `errorId` goes into the `ErrorInfo` of both kinds of status; an error without one
+    /// carries none (connect §8.1).
+    #[test]
+    fn an_error_id_travels_in_the_error_info() {
+        let id = "00112233-4455-6677-8899-aabbccddeeff";
+        let handle: ConnectError = ConnectError::OperationCanceled;
+        let spark: ConnectError = SparkError::analysis("X", "x", "42000").into();
+        for e in [handle, spark] {
+            assert!(carries_error_info(&e));
+            let status = status_with_error_id(&e, Some(id));
+            let details = status.check_error_details().unwrap();
+            assert_eq!(details.error_info().unwrap().metadata[ERROR_ID], id);
+            assert_eq!(status.message(), e.message());
+        }
+        let failed = ConnectError::failed("no condition");
+        assert!(!carries_error_info(&failed));
+        let status = status_with_error_id(&failed, Some(id));
+        assert!(status.check_error_details().unwrap().error_info().is_none());
     }
 
     #[test]

@@ -10,6 +10,8 @@
 //!   execution (rx §1.5, §1.6).
 //! * [`InterruptRequest`] / [`InterruptResponse`] and [`ReleaseSessionRequest`] /
 //!   [`ReleaseSessionResponse`] (rx §1.7).
+//! * [`FetchErrorDetailsRequest`] / [`FetchErrorDetailsResponse`] — the details of an error
+//!   sent with an `errorId` (connect §8).
 //!
 //! # What is opaque
 //!
@@ -30,11 +32,15 @@
 use bytes::Bytes;
 
 mod config;
+mod errors;
 mod query;
 
 pub use self::config::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, KeyValue,
     analyze_plan_request, analyze_plan_response, config_request,
+};
+pub use self::errors::{
+    FetchErrorDetailsRequest, FetchErrorDetailsResponse, fetch_error_details_response,
 };
 pub use self::query::{
     Aggregate, DataType, Expression, Limit, Range, Relation, RelationCommon, aggregate, data_type,
