@@ -48,6 +48,16 @@ impl Default for AdmissionConfig {
     }
 }
 
+/// What the admission holds now ([`ExecutionManager::admission_usage`](super::ExecutionManager::admission_usage);
+/// connect §11): both 0 without a cap.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct AdmissionUsage {
+    /// Executions holding a slot (running).
+    pub running: usize,
+    /// Executions waiting for a slot.
+    pub waiting: usize,
+}
+
 /// Why a waiting execution was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Refusal {
@@ -277,9 +287,12 @@ impl Admission {
         out
     }
 
-    /// `(running, waiting)` now.
-    pub(crate) fn usage(&self) -> (usize, usize) {
-        self.with(|q| (q.running(), q.waiting()))
+    /// What it holds now.
+    pub(crate) fn usage(&self) -> AdmissionUsage {
+        self.with(|q| AdmissionUsage {
+            running: q.running(),
+            waiting: q.waiting(),
+        })
     }
 
     pub(crate) fn refuse_all(&self) {

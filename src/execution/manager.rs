@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use uuid::Uuid;
 
-use super::admission::{Admission, AdmissionConfig, AdmissionWait};
+use super::admission::{Admission, AdmissionConfig, AdmissionUsage, AdmissionWait};
 use super::budget::{BudgetUsage, MemoryBudget};
 use super::core::{ExecutionCore, ExecutionPhase, StreamLimits};
 use super::drain::{Drain, DrainReport, DrainStep, DrainView};
@@ -513,6 +513,12 @@ impl ExecutionManager {
     /// [`refuse_new`](Self::refuse_new) is called; both `UNAVAILABLE`, retried by clients.
     pub fn admit(&self, user_id: &str) -> AdmissionWait {
         self.inner.admission.admit(user_id)
+    }
+
+    /// Executions holding an admission slot and waiting for one now ([`admit`](Self::admit);
+    /// connect §11); both 0 without a cap.
+    pub fn admission_usage(&self) -> AdmissionUsage {
+        self.inner.admission.usage()
     }
 
     /// Begins a graceful drain whose deadline is `deadline` from now on the manager's clock
@@ -1082,8 +1088,8 @@ impl ExecutionManager {
     /// counters to the recorder.
     fn sample_and_publish(&self, reg: &Reg, unsent: u64, retained: u64, attached: usize) {
         let observer = &self.inner.env.observer;
-        let (running, waiting) = self.inner.admission.usage();
-        observer.sample_admission(running, waiting);
+        let usage = self.inner.admission.usage();
+        observer.sample_admission(usage.running, usage.waiting);
         let stats = reg.stats();
         observer.sample_registry(stats.executions, stats.sessions, attached);
         observer.sample_held(unsent, retained);

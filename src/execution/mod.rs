@@ -108,7 +108,7 @@ pub use self::core::{
     ConsumerEvent, ConsumerId, ExecutionCore, ExecutionPhase, ProduceError, RunOutcome,
     RunnerState, StreamEnd, StreamLimits,
 };
-pub use admission::{AdmissionConfig, AdmissionPermit, AdmissionWait};
+pub use admission::{AdmissionConfig, AdmissionPermit, AdmissionUsage, AdmissionWait};
 pub use budget::{BudgetUsage, MemoryBudget};
 pub use code::Code;
 pub use drain::{

@@ -45,6 +45,19 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         with the rows read and the seconds from `STARTED`), and `spark.stop()` after it must
         return at once (`STOPPED {seconds}`), not retry against a stopped server.
 
+    python tests/python/connect_scenarios.py chunked PORT ROWS ALLOW [PREFERRED]
+        range(ROWS).toArrow() with result chunking allowed or not (ALLOW 1 or 0; connect
+        §10) and PREFERRED as the client's preferred chunk size (bytes). Prints
+        `CASE {json}`: the rows and whether they are 0..ROWS in order, the batches and chunks
+        PySpark assembled (from its debug log), or the error's condition; then
+        `CHUNKED DONE`.
+
+    python tests/python/connect_scenarios.py admission PORT CLIENTS ROWS
+        CLIENTS PySpark sessions submit range(ROWS).collect() 0.3 s apart, each from its own
+        thread, against a server with an admission cap (connect §11). Prints one
+        `CASE {json}` per client (its index, submit and first-result times, rows, error) and
+        `ADMISSION DONE`.
+
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
@@ -430,6 +443,93 @@ def drain_read(port, total=5_000_000, token=None):
     print(f"STOPPED {time.monotonic() - stopping:.2f}", flush=True)
 
 
+class Chunks:
+    """The `Received arrow batch …` debug lines of pyspark-client's logger: one per
+    response, naming its chunk index and the batch's number of chunks."""
+
+    def __init__(self):
+        import logging
+        self.seen = []
+        chunks = self
+
+        class Handler(logging.Handler):
+            def emit(self, record):
+                # pyspark's logger formats its own messages (f-strings), and some of them
+                # hold a `%` with no arguments: read the text as it was given.
+                text = str(record.msg)
+                if text.startswith("Received arrow batch"):
+                    fields = dict(p.split("=", 1) for p in text.replace("Number of chunks in batch",
+                                  "chunks").replace("Chunk index", "index").split() if "=" in p)
+                    chunks.seen.append((int(fields["index"]), int(fields["chunks"])))
+
+        # Off unless SPARK_CONNECT_LOG_LEVEL is set (pyspark.sql.connect.logging); its own
+        # stderr handler is replaced.
+        log = logging.getLogger("pyspark.sql.connect.logging")
+        log.disabled = False
+        log.setLevel(logging.DEBUG)
+        log.handlers = [Handler()]
+
+
+def chunked(port, total, allow, preferred):
+    import numpy
+    chunks = Chunks()
+    spark = pyspark_session(port, "tether-chunks", str(uuid.uuid4()))
+    spark.client._allow_arrow_batch_chunking = allow
+    spark.client._preferred_arrow_chunk_size = preferred
+    started = time.monotonic()
+    case = {"case": "chunked", "allow": allow, "preferred": preferred}
+    try:
+        table = spark.range(total).toArrow()
+    except Exception as e:  # noqa: BLE001 (the case reports whatever PySpark raised)
+        case.update(condition=getattr(e, "getCondition", lambda: None)(),
+                    exception=type(e).__name__, message=str(e)[:300])
+    else:
+        ids = table.column("id").to_numpy()
+        case.update(rows=len(ids),
+                    in_order=bool(len(ids) == total and (ids == numpy.arange(total)).all()),
+                    batches=sum(1 for index, _ in chunks.seen if index == 0),
+                    responses=len(chunks.seen),
+                    most_chunks=max((n for _, n in chunks.seen), default=0),
+                    seconds=round(time.monotonic() - started, 2))
+    print("CASE " + json.dumps(case), flush=True)
+    spark.stop()
+    print("CHUNKED DONE", flush=True)
+
+
+def admission(port, clients, total):
+    import threading
+    started = time.monotonic()
+    sessions = [pyspark_session(port, f"tether-admission-{i}", str(uuid.uuid4()))
+                for i in range(clients)]
+    cases = [None] * clients
+
+    def run(i):
+        case = {"case": "admission", "client": i,
+                "submitted": round(time.monotonic() - started, 3)}
+        try:
+            rows = sessions[i].range(total).collect()
+            case.update(rows=len(rows), in_order=[r.id for r in rows] == list(range(total)),
+                        done=round(time.monotonic() - started, 3))
+        except Exception as e:  # noqa: BLE001 (the case reports whatever PySpark raised)
+            case.update(condition=getattr(e, "getCondition", lambda: None)(),
+                        exception=type(e).__name__, message=str(e)[:300])
+        cases[i] = case
+
+    threads = []
+    for i in range(clients):
+        t = threading.Thread(target=run, args=(i,))
+        t.start()
+        threads.append(t)
+        time.sleep(0.3)
+    for t in threads:
+        t.join()
+    for case in cases:
+        print("CASE " + json.dumps(case), flush=True)
+    for s in sessions:
+        s.stop()
+    print("ADMISSION DONE", flush=True)
+
+
 def main():
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "errors":
@@ -445,6 +545,11 @@ def main():
     elif mode == "drain-read":
         total = int(sys.argv[3]) if len(sys.argv) > 3 else 5_000_000
         drain_read(port, total, sys.argv[4] if len(sys.argv) > 4 else None)
+    elif mode == "chunked":
+        chunked(port, int(sys.argv[3]), sys.argv[4] == "1",
+                int(sys.argv[5]) if len(sys.argv) > 5 else None)
+    elif mode == "admission":
+        admission(port, int(sys.argv[3]), int(sys.argv[4]))
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

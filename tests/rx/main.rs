@@ -28,4 +28,5 @@ mod memory_budget;
 mod pyspark_connect;
 mod server;
 mod server_model;
+mod service_limits;
 mod tls;

@@ -1087,7 +1087,7 @@ fn free_port() -> u16 {
 
 /// The server's `--events-log` once it holds `closed` `OperationClosed` events (the log is
 /// written by the server's own task, a little after the stats line).
-fn wait_for_events(path: &Path, closed: u64) -> Vec<serde_json::Value> {
+pub(crate) fn wait_for_events(path: &Path, closed: u64) -> Vec<serde_json::Value> {
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let events: Vec<serde_json::Value> = std::fs::read_to_string(path)
@@ -1176,7 +1176,12 @@ fn scrape(port: u16) -> BTreeMap<String, f64> {
 }
 
 /// Runs `connect_scenarios.py MODE PORT ARGS` to its `done` line; returns its `CASE` lines.
-fn scenarios(python: &Path, test: &str, args: &[&str], done: &str) -> Option<Vec<String>> {
+pub(crate) fn scenarios(
+    python: &Path,
+    test: &str,
+    args: &[&str],
+    done: &str,
+) -> Option<Vec<String>> {
     let mut run = Checks::script(python, "connect_scenarios.py", args);
     let mut cases = Vec::new();
     loop {

@@ -13,7 +13,7 @@ use tonic::transport::server::TcpIncoming;
 
 use super::baseline;
 use super::faults::{FaultService, Faults, KillableStream};
-use super::{Args, Baseline, RangeEngine, shutdown_signal};
+use super::{Args, Baseline, Paced, shutdown_signal};
 
 // The stop's bounds are ConnectServer's, so the harnesses stop as the library's server does.
 use tether::spark::connect::{CLOSE_WAIT, STOP_WAIT as HARD_STOP};
@@ -78,7 +78,7 @@ fn drain_on_signal<E: QueryEngine>(
 /// `Some(why)` when the stop was forced.
 pub(super) async fn serve(
     args: &Args,
-    engine: RangeEngine,
+    engine: Paced,
     manager: ExecutionManager,
     tls: Option<ServerTls>,
     listener: TcpListener,
@@ -129,7 +129,7 @@ pub(super) async fn serve(
                 tracing::info!(rotate, "serving the bare baseline, without tether");
                 server
                     .add_service(health)
-                    .add_service(baseline::Bare::new(engine, rotate))
+                    .add_service(baseline::Bare::new(engine.engine, rotate))
                     .serve_with_incoming_shutdown(connections, shutdown)
                     .await?;
             }

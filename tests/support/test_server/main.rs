@@ -74,7 +74,8 @@ use std::time::Duration;
 
 use clap::Parser;
 use tether::execution::{
-    ExecutionEvent, ExecutionEventKind as EventKind, ExecutionManager, ManagerConfig, StreamLimits,
+    AdmissionConfig, ExecutionEvent, ExecutionEventKind as EventKind, ExecutionManager,
+    ManagerConfig, StreamLimits,
 };
 use tether::observe::{EventReceiver, event_channel};
 use tether::spark::connect::error_chain;
@@ -84,11 +85,13 @@ use tokio::net::TcpListener;
 mod baseline;
 mod faults;
 mod harness;
+mod paced;
 #[path = "../../../examples/connect_server/range.rs"]
 mod range;
 #[path = "../../../examples/connect_server/serve.rs"]
 mod serve;
 use faults::Faults;
+use paced::Paced;
 use range::{EngineConfig, RangeEngine};
 
 /// A Spark Connect server for `spark.range`, `limit` and `count()`, on tether.
@@ -153,6 +156,20 @@ struct Args {
     /// Most rows per Arrow batch (`spark.sql.execution.arrow.maxRecordsPerBatch`).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     max_records_per_batch: u32,
+    /// Most executions running at once, server-wide (`ManagerConfig::admission`, connect
+    /// §11); the rest wait in FIFO order. Default: no cap.
+    #[arg(long)]
+    max_running: Option<usize>,
+    /// Most executions of one user running at once. Default: no cap.
+    #[arg(long)]
+    max_running_per_user: Option<usize>,
+    /// Longest an execution waits for a slot before `SERVER_BUSY` (0 = no limit).
+    #[arg(long, default_value_t = 60_000)]
+    max_wait_ms: u64,
+    /// Wait this long before each response the engine produces (a slow query: tests of
+    /// admission). Default 0.
+    #[arg(long, default_value_t = 0)]
+    response_delay_ms: u64,
     /// Partitions of a `range` that does not ask for a number (Spark's default
     /// parallelism; `local[2]` has 2).
     #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u32).range(1..))]
@@ -209,8 +226,16 @@ enum Baseline {
 fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
     let s = manager.stats();
     let mut line = format!(
-        "stats live_executions={} sessions={} created={} released={} abandoned={} forgotten={}",
-        s.executions, s.sessions, s.created, s.released, s.abandoned, s.forgotten
+        "stats live_executions={} sessions={} created={} released={} abandoned={} forgotten={} \
+         admission_running={} admission_waiting={}",
+        s.executions,
+        s.sessions,
+        s.created,
+        s.released,
+        s.abandoned,
+        s.forgotten,
+        manager.admission_usage().running,
+        manager.admission_usage().waiting,
     );
     if let Some(faults) = faults {
         line.push(' ');
@@ -518,13 +543,21 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         detached_timeout: Duration::from_millis(args.detached_timeout_ms),
         maintenance_interval: Duration::from_millis(args.maintenance_interval_ms.max(1)),
         events,
+        admission: AdmissionConfig {
+            max_running: args.max_running,
+            max_running_per_user: args.max_running_per_user,
+            max_wait: (args.max_wait_ms > 0).then(|| Duration::from_millis(args.max_wait_ms)),
+        },
         ..ManagerConfig::default()
     });
-    let engine = RangeEngine {
-        config: EngineConfig {
-            max_records_per_batch: args.max_records_per_batch,
-            default_parallelism: args.default_parallelism,
+    let engine = Paced {
+        engine: RangeEngine {
+            config: EngineConfig {
+                max_records_per_batch: args.max_records_per_batch,
+                default_parallelism: args.default_parallelism,
+            },
         },
+        delay: Duration::from_millis(args.response_delay_ms),
     };
     // Read before the listener is bound: a bad certificate or key stops the server first.
     let tls = match (&args.tls_cert, &args.tls_key) {
