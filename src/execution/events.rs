@@ -111,6 +111,9 @@ pub enum ExecutionEventKind {
         user_id: Arc<str>,
         /// The operation's tags (`ExecutePlanRequest.tags`).
         tags: Vec<String>,
+        /// The ExecutePlan's `x-request-id` and `traceparent` (connect §13), when the server
+        /// passed them ([`ExecutionManager::execute_plan_correlated`](super::ExecutionManager::execute_plan_correlated)).
+        correlation: super::Correlation,
     },
     /// The engine analyzed the plan ([`Producer::analyzed`](super::Producer::analyzed)).
     OperationAnalyzed {

@@ -9,6 +9,7 @@ use uuid::Uuid;
 use super::admission::{Admission, AdmissionConfig, AdmissionUsage, AdmissionWait};
 use super::budget::{BudgetUsage, MemoryBudget};
 use super::core::{ExecutionCore, ExecutionPhase, StreamLimits};
+use super::correlation::Correlation;
 use super::drain::{Drain, DrainReport, DrainStep, DrainView};
 use super::error::ConnectError;
 use super::events::ExecutionEvent;
@@ -679,6 +680,20 @@ impl ExecutionManager {
     /// released the first response with ReleaseUntil (the attached consumer is preempted
     /// all the same, as Spark's sender does, rx §5.5).
     pub fn execute_plan(&self, request: &ExecutePlanRequest) -> Result<Submitted, ConnectError> {
+        self.execute_plan_correlated(request, &Correlation::default())
+    }
+
+    /// [`execute_plan`](Self::execute_plan), reporting the request's correlation ids
+    /// (`x-request-id`, `traceparent`, connect §13) on the execution's `OperationStarted`
+    /// event.
+    ///
+    /// # Errors
+    /// As [`execute_plan`](Self::execute_plan).
+    pub fn execute_plan_correlated(
+        &self,
+        request: &ExecutePlanRequest,
+        correlation: &Correlation,
+    ) -> Result<Submitted, ConnectError> {
         let config = &self.inner.config;
         self.rpc(|now, wakes| {
             let mut reg = self.inner.lock();
@@ -721,8 +736,12 @@ impl ExecutionManager {
                     .attach(None, now, wakes)
                     .map(|stream| Submitted::Reattached(Box::new(stream))),
                 Ok(Admitted::New(exec)) => {
-                    exec.observer()
-                        .operation_started(exec.started_at(), &exec.key, &exec.tags);
+                    exec.observer().operation_started(
+                        exec.started_at(),
+                        &exec.key,
+                        &exec.tags,
+                        correlation,
+                    );
                     Ok(if exec.reattachable {
                         Submitted::Reattachable(Execution::new_submitted(exec))
                     } else {

@@ -88,6 +88,7 @@ pub mod client;
 mod code;
 pub mod condition;
 mod core;
+mod correlation;
 mod drain;
 mod error;
 mod error_store;
@@ -111,6 +112,7 @@ pub use self::core::{
 pub use admission::{AdmissionConfig, AdmissionPermit, AdmissionUsage, AdmissionWait};
 pub use budget::{BudgetUsage, MemoryBudget};
 pub use code::Code;
+pub use correlation::{Correlation, MAX_CORRELATION_LEN, OPERATION_ID_HEADER};
 pub use drain::{
     DRAIN_CHECK, DRAIN_GRACE, Drain, DrainReport, DrainStep, DrainView, SESSION_QUIET,
 };

@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::budget::BudgetUsage;
 use super::condition;
+use super::correlation::Correlation;
 use super::error::ConnectError;
 use super::events::{
     ExecutionEvent, ExecutionEventKind, Lifecycle, LifecycleBatch, NO_ROWS, RotationReason,
@@ -378,7 +379,13 @@ impl ExecutionObserver {
 
     /// An execution was registered (rx §2.2 T1): the registry's decision, reported once the
     /// registry's own notes (the session it may have created) are.
-    pub(crate) fn operation_started(&self, at: Instant, key: &ExecuteKey, tags: &[String]) {
+    pub(crate) fn operation_started(
+        &self,
+        at: Instant,
+        key: &ExecuteKey,
+        tags: &[String],
+        correlation: &Correlation,
+    ) {
         self.metrics.executions_started.increment(1);
         if self.listened() {
             self.send(
@@ -388,6 +395,7 @@ impl ExecutionObserver {
                 ExecutionEventKind::OperationStarted {
                     user_id: key.user_id.clone(),
                     tags: tags.to_vec(),
+                    correlation: correlation.clone(),
                 },
             );
         }

@@ -174,6 +174,7 @@ fn started() -> K {
     K::OperationStarted {
         user_id: user(),
         tags: Vec::new(),
+        correlation: Default::default(),
     }
 }
 

@@ -21,6 +21,7 @@ mod client;
 mod client_model;
 mod connect_bounded;
 mod connect_grpc;
+mod correlation;
 mod drain;
 mod error_details;
 mod events;

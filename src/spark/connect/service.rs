@@ -18,8 +18,8 @@ use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
 use super::status::{carries_error_info, status_with_error_id};
-use crate::execution::AdmissionPermit;
 use crate::execution::keys::shown;
+use crate::execution::{AdmissionPermit, Correlation};
 use crate::execution::{
     ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey, SparkError,
 };
@@ -609,14 +609,39 @@ fn rpc_span(
     user_id: &str,
     session_id: &str,
     operation_id: &str,
+    correlation: &Correlation,
 ) -> tracing::Span {
-    tracing::info_span!(
+    let span = tracing::info_span!(
         "spark_connect_rpc",
         rpc,
         user_id = %shown(user_id),
         session_id = %shown(session_id),
         operation_id = %shown(operation_id),
-    )
+        operation_id_header = tracing::field::Empty,
+        request_id = tracing::field::Empty,
+        traceparent = tracing::field::Empty,
+    );
+    record_correlation(&span, correlation);
+    span
+}
+
+/// Puts `correlation`'s ids on `span` (its fields `operation_id_header`, `request_id`,
+/// `traceparent`; connect §13).
+fn record_correlation(span: &tracing::Span, correlation: &Correlation) {
+    if let Some(v) = &correlation.operation_id {
+        span.record("operation_id_header", &**v);
+    }
+    if let Some(v) = &correlation.request_id {
+        span.record("request_id", &**v);
+    }
+    if let Some(v) = &correlation.traceparent {
+        span.record("traceparent", &**v);
+    }
+}
+
+/// The correlation ids of a request's headers (connect §13).
+fn correlation_of(metadata: &tonic::metadata::MetadataMap) -> Correlation {
+    Correlation::from_headers(|name| metadata.get(name).map(|v| v.as_bytes()))
 }
 
 impl<E: QueryEngine> ConnectService<E> {
@@ -624,14 +649,28 @@ impl<E: QueryEngine> ConnectService<E> {
     /// connect §3) entered while `handler` runs, the handler counted in
     /// [`rpcs_in_flight`](Self::rpcs_in_flight), and its error logged and answered as the
     /// client's status ([`rpc_error`]). `handler` gets the span, for the response stream's.
+    ///
+    /// The request's correlation headers (`metadata`, connect §13) go onto the span; an
+    /// operation-id header naming another operation than the body's is logged with both
+    /// (the body's counts, as in Spark 4.3.0).
     fn rpc<T>(
         &self,
         rpc: &'static str,
         (user_id, session_id, operation_id): (&str, &str, &str),
+        metadata: &tonic::metadata::MetadataMap,
         handler: impl FnOnce(&tracing::Span) -> Result<T, ConnectError>,
     ) -> Result<tonic::Response<T>, tonic::Status> {
-        let span = rpc_span(rpc, user_id, session_id, operation_id);
+        let correlation = correlation_of(metadata);
+        let span = rpc_span(rpc, user_id, session_id, operation_id, &correlation);
         let _entered = span.enter();
+        if let Some(header) = correlation.operation_id_mismatch(operation_id) {
+            tracing::warn!(
+                header = %header,
+                body = %shown(operation_id),
+                "the spark-connect-operation-id header names another operation than the \
+                 request's operation_id; the request's is used"
+            );
+        }
         let _in_flight = self.in_flight();
         handler(&span).map(tonic::Response::new).map_err(|e| {
             let id = self.error_id(user_id, session_id, None, &e);
@@ -701,9 +740,13 @@ impl<E: QueryEngine> ConnectService<E> {
         &self,
         request: &ExecutePlanRequest,
         permit: AdmissionPermit,
+        correlation: &Correlation,
         span: &tracing::Span,
     ) -> Result<StatusStream, ConnectError> {
-        let submitted = self.inner.manager.execute_plan(request)?;
+        let submitted = self
+            .inner
+            .manager
+            .execute_plan_correlated(request, correlation)?;
         tracing::debug!(
             operation_id = submitted.operation_id(),
             reattachable = request.is_reattachable(),
@@ -744,7 +787,11 @@ impl<E: QueryEngine> ConnectService<E> {
                 user_id = %shown(request.user_id()),
                 session_id = %shown(&request.session_id),
                 operation_id = submitted_id.as_str(),
+                operation_id_header = tracing::field::Empty,
+                request_id = tracing::field::Empty,
+                traceparent = tracing::field::Empty,
             );
+            record_correlation(&execution_span, correlation);
             let chunking = Chunking::of(
                 request,
                 self.inner.max_chunk_size.load(Ordering::Relaxed),
@@ -773,14 +820,15 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ExecutePlanRequest>,
     ) -> Result<tonic::Response<Self::ExecutePlanStream>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let operation_id = request.operation_id.as_deref().unwrap_or("");
         let ids = (request.user_id(), request.session_id.as_str(), operation_id);
         // Admission first (waiting if the server is at its cap), so that nothing is
         // registered while it waits; its refusal is answered like any other error.
         let admitted = self.inner.manager.admit(request.user_id()).await;
-        self.rpc("ExecutePlan", ids, |span| {
-            self.start_execution(request, admitted?, span)
+        self.rpc("ExecutePlan", ids, metadata, |span| {
+            let correlation = correlation_of(metadata);
+            self.start_execution(request, admitted?, &correlation, span)
         })
     }
 
@@ -788,13 +836,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ReattachExecuteRequest>,
     ) -> Result<tonic::Response<Self::ReattachExecuteStream>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let ids = (
             request.user_id(),
             request.session_id.as_str(),
             request.operation_id.as_str(),
         );
-        self.rpc("ReattachExecute", ids, |span| {
+        self.rpc("ReattachExecute", ids, metadata, |span| {
             tracing::debug!(
                 last_response_id = %shown(request.last_response_id.as_deref().unwrap_or("")),
                 "ReattachExecute"
@@ -813,13 +861,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ReleaseExecuteRequest>,
     ) -> Result<tonic::Response<ReleaseExecuteResponse>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let ids = (
             request.user_id(),
             request.session_id.as_str(),
             request.operation_id.as_str(),
         );
-        self.rpc("ReleaseExecute", ids, |_| {
+        self.rpc("ReleaseExecute", ids, metadata, |_| {
             let response = self.inner.manager.release_execute(request)?;
             tracing::debug!(
                 release = match &request.release {
@@ -838,9 +886,9 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<InterruptRequest>,
     ) -> Result<tonic::Response<InterruptResponse>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let ids = (request.user_id(), request.session_id.as_str(), "");
-        self.rpc("Interrupt", ids, |_| {
+        self.rpc("Interrupt", ids, metadata, |_| {
             let response = self.inner.manager.interrupt(request)?;
             tracing::debug!(
                 interrupt_type = request.interrupt_type,
@@ -855,13 +903,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ReleaseSessionRequest>,
     ) -> Result<tonic::Response<ReleaseSessionResponse>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let ids = (
             user_of(request.user_context.as_ref()),
             request.session_id.as_str(),
             "",
         );
-        self.rpc("ReleaseSession", ids, |_| {
+        self.rpc("ReleaseSession", ids, metadata, |_| {
             let response = self.inner.manager.release_session(request);
             tracing::debug!("ReleaseSession");
             if !response.server_side_session_id.is_empty() {
@@ -879,10 +927,10 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<ConfigRequest>,
     ) -> Result<tonic::Response<ConfigResponse>, tonic::Status> {
-        let request = request.into_inner();
+        let (metadata, _, request) = request.into_parts();
         let user_id = user_of(request.user_context.as_ref()).to_owned();
         let ids = (user_id.as_str(), request.session_id.as_str(), "");
-        self.rpc("Config", ids, |_| {
+        self.rpc("Config", ids, &metadata, |_| {
             let session = self.session(
                 &user_id,
                 &request.session_id,
@@ -903,9 +951,9 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<FetchErrorDetailsRequest>,
     ) -> Result<tonic::Response<FetchErrorDetailsResponse>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let ids = (request.user_id(), request.session_id.as_str(), "");
-        self.rpc("FetchErrorDetails", ids, |_| {
+        self.rpc("FetchErrorDetails", ids, metadata, |_| {
             super::error_details::fetch(&self.inner.manager, request)
         })
     }
@@ -914,10 +962,10 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         &self,
         request: tonic::Request<AnalyzePlanRequest>,
     ) -> Result<tonic::Response<AnalyzePlanResponse>, tonic::Status> {
-        let request = request.get_ref();
+        let (metadata, request) = (request.metadata(), request.get_ref());
         let user_id = user_of(request.user_context.as_ref());
         let ids = (user_id, request.session_id.as_str(), "");
-        self.rpc("AnalyzePlan", ids, |_| {
+        self.rpc("AnalyzePlan", ids, metadata, |_| {
             let session = self.session(
                 user_id,
                 &request.session_id,
