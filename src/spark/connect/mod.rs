@@ -150,6 +150,7 @@ mod accepted;
 mod auth;
 mod chunks;
 mod client;
+mod config;
 mod drain;
 mod error_details;
 mod health;
