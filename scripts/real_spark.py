@@ -21,6 +21,9 @@ Then, printing the time of each:
 5. PySpark's exception for spark.range(10).limit(-1).collect(), built from the server's
    FetchErrorDetails answer (pyspark_checks.py error-details): class, condition, message
    parameters, SQLSTATE and the answer's shape must be equal.
+6. The same raw Config requests (connect_scenarios.py config: GetAll with prefixes,
+   redacted keys and values in every read, spark.connect.authenticate.token) to both
+   servers: the answers, or the errors' outcomes, must be equal, case for case.
 
 Usage: python3 scripts/real_spark.py TARGET_DIR PYSPARK_PYTHON
 (scripts/real-spark.sh builds the binaries and the venv first). Exit status 0 when every
@@ -246,6 +249,9 @@ def main():
         with Step("PySpark's exception from FetchErrorDetails, on both servers"):
             same_error_details({name: error_details(python, port)
                                 for name, port in servers.items()})
+        with Step("the same Config requests to both servers"):
+            same_cases("config", scenario(python, "config", spark_port),
+                       scenario(python, "config", tether_port))
     finally:
         tether.kill()
         subprocess.run(["bash", ORACLE, "stop", str(spark_port)], check=False)

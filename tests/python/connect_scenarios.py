@@ -16,6 +16,14 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         carries an errorId, and the exception class PySpark raises for it (or the answer,
         stack trace left out). Exits 0 after `ERRORS DONE`.
 
+    python tests/python/connect_scenarios.py config PORT
+        Raw Config requests in a new session: a Set of plain keys, a key and a value that
+        Spark's redaction pattern matches; GetAll with prefixes (answered without them);
+        Get, GetOption and GetWithDefault of the redacted entries (read as absent); a Set,
+        Unset, Get, GetOption and IsModifiable of spark.connect.authenticate.token. Prints
+        one `CASE {json}` line per case (the answer's pairs, or the error as in `errors`)
+        and `CONFIG DONE`.
+
     python tests/python/connect_scenarios.py differences PORT
         The cases where tether deliberately differs from Spark: a reattach with an
         upper-case operation id, ReleaseAll after an Interrupt. Prints `CASE {json}` lines
@@ -231,6 +239,72 @@ def errors(port):
         code="INTERNAL", condition="INVALID_HANDLE.SESSION_CLOSED", sql_state="08003",
         error_id=False)
     print("ERRORS DONE", flush=True)
+
+
+def config(port):
+    s = stub(port)
+    session, a = str(uuid.uuid4()), user("tether-config")
+    token = "spark.connect.authenticate.token"
+    Op, KV = pb.ConfigRequest.Operation, pb.KeyValue
+
+    def conf(case, **operation):
+        def call():
+            answer = s.Config(pb.ConfigRequest(session_id=session, user_context=a,
+                                               operation=Op(**operation)))
+            pairs = [[p.key, p.value if p.HasField("value") else None] for p in answer.pairs]
+            # GetAll's order is Spark's hash map's: no order to compare.
+            return sorted(pairs) if "get_all" in operation else pairs
+        return report(outcome(case, call))
+
+    def absent(*keys):
+        return [[k, None] for k in keys]
+
+    expect(conf("config_set", set=pb.ConfigRequest.Set(pairs=[
+        KV(key="spark.tether.a", value="1"), KV(key="spark.tether.b", value="2"),
+        KV(key="spark.tether.my.password", value="hunter2"),
+        KV(key="spark.tether.c", value="my Secret value")])), code="OK", result=[])
+    expect(conf("config_get_all_prefix", get_all=pb.ConfigRequest.GetAll(
+        prefix="spark.tether.")), code="OK", result=[["a", "1"], ["b", "2"]])
+    expect(conf("config_get_all_prefix_without_dot", get_all=pb.ConfigRequest.GetAll(
+        prefix="spark.tether")), code="OK", result=[[".a", "1"], [".b", "2"]])
+    expect(conf("config_get_all_whole_key", get_all=pb.ConfigRequest.GetAll(
+        prefix="spark.tether.a")), code="OK", result=[["", "1"]])
+    expect(conf("config_get_all_no_match", get_all=pb.ConfigRequest.GetAll(
+        prefix="tether.none.")), code="OK", result=[])
+    expect(conf("config_get_redacted_key", get=pb.ConfigRequest.Get(
+        keys=["spark.tether.a", "spark.tether.my.password"])),
+        code="INTERNAL", condition="SQL_CONF_NOT_FOUND", sql_state="42K0I",
+        parameters=["sqlConf"], exception="SparkNoSuchElementException")
+    expect(conf("config_get_redacted_value", get=pb.ConfigRequest.Get(
+        keys=["spark.tether.c"])), code="INTERNAL", condition="SQL_CONF_NOT_FOUND")
+    expect(conf("config_get_option_redacted", get_option=pb.ConfigRequest.GetOption(
+        keys=["spark.tether.my.password", "spark.tether.c", "spark.tether.a"])),
+        code="OK", result=absent("spark.tether.my.password", "spark.tether.c")
+        + [["spark.tether.a", "1"]])
+    expect(conf("config_get_with_default_redacted", get_with_default=pb.ConfigRequest.GetWithDefault(
+        pairs=[KV(key="spark.tether.my.password", value="d"),
+               KV(key="spark.tether.my.password"), KV(key="spark.tether.a", value="z")])),
+        code="OK", result=[["spark.tether.my.password", "d"],
+                           ["spark.tether.my.password", None], ["spark.tether.a", "1"]])
+    expect(conf("config_set_token", set=pb.ConfigRequest.Set(pairs=[
+        KV(key="spark.tether.e", value="5"), KV(key=token, value="x"),
+        KV(key="spark.tether.f", value="6")])),
+        code="INTERNAL", condition="CANNOT_MODIFY_STATIC_CONFIG", sql_state="46110",
+        parameters=["key"], exception="AnalysisException")
+    # The pairs before the refused one were set.
+    expect(conf("config_after_set_token", get_option=pb.ConfigRequest.GetOption(
+        keys=["spark.tether.e", "spark.tether.f"])),
+        code="OK", result=[["spark.tether.e", "5"], ["spark.tether.f", None]])
+    expect(conf("config_unset_token", unset=pb.ConfigRequest.Unset(keys=[token])),
+           code="INTERNAL", condition="CANNOT_MODIFY_STATIC_CONFIG")
+    expect(conf("config_get_token", get=pb.ConfigRequest.Get(keys=[token])),
+           code="INTERNAL", condition="SQL_CONF_NOT_FOUND")
+    expect(conf("config_get_option_token", get_option=pb.ConfigRequest.GetOption(keys=[token])),
+           code="OK", result=absent(token))
+    expect(conf("config_is_modifiable_token", is_modifiable=pb.ConfigRequest.IsModifiable(
+        keys=[token])), code="OK", result=[[token, "false"]])
+    s.ReleaseSession(pb.ReleaseSessionRequest(session_id=session, user_context=a))
+    print("CONFIG DONE", flush=True)
 
 
 def describe(details):
@@ -534,6 +608,8 @@ def main():
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "errors":
         errors(port)
+    elif mode == "config":
+        config(port)
     elif mode == "differences":
         differences(port)
     elif mode == "isolation":

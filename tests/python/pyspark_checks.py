@@ -33,6 +33,15 @@ Run by tests/rx/pyspark_connect.rs with the interpreter of target/pyspark-venv
         (root_error_idx, the errors' classes); then a FetchErrorDetails of the same id again
         (answered once: empty) and of an unknown id (empty, no root_error_idx).
 
+    python tests/python/pyspark_checks.py config PORT [TOKEN]
+        spark.range(10).toPandas() (PySpark reads the server's defaults for it); a GetAll
+        with a prefix answers the keys without it; a key Spark's redaction pattern matches
+        reads as absent (conf.get fails with SQL_CONF_NOT_FOUND, conf.get(key, default) is
+        the default, getAll leaves it out). With TOKEN (the server's): its key can be
+        neither read nor set (CANNOT_MODIFY_STATIC_CONFIG), a value holding it reads as
+        absent, and no Config answer or error PySpark saw carries it. Prints
+        `CONFIG OK {json}`.
+
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
@@ -282,10 +291,75 @@ def error_details(port):
     spark.stop()
 
 
+def config(port, token):
+    import pyspark.sql.connect.proto as pb2
+    params = {"user_id": "tether-config"}
+    if token:
+        params["token"] = token
+    spark = session(port, **params)
+    client = spark.client
+    seen = []
+    answer = client.config
+
+    def recording(operation):
+        result = answer(operation)
+        seen.append(repr((result.pairs, result.warnings)))
+        return result
+
+    client.config = recording
+
+    def fails(call, condition):
+        try:
+            call()
+        except connect_errors.SparkConnectGrpcException as e:
+            seen.append(str(e))
+            assert e.getCondition() == condition, (condition, e.getCondition(), str(e))
+            return type(e).__name__
+        raise AssertionError(f"expected {condition}")
+
+    pdf = spark.range(10).toPandas()
+    assert list(pdf["id"]) == list(range(10)), pdf
+    assert str(pdf["id"].dtype) == "int64", pdf.dtypes
+    spark.conf.set("spark.tether.a", "1")
+    spark.conf.set("spark.tether.b", "2")
+    spark.conf.set("spark.tether.my.password", "hunter2")
+
+    def get_all(prefix):
+        op = pb2.ConfigRequest.Operation(get_all=pb2.ConfigRequest.GetAll(prefix=prefix))
+        return dict(client.config(op).pairs)
+
+    prefixed = get_all("spark.tether.")
+    assert prefixed == {"a": "1", "b": "2"}, prefixed
+    assert get_all("spark.tether.a") == {"": "1"}
+    every = spark.conf.getAll
+    assert every.get("spark.tether.a") == "1", every
+    assert not any("password" in k for k in every), every
+    redacted = fails(lambda: spark.conf.get("spark.tether.my.password"), "SQL_CONF_NOT_FOUND")
+    assert spark.conf.get("spark.tether.my.password", "d") == "d"
+    report = {"to_pandas": len(pdf), "get_all": prefixed, "redacted": redacted}
+    if token:
+        key = "spark.connect.authenticate.token"
+        fails(lambda: spark.conf.get(key), "SQL_CONF_NOT_FOUND")
+        assert spark.conf.get(key, None) is None
+        report["set_token"] = fails(lambda: spark.conf.set(key, token),
+                                    "CANNOT_MODIFY_STATIC_CONFIG")
+        fails(lambda: spark.conf.unset(key), "CANNOT_MODIFY_STATIC_CONFIG")
+        spark.conf.set("spark.tether.copy", token)
+        assert spark.conf.get("spark.tether.copy", None) is None
+        assert "spark.tether.copy" not in spark.conf.getAll
+        assert get_all("spark.tether.c") == {}
+        report["answers"] = len(seen)
+        leaked = [a for a in seen if token in a]
+        assert not leaked, leaked
+    spark.stop()
+    print("CONFIG OK " + json.dumps(report, sort_keys=True), flush=True)
+
+
 def main():
     global N, SHORT_QUERIES, REAL_SPARK
     parser = argparse.ArgumentParser()
-    parser.add_argument("mode", choices=["data", "auth", "tls", "tls-fail", "error-details"])
+    parser.add_argument("mode", choices=["data", "auth", "tls", "tls-fail", "error-details",
+                                           "config"])
     parser.add_argument("port", type=int)
     parser.add_argument("token", nargs="?")
     parser.add_argument("--rows", type=int, default=N)
@@ -300,6 +374,8 @@ def main():
         auth(args.port, args.token)
     elif args.mode == "error-details":
         error_details(args.port)
+    elif args.mode == "config":
+        config(args.port, args.token)
     elif args.mode == "tls":
         tls(args.port, args.token)
     else:

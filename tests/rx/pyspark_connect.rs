@@ -8,7 +8,8 @@
 //!   `tests/python/pyspark_checks.py`: `collect()`, `toArrow()`, `toLocalIterator()`,
 //!   `count()` and `limit()` with stream rotation after every response and the server's
 //!   `--faults` on, every release reaching the server, abandonment of what a client leaves
-//!   behind, and the token; and `tests/python/connect_scenarios.py`: Spark's errors for
+//!   behind, the token, `toPandas()` and the Config answers; and
+//!   `tests/python/connect_scenarios.py`: Spark's errors and Config answers for
 //!   unknown, duplicate and abandoned operations (with the exception class PySpark raises),
 //!   a killed client's execution abandoned, and users isolated within one session id.
 //!   Without the venv these tests print SKIPPED (and fail under `CI=true`).
@@ -1536,4 +1537,82 @@ fn pyspark_builds_an_engine_error_from_fetch_error_details() {
     };
     assert_eq!(Some(fetches("true") as u64), report["fetched"].as_u64());
     assert_eq!(fetches("false"), 2);
+}
+
+/// `toPandas()` works (PySpark 4.2 reads `spark.sql.execution.pandas.structHandlingMode` and
+/// `spark.sql.execution.arrow.pyspark.selfDestruct.enabled` first: the server's defaults,
+/// docs/reference/spark-connect.md §12), and Config answers as Spark 4.3.0 does: a GetAll with
+/// a prefix without the prefix, a key or value Spark's redaction pattern matches read as
+/// absent by every Get, `spark.connect.authenticate.token` neither readable nor settable
+/// (raw gRPC: `connect_scenarios.py config`, whose cases scripts/real_spark.py compares with
+/// Spark 4.3.0's; and PySpark's `spark.conf`).
+#[test]
+fn pyspark_to_pandas_and_config_answers_as_spark() {
+    let test = "pyspark_to_pandas_and_config_answers_as_spark";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::start(&[]);
+    let port = server.port.to_string();
+    let Some(cases) = scenarios(&python, test, &["config", &port], "CONFIG DONE") else {
+        return;
+    };
+    // The script asserts each answer; here, that every case ran.
+    assert_eq!(cases.len(), 15, "{cases:#?}");
+    let mut checks = Checks::start(&python, &["config", &port]);
+    let Some(line) = checks.expect_line("CONFIG OK ", Duration::from_secs(60)) else {
+        skipped::<()>(test, &checks.stderr());
+        return;
+    };
+    let status = checks.wait(Duration::from_secs(30));
+    assert_eq!(status, Some(0), "pyspark_checks.py:\n{}", checks.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(line.trim_start_matches("CONFIG OK ")).unwrap();
+    assert_eq!(report["to_pandas"], 10, "{report}");
+    assert_eq!(
+        report["get_all"],
+        serde_json::json!({"a": "1", "b": "2"}),
+        "{report}"
+    );
+    assert_eq!(
+        report["redacted"], "SparkNoSuchElementException",
+        "{report}"
+    );
+    // PySpark found every conf it read: the only SQL_CONF_NOT_FOUND the server answered
+    // were the scripts' own Gets (three raw, one through `spark.conf.get`).
+    assert_eq!(
+        server.log_lines_with(&[
+            "Spark Connect RPC error",
+            "condition=\"SQL_CONF_NOT_FOUND\""
+        ]),
+        4
+    );
+}
+
+/// A server started with a token never hands it out through Config (connect §12): PySpark,
+/// authenticated with it, can neither read nor set `spark.connect.authenticate.token`
+/// (`CANNOT_MODIFY_STATIC_CONFIG`, as Spark 4.3.0), a value holding the token reads as
+/// absent in Get, GetWithDefault and GetAll, and no Config answer or error PySpark saw
+/// contains it; the server's log never does either.
+#[test]
+fn no_config_answer_carries_the_servers_token() {
+    let test = "no_config_answer_carries_the_servers_token";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let token = "tether-c0nf-t0k";
+    let server = Server::start(&["--token", token]);
+    let mut checks = Checks::start(&python, &["config", &server.port.to_string(), token]);
+    let Some(line) = checks.expect_line("CONFIG OK ", Duration::from_secs(60)) else {
+        skipped::<()>(test, &checks.stderr());
+        return;
+    };
+    let status = checks.wait(Duration::from_secs(30));
+    assert_eq!(status, Some(0), "pyspark_checks.py:\n{}", checks.stderr());
+    let report: serde_json::Value =
+        serde_json::from_str(line.trim_start_matches("CONFIG OK ")).unwrap();
+    assert_eq!(report["set_token"], "AnalysisException", "{report}");
+    assert_eq!(report["to_pandas"], 10, "{report}");
+    assert!(report["answers"].as_u64().unwrap() >= 8, "{report}");
+    assert_eq!(server.log_count(token), 0, "the token is never logged");
 }

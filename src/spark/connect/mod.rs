@@ -31,6 +31,8 @@
 //! | FetchErrorDetails' `stack_trace` | the JVM's stack, whatever `spark.sql.connect.serverStacktrace.enabled` says | none: tether has no JVM stack (connect §8.1) |
 //! | the errors a session keeps for FetchErrorDetails | 20, Guava's approximate eviction (measured: it can evict more than the oldest) | `ManagerConfig::error_details_per_session` (20), exactly the oldest evicted (connect §8.1) |
 //! | a stream's error delivered again after its id was fetched | the same `errorId`, now answered empty | a new `errorId`, answered with the details (connect §8.1) |
+//! | a Config value containing the server's token (under a key the redaction pattern does not match) | answered | absent, as a redacted entry (connect §12.1) |
+//! | `spark.connect.session.planCompression.threshold` / `.defaultAlgorithm` defaults | `10485760` / `ZSTD` | `-1` / `NONE`: tether reads no compressed plan (connect §12.2) |
 //! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines
@@ -150,6 +152,7 @@ mod accepted;
 mod auth;
 mod chunks;
 mod client;
+mod config;
 mod drain;
 mod error_details;
 mod health;

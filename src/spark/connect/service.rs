@@ -125,17 +125,47 @@ pub trait QueryEngine: Send + Sync + 'static {
 /// Spark 4.3.0's (connect §1.16).
 pub const SPARK_VERSION: &str = "4.3.0";
 
-/// Spark's default for the configuration keys a Spark Connect client reads before setting
-/// them: `spark.sql.session.timeZone` (`Etc/UTC`, as measured on Spark 4.3.0, connect §3),
-/// and the Arrow settings of `SQLConf`.
+/// Spark 4.3.0's default for each configuration key PySpark 4.2 reads from the server
+/// (`toPandas()`, `createDataFrame`, error display, REPL rendering, UDFs; the table of
+/// docs/reference/spark-connect.md §12, every value measured with one raw-gRPC Config `Get`
+/// against Spark 4.3.0), `None` for any other key. `spark.sql.session.timeZone` is
+/// `Etc/UTC` (Spark's is the JVM's zone; connect §3). Two differ from Spark's on purpose:
+/// `spark.connect.session.planCompression.threshold` is `-1` and
+/// `spark.connect.session.planCompression.defaultAlgorithm` is `NONE` (Spark: `10485760`,
+/// `ZSTD`), because tether reads no `Plan.compressed_operation`: with these PySpark never
+/// compresses a plan.
 pub fn default_conf(key: &str) -> Option<String> {
     Some(
         match key {
             "spark.sql.session.timeZone" => "Etc/UTC",
+            "spark.sql.ansi.enabled" => "true",
+            "spark.sql.timestampType" => "TIMESTAMP_LTZ",
             "spark.sql.execution.arrow.maxRecordsPerBatch" => "10000",
             "spark.sql.execution.arrow.pyspark.enabled" => "true",
-            "spark.sql.execution.pandas.convertToArrowArraySafely" => "false",
-            "spark.sql.ansi.enabled" => "true",
+            "spark.sql.execution.arrow.pyspark.selfDestruct.enabled" => "false",
+            "spark.sql.execution.arrow.useLargeVarTypes" => "false",
+            "spark.sql.execution.pandas.structHandlingMode" => "legacy",
+            "spark.sql.execution.pandas.convertToArrowArraySafely" => "true",
+            "spark.sql.execution.pandas.inferPandasDictAsMap" => "false",
+            "spark.sql.execution.pyspark.binaryAsBytes" => "true",
+            "spark.sql.execution.pythonUDF.arrow.enabled" => "true",
+            "spark.sql.execution.pythonUDTF.arrow.enabled" => "true",
+            "spark.sql.pyspark.inferNestedDictAsStruct.enabled" => "false",
+            "spark.sql.pyspark.legacy.inferArrayTypeFromFirstElement.enabled" => "false",
+            "spark.sql.pyspark.legacy.inferMapTypeFromFirstPair.enabled" => "false",
+            "spark.sql.pyspark.jvmStacktrace.enabled" => "false",
+            "spark.sql.pyspark.plotting.max_rows" => "1000",
+            "spark.sql.connect.serverStacktrace.enabled" => "true",
+            "spark.sql.repl.eagerEval.enabled" => "false",
+            "spark.sql.repl.eagerEval.maxNumRows" => "20",
+            "spark.sql.repl.eagerEval.truncate" => "20",
+            "spark.sql.session.localRelationCacheThreshold" => "1048576",
+            "spark.sql.session.localRelationSizeLimit" => "3221225472",
+            "spark.sql.session.localRelationChunkSizeRows" => "10000",
+            "spark.sql.session.localRelationChunkSizeBytes" => "16777216",
+            "spark.sql.session.localRelationBatchOfChunksSizeBytes" => "1073741824",
+            "spark.connect.session.planCompression.threshold" => "-1",
+            "spark.connect.session.planCompression.defaultAlgorithm" => "NONE",
             _ => return None,
         }
         .to_owned(),
@@ -172,6 +202,9 @@ struct Inner<E> {
     rpcs: Arc<AtomicUsize>,
     /// The largest chunk of a result batch ([`ConnectService::with_max_chunk_size`]).
     max_chunk_size: AtomicUsize,
+    /// The tokens of this service's gRPC services ([`ConnectService::into_service`]), which
+    /// no Config answer carries (connect §12).
+    tokens: super::config::ServerTokens,
 }
 
 /// One running handler, counted in [`ConnectService::rpcs_in_flight`] until dropped.
@@ -229,6 +262,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 connections: Mutex::new(CancellationToken::new()),
                 rpcs: Arc::new(AtomicUsize::new(0)),
                 max_chunk_size: AtomicUsize::new(super::chunks::DEFAULT_MAX_CHUNK_SIZE),
+                tokens: super::config::ServerTokens::default(),
             }),
         }
     }
@@ -285,7 +319,14 @@ impl<E: QueryEngine> ConnectService<E> {
     /// Serve it with `TCP_NODELAY` on (tonic's `TcpIncoming::with_nodelay(Some(true))`, or
     /// `Server::builder().tcp_nodelay(true)`): a reattaching client makes a round trip per
     /// rotated stream, and Nagle's algorithm delays each by up to 40 ms.
+    ///
+    /// The service keeps `config`'s token: no Config answer of this service (through any
+    /// of its gRPC services) carries a value containing it, and a Set or Unset of
+    /// `spark.connect.authenticate.token` is refused as Spark refuses it (connect §12).
     pub fn into_service(self, config: &ConnectConfig) -> ConnectGrpcService<E> {
+        if let Some(token) = &config.token {
+            self.inner.tokens.add(token);
+        }
         let server = SparkConnectServiceServer::new(self)
             .max_decoding_message_size(super::MAX_MESSAGE_SIZE)
             .max_encoding_message_size(super::MAX_MESSAGE_SIZE);
@@ -433,19 +474,15 @@ impl<E: QueryEngine> ConnectService<E> {
         session: &SessionContext,
         operation: Option<config_request::operation::OpType>,
     ) -> Result<(Vec<KeyValue>, Vec<String>), ConnectError> {
-        use config_request::operation::OpType;
         let Some(key) = session_key(&session.user_id, &session.session_id) else {
             return Err(ConnectError::InvalidHandleFormat {
                 handle: shown(&session.session_id).into_owned(),
             });
         };
-        let mut pairs = Vec::new();
-        // Keys read by Get (`strict`: a key without a value is an error) or GetOption, with
-        // the session's own value if it has one; the engine's defaults fill the rest after
-        // the lock is released (the engine's code never runs under it).
-        let mut reads: Vec<(Option<String>, String)> = Vec::new();
-        let mut strict = false;
-        {
+        // The engine's defaults fill the answer after the lock is released (the engine's
+        // code never runs under it).
+        let hider = self.inner.tokens.hider();
+        let pending = {
             let mut confs = self
                 .inner
                 .confs
@@ -461,60 +498,9 @@ impl<E: QueryEngine> ConnectService<E> {
                 .entry(session.server_side_session_id.clone())
                 .or_insert_with(|| (key, BTreeMap::new()))
                 .1;
-            match operation {
-                Some(OpType::Set(set)) => {
-                    for kv in set.pairs {
-                        match kv.value {
-                            Some(v) => conf.insert(kv.key, v),
-                            None => conf.remove(&kv.key),
-                        };
-                    }
-                }
-                Some(OpType::Get(config_request::Get { keys })) => {
-                    strict = true;
-                    reads = keys
-                        .into_iter()
-                        .map(|k| (conf.get(&k).cloned(), k))
-                        .collect();
-                }
-                Some(OpType::GetOption(config_request::GetOption { keys })) => {
-                    reads = keys
-                        .into_iter()
-                        .map(|k| (conf.get(&k).cloned(), k))
-                        .collect();
-                }
-                Some(OpType::GetWithDefault(g)) => {
-                    for kv in g.pairs {
-                        let value = conf.get(&kv.key).cloned().or(kv.value);
-                        pairs.push(KeyValue { key: kv.key, value });
-                    }
-                }
-                Some(OpType::GetAll(g)) => {
-                    let prefix = g.prefix.unwrap_or_default();
-                    pairs.extend(
-                        conf.iter()
-                            .filter(|(k, _)| k.starts_with(&prefix))
-                            .map(|(k, v)| KeyValue::new(k.clone(), v.clone())),
-                    );
-                }
-                Some(OpType::Unset(u)) => {
-                    for key in u.keys {
-                        conf.remove(&key);
-                    }
-                }
-                Some(OpType::IsModifiable(m)) => {
-                    pairs.extend(m.keys.into_iter().map(|k| KeyValue::new(k, "true")));
-                }
-                None => {}
-            }
-        }
-        for (value, key) in reads {
-            let value = value.or_else(|| self.inner.engine.default_conf(&key));
-            if strict && value.is_none() {
-                return Err(SparkError::sql_conf_not_found(&key).into());
-            }
-            pairs.push(KeyValue { key, value });
-        }
+            super::config::apply(conf, operation, hider)?
+        };
+        let pairs = pending.answer(|key| self.inner.engine.default_conf(key))?;
         Ok((pairs, Vec::new()))
     }
 }
