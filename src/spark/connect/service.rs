@@ -20,9 +20,7 @@ use super::generated::spark_connect_service_server::{
 use super::status::{carries_error_info, status_with_error_id};
 use crate::execution::keys::shown;
 use crate::execution::{AdmissionPermit, Correlation};
-use crate::execution::{
-    ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey, SparkError,
-};
+use crate::execution::{ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey};
 use crate::wire::connect::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
     ExecutePlanResponse, FetchErrorDetailsRequest, FetchErrorDetailsResponse, InterruptRequest,
