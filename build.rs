@@ -51,6 +51,20 @@ mod spark_connect {
             false,
         ),
         (
+            "add_artifacts",
+            "AddArtifacts",
+            "AddArtifactsRequest",
+            "AddArtifactsResponse",
+            false,
+        ),
+        (
+            "artifact_status",
+            "ArtifactStatus",
+            "ArtifactStatusesRequest",
+            "ArtifactStatusesResponse",
+            false,
+        ),
+        (
             "release_session",
             "ReleaseSession",
             "ReleaseSessionRequest",
@@ -58,6 +72,9 @@ mod spark_connect {
             false,
         ),
     ];
+
+    /// The methods of `METHODS` whose requests are a client stream (`AddArtifacts`).
+    const CLIENT_STREAMING: &[&str] = &["add_artifacts"];
 
     pub(super) fn generate() {
         let mut service = Service::builder()
@@ -72,6 +89,9 @@ mod spark_connect {
                 .codec_path("tonic_prost::ProstCodec");
             if streaming {
                 method = method.server_streaming();
+            }
+            if CLIENT_STREAMING.contains(&name) {
+                method = method.client_streaming();
             }
             service = service.method(method.build());
         }

@@ -5,8 +5,9 @@
 //!
 //! The gRPC glue is generated at build time from the hand-written messages of
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
-//! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config and
-//! AnalyzePlan; the others of Spark's `SparkConnectService` answer `UNIMPLEMENTED`.
+//! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
+//! AnalyzePlan, AddArtifacts and ArtifactStatus ([`artifacts`]); the others of Spark's
+//! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
 //! standard `grpc.health.v1` service ([`ConnectHealth`], connect §7.2) on the same port,
@@ -142,6 +143,7 @@ mod generated {
     ));
 }
 
+pub mod artifacts;
 mod auth;
 mod client;
 mod drain;
@@ -151,6 +153,10 @@ mod service;
 mod status;
 pub mod tls;
 
+pub use self::artifacts::{
+    ArtifactError, ArtifactLimits, ArtifactSession, ArtifactStore, MemoryArtifactStore,
+    SessionArtifacts,
+};
 pub use self::auth::check_token;
 pub use self::client::{ConnectClient, ConnectClientError};
 pub use self::drain::DrainConnection;

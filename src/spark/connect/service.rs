@@ -1,6 +1,7 @@
 //! The Spark Connect service over an [`ExecutionManager`]: ExecutePlan, ReattachExecute,
 //! ReleaseExecute, Interrupt and ReleaseSession in full, Config and AnalyzePlan through the
-//! user's [`QueryEngine`] (rx §1, §4, §5; connect §3).
+//! user's [`QueryEngine`], AddArtifacts and ArtifactStatus over an
+//! [`ArtifactStore`] (rx §1, §4, §5; connect §3).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -12,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 
 use super::ConnectHealth;
+use super::artifacts::{ArtifactSession, ArtifactStore, MemoryArtifactStore, SessionArtifacts};
 use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
 };
@@ -21,11 +23,12 @@ use crate::execution::{
     ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey, SparkError,
 };
 use crate::wire::connect::{
-    AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
-    ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest,
-    ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
-    UserContext, analyze_plan_request, analyze_plan_response, config_request,
-    release_execute_request,
+    AddArtifactsRequest, AddArtifactsResponse, AnalyzePlanRequest, AnalyzePlanResponse,
+    ArtifactStatusesRequest, ArtifactStatusesResponse, ConfigRequest, ConfigResponse,
+    ExecutePlanRequest, ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue,
+    ReattachExecuteRequest, ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest,
+    ReleaseSessionResponse, UserContext, analyze_plan_request, analyze_plan_response,
+    config_request, release_execute_request,
 };
 
 /// The responses of one ExecutePlan, in order: the schema and Arrow batches, metrics, and
@@ -43,6 +46,10 @@ pub struct SessionContext {
     pub session_id: String,
     /// The session's one server-side id, on every response (connect §3).
     pub server_side_session_id: String,
+    /// The session's artifacts (uploaded with `AddArtifacts`), by name: a
+    /// `CachedLocalRelation` of hash `h` reads `artifacts.get("cache/h")` (Spark's
+    /// `SessionHolder.artifactManager`; [`artifacts`](super::artifacts)).
+    pub artifacts: SessionArtifacts,
 }
 
 /// The query engine a Spark Connect server plugs into [`ConnectService`]: it turns one
@@ -167,6 +174,8 @@ struct Inner<E> {
     connections: Mutex<CancellationToken>,
     /// Handlers running ([`ConnectService::rpcs_in_flight`]).
     rpcs: Arc<AtomicUsize>,
+    /// Every session's artifacts (`AddArtifacts`, [`super::artifacts`]).
+    artifacts: Arc<dyn ArtifactStore>,
 }
 
 /// One running handler, counted in [`ConnectService::rpcs_in_flight`] until dropped.
@@ -213,8 +222,19 @@ fn session_key(user_id: &str, session_id: &str) -> Option<SessionKey> {
 
 impl<E: QueryEngine> ConnectService<E> {
     /// A service over `manager` (its registry, sessions and stream rotation, rx §4, §5)
-    /// running queries on `engine`.
+    /// running queries on `engine`, keeping artifacts in a [`MemoryArtifactStore`] with the
+    /// default limits ([`ArtifactLimits`](super::ArtifactLimits)).
     pub fn new(manager: ExecutionManager, engine: E) -> Self {
+        Self::with_artifact_store(manager, engine, Arc::new(MemoryArtifactStore::default()))
+    }
+
+    /// A service as [`new`](Self::new) makes it, keeping the sessions' artifacts
+    /// (`AddArtifacts`, Spark's `ArtifactManager`) in `artifacts`.
+    pub fn with_artifact_store(
+        manager: ExecutionManager,
+        engine: E,
+        artifacts: Arc<dyn ArtifactStore>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 manager,
@@ -223,8 +243,14 @@ impl<E: QueryEngine> ConnectService<E> {
                 health: ConnectHealth::new(),
                 connections: Mutex::new(CancellationToken::new()),
                 rpcs: Arc::new(AtomicUsize::new(0)),
+                artifacts,
             }),
         }
+    }
+
+    /// Where the sessions' artifacts are kept ([`with_artifact_store`](Self::with_artifact_store)).
+    pub fn artifact_store(&self) -> &Arc<dyn ArtifactStore> {
+        &self.inner.artifacts
     }
 
     /// The manager the service registers executions in (rx §5).
@@ -322,7 +348,7 @@ impl<E: QueryEngine> ConnectService<E> {
         old.cancel();
     }
 
-    fn session(
+    pub(super) fn session(
         &self,
         user_id: &str,
         session_id: &str,
@@ -332,11 +358,30 @@ impl<E: QueryEngine> ConnectService<E> {
             .inner
             .manager
             .get_or_create_session(user_id, session_id, observed)?;
-        Ok(SessionContext {
+        Ok(self.session_context(user_id, session_id, server_side))
+    }
+
+    /// The context of the session with these ids, its artifacts included.
+    fn session_context(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        server_side_session_id: String,
+    ) -> SessionContext {
+        let artifacts = SessionArtifacts::new(
+            self.inner.artifacts.clone(),
+            ArtifactSession {
+                user_id: user_id.to_owned(),
+                session_id: session_id.to_owned(),
+                server_side_session_id: server_side_session_id.clone(),
+            },
+        );
+        SessionContext {
             user_id: user_id.to_owned(),
             session_id: session_id.to_owned(),
-            server_side_session_id: server_side,
-        })
+            server_side_session_id,
+            artifacts,
+        }
     }
 
     /// Drives `source` into `producer` on a task of its own, in the execution's span,
@@ -610,11 +655,11 @@ impl<E: QueryEngine> ConnectService<E> {
         let submitted_id = submitted.operation_id().to_owned();
         let (producer, stream) = submitted.start();
         if let Some(producer) = producer {
-            let session = SessionContext {
-                user_id: request.user_id().to_owned(),
-                session_id: request.session_id.clone(),
-                server_side_session_id: producer.server_side_session_id().to_string(),
-            };
+            let session = self.session_context(
+                request.user_id(),
+                &request.session_id,
+                producer.server_side_session_id().to_string(),
+            );
             // A panicking engine fails its execution instead of the RPC (the client would
             // see a reset stream, not an error it can read).
             let source = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -741,6 +786,11 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             let response = self.inner.manager.release_session(request);
             tracing::debug!("ReleaseSession");
             if !response.server_side_session_id.is_empty() {
+                self.inner.artifacts.release_session(&ArtifactSession {
+                    user_id: request.user_id().to_owned(),
+                    session_id: request.session_id.clone(),
+                    server_side_session_id: response.server_side_session_id.clone(),
+                });
                 self.inner
                     .confs
                     .lock()
@@ -749,6 +799,33 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             }
             Ok(response)
         })
+    }
+
+    async fn add_artifacts(
+        &self,
+        request: tonic::Request<tonic::Streaming<AddArtifactsRequest>>,
+    ) -> Result<tonic::Response<AddArtifactsResponse>, tonic::Status> {
+        // The ids come with the stream's first message (recorded on the span then).
+        let span = rpc_span("AddArtifacts", "", "", "");
+        let _in_flight = self.in_flight();
+        let received = tracing::Instrument::instrument(
+            self.receive_artifacts(request.into_inner()),
+            span.clone(),
+        )
+        .await;
+        let _entered = span.enter();
+        received
+            .map(tonic::Response::new)
+            .map_err(|e| rpc_error(&e))
+    }
+
+    async fn artifact_status(
+        &self,
+        request: tonic::Request<ArtifactStatusesRequest>,
+    ) -> Result<tonic::Response<ArtifactStatusesResponse>, tonic::Status> {
+        let request = request.get_ref();
+        let ids = (request.user_id(), request.session_id.as_str(), "");
+        self.rpc("ArtifactStatus", ids, |_| self.artifact_statuses(request))
     }
 
     async fn config(
@@ -807,12 +884,14 @@ const SERVED: &[&str] = &[
     "ReleaseSession",
     "Config",
     "AnalyzePlan",
+    "AddArtifacts",
+    "ArtifactStatus",
 ];
 
 /// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`], rx §1.1): a
 /// `tower::Service` named `spark.connect.SparkConnectService`, for
-/// `tonic::transport::Server::add_service`. A method it does not serve (`AddArtifacts`,
-/// `ArtifactStatus`, `FetchErrorDetails`, …) gets `UNIMPLEMENTED` naming the method, as a
+/// `tonic::transport::Server::add_service`. A method it does not serve (`FetchErrorDetails`,
+/// …) gets `UNIMPLEMENTED` naming the method, as a
 /// gRPC server without the method answers.
 pub struct ConnectGrpcService<E> {
     inner:

@@ -10,6 +10,9 @@
 //!   execution (rx §1.5, §1.6).
 //! * [`InterruptRequest`] / [`InterruptResponse`] and [`ReleaseSessionRequest`] /
 //!   [`ReleaseSessionResponse`] (rx §1.7).
+//! * [`AddArtifactsRequest`] / [`AddArtifactsResponse`] and [`ArtifactStatusesRequest`] /
+//!   [`ArtifactStatusesResponse`] — upload artifacts to a session and ask which it has
+//!   (Spark's `SparkConnectAddArtifactsHandler`).
 //!
 //! # What is opaque
 //!
@@ -28,8 +31,14 @@
 
 use bytes::Bytes;
 
+mod artifacts;
 mod config;
 mod query;
+
+pub use self::artifacts::{
+    AddArtifactsRequest, AddArtifactsResponse, ArtifactStatusesRequest, ArtifactStatusesResponse,
+    add_artifacts_request, add_artifacts_response, artifact_statuses_response,
+};
 
 pub use self::config::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, KeyValue,
