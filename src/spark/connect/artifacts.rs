@@ -19,6 +19,7 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
 use super::service::{ConnectService, QueryEngine};
+use crate::execution::keys::shown;
 use crate::execution::{ConnectError, SessionKey, SparkError};
 use crate::wire::connect::{
     AddArtifactsRequest, AddArtifactsResponse, ArtifactStatusesRequest, ArtifactStatusesResponse,
@@ -715,6 +716,27 @@ impl Upload<'_> {
     }
 }
 
+/// Why an `AddArtifacts` failed: the upload broke a rule ([`ArtifactError`], the client's
+/// mistake), or the RPC did (its session, its transport).
+pub(super) enum Refused {
+    /// The upload broke a rule.
+    Upload(ArtifactError),
+    /// The session or the transport failed the RPC.
+    Rpc(ConnectError),
+}
+
+impl From<ArtifactError> for Refused {
+    fn from(e: ArtifactError) -> Self {
+        Self::Upload(e)
+    }
+}
+
+impl From<ConnectError> for Refused {
+    fn from(e: ConnectError) -> Self {
+        Self::Rpc(e)
+    }
+}
+
 /// The key the manager knows `session` by, if its `session_id` is a UUID.
 fn session_key(session: &ArtifactSession) -> Option<SessionKey> {
     Some(SessionKey {
@@ -742,7 +764,7 @@ impl<E: QueryEngine> ConnectService<E> {
     pub(super) async fn receive_artifacts(
         &self,
         mut stream: tonic::Streaming<AddArtifactsRequest>,
-    ) -> Result<AddArtifactsResponse, ConnectError> {
+    ) -> Result<AddArtifactsResponse, Refused> {
         let transport = |status: tonic::Status| ConnectError::Failed {
             message: status.message().to_owned(),
             code: crate::execution::Code::Internal,
@@ -753,12 +775,17 @@ impl<E: QueryEngine> ConnectService<E> {
             )
             .into());
         };
+        let span = tracing::Span::current();
+        span.record("user_id", tracing::field::display(shown(first.user_id())));
+        span.record(
+            "session_id",
+            tracing::field::display(shown(&first.session_id)),
+        );
         let session = self.session(
             first.user_id(),
             &first.session_id,
             first.client_observed_server_side_session_id.as_deref(),
         )?;
-        tracing::Span::current().record("session_id", first.session_id.as_str());
         self.sweep_artifacts();
         let store = self.artifact_store().as_ref();
         let mut upload = Upload {

@@ -131,7 +131,7 @@ pub const SPARK_VERSION: &str = "4.3.0";
 
 /// Spark's default for the configuration keys a Spark Connect client reads before setting
 /// them: `spark.sql.session.timeZone` (`Etc/UTC`, as measured on Spark 4.3.0, connect §3),
-/// and the Arrow settings of `SQLConf`.
+/// the Arrow settings of `SQLConf`, and those PySpark's `createDataFrame` reads.
 pub fn default_conf(key: &str) -> Option<String> {
     Some(
         match key {
@@ -140,6 +140,20 @@ pub fn default_conf(key: &str) -> Option<String> {
             "spark.sql.execution.arrow.pyspark.enabled" => "true",
             "spark.sql.execution.pandas.convertToArrowArraySafely" => "false",
             "spark.sql.ansi.enabled" => "true",
+            // What PySpark's `createDataFrame` reads (measured on Spark 4.3.0): a local
+            // dataset of at least `localRelationCacheThreshold` bytes goes up as
+            // `cache/<sha256>` artifacts (`AddArtifacts`).
+            "spark.sql.timestampType" => "TIMESTAMP_LTZ",
+            "spark.sql.session.localRelationCacheThreshold" => "1048576",
+            "spark.sql.session.localRelationSizeLimit" => "3221225472",
+            "spark.sql.session.localRelationChunkSizeRows" => "10000",
+            "spark.sql.session.localRelationChunkSizeBytes" => "16777216",
+            "spark.sql.session.localRelationBatchOfChunksSizeBytes" => "1073741824",
+            "spark.sql.execution.pandas.inferPandasDictAsMap"
+            | "spark.sql.pyspark.inferNestedDictAsStruct.enabled"
+            | "spark.sql.pyspark.legacy.inferArrayTypeFromFirstElement.enabled"
+            | "spark.sql.pyspark.legacy.inferMapTypeFromFirstPair.enabled"
+            | "spark.sql.execution.arrow.useLargeVarTypes" => "false",
             _ => return None,
         }
         .to_owned(),
@@ -806,7 +820,13 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         request: tonic::Request<tonic::Streaming<AddArtifactsRequest>>,
     ) -> Result<tonic::Response<AddArtifactsResponse>, tonic::Status> {
         // The ids come with the stream's first message (recorded on the span then).
-        let span = rpc_span("AddArtifacts", "", "", "");
+        let span = tracing::info_span!(
+            "spark_connect_rpc",
+            rpc = "AddArtifacts",
+            user_id = tracing::field::Empty,
+            session_id = tracing::field::Empty,
+            operation_id = "",
+        );
         let _in_flight = self.in_flight();
         let received = tracing::Instrument::instrument(
             self.receive_artifacts(request.into_inner()),
@@ -814,9 +834,16 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
         )
         .await;
         let _entered = span.enter();
-        received
-            .map(tonic::Response::new)
-            .map_err(|e| rpc_error(&e))
+        received.map(tonic::Response::new).map_err(|e| match e {
+            // The client's upload broke a rule (a name, a CRC, a hash, a limit, the
+            // chunking): the client's mistake, logged at INFO whatever its condition.
+            super::artifacts::Refused::Upload(e) => {
+                let e = ConnectError::from(e);
+                tracing::info!(condition = logged_condition(&e), error = %e, "Spark Connect RPC error");
+                to_status(&e)
+            }
+            super::artifacts::Refused::Rpc(e) => rpc_error(&e),
+        })
     }
 
     async fn artifact_status(

@@ -83,6 +83,7 @@ pub(super) async fn serve(
     tls: Option<ServerTls>,
     listener: TcpListener,
     faults: Option<Arc<Faults>>,
+    artifacts: Arc<tether::spark::connect::MemoryArtifactStore>,
     drained: Arc<std::sync::OnceLock<DrainReport>>,
 ) -> Result<Option<&'static str>, Box<dyn std::error::Error>> {
     let maintenance = tokio::spawn(manager.clone().run_maintenance());
@@ -96,7 +97,7 @@ pub(super) async fn serve(
             }
         })
     });
-    let connect = ConnectService::new(manager.clone(), engine);
+    let connect = ConnectService::with_artifact_store(manager.clone(), engine, artifacts);
     let health = connect.health().service().await;
     let (shutdown, hard_stop) = drain_on_signal(
         connect.clone(),
