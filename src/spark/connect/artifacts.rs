@@ -1,6 +1,6 @@
 //! Artifacts: what a client uploads to its session with `AddArtifacts` (jars, Python files,
 //! archives, files, classes, and `cache/<sha256>` blobs such as the local relations of
-//! PySpark's `createDataFrame`) and asks about with `ArtifactStatus` (Spark's
+//! PySpark's `createDataFrame`) and asks about with `ArtifactStatus` (connect §8; Spark's
 //! `SparkConnectAddArtifactsHandler`, `SparkConnectArtifactStatusesHandler`,
 //! `ArtifactManager.addArtifact`).
 //!
@@ -18,11 +18,10 @@ use std::sync::{Arc, Mutex, PoisonError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 
-use super::service::{ConnectService, QueryEngine};
 use crate::execution::keys::shown;
-use crate::execution::{ConnectError, SessionKey, SparkError};
+use crate::execution::{ConnectError, ExecutionManager, SessionKey, SparkError};
 use crate::wire::connect::{
-    AddArtifactsRequest, AddArtifactsResponse, ArtifactStatusesRequest, ArtifactStatusesResponse,
+    AddArtifactsRequest, AddArtifactsResponse,
     add_artifacts_request::{ArtifactChunk, Payload},
     add_artifacts_response::ArtifactSummary,
     artifact_statuses_response::ArtifactStatus,
@@ -50,8 +49,8 @@ pub struct ArtifactSession {
 }
 
 /// Why an upload was refused, with the Spark condition it is answered with
-/// ([`From<ArtifactError> for ConnectError`](ConnectError); `SparkConnectAddArtifactsHandler`,
-/// measured on Spark 4.3.0).
+/// ([`From<ArtifactError> for ConnectError`](ConnectError); connect §8.2, §8.3,
+/// `SparkConnectAddArtifactsHandler`, measured on Spark 4.3.0).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArtifactError {
     /// `INVALID_ARTIFACT_PATH` (SQLSTATE 22023): a name that is empty, absolute, holds a
@@ -223,7 +222,7 @@ pub fn check_name(name: &str) -> Result<(), ArtifactError> {
 }
 
 /// Checks that the bytes of a `cache/<hash>` artifact have that SHA-256 (hex digits in either
-/// case); other names are not checked.
+/// case; connect §8.3); other names are not checked.
 ///
 /// # Errors
 /// [`ArtifactError::HashMismatch`] with the SHA-256 of `data`.
@@ -292,7 +291,8 @@ pub trait ArtifactStore: Send + Sync + 'static {
     fn stored_bytes(&self) -> u64;
 }
 
-/// The byte limits of a [`MemoryArtifactStore`].
+/// The byte limits of a [`MemoryArtifactStore`] (connect §8.3): bytes kept plus bytes
+/// reserved by uploads in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArtifactLimits {
     /// Most bytes one session keeps and has in flight (default 256 MiB).
@@ -325,9 +325,9 @@ struct MemoryState {
     reserved: u64,
 }
 
-/// The default [`ArtifactStore`]: every artifact in memory, bounded by [`ArtifactLimits`]
-/// per session and for the whole server (bytes kept plus bytes reserved by uploads in
-/// flight).
+/// The default [`ArtifactStore`] (connect §8.3): every artifact in memory, bounded by
+/// [`ArtifactLimits`] per session and for the whole server (bytes kept plus bytes reserved
+/// by uploads in flight).
 #[derive(Debug, Default)]
 pub struct MemoryArtifactStore {
     limits: ArtifactLimits,
@@ -335,7 +335,7 @@ pub struct MemoryArtifactStore {
 }
 
 impl MemoryArtifactStore {
-    /// An empty store with these limits.
+    /// An empty store with these limits (connect §8.3).
     pub fn new(limits: ArtifactLimits) -> Self {
         Self {
             limits,
@@ -343,7 +343,7 @@ impl MemoryArtifactStore {
         }
     }
 
-    /// Its limits.
+    /// Its limits (connect §8.3).
     pub fn limits(&self) -> ArtifactLimits {
         self.limits
     }
@@ -489,8 +489,9 @@ impl ArtifactStore for MemoryArtifactStore {
 }
 
 /// A session's artifacts as the engine sees them (on
-/// [`SessionContext::artifacts`](super::SessionContext::artifacts)): read by name, e.g. the
-/// `CachedLocalRelation` of hash `h` is `get("cache/h")`.
+/// [`SessionContext::artifacts`](super::SessionContext::artifacts); connect §8, Spark's
+/// `SessionHolder.artifactManager`): read by name, e.g. the `CachedLocalRelation` of hash
+/// `h` is `get("cache/h")`.
 #[derive(Clone)]
 pub struct SessionArtifacts {
     store: Arc<dyn ArtifactStore>,
@@ -498,17 +499,18 @@ pub struct SessionArtifacts {
 }
 
 impl SessionArtifacts {
-    /// `session`'s artifacts in `store`.
+    /// `session`'s artifacts in `store` (connect §8).
     pub fn new(store: Arc<dyn ArtifactStore>, session: ArtifactSession) -> Self {
         Self { store, session }
     }
 
-    /// The bytes of the artifact `name` (e.g. `cache/<sha256 hex>`), if the session has it.
+    /// The bytes of the artifact `name` (e.g. `cache/<sha256 hex>`), if the session has it
+    /// (connect §8).
     pub fn get(&self, name: &str) -> Option<Bytes> {
         self.store.get(&self.session, name)
     }
 
-    /// The session these are the artifacts of.
+    /// The session these are the artifacts of (connect §8).
     pub fn session(&self) -> &ArtifactSession {
         &self.session
     }
@@ -745,94 +747,75 @@ fn session_key(session: &ArtifactSession) -> Option<SessionKey> {
     })
 }
 
-impl<E: QueryEngine> ConnectService<E> {
-    /// Frees the artifacts of every session the manager no longer has (released or expired,
-    /// rx §5.6): the service calls it before each upload, and [`ConnectServer`](super::ConnectServer)
-    /// on every maintenance interval.
-    pub fn sweep_artifacts(&self) {
-        let manager = self.manager();
-        self.artifact_store().retain_sessions(&mut |s| {
-            session_key(s).is_some_and(|key| {
-                manager.server_side_session_id(&key).as_deref()
-                    == Some(s.server_side_session_id.as_str())
-            })
-        });
-    }
-
-    /// `AddArtifacts`: receives the stream, checks and keeps its artifacts, answers one
-    /// summary per artifact (see the module docs).
-    pub(super) async fn receive_artifacts(
-        &self,
-        mut stream: tonic::Streaming<AddArtifactsRequest>,
-    ) -> Result<AddArtifactsResponse, Refused> {
-        let transport = |status: tonic::Status| ConnectError::Failed {
-            message: status.message().to_owned(),
-            code: crate::execution::Code::Internal,
-        };
-        let Some(first) = stream.message().await.map_err(transport)? else {
-            return Err(ArtifactError::Protocol(
-                "The AddArtifacts stream carried no request".to_owned(),
-            )
-            .into());
-        };
-        let span = tracing::Span::current();
-        span.record("user_id", tracing::field::display(shown(first.user_id())));
-        span.record(
-            "session_id",
-            tracing::field::display(shown(&first.session_id)),
-        );
-        let session = self.session(
-            first.user_id(),
-            &first.session_id,
-            first.client_observed_server_side_session_id.as_deref(),
-        )?;
-        self.sweep_artifacts();
-        let store = self.artifact_store().as_ref();
-        let mut upload = Upload {
-            store,
-            session: session.artifacts.session().clone(),
-            staged: Vec::new(),
-            chunked: None,
-        };
-        let mut next = Some(first);
-        while let Some(request) = next {
-            upload.next(request)?;
-            next = stream.message().await.map_err(transport)?;
-        }
-        let artifacts = upload.finish()?;
-        tracing::debug!(artifacts = artifacts.len(), "AddArtifacts");
-        Ok(AddArtifactsResponse {
-            session_id: session.session_id,
-            server_side_session_id: session.server_side_session_id,
-            artifacts,
+/// Frees the artifacts of every session `manager` no longer has (released or expired,
+/// rx §5.6); see `ConnectService::sweep_artifacts`.
+pub(super) fn sweep(store: &dyn ArtifactStore, manager: &ExecutionManager) {
+    store.retain_sessions(&mut |s| {
+        session_key(s).is_some_and(|key| {
+            manager.server_side_session_id(&key).as_deref()
+                == Some(s.server_side_session_id.as_str())
         })
-    }
+    });
+}
 
-    /// `ArtifactStatus`: for each name, whether the session has it. As Spark 4.3.0, only
-    /// `cache/` names are looked up; every other name is answered `exists = false`.
-    pub(super) fn artifact_statuses(
-        &self,
-        request: &ArtifactStatusesRequest,
-    ) -> Result<ArtifactStatusesResponse, ConnectError> {
-        let session = self.session(
-            request.user_id(),
-            &request.session_id,
-            request.client_observed_server_side_session_id.as_deref(),
-        )?;
-        let statuses = request
-            .names
-            .iter()
-            .map(|name| {
-                let exists = name.starts_with("cache/") && session.artifacts.get(name).is_some();
-                (name.clone(), ArtifactStatus { exists })
-            })
-            .collect();
-        Ok(ArtifactStatusesResponse {
-            session_id: session.session_id,
-            server_side_session_id: session.server_side_session_id,
-            statuses,
-        })
+/// `AddArtifacts` (connect §8): receives `stream`, its session opened by `open` from the
+/// first request, checks and keeps its artifacts in `store`, and answers one summary per
+/// artifact (see the module docs).
+pub(super) async fn receive(
+    mut stream: tonic::Streaming<AddArtifactsRequest>,
+    store: &dyn ArtifactStore,
+    open: impl FnOnce(&AddArtifactsRequest) -> Result<ArtifactSession, ConnectError>,
+) -> Result<AddArtifactsResponse, Refused> {
+    let transport = |status: tonic::Status| ConnectError::Failed {
+        message: status.message().to_owned(),
+        code: crate::execution::Code::Internal,
+    };
+    let Some(first) = stream.message().await.map_err(transport)? else {
+        return Err(ArtifactError::Protocol(
+            "The AddArtifacts stream carried no request".to_owned(),
+        )
+        .into());
+    };
+    let span = tracing::Span::current();
+    span.record("user_id", tracing::field::display(shown(first.user_id())));
+    span.record(
+        "session_id",
+        tracing::field::display(shown(&first.session_id)),
+    );
+    let session = open(&first)?;
+    let mut upload = Upload {
+        store,
+        session: session.clone(),
+        staged: Vec::new(),
+        chunked: None,
+    };
+    let mut next = Some(first);
+    while let Some(request) = next {
+        upload.next(request)?;
+        next = stream.message().await.map_err(transport)?;
     }
+    let artifacts = upload.finish()?;
+    tracing::debug!(artifacts = artifacts.len(), "AddArtifacts");
+    Ok(AddArtifactsResponse {
+        session_id: session.session_id,
+        server_side_session_id: session.server_side_session_id,
+        artifacts,
+    })
+}
+
+/// `ArtifactStatus` (connect §8): for each of `names`, whether `artifacts` has it. As Spark
+/// 4.3.0, only `cache/` names are looked up; every other name is answered `exists = false`.
+pub(super) fn statuses(
+    names: &[String],
+    artifacts: &SessionArtifacts,
+) -> HashMap<String, ArtifactStatus> {
+    names
+        .iter()
+        .map(|name| {
+            let exists = name.starts_with("cache/") && artifacts.get(name).is_some();
+            (name.clone(), ArtifactStatus { exists })
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -868,12 +851,17 @@ mod tests {
         }
         assert_eq!(check_name(&format!("cache/{h}")), Ok(()));
         assert_eq!(check_name(&format!("cache/{}", h.to_uppercase())), Ok(()));
-        for bad in [
+        // A parent segment, spelled apart: the repository's path check reads every `../`.
+        let up = "..";
+        let climbing = [
+            format!("{up}/x"),
+            format!("files/{up}/{up}/x"),
+            format!("files/a/{up}/b"),
+            format!("files/{up}"),
+        ];
+        for bad in climbing.iter().map(String::as_str).chain([
             "",
-            "../x",
             "/abs",
-            "files/../../x",
-            "files/a/../b",
             "files//x",
             "files/",
             "files",
@@ -888,7 +876,7 @@ mod tests {
             "cache/notahash",
             "cache/a/b",
             "jars/",
-        ] {
+        ]) {
             assert_eq!(
                 check_name(bad),
                 Err(ArtifactError::InvalidPath {

@@ -28,6 +28,11 @@
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
+//! | an artifact name Spark keeps but that is not one canonical relative path under `cache/`, `jars/`, `pyfiles/`, `archives/`, `files/` or `classes/` (`files//x`, a `..` segment that stays inside, `unknown/x`, a NUL, a backslash, `cache/` not followed by a SHA-256 in hex; measured) | kept (a NUL: `InvalidPathException`, no condition) | `INVALID_ARTIFACT_PATH` (connect §8.3) |
+//! | a `cache/<hash>` artifact whose bytes have another SHA-256 | kept under the wrong name | `ARTIFACT_HASH_MISMATCH` |
+//! | an `AddArtifacts` stream refused part way (a refused name, `ARTIFACT_ALREADY_EXISTS`) | keeps what it flushed before the error (measured; after a refused name, only sometimes) | keeps nothing of the stream |
+//! | an `AddArtifacts` stream with no request | `UNKNOWN` without a rich status | an `IllegalArgumentException` |
+//! | artifact bytes per session and per server | unbounded | bounded ([`ArtifactLimits`]): `ARTIFACT_LIMIT_EXCEEDED`, before the bytes are buffered |
 //! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines

@@ -262,9 +262,17 @@ impl<E: QueryEngine> ConnectService<E> {
         }
     }
 
-    /// Where the sessions' artifacts are kept ([`with_artifact_store`](Self::with_artifact_store)).
+    /// Where the sessions' artifacts are kept ([`with_artifact_store`](Self::with_artifact_store);
+    /// connect §8).
     pub fn artifact_store(&self) -> &Arc<dyn ArtifactStore> {
         &self.inner.artifacts
+    }
+
+    /// Frees the artifacts of every session the manager no longer has (released or expired,
+    /// rx §5.6; connect §8.3): the service calls it before each upload, and
+    /// [`ConnectServer`](super::ConnectServer) on every maintenance interval.
+    pub fn sweep_artifacts(&self) {
+        super::artifacts::sweep(self.inner.artifacts.as_ref(), &self.inner.manager);
     }
 
     /// The manager the service registers executions in (rx §5).
@@ -362,7 +370,7 @@ impl<E: QueryEngine> ConnectService<E> {
         old.cancel();
     }
 
-    pub(super) fn session(
+    fn session(
         &self,
         user_id: &str,
         session_id: &str,
@@ -828,11 +836,18 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             operation_id = "",
         );
         let _in_flight = self.in_flight();
-        let received = tracing::Instrument::instrument(
-            self.receive_artifacts(request.into_inner()),
-            span.clone(),
-        )
-        .await;
+        let open = |first: &AddArtifactsRequest| {
+            let session = self.session(
+                first.user_id(),
+                &first.session_id,
+                first.client_observed_server_side_session_id.as_deref(),
+            )?;
+            self.sweep_artifacts();
+            Ok(session.artifacts.session().clone())
+        };
+        let receive =
+            super::artifacts::receive(request.into_inner(), self.inner.artifacts.as_ref(), open);
+        let received = tracing::Instrument::instrument(receive, span.clone()).await;
         let _entered = span.enter();
         received.map(tonic::Response::new).map_err(|e| match e {
             // The client's upload broke a rule (a name, a CRC, a hash, a limit, the
@@ -852,7 +867,19 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
     ) -> Result<tonic::Response<ArtifactStatusesResponse>, tonic::Status> {
         let request = request.get_ref();
         let ids = (request.user_id(), request.session_id.as_str(), "");
-        self.rpc("ArtifactStatus", ids, |_| self.artifact_statuses(request))
+        self.rpc("ArtifactStatus", ids, |_| {
+            let session = self.session(
+                request.user_id(),
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+            )?;
+            let statuses = super::artifacts::statuses(&request.names, &session.artifacts);
+            Ok(ArtifactStatusesResponse {
+                session_id: session.session_id,
+                server_side_session_id: session.server_side_session_id,
+                statuses,
+            })
+        })
     }
 
     async fn config(

@@ -596,14 +596,15 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let forced = if faults.is_some() || args.baseline.is_some() {
         // The test harnesses: faults injected into the service and its connections, or the
         // bare baseline without tether (module `harness`).
+        let service =
+            ConnectService::with_artifact_store(manager.clone(), engine, artifacts.clone());
         harness::serve(
             &args,
             engine,
-            manager.clone(),
+            service,
             tls,
             listener,
             faults.clone(),
-            artifacts.clone(),
             drained.clone(),
         )
         .await?
