@@ -1376,7 +1376,16 @@ fn artifacts_are_checked_kept_and_freed_with_their_session() {
     });
 
     // Limits: refused before anything is buffered, nothing of the refused upload kept.
-    let limited = Server::start(&["--artifact-session-bytes", "100000"]);
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let limited = Server::start(&[
+        "--artifact-session-bytes",
+        "100000",
+        "--metrics-addr",
+        &metrics_addr,
+        "--maintenance-interval-ms",
+        "100",
+    ]);
     let limited_port = limited.port.to_string();
     let Some(limits) = scenarios(
         &python,
@@ -1390,6 +1399,23 @@ fn artifacts_are_checked_kept_and_freed_with_their_session() {
     limited.wait_for_stats(Duration::from_secs(10), "freed with the session", |s| {
         stat(s, "artifact_bytes") == 0
     });
+    // The refusals are counted by reason, and published with the kept bytes (0 now) on
+    // the maintenance interval.
+    let refused = "tether_connect_artifact_uploads_refused_total{reason=\"limit\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = scrape(metrics_port);
+        if metrics.get(refused) == Some(&3.0) || Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(metrics.get(refused), Some(&3.0), "{metrics:#?}");
+    assert_eq!(
+        metrics.get("tether_connect_artifact_bytes"),
+        Some(&0.0),
+        "{metrics:#?}"
+    );
 }
 
 #[test]

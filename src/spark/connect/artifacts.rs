@@ -20,6 +20,7 @@ use sha2::{Digest, Sha256};
 
 use crate::execution::keys::shown;
 use crate::execution::{ConnectError, ExecutionManager, SessionKey, SparkError};
+use crate::observe::{LocalCounter, LocalGauge, Metric, PublishLock, describe};
 use crate::wire::connect::{
     AddArtifactsRequest, AddArtifactsResponse,
     add_artifacts_request::{ArtifactChunk, Payload},
@@ -718,6 +719,85 @@ impl Upload<'_> {
     }
 }
 
+const ARTIFACT_BYTES: Metric = Metric::gauge(
+    "tether_connect_artifact_bytes",
+    metrics::Unit::Bytes,
+    "Bytes of artifacts the sessions keep (sampled at each sweep).",
+);
+const ARTIFACT_UPLOADS_REFUSED: Metric = Metric::counter(
+    "tether_connect_artifact_uploads_refused_total",
+    metrics::Unit::Count,
+    "AddArtifacts streams refused, by reason.",
+);
+
+/// The artifact metrics of a Spark Connect service (rows of [`observe`](crate::observe)'s
+/// table; connect §8).
+pub(super) const METRICS: &[Metric] = &[ARTIFACT_BYTES, ARTIFACT_UPLOADS_REFUSED];
+
+/// The reasons of `tether_connect_artifact_uploads_refused_total`, one per kind of
+/// [`ArtifactError`].
+const REASONS: [&str; 5] = ["name", "exists", "hash", "limit", "protocol"];
+
+impl ArtifactError {
+    /// The `reason` label of the refusal (`name`, `exists`, `hash`, `limit`, `protocol`).
+    fn reason(&self) -> &'static str {
+        match self {
+            Self::InvalidPath { .. } => REASONS[0],
+            Self::AlreadyExists { .. } => REASONS[1],
+            Self::HashMismatch { .. } => REASONS[2],
+            Self::LimitExceeded { .. } => REASONS[3],
+            Self::Protocol(_) | Self::NoPayload => REASONS[4],
+        }
+    }
+}
+
+/// A service's artifact series, registered once when the service is built; counted on the
+/// service's memory and handed to the recorder at each sweep (see
+/// [`observe`](crate::observe)).
+pub(super) struct ArtifactMetrics {
+    bytes: LocalGauge,
+    refused: Vec<(&'static str, LocalCounter)>,
+    publishing: PublishLock,
+}
+
+impl ArtifactMetrics {
+    /// Describes and registers the series with the recorder installed now.
+    pub(super) fn register() -> Self {
+        describe(METRICS);
+        Self {
+            bytes: ARTIFACT_BYTES.local_gauge(&[]),
+            refused: REASONS
+                .iter()
+                .map(|r| {
+                    (
+                        *r,
+                        ARTIFACT_UPLOADS_REFUSED.local_counter(&[("reason", *r)]),
+                    )
+                })
+                .collect(),
+            publishing: PublishLock::default(),
+        }
+    }
+
+    /// Counts one refused upload.
+    pub(super) fn refused(&self, e: &ArtifactError) {
+        let reason = e.reason();
+        if let Some((_, c)) = self.refused.iter().find(|(r, _)| *r == reason) {
+            c.increment(1);
+        }
+    }
+
+    /// Samples the bytes `store` keeps and hands every series to the recorder.
+    pub(super) fn publish(&self, store: &dyn ArtifactStore) {
+        self.bytes.set(store.stored_bytes());
+        let _publishing = self.publishing.hold();
+        self.bytes.publish();
+        for (_, c) in &self.refused {
+            c.publish();
+        }
+    }
+}
+
 /// Why an `AddArtifacts` failed: the upload broke a rule ([`ArtifactError`], the client's
 /// mistake), or the RPC did (its session, its transport).
 pub(super) enum Refused {
@@ -835,6 +915,17 @@ mod tests {
             .iter()
             .map(|b| format!("{b:02x}"))
             .collect()
+    }
+
+    #[test]
+    fn every_artifact_series_is_of_a_metric_of_the_table() {
+        use std::collections::BTreeSet;
+        let (described, registered) = crate::observe::described_and_registered(|| {
+            ArtifactMetrics::register();
+        });
+        let table: BTreeSet<String> = METRICS.iter().map(|m| m.name.to_owned()).collect();
+        assert_eq!(described, table);
+        assert_eq!(registered, table);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //! The gRPC glue is generated at build time from the hand-written messages of
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
-//! AnalyzePlan, AddArtifacts and ArtifactStatus ([`artifacts`]); the others of Spark's
+//! AnalyzePlan, AddArtifacts and ArtifactStatus ([`ArtifactStore`]); the others of Spark's
 //! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
@@ -148,7 +148,7 @@ mod generated {
     ));
 }
 
-pub mod artifacts;
+mod artifacts;
 mod auth;
 mod client;
 mod drain;
@@ -159,8 +159,8 @@ mod status;
 pub mod tls;
 
 pub use self::artifacts::{
-    ArtifactError, ArtifactLimits, ArtifactSession, ArtifactStore, MemoryArtifactStore,
-    SessionArtifacts,
+    ARTIFACT_PREFIXES, ArtifactError, ArtifactLimits, ArtifactSession, ArtifactStore,
+    MemoryArtifactStore, SessionArtifacts, check_hash, check_name,
 };
 pub use self::auth::check_token;
 pub use self::client::{ConnectClient, ConnectClientError};

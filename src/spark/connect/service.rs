@@ -48,7 +48,7 @@ pub struct SessionContext {
     pub server_side_session_id: String,
     /// The session's artifacts (uploaded with `AddArtifacts`), by name: a
     /// `CachedLocalRelation` of hash `h` reads `artifacts.get("cache/h")` (Spark's
-    /// `SessionHolder.artifactManager`; [`artifacts`](super::artifacts)).
+    /// `SessionHolder.artifactManager`; [`ArtifactStore`]).
     pub artifacts: SessionArtifacts,
 }
 
@@ -188,8 +188,10 @@ struct Inner<E> {
     connections: Mutex<CancellationToken>,
     /// Handlers running ([`ConnectService::rpcs_in_flight`]).
     rpcs: Arc<AtomicUsize>,
-    /// Every session's artifacts (`AddArtifacts`, [`super::artifacts`]).
+    /// Every session's artifacts (`AddArtifacts`, connect §8).
     artifacts: Arc<dyn ArtifactStore>,
+    /// Their metrics (kept bytes, refused uploads).
+    artifact_metrics: super::artifacts::ArtifactMetrics,
 }
 
 /// One running handler, counted in [`ConnectService::rpcs_in_flight`] until dropped.
@@ -258,6 +260,7 @@ impl<E: QueryEngine> ConnectService<E> {
                 connections: Mutex::new(CancellationToken::new()),
                 rpcs: Arc::new(AtomicUsize::new(0)),
                 artifacts,
+                artifact_metrics: super::artifacts::ArtifactMetrics::register(),
             }),
         }
     }
@@ -269,10 +272,14 @@ impl<E: QueryEngine> ConnectService<E> {
     }
 
     /// Frees the artifacts of every session the manager no longer has (released or expired,
-    /// rx §5.6; connect §8.3): the service calls it before each upload, and
-    /// [`ConnectServer`](super::ConnectServer) on every maintenance interval.
+    /// rx §5.6; connect §8.3) and publishes the artifact metrics
+    /// (`tether_connect_artifact_bytes`, `…_uploads_refused_total`; see
+    /// [`observe`](crate::observe)). [`ConnectServer`](super::ConnectServer) calls it on every
+    /// maintenance interval; each upload also frees what ended sessions hold, first.
     pub fn sweep_artifacts(&self) {
-        super::artifacts::sweep(self.inner.artifacts.as_ref(), &self.inner.manager);
+        let store = self.inner.artifacts.as_ref();
+        super::artifacts::sweep(store, &self.inner.manager);
+        self.inner.artifact_metrics.publish(store);
     }
 
     /// The manager the service registers executions in (rx §5).
@@ -842,7 +849,8 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
                 &first.session_id,
                 first.client_observed_server_side_session_id.as_deref(),
             )?;
-            self.sweep_artifacts();
+            // Room held by sessions that ended goes back before this upload counts.
+            super::artifacts::sweep(self.inner.artifacts.as_ref(), &self.inner.manager);
             Ok(session.artifacts.session().clone())
         };
         let receive =
@@ -853,6 +861,7 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             // The client's upload broke a rule (a name, a CRC, a hash, a limit, the
             // chunking): the client's mistake, logged at INFO whatever its condition.
             super::artifacts::Refused::Upload(e) => {
+                self.inner.artifact_metrics.refused(&e);
                 let e = ConnectError::from(e);
                 tracing::info!(condition = logged_condition(&e), error = %e, "Spark Connect RPC error");
                 to_status(&e)
