@@ -692,11 +692,14 @@ impl Upload<'_> {
         if self.chunked.is_some() {
             self.end_chunked()?;
         }
+        // Every hash first: a mismatch keeps nothing, and the drop gives every reservation back.
+        for staged in self.staged.iter().filter(|s| s.crc_ok) {
+            check_hash(&staged.name, &staged.data)?;
+        }
         let mut keep = Vec::new();
         let mut reserved = 0;
         for staged in &mut self.staged {
             if staged.crc_ok {
-                check_hash(&staged.name, &staged.data)?;
                 keep.push((
                     staged.name.clone(),
                     Bytes::from(std::mem::take(&mut staged.data)),
@@ -1026,6 +1029,69 @@ mod tests {
         assert_eq!(store.stored_bytes(), 0);
         assert!(store.state().sessions.is_empty());
         assert_eq!(store.state().reserved, 0);
+    }
+
+    fn batch(artifacts: &[(&str, &[u8])]) -> AddArtifactsRequest {
+        use crate::wire::connect::add_artifacts_request::{Batch, SingleChunkArtifact};
+        AddArtifactsRequest {
+            payload: Some(Payload::Batch(Batch {
+                artifacts: artifacts
+                    .iter()
+                    .map(|(name, data)| SingleChunkArtifact {
+                        name: (*name).to_owned(),
+                        data: Some(ArtifactChunk::of(Bytes::copy_from_slice(data))),
+                    })
+                    .collect(),
+            })),
+            ..Default::default()
+        }
+    }
+
+    /// (bytes reserved, bytes stored), each read under its own lock.
+    fn held(store: &MemoryArtifactStore) -> (u64, u64) {
+        let reserved = store.state().reserved;
+        (reserved, store.stored_bytes())
+    }
+
+    fn upload(store: &MemoryArtifactStore) -> Upload<'_> {
+        Upload {
+            store,
+            session: session(1),
+            staged: Vec::new(),
+            chunked: None,
+        }
+    }
+
+    #[test]
+    fn a_failed_upload_keeps_nothing_and_gives_every_reserved_byte_back() {
+        let store = MemoryArtifactStore::default();
+        let good = format!("cache/{}", hash(b"good"));
+        let wrong = format!("cache/{}", hash(b"something else"));
+        // A hash mismatch after a good artifact.
+        let mut up = upload(&store);
+        up.next(batch(&[(&good, b"good"), (&wrong, b"bytes")]))
+            .unwrap();
+        assert_eq!(store.state().reserved, 9);
+        assert!(matches!(
+            up.finish(),
+            Err(ArtifactError::HashMismatch { .. })
+        ));
+        assert_eq!(store.get(&session(1), &good), None);
+        assert_eq!(held(&store), (0, 0));
+        // A stream cut short (the RPC fails, the upload is dropped).
+        let mut up = upload(&store);
+        up.next(batch(&[(&good, b"good")])).unwrap();
+        drop(up);
+        assert_eq!(held(&store), (0, 0));
+        assert!(store.state().sessions.is_empty());
+        // A good one is kept, byte for byte, and its reservation becomes stored bytes.
+        let mut up = upload(&store);
+        up.next(batch(&[(&good, b"good")])).unwrap();
+        let summaries = up.finish().unwrap();
+        assert_eq!(summaries.len(), 1);
+        assert!(summaries[0].is_crc_successful);
+        assert_eq!(store.get(&session(1), &good).as_deref(), Some(&b"good"[..]));
+        assert_eq!(held(&store), (0, 4));
     }
 
     #[test]
