@@ -1,6 +1,6 @@
 //! Artifacts: what a client uploads to its session with `AddArtifacts` (jars, Python files,
 //! archives, files, classes, and `cache/<sha256>` blobs such as the local relations of
-//! PySpark's `createDataFrame`) and asks about with `ArtifactStatus` (connect §8; Spark's
+//! PySpark's `createDataFrame`) and asks about with `ArtifactStatus` (connect §9; Spark's
 //! `SparkConnectAddArtifactsHandler`, `SparkConnectArtifactStatusesHandler`,
 //! `ArtifactManager.addArtifact`).
 //!
@@ -50,7 +50,7 @@ pub struct ArtifactSession {
 }
 
 /// Why an upload was refused, with the Spark condition it is answered with
-/// ([`From<ArtifactError> for ConnectError`](ConnectError); connect §8.2, §8.3,
+/// ([`From<ArtifactError> for ConnectError`](ConnectError); connect §9.2, §8.3,
 /// `SparkConnectAddArtifactsHandler`, measured on Spark 4.3.0).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArtifactError {
@@ -223,7 +223,7 @@ pub fn check_name(name: &str) -> Result<(), ArtifactError> {
 }
 
 /// Checks that the bytes of a `cache/<hash>` artifact have that SHA-256 (hex digits in either
-/// case; connect §8.3); other names are not checked.
+/// case; connect §9.3); other names are not checked.
 ///
 /// # Errors
 /// [`ArtifactError::HashMismatch`] with the SHA-256 of `data`.
@@ -292,7 +292,7 @@ pub trait ArtifactStore: Send + Sync + 'static {
     fn stored_bytes(&self) -> u64;
 }
 
-/// The byte limits of a [`MemoryArtifactStore`] (connect §8.3): bytes kept plus bytes
+/// The byte limits of a [`MemoryArtifactStore`] (connect §9.3): bytes kept plus bytes
 /// reserved by uploads in flight.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArtifactLimits {
@@ -326,7 +326,7 @@ struct MemoryState {
     reserved: u64,
 }
 
-/// The default [`ArtifactStore`] (connect §8.3): every artifact in memory, bounded by
+/// The default [`ArtifactStore`] (connect §9.3): every artifact in memory, bounded by
 /// [`ArtifactLimits`] per session and for the whole server (bytes kept plus bytes reserved
 /// by uploads in flight).
 #[derive(Debug, Default)]
@@ -336,7 +336,7 @@ pub struct MemoryArtifactStore {
 }
 
 impl MemoryArtifactStore {
-    /// An empty store with these limits (connect §8.3).
+    /// An empty store with these limits (connect §9.3).
     pub fn new(limits: ArtifactLimits) -> Self {
         Self {
             limits,
@@ -344,7 +344,7 @@ impl MemoryArtifactStore {
         }
     }
 
-    /// Its limits (connect §8.3).
+    /// Its limits (connect §9.3).
     pub fn limits(&self) -> ArtifactLimits {
         self.limits
     }
@@ -490,7 +490,7 @@ impl ArtifactStore for MemoryArtifactStore {
 }
 
 /// A session's artifacts as the engine sees them (on
-/// [`SessionContext::artifacts`](super::SessionContext::artifacts); connect §8, Spark's
+/// [`SessionContext::artifacts`](super::SessionContext::artifacts); connect §9, Spark's
 /// `SessionHolder.artifactManager`): read by name, e.g. the `CachedLocalRelation` of hash
 /// `h` is `get("cache/h")`.
 #[derive(Clone)]
@@ -500,18 +500,18 @@ pub struct SessionArtifacts {
 }
 
 impl SessionArtifacts {
-    /// `session`'s artifacts in `store` (connect §8).
+    /// `session`'s artifacts in `store` (connect §9).
     pub fn new(store: Arc<dyn ArtifactStore>, session: ArtifactSession) -> Self {
         Self { store, session }
     }
 
     /// The bytes of the artifact `name` (e.g. `cache/<sha256 hex>`), if the session has it
-    /// (connect §8).
+    /// (connect §9).
     pub fn get(&self, name: &str) -> Option<Bytes> {
         self.store.get(&self.session, name)
     }
 
-    /// The session these are the artifacts of (connect §8).
+    /// The session these are the artifacts of (connect §9).
     pub fn session(&self) -> &ArtifactSession {
         &self.session
     }
@@ -734,7 +734,7 @@ const ARTIFACT_UPLOADS_REFUSED: Metric = Metric::counter(
 );
 
 /// The artifact metrics of a Spark Connect service (rows of [`observe`](crate::observe)'s
-/// table; connect §8).
+/// table; connect §9).
 pub(super) const METRICS: &[Metric] = &[ARTIFACT_BYTES, ARTIFACT_UPLOADS_REFUSED];
 
 /// The reasons of `tether_connect_artifact_uploads_refused_total`, one per kind of
@@ -841,7 +841,7 @@ pub(super) fn sweep(store: &dyn ArtifactStore, manager: &ExecutionManager) {
     });
 }
 
-/// `AddArtifacts` (connect §8): receives `stream`, its session opened by `open` from the
+/// `AddArtifacts` (connect §9): receives `stream`, its session opened by `open` from the
 /// first request, checks and keeps its artifacts in `store`, and answers one summary per
 /// artifact (see the module docs).
 pub(super) async fn receive(
@@ -886,7 +886,7 @@ pub(super) async fn receive(
     })
 }
 
-/// `ArtifactStatus` (connect §8): for each of `names`, whether `artifacts` has it. As Spark
+/// `ArtifactStatus` (connect §9): for each of `names`, whether `artifacts` has it. As Spark
 /// 4.3.0, only `cache/` names are looked up; every other name is answered `exists = false`.
 pub(super) fn statuses(
     names: &[String],

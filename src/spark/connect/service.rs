@@ -188,7 +188,7 @@ struct Inner<E> {
     connections: Mutex<CancellationToken>,
     /// Handlers running ([`ConnectService::rpcs_in_flight`]).
     rpcs: Arc<AtomicUsize>,
-    /// Every session's artifacts (`AddArtifacts`, connect §8).
+    /// Every session's artifacts (`AddArtifacts`, connect §9).
     artifacts: Arc<dyn ArtifactStore>,
     /// Their metrics (kept bytes, refused uploads).
     artifact_metrics: super::artifacts::ArtifactMetrics,
@@ -266,13 +266,13 @@ impl<E: QueryEngine> ConnectService<E> {
     }
 
     /// Where the sessions' artifacts are kept ([`with_artifact_store`](Self::with_artifact_store);
-    /// connect §8).
+    /// connect §9).
     pub fn artifact_store(&self) -> &Arc<dyn ArtifactStore> {
         &self.inner.artifacts
     }
 
     /// Frees the artifacts of every session the manager no longer has (released or expired,
-    /// rx §5.6; connect §8.3) and publishes the artifact metrics
+    /// rx §5.6; connect §9.3) and publishes the artifact metrics
     /// (`tether_connect_artifact_bytes`, `…_uploads_refused_total`; see
     /// [`observe`](crate::observe)). [`ConnectServer`](super::ConnectServer) calls it on every
     /// maintenance interval; each upload also frees what ended sessions hold, first.

@@ -9,7 +9,7 @@ use std::collections::HashMap;
 use super::{UserContext, user_id_of};
 
 /// `spark.connect.AddArtifactsRequest`: one message of the client stream of `AddArtifacts`
-/// (connect §8.1; `SparkConnectAddArtifactsHandler.onNext`). A stream is a sequence of batches of small
+/// (connect §9.1; `SparkConnectAddArtifactsHandler.onNext`). A stream is a sequence of batches of small
 /// artifacts and of chunked large ones (a `begin_chunk` then its remaining `chunk`s); the
 /// server answers once, when the stream ends.
 #[derive(Clone, PartialEq, ::prost::Message)]
@@ -35,17 +35,17 @@ pub struct AddArtifactsRequest {
 
 impl AddArtifactsRequest {
     /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent
-    /// (protobuf's default, as Spark reads `getUserContext.getUserId`; connect §8.1).
+    /// (protobuf's default, as Spark reads `getUserContext.getUserId`; connect §9.1).
     pub fn user_id(&self) -> &str {
         user_id_of(self.user_context.as_ref())
     }
 }
 
-/// Nested types of [`AddArtifactsRequest`] (connect §8.1).
+/// Nested types of [`AddArtifactsRequest`] (connect §9.1).
 pub mod add_artifacts_request {
     use bytes::Bytes;
 
-    /// `AddArtifactsRequest.ArtifactChunk` (connect §8.1): a piece of an artifact and its CRC-32 (the
+    /// `AddArtifactsRequest.ArtifactChunk` (connect §9.1): a piece of an artifact and its CRC-32 (the
     /// IEEE polynomial of `java.util.zip.CRC32` and Python's `zlib.crc32`, as an unsigned
     /// value in an `int64`).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -59,7 +59,7 @@ pub mod add_artifacts_request {
     }
 
     impl ArtifactChunk {
-        /// A chunk of `data` with its correct CRC-32, as a client sends it (connect §8.1).
+        /// A chunk of `data` with its correct CRC-32, as a client sends it (connect §9.1).
         pub fn of(data: impl Into<Bytes>) -> Self {
             let data = data.into();
             let crc = i64::from(crc32fast::hash(&data));
@@ -67,7 +67,7 @@ pub mod add_artifacts_request {
         }
     }
 
-    /// `AddArtifactsRequest.SingleChunkArtifact`: a small artifact in one chunk (connect §8.1).
+    /// `AddArtifactsRequest.SingleChunkArtifact`: a small artifact in one chunk (connect §9.1).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct SingleChunkArtifact {
         /// Field 1: the artifact's name, a relative path such as `jars/a.jar` or
@@ -79,7 +79,7 @@ pub mod add_artifacts_request {
         pub data: Option<ArtifactChunk>,
     }
 
-    /// `AddArtifactsRequest.Batch`: several small artifacts in one message (connect §8.1).
+    /// `AddArtifactsRequest.Batch`: several small artifacts in one message (connect §9.1).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct Batch {
         /// Field 1: the artifacts.
@@ -87,7 +87,7 @@ pub mod add_artifacts_request {
         pub artifacts: Vec<SingleChunkArtifact>,
     }
 
-    /// `AddArtifactsRequest.BeginChunkedArtifact` (connect §8.1): the start of a large artifact sent as
+    /// `AddArtifactsRequest.BeginChunkedArtifact` (connect §9.1): the start of a large artifact sent as
     /// `num_chunks` chunks, this one's included, of `total_bytes` bytes in all.
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct BeginChunkedArtifact {
@@ -106,7 +106,7 @@ pub mod add_artifacts_request {
     }
 
     /// The branches of [`AddArtifactsRequest::payload`](super::AddArtifactsRequest::payload)
-    /// (connect §8.1).
+    /// (connect §9.1).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Oneof)]
     pub enum Payload {
         /// Field 3: whole small artifacts.
@@ -121,7 +121,7 @@ pub mod add_artifacts_request {
     }
 }
 
-/// `spark.connect.AddArtifactsResponse` (connect §8.1): the one answer of `AddArtifacts`, one summary per
+/// `spark.connect.AddArtifactsResponse` (connect §9.1): the one answer of `AddArtifacts`, one summary per
 /// artifact of the stream, in the order they were sent
 /// (`SparkConnectAddArtifactsHandler.onCompleted`).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
@@ -137,9 +137,9 @@ pub struct AddArtifactsResponse {
     pub artifacts: Vec<add_artifacts_response::ArtifactSummary>,
 }
 
-/// Nested types of [`AddArtifactsResponse`] (connect §8.1).
+/// Nested types of [`AddArtifactsResponse`] (connect §9.1).
 pub mod add_artifacts_response {
-    /// `AddArtifactsResponse.ArtifactSummary` (connect §8.1, §8.2).
+    /// `AddArtifactsResponse.ArtifactSummary` (connect §9.1, §8.2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ArtifactSummary {
         /// Field 1: the artifact's name, as sent.
@@ -153,7 +153,7 @@ pub mod add_artifacts_response {
 }
 
 /// `spark.connect.ArtifactStatusesRequest`: which of `names` does the session have
-/// (connect §8.1; `SparkConnectArtifactStatusesHandler.handle`).
+/// (connect §9.1; `SparkConnectArtifactStatusesHandler.handle`).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ArtifactStatusesRequest {
     /// Field 1: the client's session id (a UUID string).
@@ -175,13 +175,13 @@ pub struct ArtifactStatusesRequest {
 
 impl ArtifactStatusesRequest {
     /// The `user_id` of [`user_context`](Self::user_context), or `""` when absent
-    /// (connect §8.1).
+    /// (connect §9.1).
     pub fn user_id(&self) -> &str {
         user_id_of(self.user_context.as_ref())
     }
 }
 
-/// `spark.connect.ArtifactStatusesResponse`: one status per name asked (connect §8.1).
+/// `spark.connect.ArtifactStatusesResponse`: one status per name asked (connect §9.1).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ArtifactStatusesResponse {
     /// Field 2: the session id.
@@ -195,9 +195,9 @@ pub struct ArtifactStatusesResponse {
     pub statuses: HashMap<String, artifact_statuses_response::ArtifactStatus>,
 }
 
-/// Nested types of [`ArtifactStatusesResponse`] (connect §8.1).
+/// Nested types of [`ArtifactStatusesResponse`] (connect §9.1).
 pub mod artifact_statuses_response {
-    /// `ArtifactStatusesResponse.ArtifactStatus` (connect §8.1).
+    /// `ArtifactStatusesResponse.ArtifactStatus` (connect §9.1).
     #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ArtifactStatus {
         /// Field 1: whether the session has the artifact.
