@@ -50,7 +50,7 @@ pub struct ArtifactSession {
 }
 
 /// Why an upload was refused, with the Spark condition it is answered with
-/// ([`From<ArtifactError> for ConnectError`](ConnectError); connect §9.2, §8.3,
+/// ([`From<ArtifactError> for ConnectError`](ConnectError); connect §9.2, §9.3,
 /// `SparkConnectAddArtifactsHandler`, measured on Spark 4.3.0).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ArtifactError {

@@ -139,7 +139,7 @@ pub struct AddArtifactsResponse {
 
 /// Nested types of [`AddArtifactsResponse`] (connect §9.1).
 pub mod add_artifacts_response {
-    /// `AddArtifactsResponse.ArtifactSummary` (connect §9.1, §8.2).
+    /// `AddArtifactsResponse.ArtifactSummary` (connect §9.1, §9.2).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct ArtifactSummary {
         /// Field 1: the artifact's name, as sent.
