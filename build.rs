@@ -51,6 +51,20 @@ mod spark_connect {
             false,
         ),
         (
+            "add_artifacts",
+            "AddArtifacts",
+            "AddArtifactsRequest",
+            "AddArtifactsResponse",
+            false,
+        ),
+        (
+            "artifact_status",
+            "ArtifactStatus",
+            "ArtifactStatusesRequest",
+            "ArtifactStatusesResponse",
+            false,
+        ),
+        (
             "release_session",
             "ReleaseSession",
             "ReleaseSessionRequest",
@@ -66,6 +80,9 @@ mod spark_connect {
         ),
     ];
 
+    /// The methods of `METHODS` whose requests are a client stream (`AddArtifacts`).
+    const CLIENT_STREAMING: &[&str] = &["add_artifacts"];
+
     pub(super) fn generate() {
         let mut service = Service::builder()
             .name("SparkConnectService")
@@ -79,6 +96,9 @@ mod spark_connect {
                 .codec_path("tonic_prost::ProstCodec");
             if streaming {
                 method = method.server_streaming();
+            }
+            if CLIENT_STREAMING.contains(&name) {
+                method = method.client_streaming();
             }
             service = service.method(method.build());
         }

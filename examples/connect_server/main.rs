@@ -27,7 +27,7 @@ use std::time::Duration;
 use clap::Parser;
 use tether::execution::{ExecutionManager, ManagerConfig};
 use tether::spark::connect::tls::ServerTls;
-use tether::spark::connect::{check_token, error_chain};
+use tether::spark::connect::{ConnectService, check_token, error_chain};
 use tokio::net::TcpListener;
 
 mod range;
@@ -126,7 +126,14 @@ async fn run(args: Args) -> Result<bool, Box<dyn std::error::Error>> {
         println!("draining: new sessions and executions refused, deadline {deadline:?}");
         let _ = signaled.send(());
     };
-    let serving = serve::serve(engine, manager, listener, tls, args.token, deadline, first);
+    let serving = serve::serve(
+        ConnectService::new(manager, engine),
+        listener,
+        tls,
+        args.token,
+        deadline,
+        first,
+    );
     tokio::select! {
         report = serving => {
             let report = report?;

@@ -3,24 +3,23 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tether::execution::{DrainReport, ExecutionManager};
+use tether::execution::DrainReport;
 use tether::spark::connect::tls::ServerTls;
 use tether::spark::connect::{ConnectServer, ConnectService, QueryEngine};
 use tokio::net::TcpListener;
 
-/// Serves `engine` on `listener` (TLS if `tls`, the token if `token`), publishing the
+/// Serves `service` on `listener` (TLS if `tls`, the token if `token`), publishing the
 /// metrics every second, until `shutdown`; then drains, canceling what still runs after
 /// `drain_deadline`, and returns the drain's report.
 pub async fn serve(
-    engine: impl QueryEngine,
-    manager: ExecutionManager,
+    service: ConnectService<impl QueryEngine>,
     listener: TcpListener,
     tls: Option<ServerTls>,
     token: Option<String>,
     drain_deadline: Duration,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<DrainReport> {
-    let mut server = ConnectServer::new(ConnectService::new(manager, engine))
+    let mut server = ConnectServer::new(service)
         .publish_metrics_every(Duration::from_secs(1))
         .drain_deadline(drain_deadline);
     if let Some(tls) = tls {

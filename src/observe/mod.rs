@@ -107,6 +107,8 @@
 //! | `tether_connect_admission_waiting` | gauge | executions | | executions waiting for an admission slot (sampled at each maintenance pass) |
 //! | `tether_connect_admission_waited_total` | counter | executions | | executions that had to wait for a slot |
 //! | `tether_connect_admission_refused_total` | counter | executions | `reason`: `timeout` (`SERVER_BUSY`), `draining` (`SERVER_DRAINING`) | waiting executions refused |
+//! | `tether_connect_artifact_bytes` | gauge | bytes | | bytes of artifacts the sessions keep (connect §9; a Spark Connect service's, sampled and published at each `ConnectService::sweep_artifacts`, which `ConnectServer` runs every maintenance interval) |
+//! | `tether_connect_artifact_uploads_refused_total` | counter | uploads | `reason`: `name`, `exists`, `hash`, `limit`, `protocol` | `AddArtifacts` streams refused (connect §9.3; published with the above) |
 //! | `tether_events_dropped_total` | counter | events | `side`: `connect`, `udf` | events a full channel dropped |
 //! | `tether_udf_sessions` | gauge | sessions | | live worker sessions: created and not yet terminated (udf §4.1) |
 //! | `tether_udf_sessions_total` | counter | sessions | `termination`: `finished`, `cancelled`, `failed`, `transport_failed`, `interrupted` | worker sessions ended, by their [`TerminationKind`](crate::worker::engine::TerminationKind) (udf §4.1) |

@@ -61,19 +61,49 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         `CHUNKED DONE`.
 
     python tests/python/connect_scenarios.py admission PORT CLIENTS ROWS
-        CLIENTS PySpark sessions submit range(ROWS).collect() 0.3 s apart, each from its own
+        CLIENTS PySpark sessions submit range(ROWS).collect() 0.2 s apart, each from its own
         thread, against a server with an admission cap (connect §11). Prints one
         `CASE {json}` per client (its index, submit and first-result times, rows, error) and
         `ADMISSION DONE`.
+    python tests/python/connect_scenarios.py artifacts PORT
+        Raw AddArtifacts / ArtifactStatus requests whose answers Spark 4.3.0 and tether
+        share: a single-chunk upload's summary, a bad CRC (`is_crc_successful` false, nothing
+        kept), ArtifactStatus of a known and an unknown `cache/` name, names that leave the
+        session's directory (INVALID_ARTIFACT_PATH), an overwrite with other bytes
+        (ARTIFACT_ALREADY_EXISTS), a chunked upload of several chunks, chunking errors, a
+        request with no payload, a session id that is no UUID, and the session released.
+        Prints `CASE {json}` lines and `ARTIFACTS DONE`.
+
+    python tests/python/connect_scenarios.py artifact-differences PORT
+        The artifact cases where tether deliberately differs from Spark (names Spark keeps
+        that tether refuses, a `cache/` name whose bytes have another SHA-256, a stream
+        of which one artifact was refused, an empty stream): reported, not asserted.
+        Prints `CASE {json}` lines and `ARTIFACT DIFFERENCES DONE`.
+
+    python tests/python/connect_scenarios.py artifact-limits PORT SESSION_BYTES
+        Against a tether server started with `--artifact-session-bytes SESSION_BYTES`: an
+        upload over the limit (single and chunked) is refused with ARTIFACT_LIMIT_EXCEEDED
+        and nothing of it is kept; one within it is kept. Prints `CASE {json}` lines and
+        `ARTIFACT LIMITS DONE`.
+
+    python tests/python/connect_scenarios.py artifacts-pyspark PORT
+        PySpark's own uploads: `spark.addArtifacts(path, file=True)` (the server holds the
+        file byte-exact: the same bytes again are accepted, one byte changed is refused),
+        and `createDataFrame` of a dataset above `localRelationCacheThreshold`, whose
+        `cache/<sha256>` artifacts ArtifactStatus then answers. Prints `CASE {json}` lines,
+        then `HOLDING` and waits for a line on stdin before `spark.stop()` (so the caller
+        can look at what the server holds), then `ARTIFACTS PYSPARK DONE`.
 
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
 
+import hashlib
 import json
 import sys
 import time
 import uuid
+import zlib
 
 from client_env import require
 
@@ -594,7 +624,7 @@ def admission(port, clients, total):
         t = threading.Thread(target=run, args=(i,))
         t.start()
         threads.append(t)
-        time.sleep(0.3)
+        time.sleep(0.2)
     for t in threads:
         t.join()
     for case in cases:
@@ -602,6 +632,230 @@ def admission(port, clients, total):
     for s in sessions:
         s.stop()
     print("ADMISSION DONE", flush=True)
+# ---------------------------------------------------------------------------------------------
+# Artifacts
+# ---------------------------------------------------------------------------------------------
+
+# A parent segment, spelled apart: the repository's path check reads every `../`.
+UP = ".."
+
+
+def sha256(data):
+    return hashlib.sha256(data).hexdigest()
+
+
+class Artifacts:
+    """Raw AddArtifacts / ArtifactStatus requests in one session."""
+
+    def __init__(self, port, user_id="tether-artifacts", session=None):
+        self.stub = stub(port)
+        self.session = session or str(uuid.uuid4())
+        self.user = user(user_id)
+
+    def chunk(self, data, crc=None):
+        return pb.AddArtifactsRequest.ArtifactChunk(
+            data=data, crc=zlib.crc32(data) if crc is None else crc)
+
+    def request(self, **payload):
+        return pb.AddArtifactsRequest(session_id=self.session, user_context=self.user, **payload)
+
+    def batch(self, *artifacts):
+        """One batch request of (name, data[, crc]) artifacts."""
+        return self.request(batch=pb.AddArtifactsRequest.Batch(artifacts=[
+            pb.AddArtifactsRequest.SingleChunkArtifact(name=a[0], data=self.chunk(*a[1:]))
+            for a in artifacts]))
+
+    def chunked(self, name, parts, num_chunks=None, total=None, bad=None):
+        """The requests of a chunked artifact; the chunk at index `bad` has a wrong CRC."""
+        crc = lambda i: 7 if i == bad else None  # noqa: E731
+        first = self.request(begin_chunk=pb.AddArtifactsRequest.BeginChunkedArtifact(
+            name=name, total_bytes=sum(map(len, parts)) if total is None else total,
+            num_chunks=len(parts) if num_chunks is None else num_chunks,
+            initial_chunk=self.chunk(parts[0], crc(0))))
+        return [first] + [self.request(chunk=self.chunk(p, crc(i)))
+                          for i, p in enumerate(parts[1:], 1)]
+
+    def add(self, requests):
+        """Sends the requests as one stream; the summaries as [name, is_crc_successful]."""
+        response = self.stub.AddArtifacts(iter(requests))
+        return [[a.name, a.is_crc_successful] for a in response.artifacts]
+
+    def status(self, *names):
+        response = self.stub.ArtifactStatus(pb.ArtifactStatusesRequest(
+            session_id=self.session, user_context=self.user, names=list(names)))
+        return {name: response.statuses[name].exists for name in names
+                if name in response.statuses}
+
+    def release(self):
+        self.stub.ReleaseSession(pb.ReleaseSessionRequest(
+            session_id=self.session, user_context=self.user))
+
+
+def artifacts(port):
+    a = Artifacts(port)
+    data = b"hello artifact"
+    good = "cache/" + sha256(data)
+    expect(report(outcome("artifact_single_chunk", lambda: a.add([a.batch((good, data))]))),
+           code="OK", result=[[good, True]])
+    unknown = "cache/" + sha256(b"never sent")
+    expect(report(outcome("artifact_status_known_and_unknown", lambda: a.status(good, unknown))),
+           code="OK", result={good: True, unknown: False})
+    bad = "cache/" + sha256(b"bad crc")
+    expect(report(outcome("artifact_bad_crc", lambda: a.add([a.batch((bad, b"bad crc", 123))]))),
+           code="OK", result=[[bad, False]])
+    expect(report(outcome("artifact_bad_crc_not_kept", lambda: a.status(bad))),
+           code="OK", result={bad: False})
+    expect(report(outcome("artifact_batch_one_bad_crc", lambda: a.add([a.batch(
+        ("files/c1.txt", b"c1"), ("files/c2.txt", b"c2", 5))]))),
+        code="OK", result=[["files/c1.txt", True], ["files/c2.txt", False]])
+    # ArtifactStatus answers `cache/` names only: a kept file is not reported.
+    expect(report(outcome("artifact_status_of_a_file", lambda: a.status("files/c1.txt"))),
+           code="OK", result={"files/c1.txt": False})
+    for name in [f"{UP}/x", "/abs", f"files/{UP}/{UP}/x", ""]:
+        expect(report(outcome(f"artifact_name {name!r}", lambda: a.add([a.batch((name, b"q"))]))),
+               code="INTERNAL", condition="INVALID_ARTIFACT_PATH", sql_state="22023",
+               parameters=["name"])
+    expect(report(outcome("artifact_same_bytes_again", lambda: a.add([
+        a.batch(("files/c1.txt", b"c1"))]))), code="OK", result=[["files/c1.txt", True]])
+    expect(report(outcome("artifact_other_bytes_same_name", lambda: a.add([
+        a.batch(("files/c1.txt", b"changed"))]))),
+        code="INTERNAL", condition="ARTIFACT_ALREADY_EXISTS", sql_state="42713",
+        parameters=["normalizedRemoteRelativePath"])
+    big = bytes(range(256)) * 400  # 102 400 bytes, four chunks of 32 KiB (PySpark's size)
+    parts = [big[i:i + 32768] for i in range(0, len(big), 32768)]
+    chunked = "cache/" + sha256(big)
+    expect(report(outcome("artifact_chunked", lambda: a.add(a.chunked(chunked, parts)))),
+           code="OK", result=[[chunked, True]])
+    expect(report(outcome("artifact_chunked_status", lambda: a.status(chunked))),
+           code="OK", result={chunked: True})
+    other = bytes(reversed(big))
+    other_parts = [other[i:i + 32768] for i in range(0, len(other), 32768)]
+    bad_chunked = "cache/" + sha256(other)
+    expect(report(outcome("artifact_chunked_bad_crc", lambda: a.add(
+        a.chunked(bad_chunked, other_parts, bad=2)))), code="OK", result=[[bad_chunked, False]])
+    expect(report(outcome("artifact_chunked_bad_crc_not_kept", lambda: a.status(bad_chunked))),
+           code="OK", result={bad_chunked: False})
+    for case, requests in [
+        ("artifact_chunks_missing", a.chunked("files/m", parts[:2], num_chunks=3, total=len(big))),
+        ("artifact_chunks_in_excess", a.chunked("files/e", parts[:3], num_chunks=2,
+                                                 total=2 * 32768)),
+        ("artifact_chunk_without_begin", [a.request(chunk=a.chunk(b"x"))]),
+        ("artifact_begin_inside_chunked", a.chunked("files/b1", parts[:2], num_chunks=3)
+         + a.chunked("files/b2", parts[:1])),
+    ]:
+        expect(report(outcome(case, lambda: a.add(requests))), code="INTERNAL", condition=None,
+               exception="IllegalArgumentException")
+    expect(report(outcome("artifact_no_payload", lambda: a.add([a.request()]))),
+           code="INTERNAL", condition=None)
+    bad_session = Artifacts(port, session="not-a-uuid")
+    expect(report(outcome("artifact_add_bad_session", lambda: bad_session.add(
+        [bad_session.batch(("files/z", b"z"))]))),
+        code="INTERNAL", condition="INVALID_HANDLE.FORMAT")
+    expect(report(outcome("artifact_status_bad_session", lambda: bad_session.status(good))),
+           code="INTERNAL", condition="INVALID_HANDLE.FORMAT")
+    a.release()
+    expect(report(outcome("artifact_status_after_release", lambda: a.status(good))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_CLOSED")
+    print("ARTIFACTS DONE", flush=True)
+
+
+def artifact_differences(port):
+    """tether::spark::connect's table of differences, the artifact rows: reported, not
+    asserted (scripts/real_spark.py holds each server to its documented answer)."""
+    a = Artifacts(port, "tether-artifact-differences")
+    for name in ["files//x", "files\\x", "unknown/x", "x", f"files/a/{UP}/b", "./files/x",
+                 "a\0b", "cache/notahash"]:
+        report(outcome(f"artifact_name {name!r}", lambda: a.add([a.batch((name, b"q"))])))
+    wrong = "cache/" + "1" * 64
+    report(outcome("artifact_wrong_hash", lambda: a.add([a.batch((wrong, b"other"))])))
+    # A request whose second artifact is refused at the end (other bytes under a kept
+    # name): Spark keeps the first, tether neither.
+    a.add([a.batch(("files/kept.txt", b"kept"))])
+    first = "cache/" + sha256(b"first of a refused request")
+    refused = outcome("artifact_refused_request", lambda: a.add([a.batch(
+        (first, b"first of a refused request"), ("files/kept.txt", b"other"))]))
+    refused["first_kept"] = a.status(first)[first]
+    report(refused)
+    # A refused name after a good artifact in the same stream: Spark keeps the good one,
+    # tether nothing of the stream.
+    before = "cache/" + sha256(b"before the bad name")
+    bad_name = outcome("artifact_bad_name_after_a_good_one", lambda: a.add([
+        a.batch((before, b"before the bad name")), a.batch((f"{UP}/y", b"y"))]))
+    bad_name["first_kept"] = a.status(before)[before]
+    report(bad_name)
+    report(outcome("artifact_empty_stream", lambda: a.add([])))
+    a.release()
+    print("ARTIFACT DIFFERENCES DONE", flush=True)
+
+
+def artifact_limits(port, limit):
+    a = Artifacts(port, "tether-artifact-limits")
+    over = bytes(limit + 1)
+    name = "cache/" + sha256(over)
+    expect(report(outcome("artifact_over_session_limit", lambda: a.add(
+        [a.batch((name, over))]))), code="INTERNAL", condition="ARTIFACT_LIMIT_EXCEEDED")
+    expect(report(outcome("artifact_over_limit_not_kept", lambda: a.status(name))),
+           code="OK", result={name: False})
+    parts = [over[i:i + 1000] for i in range(0, len(over), 1000)]
+    # Refused at the begin_chunk, which announces the total: before any chunk is buffered.
+    expect(report(outcome("artifact_chunked_over_session_limit", lambda: a.add(
+        a.chunked(name, parts)))), code="INTERNAL", condition="ARTIFACT_LIMIT_EXCEEDED")
+    within = bytes(limit // 2)
+    kept = "cache/" + sha256(within)
+    expect(report(outcome("artifact_within_limit", lambda: a.add([a.batch((kept, within))]))),
+           code="OK", result=[[kept, True]])
+    # What is kept counts: the same size again would pass the limit.
+    again = bytes([1]) * (limit // 2 + 1)
+    expect(report(outcome("artifact_kept_bytes_count", lambda: a.add(
+        [a.batch(("cache/" + sha256(again), again))]))),
+        code="INTERNAL", condition="ARTIFACT_LIMIT_EXCEEDED")
+    a.release()
+    print("ARTIFACT LIMITS DONE", flush=True)
+
+
+def artifacts_pyspark(port):
+    import os
+    import tempfile
+    session_id = str(uuid.uuid4())
+    spark = pyspark_session(port, "tether-artifacts-pyspark", session_id)
+    payload = bytes(range(256)) * 300 + b"tail"  # 76 804 bytes: a chunked upload
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "data.bin")
+        with open(path, "wb") as f:
+            f.write(payload)
+        spark.addArtifacts(path, file=True)
+    # The server holds it byte-exact: the same bytes under its name are accepted again,
+    # one byte changed is refused (ARTIFACT_ALREADY_EXISTS).
+    a = Artifacts(port, "tether-artifacts-pyspark", session_id)
+    expect(report(outcome("pyspark_file_same_bytes", lambda: a.add(
+        a.chunked("files/data.bin", [payload[i:i + 32768]
+                                     for i in range(0, len(payload), 32768)])))),
+        code="OK", result=[["files/data.bin", True]])
+    changed = payload[:-1] + b"!"
+    expect(report(outcome("pyspark_file_other_bytes", lambda: a.add(
+        a.chunked("files/data.bin", [changed[i:i + 32768]
+                                     for i in range(0, len(changed), 32768)])))),
+        code="INTERNAL", condition="ARTIFACT_ALREADY_EXISTS")
+    # createDataFrame of a dataset above the threshold uploads it as cache/ artifacts and
+    # sends a ChunkedCachedLocalRelation naming their hashes.
+    spark.conf.set("spark.sql.session.localRelationCacheThreshold", "1024")
+    from pyspark.sql.types import LongType, StringType, StructField, StructType
+    schema = StructType([StructField("id", LongType()), StructField("name", StringType())])
+    df = spark.createDataFrame([(i, f"row {i}") for i in range(5000)], schema)
+    plan = df._plan
+    hashes = list(getattr(plan, "_data_hashes", []))
+    schema_hash = getattr(plan, "_schema_hash", None)
+    names = ["cache/" + h for h in hashes + ([schema_hash] if schema_hash else [])]
+    if not hashes:
+        raise AssertionError(f"createDataFrame did not cache its data: {type(plan).__name__}")
+    expect(report(outcome("pyspark_cached_relation_status", lambda: all(a.status(*names).values())
+                          and len(a.status(*names)) == len(names))), code="OK", result=True)
+    report({"case": "pyspark_cached_relation", "code": "OK", "result": len(names)})
+    # The caller looks at what the server holds, then lets the session go.
+    print("HOLDING", flush=True)
+    sys.stdin.readline()
+    spark.stop()
+    print("ARTIFACTS PYSPARK DONE", flush=True)
 
 
 def main():
@@ -626,6 +880,14 @@ def main():
                 int(sys.argv[5]) if len(sys.argv) > 5 else None)
     elif mode == "admission":
         admission(port, int(sys.argv[3]), int(sys.argv[4]))
+    elif mode == "artifacts":
+        artifacts(port)
+    elif mode == "artifact-differences":
+        artifact_differences(port)
+    elif mode == "artifact-limits":
+        artifact_limits(port, int(sys.argv[3]))
+    elif mode == "artifacts-pyspark":
+        artifacts_pyspark(port)
     else:
         raise SystemExit(f"unknown mode {mode!r}")
 

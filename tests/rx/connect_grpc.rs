@@ -371,7 +371,7 @@ async fn methods_not_served_answer_unimplemented_by_name() {
     grpc.ready().await.unwrap();
     let codec = tonic_prost::ProstCodec::<ConfigRequest, ConfigRequest>::default();
     let path = tonic::codegen::http::uri::PathAndQuery::from_static(
-        "/spark.connect.SparkConnectService/ArtifactStatus",
+        "/spark.connect.SparkConnectService/NoSuchMethod",
     );
     let status = grpc
         .unary(tonic::Request::new(ConfigRequest::default()), path, codec)
@@ -380,6 +380,6 @@ async fn methods_not_served_answer_unimplemented_by_name() {
     assert_eq!(status.code(), tonic::Code::Unimplemented);
     assert_eq!(
         status.message(),
-        "Method ArtifactStatus of spark.connect.SparkConnectService is not implemented by this server"
+        "Method NoSuchMethod of spark.connect.SparkConnectService is not implemented by this server"
     );
 }

@@ -1293,6 +1293,137 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
     assert_eq!(server.log_count("interrupted=1"), 1, "one interrupt hit");
 }
 
+/// The artifact cases of `connect_scenarios.py` (raw gRPC; `scripts/real_spark.py` compares
+/// them with Spark 4.3.0) and PySpark's own uploads: every case answered as Spark answers it
+/// or as the table of differences documents it, and every byte freed with its session.
+#[test]
+fn artifacts_are_checked_kept_and_freed_with_their_session() {
+    let test = "artifacts_are_checked_kept_and_freed_with_their_session";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::start(&[]);
+    let port = server.port.to_string();
+    // The script asserts each case (summaries, statuses, conditions, SQLSTATEs).
+    let Some(cases) = scenarios(&python, test, &["artifacts", &port], "ARTIFACTS DONE") else {
+        return;
+    };
+    assert_eq!(cases.len(), 24, "{cases:#?}");
+    let Some(differences) = scenarios(
+        &python,
+        test,
+        &["artifact-differences", &port],
+        "ARTIFACT DIFFERENCES DONE",
+    ) else {
+        return;
+    };
+    assert_eq!(differences.len(), 12, "{differences:#?}");
+    for case in &differences {
+        let case: serde_json::Value = serde_json::from_str(case).unwrap();
+        let name = case["case"].as_str().unwrap();
+        let condition = case["condition"].as_str();
+        let want =
+            if name.starts_with("artifact_name ") || name.ends_with("bad_name_after_a_good_one") {
+                Some("INVALID_ARTIFACT_PATH")
+            } else if name == "artifact_wrong_hash" {
+                Some("ARTIFACT_HASH_MISMATCH")
+            } else if name == "artifact_refused_request" {
+                Some("ARTIFACT_ALREADY_EXISTS")
+            } else {
+                None
+            };
+        assert_eq!(case["code"], "INTERNAL", "{case}");
+        assert_eq!(condition, want, "{case}");
+        // Nothing of a refused stream is kept.
+        assert_ne!(case["first_kept"], true, "{case}");
+    }
+    // Both sessions were released: nothing is held.
+    server.wait_for_stats(Duration::from_secs(10), "artifacts freed", |s| {
+        stat(s, "artifact_bytes") == 0
+    });
+
+    // PySpark's uploads: a file (76 804 bytes) and a cached local relation.
+    let mut run = Checks::script(
+        &python,
+        "connect_scenarios.py",
+        &["artifacts-pyspark", &port],
+    );
+    let mut pyspark = Vec::new();
+    loop {
+        let Some(line) = run.expect_line("", Duration::from_secs(120)) else {
+            return skipped(test, &run.stderr()).unwrap_or(());
+        };
+        if line == "HOLDING" {
+            break;
+        }
+        if let Some(case) = line.strip_prefix("CASE ") {
+            pyspark.push(case.to_owned());
+        }
+    }
+    assert_eq!(pyspark.len(), 4, "{pyspark:#?}");
+    let holding = server.wait_for_stats(Duration::from_secs(10), "the uploads held", |s| {
+        stat(s, "artifact_bytes") > 76_804
+    });
+    eprintln!("held by the PySpark session: {holding:?}");
+    run.stdin.take().expect("stdin").write_all(b"\n").unwrap();
+    assert!(
+        run.expect_line("ARTIFACTS PYSPARK DONE", Duration::from_secs(60))
+            .is_some()
+    );
+    assert_eq!(
+        run.wait(Duration::from_secs(30)),
+        Some(0),
+        "{}",
+        run.stderr()
+    );
+    // spark.stop() released the session, and its artifacts with it.
+    server.wait_for_stats(Duration::from_secs(10), "freed with the session", |s| {
+        stat(s, "artifact_bytes") == 0
+    });
+
+    // Limits: refused before anything is buffered, nothing of the refused upload kept.
+    let metrics_port = free_port();
+    let metrics_addr = format!("127.0.0.1:{metrics_port}");
+    let limited = Server::start(&[
+        "--artifact-session-bytes",
+        "100000",
+        "--metrics-addr",
+        &metrics_addr,
+        "--maintenance-interval-ms",
+        "100",
+    ]);
+    let limited_port = limited.port.to_string();
+    let Some(limits) = scenarios(
+        &python,
+        test,
+        &["artifact-limits", &limited_port, "100000"],
+        "ARTIFACT LIMITS DONE",
+    ) else {
+        return;
+    };
+    assert_eq!(limits.len(), 5, "{limits:#?}");
+    limited.wait_for_stats(Duration::from_secs(10), "freed with the session", |s| {
+        stat(s, "artifact_bytes") == 0
+    });
+    // The refusals are counted by reason, and published with the kept bytes (0 now) on
+    // the maintenance interval.
+    let refused = "tether_connect_artifact_uploads_refused_total{reason=\"limit\"}";
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let metrics = loop {
+        let metrics = scrape(metrics_port);
+        if metrics.get(refused) == Some(&3.0) || Instant::now() > deadline {
+            break metrics;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert_eq!(metrics.get(refused), Some(&3.0), "{metrics:#?}");
+    assert_eq!(
+        metrics.get("tether_connect_artifact_bytes"),
+        Some(&0.0),
+        "{metrics:#?}"
+    );
+}
+
 #[test]
 fn pyspark_killed_client_leaves_an_execution_that_is_abandoned() {
     let test = "pyspark_killed_client_leaves_an_execution_that_is_abandoned";

@@ -117,8 +117,9 @@ fn pyspark_without_chunking_gets_a_clear_error_for_a_batch_too_large() {
     assert!(message.contains("ResultChunkingOptions"), "{case}");
 }
 
-/// Ten PySpark clients, each a query of about a second (three slow responses), submitted
-/// 0.3 s apart against a cap of three running executions: every client reads every row,
+/// Ten PySpark clients, each a query of about 1.5 s (five responses 0.3 s apart: the
+/// schema and four batches), submitted 0.2 s apart against a cap of three running
+/// executions: every client reads every row,
 /// never more than three run at once, and they start in the order they were submitted.
 #[test]
 fn ten_clients_against_a_cap_of_three_all_finish_in_fifo_order() {
@@ -140,7 +141,7 @@ fn ten_clients_against_a_cap_of_three_all_finish_in_fifo_order() {
     let Some(cases) = scenarios(
         &python,
         test,
-        &["admission", &port, "10", "20000"],
+        &["admission", &port, "10", "40000"],
         "ADMISSION DONE",
     ) else {
         return;
@@ -148,7 +149,7 @@ fn ten_clients_against_a_cap_of_three_all_finish_in_fifo_order() {
     assert_eq!(cases.len(), 10);
     for case in &cases {
         let case: serde_json::Value = serde_json::from_str(case).unwrap();
-        assert_eq!(case["rows"], 20000, "{case}");
+        assert_eq!(case["rows"], 40000, "{case}");
         assert_eq!(case["in_order"], true, "{case}");
     }
     // The server's events: the order executions were registered in (after admission) and

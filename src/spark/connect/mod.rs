@@ -6,7 +6,8 @@
 //! The gRPC glue is generated at build time from the hand-written messages of
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
-//! AnalyzePlan and FetchErrorDetails (connect §8); the others of Spark's
+//! AnalyzePlan, FetchErrorDetails (connect §8), AddArtifacts and ArtifactStatus
+//! ([`ArtifactStore`]); the others of Spark's
 //! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
@@ -33,6 +34,11 @@
 //! | a stream's error delivered again after its id was fetched | the same `errorId`, now answered empty | a new `errorId`, answered with the details (connect §8.1) |
 //! | a Config value containing the server's token (under a key the redaction pattern does not match) | answered | absent, as a redacted entry (connect §12.1) |
 //! | `spark.connect.session.planCompression.threshold` / `.defaultAlgorithm` defaults | `10485760` / `ZSTD` | `-1` / `NONE`: tether reads no compressed plan (connect §12.2) |
+//! | an artifact name Spark keeps but that is not one canonical relative path under `cache/`, `jars/`, `pyfiles/`, `archives/`, `files/` or `classes/` (`files//x`, a `..` segment that stays inside, `unknown/x`, a NUL, a backslash, `cache/` not followed by a SHA-256 in hex; measured) | kept (a NUL: `InvalidPathException`, no condition) | `INVALID_ARTIFACT_PATH` (connect §9.3) |
+//! | a `cache/<hash>` artifact whose bytes have another SHA-256 | kept under the wrong name | `ARTIFACT_HASH_MISMATCH` |
+//! | an `AddArtifacts` stream refused part way (a refused name, `ARTIFACT_ALREADY_EXISTS`) | keeps what it flushed before the error (measured; after a refused name, only sometimes) | keeps nothing of the stream |
+//! | an `AddArtifacts` stream with no request | `UNKNOWN` without a rich status | an `IllegalArgumentException` |
+//! | artifact bytes per session and per server | unbounded | bounded ([`ArtifactLimits`]): `ARTIFACT_LIMIT_EXCEEDED`, before the bytes are buffered |
 //! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!
 //! # A Spark Connect server in 60 lines
@@ -149,6 +155,7 @@ mod generated {
 }
 
 mod accepted;
+mod artifacts;
 mod auth;
 mod chunks;
 mod client;
@@ -162,6 +169,10 @@ mod status;
 pub mod tls;
 
 pub use self::accepted::DrainConnection;
+pub use self::artifacts::{
+    ARTIFACT_PREFIXES, ArtifactError, ArtifactLimits, ArtifactSession, ArtifactStore,
+    MemoryArtifactStore, SessionArtifacts, check_hash, check_name,
+};
 pub use self::auth::check_token;
 pub use self::chunks::DEFAULT_MAX_CHUNK_SIZE;
 pub use self::client::{ConnectClient, ConnectClientError};

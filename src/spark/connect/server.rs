@@ -320,6 +320,17 @@ impl<E: QueryEngine> ConnectServer<E> {
         let mut background = JoinSet::new();
         if maintenance {
             background.spawn(manager.clone().run_maintenance());
+            // Artifacts of sessions that expired go with them, on the same interval.
+            let service = service.clone();
+            let period = manager.config().maintenance_interval;
+            background.spawn(async move {
+                let mut tick = tokio::time::interval(period.max(Duration::from_millis(1)));
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    service.sweep_artifacts();
+                }
+            });
         }
         if let Some(period) = publish_metrics {
             let manager = manager.clone();

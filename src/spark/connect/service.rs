@@ -1,7 +1,7 @@
 //! The Spark Connect service over an [`ExecutionManager`]: ExecutePlan, ReattachExecute,
 //! ReleaseExecute, Interrupt and ReleaseSession in full, Config and AnalyzePlan through the
-//! user's [`QueryEngine`], FetchErrorDetails from the sessions' stored errors (rx §1, §4,
-//! §5; connect §3, §8).
+//! user's [`QueryEngine`], FetchErrorDetails from the sessions' stored errors, AddArtifacts and
+//! ArtifactStatus over an [`ArtifactStore`] (rx §1, §4, §5; connect §3, §8, §9).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -13,6 +13,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::service::interceptor::InterceptedService;
 
 use super::ConnectHealth;
+use super::artifacts::{ArtifactSession, ArtifactStore, MemoryArtifactStore, SessionArtifacts};
 use super::chunks::Chunking;
 use super::generated::spark_connect_service_server::{
     SparkConnectService, SparkConnectServiceServer,
@@ -22,9 +23,10 @@ use crate::execution::keys::shown;
 use crate::execution::{AdmissionPermit, Correlation};
 use crate::execution::{ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey};
 use crate::wire::connect::{
-    AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
-    ExecutePlanResponse, FetchErrorDetailsRequest, FetchErrorDetailsResponse, InterruptRequest,
-    InterruptResponse, KeyValue, ReattachExecuteRequest, ReleaseExecuteRequest,
+    AddArtifactsRequest, AddArtifactsResponse, AnalyzePlanRequest, AnalyzePlanResponse,
+    ArtifactStatusesRequest, ArtifactStatusesResponse, ConfigRequest, ConfigResponse,
+    ExecutePlanRequest, ExecutePlanResponse, FetchErrorDetailsRequest, FetchErrorDetailsResponse,
+    InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest, ReleaseExecuteRequest,
     ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse, UserContext,
     analyze_plan_request, analyze_plan_response, config_request, release_execute_request,
 };
@@ -44,6 +46,10 @@ pub struct SessionContext {
     pub session_id: String,
     /// The session's one server-side id, on every response (connect §3).
     pub server_side_session_id: String,
+    /// The session's artifacts (uploaded with `AddArtifacts`), by name: a
+    /// `CachedLocalRelation` of hash `h` reads `artifacts.get("cache/h")` (Spark's
+    /// `SessionHolder.artifactManager`; [`ArtifactStore`]).
+    pub artifacts: SessionArtifacts,
 }
 
 /// The query engine a Spark Connect server plugs into [`ConnectService`]: it turns one
@@ -203,6 +209,10 @@ struct Inner<E> {
     /// The tokens of this service's gRPC services ([`ConnectService::into_service`]), which
     /// no Config answer carries (connect §12).
     tokens: super::config::ServerTokens,
+    /// Every session's artifacts (`AddArtifacts`, connect §9).
+    artifacts: Arc<dyn ArtifactStore>,
+    /// Their metrics (kept bytes, refused uploads).
+    artifact_metrics: super::artifacts::ArtifactMetrics,
 }
 
 /// One running handler, counted in [`ConnectService::rpcs_in_flight`] until dropped.
@@ -249,8 +259,19 @@ fn session_key(user_id: &str, session_id: &str) -> Option<SessionKey> {
 
 impl<E: QueryEngine> ConnectService<E> {
     /// A service over `manager` (its registry, sessions and stream rotation, rx §4, §5)
-    /// running queries on `engine`.
+    /// running queries on `engine`, keeping artifacts in a [`MemoryArtifactStore`] with the
+    /// default limits ([`ArtifactLimits`](super::ArtifactLimits)).
     pub fn new(manager: ExecutionManager, engine: E) -> Self {
+        Self::with_artifact_store(manager, engine, Arc::new(MemoryArtifactStore::default()))
+    }
+
+    /// A service as [`new`](Self::new) makes it, keeping the sessions' artifacts
+    /// (`AddArtifacts`, Spark's `ArtifactManager`) in `artifacts`.
+    pub fn with_artifact_store(
+        manager: ExecutionManager,
+        engine: E,
+        artifacts: Arc<dyn ArtifactStore>,
+    ) -> Self {
         Self {
             inner: Arc::new(Inner {
                 manager,
@@ -261,6 +282,8 @@ impl<E: QueryEngine> ConnectService<E> {
                 rpcs: Arc::new(AtomicUsize::new(0)),
                 max_chunk_size: AtomicUsize::new(super::chunks::DEFAULT_MAX_CHUNK_SIZE),
                 tokens: super::config::ServerTokens::default(),
+                artifacts,
+                artifact_metrics: super::artifacts::ArtifactMetrics::register(),
             }),
         }
     }
@@ -279,6 +302,23 @@ impl<E: QueryEngine> ConnectService<E> {
         let bytes = bytes.min(super::chunks::DEFAULT_MAX_CHUNK_SIZE);
         self.inner.max_chunk_size.store(bytes, Ordering::Relaxed);
         self
+    }
+
+    /// Where the sessions' artifacts are kept ([`with_artifact_store`](Self::with_artifact_store);
+    /// connect §9).
+    pub fn artifact_store(&self) -> &Arc<dyn ArtifactStore> {
+        &self.inner.artifacts
+    }
+
+    /// Frees the artifacts of every session the manager no longer has (released or expired,
+    /// rx §5.6; connect §9.3) and publishes the artifact metrics
+    /// (`tether_connect_artifact_bytes`, `…_uploads_refused_total`; see
+    /// [`observe`](crate::observe)). [`ConnectServer`](super::ConnectServer) calls it on every
+    /// maintenance interval; each upload also frees what ended sessions hold, first.
+    pub fn sweep_artifacts(&self) {
+        let store = self.inner.artifacts.as_ref();
+        super::artifacts::sweep(store, &self.inner.manager);
+        self.inner.artifact_metrics.publish(store);
     }
 
     /// The manager the service registers executions in (rx §5).
@@ -393,11 +433,30 @@ impl<E: QueryEngine> ConnectService<E> {
             .inner
             .manager
             .get_or_create_session(user_id, session_id, observed)?;
-        Ok(SessionContext {
+        Ok(self.session_context(user_id, session_id, server_side))
+    }
+
+    /// The context of the session with these ids, its artifacts included.
+    fn session_context(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        server_side_session_id: String,
+    ) -> SessionContext {
+        let artifacts = SessionArtifacts::new(
+            self.inner.artifacts.clone(),
+            ArtifactSession {
+                user_id: user_id.to_owned(),
+                session_id: session_id.to_owned(),
+                server_side_session_id: server_side_session_id.clone(),
+            },
+        );
+        SessionContext {
             user_id: user_id.to_owned(),
             session_id: session_id.to_owned(),
-            server_side_session_id: server_side,
-        })
+            server_side_session_id,
+            artifacts,
+        }
     }
 
     /// Drives `source` into `producer` on a task of its own, in the execution's span,
@@ -740,11 +799,11 @@ impl<E: QueryEngine> ConnectService<E> {
         let submitted_id = submitted.operation_id().to_owned();
         let (producer, stream) = submitted.start();
         if let Some(producer) = producer {
-            let session = SessionContext {
-                user_id: request.user_id().to_owned(),
-                session_id: request.session_id.clone(),
-                server_side_session_id: producer.server_side_session_id().to_string(),
-            };
+            let session = self.session_context(
+                request.user_id(),
+                &request.session_id,
+                producer.server_side_session_id().to_string(),
+            );
             // A panicking engine fails its execution instead of the RPC (the client would
             // see a reset stream, not an error it can read).
             let source = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -897,6 +956,11 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             let response = self.inner.manager.release_session(request);
             tracing::debug!("ReleaseSession");
             if !response.server_side_session_id.is_empty() {
+                self.inner.artifacts.release_session(&ArtifactSession {
+                    user_id: request.user_id().to_owned(),
+                    session_id: request.session_id.clone(),
+                    server_side_session_id: response.server_side_session_id.clone(),
+                });
                 self.inner
                     .confs
                     .lock()
@@ -904,6 +968,81 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
                     .remove(&response.server_side_session_id);
             }
             Ok(response)
+        })
+    }
+
+    async fn add_artifacts(
+        &self,
+        request: tonic::Request<tonic::Streaming<AddArtifactsRequest>>,
+    ) -> Result<tonic::Response<AddArtifactsResponse>, tonic::Status> {
+        // The ids come with the stream's first message (recorded on the span then).
+        let correlation = correlation_of(request.metadata());
+        let span = tracing::info_span!(
+            "spark_connect_rpc",
+            rpc = "AddArtifacts",
+            user_id = tracing::field::Empty,
+            session_id = tracing::field::Empty,
+            operation_id = "",
+            operation_id_header = tracing::field::Empty,
+            request_id = tracing::field::Empty,
+            traceparent = tracing::field::Empty,
+        );
+        record_correlation(&span, &correlation);
+        let _in_flight = self.in_flight();
+        // The session the stream names, for the errorId of its refusal (connect §8.1).
+        let named = std::sync::Mutex::new(None::<(String, String)>);
+        let open = |first: &AddArtifactsRequest| {
+            *named.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some((first.user_id().to_owned(), first.session_id.clone()));
+            let session = self.session(
+                first.user_id(),
+                &first.session_id,
+                first.client_observed_server_side_session_id.as_deref(),
+            )?;
+            // Room held by sessions that ended goes back before this upload counts.
+            super::artifacts::sweep(self.inner.artifacts.as_ref(), &self.inner.manager);
+            Ok(session.artifacts.session().clone())
+        };
+        let receive =
+            super::artifacts::receive(request.into_inner(), self.inner.artifacts.as_ref(), open);
+        let received = tracing::Instrument::instrument(receive, span.clone()).await;
+        let _entered = span.enter();
+        let error_id = |e: &ConnectError| {
+            let named = named.lock().unwrap_or_else(PoisonError::into_inner);
+            let (user_id, session_id) = named.as_ref()?;
+            self.error_id(user_id, session_id, None, e)
+        };
+        received.map(tonic::Response::new).map_err(|e| match e {
+            // The client's upload broke a rule (a name, a CRC, a hash, a limit, the
+            // chunking): the client's mistake, logged at INFO whatever its condition.
+            super::artifacts::Refused::Upload(e) => {
+                self.inner.artifact_metrics.refused(&e);
+                let e = ConnectError::from(e);
+                tracing::info!(condition = logged_condition(&e), error = %e, "Spark Connect RPC error");
+                status_with_error_id(&e, error_id(&e).as_deref())
+            }
+            super::artifacts::Refused::Rpc(e) => rpc_error(&e, error_id(&e).as_deref()),
+        })
+    }
+
+    async fn artifact_status(
+        &self,
+        request: tonic::Request<ArtifactStatusesRequest>,
+    ) -> Result<tonic::Response<ArtifactStatusesResponse>, tonic::Status> {
+        let (metadata, request) = (request.metadata(), request.get_ref());
+        let ids = (request.user_id(), request.session_id.as_str(), "");
+        self.rpc("ArtifactStatus", ids, metadata, |_| {
+            let session = self.session(
+                request.user_id(),
+                &request.session_id,
+                request.client_observed_server_side_session_id.as_deref(),
+            )?;
+            let statuses = super::artifacts::statuses(&request.names, &session.artifacts);
+            Ok(ArtifactStatusesResponse {
+                session_id: session.session_id,
+                server_side_session_id: session.server_side_session_id,
+                statuses,
+            })
         })
     }
 
@@ -975,13 +1114,15 @@ const SERVED: &[&str] = &[
     "Config",
     "AnalyzePlan",
     "FetchErrorDetails",
+    "AddArtifacts",
+    "ArtifactStatus",
 ];
 
 /// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`], rx §1.1): a
 /// `tower::Service` named `spark.connect.SparkConnectService`, for
-/// `tonic::transport::Server::add_service`. A method it does not serve (`AddArtifacts`,
-/// `ArtifactStatus`, …) gets `UNIMPLEMENTED` naming the method, as a gRPC server without the
-/// method answers.
+/// `tonic::transport::Server::add_service`. A method it does not serve (one added after
+/// Spark 4.3.0) gets `UNIMPLEMENTED` naming the method, as a gRPC server without the method
+/// answers.
 pub struct ConnectGrpcService<E> {
     inner:
         InterceptedService<SparkConnectServiceServer<ConnectService<E>>, super::auth::TokenCheck>,

@@ -12,6 +12,9 @@
 //!   [`ReleaseSessionResponse`] (rx §1.7).
 //! * [`FetchErrorDetailsRequest`] / [`FetchErrorDetailsResponse`] — the details of an error
 //!   sent with an `errorId` (connect §8).
+//! * [`AddArtifactsRequest`] / [`AddArtifactsResponse`] and [`ArtifactStatusesRequest`] /
+//!   [`ArtifactStatusesResponse`] — upload artifacts to a session and ask which it has
+//!   (Spark's `SparkConnectAddArtifactsHandler`).
 //!
 //! # What is opaque
 //!
@@ -31,9 +34,15 @@
 
 use bytes::Bytes;
 
+mod artifacts;
 mod config;
 mod errors;
 mod query;
+
+pub use self::artifacts::{
+    AddArtifactsRequest, AddArtifactsResponse, ArtifactStatusesRequest, ArtifactStatusesResponse,
+    add_artifacts_request, add_artifacts_response, artifact_statuses_response,
+};
 
 pub use self::config::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, KeyValue,

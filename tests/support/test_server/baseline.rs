@@ -23,7 +23,10 @@ use futures::StreamExt;
 use futures::future::BoxFuture;
 use futures::stream::BoxStream;
 use tether::execution::{ConnectError, SparkError};
-use tether::spark::connect::{QueryEngine, ResponseSource, SessionContext, to_status};
+use tether::spark::connect::{
+    ArtifactSession, MemoryArtifactStore, QueryEngine, ResponseSource, SessionArtifacts,
+    SessionContext, to_status,
+};
 use tether::wire::connect::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, ExecutePlanRequest,
     ExecutePlanResponse, InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest,
@@ -82,10 +85,21 @@ impl<E: QueryEngine> Bare<E> {
     }
 
     fn context(&self, user_id: &str, session_id: &str) -> SessionContext {
+        let server_side_session_id = self.inner.server_side_session_id.clone();
+        // The bare baseline takes no uploads: its sessions have no artifacts.
+        let artifacts = SessionArtifacts::new(
+            Arc::new(MemoryArtifactStore::default()),
+            ArtifactSession {
+                user_id: user_id.to_owned(),
+                session_id: session_id.to_owned(),
+                server_side_session_id: server_side_session_id.clone(),
+            },
+        );
         SessionContext {
             user_id: user_id.to_owned(),
             session_id: session_id.to_owned(),
-            server_side_session_id: self.inner.server_side_session_id.clone(),
+            server_side_session_id,
+            artifacts,
         }
     }
 

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use tether::execution::{DrainReport, ExecutionManager};
+use tether::execution::DrainReport;
 use tether::spark::connect::tls::{AcceptedStream, ClientCertificateCheck, ServerTls};
 use tether::spark::connect::{ConnectConfig, ConnectService, QueryEngine};
 use tokio::net::TcpListener;
@@ -79,12 +79,13 @@ fn drain_on_signal<E: QueryEngine>(
 pub(super) async fn serve(
     args: &Args,
     engine: Paced,
-    manager: ExecutionManager,
+    connect: ConnectService<Paced>,
     tls: Option<ServerTls>,
     listener: TcpListener,
     faults: Option<Arc<Faults>>,
     drained: Arc<std::sync::OnceLock<DrainReport>>,
 ) -> Result<Option<&'static str>, Box<dyn std::error::Error>> {
+    let manager = connect.manager().clone();
     let maintenance = tokio::spawn(manager.clone().run_maintenance());
     let publisher = args.metrics_addr.map(|_| {
         let manager = manager.clone();
@@ -96,7 +97,6 @@ pub(super) async fn serve(
             }
         })
     });
-    let connect = ConnectService::new(manager.clone(), engine);
     let health = connect.health().service().await;
     let (shutdown, hard_stop) = drain_on_signal(
         connect.clone(),

@@ -10,7 +10,8 @@
 //!
 //! - once, when the listener is bound: `listening on 127.0.0.1:PORT`;
 //! - every `--stats-interval-ms` (and once on shutdown), the manager's counters:
-//!   `stats live_executions=N sessions=N created=N released=N abandoned=N forgotten=N`, then
+//!   `stats live_executions=N sessions=N created=N released=N abandoned=N forgotten=N
+//!   artifact_bytes=N` (the bytes of artifacts kept, all sessions), then
 //!   with `--faults` the faults injected, `faults=N` in all and per kind
 //!   (`fault_graceful`, `fault_disconnected`, `fault_dropped`, `fault_forgotten`)
 //!   (space-separated `key=value` pairs after the word `stats`; more keys may be appended at
@@ -78,8 +79,10 @@ use tether::execution::{
     ManagerConfig, StreamLimits,
 };
 use tether::observe::{EventReceiver, event_channel};
-use tether::spark::connect::error_chain;
 use tether::spark::connect::tls::ServerTls;
+use tether::spark::connect::{
+    ArtifactLimits, ArtifactStore, ConnectService, MemoryArtifactStore, error_chain,
+};
 use tokio::net::TcpListener;
 
 mod baseline;
@@ -153,6 +156,14 @@ struct Args {
     /// at most 12 s after it (17 s with a slow `--events-log` reader; see "Drain" above).
     #[arg(long, default_value_t = 30_000)]
     drain_timeout_ms: u64,
+    /// Most bytes of artifacts (`AddArtifacts`) one session keeps and has in flight
+    /// (`tether::spark::connect::ArtifactLimits::session_bytes`).
+    #[arg(long, default_value_t = 256 << 20)]
+    artifact_session_bytes: u64,
+    /// Most bytes of artifacts all sessions keep and have in flight together
+    /// (`ArtifactLimits::total_bytes`).
+    #[arg(long, default_value_t = 1 << 30)]
+    artifact_total_bytes: u64,
     /// Most rows per Arrow batch (`spark.sql.execution.arrow.maxRecordsPerBatch`).
     #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..))]
     max_records_per_batch: u32,
@@ -223,11 +234,15 @@ enum Baseline {
 // main
 // ---------------------------------------------------------------------------------------------
 
-fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
+fn stats_line(
+    manager: &ExecutionManager,
+    artifacts: &MemoryArtifactStore,
+    faults: Option<&Faults>,
+) -> String {
     let s = manager.stats();
     let mut line = format!(
         "stats live_executions={} sessions={} created={} released={} abandoned={} forgotten={} \
-         admission_running={} admission_waiting={}",
+         admission_running={} admission_waiting={} artifact_bytes={}",
         s.executions,
         s.sessions,
         s.created,
@@ -236,6 +251,7 @@ fn stats_line(manager: &ExecutionManager, faults: Option<&Faults>) -> String {
         s.forgotten,
         manager.admission_usage().running,
         manager.admission_usage().waiting,
+        artifacts.stored_bytes()
     );
     if let Some(faults) = faults {
         line.push(' ');
@@ -585,8 +601,13 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     );
 
     let faults = args.faults.map(|seed| Faults::new(seed, manager.clone()));
+    let artifacts = Arc::new(MemoryArtifactStore::new(ArtifactLimits {
+        session_bytes: args.artifact_session_bytes,
+        total_bytes: args.artifact_total_bytes,
+    }));
     let stats = {
         let manager = manager.clone();
+        let artifacts = artifacts.clone();
         let faults = faults.clone();
         let period = Duration::from_millis(args.stats_interval_ms.max(1));
         tokio::spawn(async move {
@@ -594,7 +615,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                println!("{}", stats_line(&manager, faults.as_deref()));
+                println!("{}", stats_line(&manager, &artifacts, faults.as_deref()));
             }
         })
     };
@@ -602,10 +623,12 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
     let forced = if faults.is_some() || args.baseline.is_some() {
         // The test harnesses: faults injected into the service and its connections, or the
         // bare baseline without tether (module `harness`).
+        let service =
+            ConnectService::with_artifact_store(manager.clone(), engine, artifacts.clone());
         harness::serve(
             &args,
             engine,
-            manager.clone(),
+            service,
             tls,
             listener,
             faults.clone(),
@@ -627,15 +650,9 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
                 signaled.notify_one();
             }
         };
-        let serving = serve::serve(
-            engine,
-            manager.clone(),
-            listener,
-            tls,
-            args.token.clone(),
-            deadline,
-            first,
-        );
+        let service =
+            ConnectService::with_artifact_store(manager.clone(), engine, artifacts.clone());
+        let serving = serve::serve(service, listener, tls, args.token.clone(), deadline, first);
         tokio::select! {
             report = serving => {
                 let report = report?;
@@ -650,7 +667,7 @@ async fn serve(args: Args) -> Result<(), Box<dyn std::error::Error>> {
         }
     };
     stats.abort();
-    println!("{}", stats_line(&manager, faults.as_deref()));
+    println!("{}", stats_line(&manager, &artifacts, faults.as_deref()));
     if let Some(log) = events_task {
         log.finish().await;
     }
