@@ -57,6 +57,20 @@ mod spark_connect {
             "ReleaseSessionResponse",
             false,
         ),
+        (
+            "clone_session",
+            "CloneSession",
+            "CloneSessionRequest",
+            "CloneSessionResponse",
+            false,
+        ),
+        (
+            "get_status",
+            "GetStatus",
+            "GetStatusRequest",
+            "GetStatusResponse",
+            false,
+        ),
     ];
 
     pub(super) fn generate() {

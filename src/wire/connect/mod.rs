@@ -10,6 +10,8 @@
 //!   execution (rx §1.5, §1.6).
 //! * [`InterruptRequest`] / [`InterruptResponse`] and [`ReleaseSessionRequest`] /
 //!   [`ReleaseSessionResponse`] (rx §1.7).
+//! * [`CloneSessionRequest`] / [`CloneSessionResponse`] and [`GetStatusRequest`] /
+//!   [`GetStatusResponse`] (connect §8, §9).
 //!
 //! # What is opaque
 //!
@@ -30,6 +32,7 @@ use bytes::Bytes;
 
 mod config;
 mod query;
+mod session;
 
 pub use self::config::{
     AnalyzePlanRequest, AnalyzePlanResponse, ConfigRequest, ConfigResponse, KeyValue,
@@ -38,6 +41,10 @@ pub use self::config::{
 pub use self::query::{
     Aggregate, DataType, Expression, Limit, Range, Relation, RelationCommon, aggregate, data_type,
     expression, relation,
+};
+pub use self::session::{
+    CloneSessionRequest, CloneSessionResponse, GetStatusRequest, GetStatusResponse,
+    get_status_request, get_status_response,
 };
 
 // ---------------------------------------------------------------------------------------------
