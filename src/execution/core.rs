@@ -241,7 +241,7 @@ pub struct ExecutionCore {
     /// Spark's operation status (rx §2.1 item 4): what the events posted so far say.
     status: OperationStatus,
     /// The last of Finished, Failed and Canceled posted (Spark's termination reason,
-    /// connect §9.2), once one was.
+    /// connect §15.2), once one was.
     ended: Option<OperationStatus>,
     /// The lifecycle this core decided and the driver has not forwarded yet.
     lifecycle: LifecycleBatch,
@@ -321,7 +321,7 @@ impl ExecutionCore {
         Ok(())
     }
 
-    /// The state GetStatus reports for this execution while it is registered (connect §9.2,
+    /// The state GetStatus reports for this execution while it is registered (connect §15.2,
     /// Spark's `SparkConnectGetStatusHandler`): `Running` until its run ends, `Terminating`
     /// once finished or failed (its results may still be read), `Cancelled` once interrupted
     /// (Spark reports an interrupted operation `Cancelled` once its runner stops; tether's
@@ -338,7 +338,7 @@ impl ExecutionCore {
         }
     }
 
-    /// The state GetStatus reports once the execution left the registry (connect §9.2):
+    /// The state GetStatus reports once the execution left the registry (connect §15.2):
     /// `Succeeded` if its run finished, `Failed` if it failed, else `Cancelled` (interrupted,
     /// or removed before its run ended, which cancels it, rx §2.2 T12). Read before or after
     /// [`close`](Self::close), the answer is the same.

@@ -266,7 +266,7 @@ impl SparkError {
         .with_parameter("sqlConf", format!("\"{key}\""))
     }
 
-    /// The classes of Spark's `SparkSQLException` (connect §8: the refusals of
+    /// The classes of Spark's `SparkSQLException` (connect §14: the refusals of
     /// CloneSession).
     pub const SQL_EXCEPTION: &'static [&'static str] = &[
         "org.apache.spark.SparkSQLException",
@@ -278,7 +278,7 @@ impl SparkError {
 
     /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_FORMAT` (SQLSTATE 42K04): a
     /// CloneSession's `new_session_id` is no UUID. Text, parameter (`targetSessionId`) and
-    /// classes as Spark 4.3.0 sends them (connect §8.2).
+    /// classes as Spark 4.3.0 sends them (connect §14.2).
     pub fn clone_target_format(target: &str) -> Self {
         Self::invalid_clone(
             "TARGET_SESSION_ID_FORMAT",
@@ -292,7 +292,7 @@ impl SparkError {
 
     /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_CLOSED` (SQLSTATE 42K04): a
     /// CloneSession's target was released and is in the closed-session tombstones
-    /// (connect §8.2).
+    /// (connect §14.2).
     pub fn clone_target_closed(target: &str) -> Self {
         Self::invalid_clone(
             "TARGET_SESSION_ID_ALREADY_CLOSED",
@@ -305,7 +305,7 @@ impl SparkError {
     }
 
     /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_EXISTS` (SQLSTATE 42K04): a
-    /// CloneSession's target is a live session, the source included (connect §8.2).
+    /// CloneSession's target is a live session, the source included (connect §14.2).
     pub fn clone_target_exists(target: &str) -> Self {
         Self::invalid_clone(
             "TARGET_SESSION_ID_ALREADY_EXISTS",

@@ -1,6 +1,6 @@
 //! The ids of a session's inactive operations (rx §5.2, SPARK-53492): released, completed
 //! or abandoned ids that a re-submitted ExecutePlan may not reuse for
-//! `inactive_operation_expiry`, each with the state GetStatus reports for it (connect §9.2).
+//! `inactive_operation_expiry`, each with the state GetStatus reports for it (connect §15.2).
 //!
 //! One record per id, 24 bytes in the table (the UUID, and when it became inactive as
 //! nanoseconds from the set's first record shifted left by two, its final state in the two
@@ -48,7 +48,7 @@ fn offset(at: Instant, epoch: Instant) -> i64 {
     }
 }
 
-/// The final states a record holds, by their two bits (connect §9.2).
+/// The final states a record holds, by their two bits (connect §15.2).
 const STATES: [OperationState; 4] = [
     OperationState::Succeeded,
     OperationState::Failed,
@@ -117,7 +117,7 @@ impl InactiveIds {
     }
 
     /// The final state of `op` if it became inactive less than `expiry` before `now`
-    /// (connect §9.2: what GetStatus reports for a removed operation).
+    /// (connect §15.2: what GetStatus reports for a removed operation).
     pub(crate) fn state(&self, op: Uuid, now: Instant, expiry: Duration) -> Option<OperationState> {
         let epoch = self.epoch?;
         let record = *self.map.get(&op)?;
@@ -125,7 +125,7 @@ impl InactiveIds {
     }
 
     /// Every id that became inactive less than `expiry` before `now`, with its final state,
-    /// in no particular order (connect §9.2).
+    /// in no particular order (connect §15.2).
     pub(crate) fn states(
         &self,
         now: Instant,
@@ -257,7 +257,7 @@ mod tests {
         assert!(ids.refuses(id(3), t + expiry, expiry));
     }
 
-    /// connect §9.2: each record keeps its final state, before and after the epoch, until
+    /// connect §15.2: each record keeps its final state, before and after the epoch, until
     /// it expires.
     #[test]
     fn records_keep_their_state() {

@@ -170,7 +170,7 @@ impl Submitted {
 /// The registry as the manager holds it: the pure rules of rx §5 over shared executions.
 type Reg = Registry<Arc<ExecShared>>;
 
-/// An execution's GetStatus states, read under its own lock (connect §9.2). The registry
+/// An execution's GetStatus states, read under its own lock (connect §15.2). The registry
 /// asks with its lock held, the order every path takes (registry, then execution).
 impl Remembered for Arc<ExecShared> {
     fn state(&self) -> OperationState {
@@ -881,7 +881,7 @@ impl ExecutionManager {
         })
     }
 
-    /// `GetStatus` (connect §9; Spark's `SparkConnectGetStatusHandler`): the states of the
+    /// `GetStatus` (connect §15; Spark's `SparkConnectGetStatusHandler`): the states of the
     /// session's operations, without creating the session (its idle clock is refreshed).
     /// `operation_status` unset: no states; its `operation_ids` empty: every live operation
     /// (sorted by id) then every inactive one of the last `inactive_operation_expiry`
@@ -922,7 +922,7 @@ impl ExecutionManager {
         })
     }
 
-    /// `CloneSession` (connect §8; Spark's `SparkConnectSessionManager.cloneSession`): checks
+    /// `CloneSession` (connect §14; Spark's `SparkConnectSessionManager.cloneSession`): checks
     /// the source session and the target id and creates the target, a new session of the
     /// same user with its own `server_side_session_id` and no operations, all under one
     /// lock: nothing is created on an error, and a concurrent request cannot take the
@@ -964,7 +964,7 @@ impl ExecutionManager {
 
     /// Removes the session `(user_id, session_id)` without a tombstone if its
     /// `server_side_session_id` is still `server_side_session_id`, abandoning its executions
-    /// (connect §8: the undoing of a [`clone_session`](Self::clone_session) whose copy
+    /// (connect §14: the undoing of a [`clone_session`](Self::clone_session) whose copy
     /// failed; the id may be used again). Returns whether it was removed.
     pub fn discard_session(
         &self,

@@ -19,7 +19,7 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         (not asserted: each server has its own documented answer) and `DIFFERENCES DONE`.
 
     python tests/python/connect_scenarios.py sessions PORT
-        CloneSession and GetStatus (connect §8, §9). Raw requests: clones of an unknown, a
+        CloneSession and GetStatus (connect §14, §15). Raw requests: clones of an unknown, a
         malformed and a closed source, onto a malformed, a live and a closed target, with
         a wrong observed id; GetStatus of an unknown, a malformed and a closed session, of
         unknown operation ids, and of operations through their lives (running, finished

@@ -1287,7 +1287,7 @@ fn pyspark_sees_spark_errors_and_users_are_isolated() {
     assert_eq!(server.log_count("interrupted=1"), 1, "one interrupt hit");
 }
 
-/// connect §8, §9: CloneSession's and GetStatus's answers (the script asserts each case's
+/// connect §14, §15: CloneSession's and GetStatus's answers (the script asserts each case's
 /// condition, SQLSTATE and parameters, the states of operations through their lives, never
 /// back to running, and PySpark's `cloneSession()`: the source's configuration, then
 /// independence); here, that every case ran and the refusals created no session.

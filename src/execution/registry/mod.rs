@@ -40,7 +40,7 @@ use super::lru::Lru;
 use super::status::Removal;
 use crate::wire::connect::get_status_response::OperationState;
 
-/// What the registry reads of an execution for GetStatus (connect §9.2): its state while
+/// What the registry reads of an execution for GetStatus (connect §15.2): its state while
 /// registered, and the final state it is remembered with among the session's inactive ids
 /// once removed (read as it leaves, before or after it is closed).
 pub(crate) trait Remembered {
@@ -51,10 +51,10 @@ pub(crate) trait Remembered {
 }
 
 /// The states [`Registry::operation_states`] reports: each operation id with its state
-/// (connect §9.2).
+/// (connect §15.2).
 pub(crate) type OperationStates = Vec<(String, OperationState)>;
 
-/// A session [`Registry::clone_session`] created (connect §8).
+/// A session [`Registry::clone_session`] created (connect §14).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Cloned {
     /// The source's `server_side_session_id`.
@@ -700,7 +700,7 @@ impl<E> Registry<E> {
         Ok(Admitted::New(exec))
     }
 
-    /// GetStatus (connect §9; Spark's `SparkConnectGetStatusHandler`): looks the session up
+    /// GetStatus (connect §15; Spark's `SparkConnectGetStatusHandler`): looks the session up
     /// without creating it (as [`lookup_session`](Self::lookup_session): refreshed, the
     /// observed id checked), then reports, for `ids`:
     ///
@@ -771,7 +771,7 @@ impl<E> Registry<E> {
         Ok((server_side, states))
     }
 
-    /// CloneSession (connect §8; Spark's `SparkConnectSessionManager.cloneSession`): in one
+    /// CloneSession (connect §14; Spark's `SparkConnectSessionManager.cloneSession`): in one
     /// step, so that neither a concurrent clone nor a session created meanwhile can
     /// interleave, checks the source `(user, raw_source)` as
     /// [`lookup_session`](Self::lookup_session) does (refreshing it), then the target id
@@ -845,7 +845,7 @@ impl<E> Registry<E> {
 
     /// Removes the session `key` without a tombstone if its `server_side_session_id` is
     /// `server_side` (the undoing of a [`clone_session`](Self::clone_session) whose engine
-    /// refused the copy, connect §8): as [`close_session`](Self::close_session) with
+    /// refused the copy, connect §14): as [`close_session`](Self::close_session) with
     /// `tombstone` false. `None` if there is no such session (or another one by now).
     pub(crate) fn discard_session(
         &mut self,

@@ -24,7 +24,7 @@ fn config() -> RegistryConfig {
     }
 }
 
-/// Test values report their state by their value (connect §9.2): `n % 10` 0 running, 1
+/// Test values report their state by their value (connect §15.2): `n % 10` 0 running, 1
 /// terminating, 2 cancelled while live; removed, `n % 3` 0 succeeded, 1 failed, 2 cancelled.
 impl Remembered for u32 {
     fn state(&self) -> OperationState {
@@ -1031,7 +1031,7 @@ fn registry_steps_reach_every_answer() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// CloneSession and GetStatus (connect §8, §9)
+// CloneSession and GetStatus (connect §14, §15)
 // ---------------------------------------------------------------------------------------------
 
 fn condition_of(e: &ConnectError) -> String {
@@ -1041,7 +1041,7 @@ fn condition_of(e: &ConnectError) -> String {
     }
 }
 
-/// connect §8.2: the source is checked first (not found, closed, changed), then the target
+/// connect §14.2: the source is checked first (not found, closed, changed), then the target
 /// (format, closed, taken); a refusal creates nothing; a success creates one session of the
 /// same user with its own server-side id and the id as given.
 #[test]
@@ -1127,7 +1127,7 @@ fn clone_checks_in_sparks_order_and_creates_nothing_on_refusal() {
     );
 }
 
-/// connect §8: undoing a clone removes the session only while it is the same one, and
+/// connect §14: undoing a clone removes the session only while it is the same one, and
 /// leaves no tombstone.
 #[test]
 fn discard_removes_only_the_same_session() {
@@ -1143,7 +1143,7 @@ fn discard_removes_only_the_same_session() {
     r.clone_session("u", SID, None, Some(SID2), t).unwrap();
 }
 
-/// connect §9: GetStatus never creates a session; reports nothing without
+/// connect §15: GetStatus never creates a session; reports nothing without
 /// `operation_status`, every live then inactive operation for an empty list, and each
 /// distinct id asked in order otherwise (`UNKNOWN` for ids it does not know).
 #[test]

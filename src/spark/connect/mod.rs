@@ -6,7 +6,7 @@
 //! The gRPC glue is generated at build time from the hand-written messages of
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
-//! AnalyzePlan, CloneSession and GetStatus (connect §8, §9); the others of Spark's
+//! AnalyzePlan, CloneSession and GetStatus (connect §14, §15); the others of Spark's
 //! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
@@ -27,7 +27,7 @@
 //! | responses produced but not yet sent | unbounded | bounded (bytes and count); the producer waits (rx §3) |
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
-//! | GetStatus right after an `Interrupt` | `OPERATION_STATE_RUNNING` until the runner notices, then `CANCELLED` (measured) | `CANCELLED` from the interrupt on: the run ends at once (connect §9.2) |
+//! | GetStatus right after an `Interrupt` | `OPERATION_STATE_RUNNING` until the runner notices, then `CANCELLED` (measured) | `CANCELLED` from the interrupt on: the run ends at once (connect §15.2) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
 //! | a server shutting down | stops with its driver: running queries fail, clients retry `UNAVAILABLE` | [`ConnectServer`] drains ([`ConnectService::drain`]): health `NOT_SERVING`, new sessions and executions refused with the retryable `SERVER_DRAINING` (`UNAVAILABLE`), running executions served until a deadline, then `OPERATION_CANCELED` (docs/deployment.md) |
 //!

@@ -1,6 +1,6 @@
 //! The Spark Connect service over an [`ExecutionManager`]: ExecutePlan, ReattachExecute,
 //! ReleaseExecute, Interrupt and ReleaseSession in full, Config and AnalyzePlan through the
-//! user's [`QueryEngine`], CloneSession and GetStatus (rx §1, §4, §5; connect §3, §8, §9).
+//! user's [`QueryEngine`], CloneSession and GetStatus (rx §1, §4, §5; connect §3, §14, §15).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -119,7 +119,7 @@ pub trait QueryEngine: Send + Sync + 'static {
     }
 
     /// Copies the engine's state of session `source` (temporary views, registered
-    /// functions, catalog state) into the new session `target`, for CloneSession (connect §8;
+    /// functions, catalog state) into the new session `target`, for CloneSession (connect §14;
     /// Spark's `SparkSession.cloneSession`). Called once per CloneSession after the service
     /// created `target` and copied the session configuration; not under any lock of the
     /// service. The two sessions are independent afterwards. The default copies nothing (an

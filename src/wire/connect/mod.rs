@@ -11,7 +11,7 @@
 //! * [`InterruptRequest`] / [`InterruptResponse`] and [`ReleaseSessionRequest`] /
 //!   [`ReleaseSessionResponse`] (rx §1.7).
 //! * [`CloneSessionRequest`] / [`CloneSessionResponse`] and [`GetStatusRequest`] /
-//!   [`GetStatusResponse`] (connect §8, §9).
+//!   [`GetStatusResponse`] (connect §14, §15).
 //!
 //! # What is opaque
 //!

@@ -1,12 +1,12 @@
 //! `CloneSession` and `GetStatus`: the two session-level RPCs beyond Config and AnalyzePlan
-//! (connect §8, §9; Spark 4.3.0's `base.proto`). Neither runs a query: CloneSession copies a
+//! (connect §14, §15; Spark 4.3.0's `base.proto`). Neither runs a query: CloneSession copies a
 //! session into a new one, GetStatus reports the states of a session's operations. Field
 //! numbers are Spark 4.3.0's.
 
 use super::{Any, UserContext, user_id_of};
 
 /// `spark.connect.CloneSessionRequest`: copy the session `(user_id, session_id)` into a new
-/// session of the same user (connect §8.1; Spark's `SparkConnectCloneSessionHandler`).
+/// session of the same user (connect §14.1; Spark's `SparkConnectCloneSessionHandler`).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CloneSessionRequest {
     /// Field 1: the source session's id (a UUID string).
@@ -35,7 +35,7 @@ impl CloneSessionRequest {
     }
 }
 
-/// `spark.connect.CloneSessionResponse` (connect §8.1).
+/// `spark.connect.CloneSessionResponse` (connect §14.1).
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CloneSessionResponse {
     /// Field 1: the source session's id, as the request spelled it.
@@ -52,7 +52,7 @@ pub struct CloneSessionResponse {
     pub new_server_side_session_id: String,
 }
 
-/// `spark.connect.GetStatusRequest`: the states of a session's operations (connect §9.1;
+/// `spark.connect.GetStatusRequest`: the states of a session's operations (connect §15.1;
 /// Spark's `SparkConnectGetStatusHandler`).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct GetStatusRequest {
@@ -84,11 +84,11 @@ impl GetStatusRequest {
     }
 }
 
-/// Nested types of [`GetStatusRequest`] (connect §9.1).
+/// Nested types of [`GetStatusRequest`] (connect §15.1).
 pub mod get_status_request {
     use super::Any;
 
-    /// `GetStatusRequest.OperationStatusRequest` (connect §9.1).
+    /// `GetStatusRequest.OperationStatusRequest` (connect §15.1).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct OperationStatusRequest {
         /// Field 1: the operations to report, by id; empty: every operation the session
@@ -101,7 +101,7 @@ pub mod get_status_request {
     }
 }
 
-/// `spark.connect.GetStatusResponse` (connect §9.1).
+/// `spark.connect.GetStatusResponse` (connect §15.1).
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct GetStatusResponse {
     /// Field 1: the session's id, as the request spelled it.
@@ -118,11 +118,11 @@ pub struct GetStatusResponse {
     pub extensions: Vec<Any>,
 }
 
-/// Nested types of [`GetStatusResponse`] (connect §9.1).
+/// Nested types of [`GetStatusResponse`] (connect §15.1).
 pub mod get_status_response {
     use super::Any;
 
-    /// `GetStatusResponse.OperationStatus`: one operation's state (connect §9.1).
+    /// `GetStatusResponse.OperationStatus`: one operation's state (connect §15.1).
     #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
     pub struct OperationStatus {
         /// Field 1: the operation id, as the request spelled it (or the canonical id when
@@ -138,7 +138,7 @@ pub mod get_status_response {
     }
 
     impl OperationStatus {
-        /// An entry for `operation_id` in `state` (connect §9.1).
+        /// An entry for `operation_id` in `state` (connect §15.1).
         pub fn new(operation_id: impl Into<String>, state: OperationState) -> Self {
             Self {
                 operation_id: operation_id.into(),
@@ -148,7 +148,7 @@ pub mod get_status_response {
         }
     }
 
-    /// `GetStatusResponse.OperationStatus.OperationState` (connect §9.2, as Spark 4.3.0's
+    /// `GetStatusResponse.OperationStatus.OperationState` (connect §15.2, as Spark 4.3.0's
     /// `SparkConnectGetStatusHandler` maps its `ExecuteStatus`).
     #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
     #[repr(i32)]
@@ -171,7 +171,7 @@ pub mod get_status_response {
     }
 
     impl OperationState {
-        /// The enum value's name as spelled in the protobuf schema (connect §9.2).
+        /// The enum value's name as spelled in the protobuf schema (connect §15.2).
         pub fn as_str_name(&self) -> &'static str {
             match self {
                 Self::Unspecified => "OPERATION_STATE_UNSPECIFIED",
@@ -185,7 +185,7 @@ pub mod get_status_response {
         }
 
         /// Parses a schema spelling produced by [`as_str_name`](Self::as_str_name)
-        /// (connect §9.2).
+        /// (connect §15.2).
         pub fn from_str_name(value: &str) -> Option<Self> {
             Some(match value {
                 "OPERATION_STATE_UNSPECIFIED" => Self::Unspecified,
@@ -200,7 +200,7 @@ pub mod get_status_response {
         }
 
         /// Whether the operation has ended for good: Succeeded, Failed or Cancelled
-        /// (connect §9.2). An ended state never changes again.
+        /// (connect §15.2). An ended state never changes again.
         pub fn is_final(self) -> bool {
             matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
         }

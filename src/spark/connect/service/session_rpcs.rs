@@ -1,4 +1,4 @@
-//! CloneSession and GetStatus (connect §8, §9): the service's part of them. The registry
+//! CloneSession and GetStatus (connect §14, §15): the service's part of them. The registry
 //! decides both ([`ExecutionManager::clone_session`], [`ExecutionManager::get_status`]);
 //! CloneSession then copies the session's configuration and, through
 //! [`QueryEngine::clone_session`], the engine's state, and removes the new session again if
@@ -17,7 +17,7 @@ use crate::wire::connect::{
 };
 
 impl<E: QueryEngine> ConnectService<E> {
-    /// CloneSession's handler (connect §8): the manager checks the source and the target
+    /// CloneSession's handler (connect §14): the manager checks the source and the target
     /// and creates the target; the source's configuration is copied to it, then the
     /// engine's state ([`QueryEngine::clone_session`]). If the engine fails (or panics) the
     /// target's configuration and the target are removed again, so the request leaves
@@ -83,7 +83,7 @@ impl<E: QueryEngine> ConnectService<E> {
         Ok(response)
     }
 
-    /// GetStatus's handler (connect §9): the manager's answer; it never creates a session.
+    /// GetStatus's handler (connect §15): the manager's answer; it never creates a session.
     pub(super) fn get_status_rpc(
         &self,
         request: &GetStatusRequest,
@@ -186,7 +186,7 @@ mod tests {
         service.manager().server_side_session_id(&key).is_some()
     }
 
-    /// connect §8: the target starts with the source's configuration and the engine is
+    /// connect §14: the target starts with the source's configuration and the engine is
     /// asked to copy its state; afterwards the two are independent.
     #[test]
     fn a_clone_copies_the_configuration_and_asks_the_engine() {
@@ -232,7 +232,7 @@ mod tests {
         );
     }
 
-    /// connect §8: an engine that refuses (or panics) leaves neither the target session nor
+    /// connect §14: an engine that refuses (or panics) leaves neither the target session nor
     /// its configuration, and the target id can be used again.
     #[test]
     fn a_refused_clone_leaves_nothing() {
@@ -260,7 +260,7 @@ mod tests {
         }
     }
 
-    /// connect §8.2: a failed clone (unknown source, taken target) creates no session.
+    /// connect §14.2: a failed clone (unknown source, taken target) creates no session.
     #[test]
     fn refusals_create_nothing() {
         let (service, engine) = service(Engine::default());
