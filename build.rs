@@ -78,6 +78,20 @@ mod spark_connect {
             "FetchErrorDetailsResponse",
             false,
         ),
+        (
+            "clone_session",
+            "CloneSession",
+            "CloneSessionRequest",
+            "CloneSessionResponse",
+            false,
+        ),
+        (
+            "get_status",
+            "GetStatus",
+            "GetStatusRequest",
+            "GetStatusResponse",
+            false,
+        ),
     ];
 
     /// The methods of `METHODS` whose requests are a client stream (`AddArtifacts`).

@@ -10,10 +10,10 @@ Then, printing the time of each:
    tether: every row once and in order, ResultComplete, every release answered, and the
    execution gone afterwards (a reattach gets OPERATION_NOT_FOUND).
 2. The same raw requests for each error case (tests/python/connect_scenarios.py errors,
-   isolation, and a killed client's abandonment) go to both servers: the outcomes (gRPC
-   code, condition, SQLSTATE, parameter names, whether an errorId comes with it, the
-   exception class PySpark raises; for FetchErrorDetails, the answer without the JVM's
-   stack trace) must be equal, case for case.
+   sessions: CloneSession and GetStatus, isolation, and a killed client's abandonment) go to
+   both servers: the outcomes (gRPC code, condition, SQLSTATE, parameter names, whether an
+   errorId comes with it, the exception class PySpark raises; for FetchErrorDetails, the
+   answer without the JVM's stack trace) must be equal, case for case.
 3. The cases of the table of deliberate differences (connect_scenarios.py differences and
    artifact-differences) get, from each server, exactly the answer the table documents for
    it (tether::spark::connect). Before them, the artifact requests both servers answer alike
@@ -270,6 +270,9 @@ def main():
         with Step("the same error requests to both servers"):
             same_cases("errors", scenario(python, "errors", spark_port),
                        scenario(python, "errors", tether_port))
+        with Step("the same CloneSession and GetStatus requests to both servers"):
+            same_cases("sessions", scenario(python, "sessions", spark_port),
+                       scenario(python, "sessions", tether_port))
         with Step("isolation of users within one session id, on both servers"):
             same_cases("isolation", scenario(python, "isolation", spark_port),
                        scenario(python, "isolation", tether_port))

@@ -9,6 +9,7 @@ use super::events::{Lifecycle, LifecycleBatch, NO_ROWS, Reattach, RotationReason
 use super::log::{Consumed, LogConfig, PushError, ResponseLog, Stamp};
 use super::status::{IllegalTransition, OperationStatus, Removal};
 use crate::wire::connect::ExecutePlanResponse;
+use crate::wire::connect::get_status_response::OperationState;
 
 /// The runner (producer) state machine of rx §2.1 (Spark 4.0+, SPARK-49688).
 ///
@@ -239,6 +240,9 @@ pub struct ExecutionCore {
     delivered_error: bool,
     /// Spark's operation status (rx §2.1 item 4): what the events posted so far say.
     status: OperationStatus,
+    /// The last of Finished, Failed and Canceled posted (Spark's termination reason,
+    /// connect §15.2), once one was.
+    ended: Option<OperationStatus>,
     /// The lifecycle this core decided and the driver has not forwarded yet.
     lifecycle: LifecycleBatch,
     /// Rows of the Arrow batches produced (`producedRowCount`), once one was.
@@ -278,6 +282,7 @@ impl ExecutionCore {
             delivered_result_complete: false,
             delivered_error: false,
             status: OperationStatus::Started,
+            ended: None,
             // Registered: Spark posts Started with the holder (rx §2.2 T1).
             // Registered (Spark posts Started with the holder, rx §2.2 T1): the registry
             // reports it.
@@ -306,8 +311,43 @@ impl ExecutionCore {
             });
         }
         self.status = to;
+        if matches!(
+            to,
+            OperationStatus::Finished | OperationStatus::Failed | OperationStatus::Canceled
+        ) {
+            self.ended = Some(to);
+        }
         self.lifecycle.events.push(event);
         Ok(())
+    }
+
+    /// The state GetStatus reports for this execution while it is registered (connect §15.2,
+    /// Spark's `SparkConnectGetStatusHandler`): `Running` until its run ends, `Terminating`
+    /// once finished or failed (its results may still be read), `Cancelled` once interrupted
+    /// (Spark reports an interrupted operation `Cancelled` once its runner stops; tether's
+    /// stops at the interrupt), and once closed what [`final_state`](Self::final_state) says.
+    pub fn operation_state(&self) -> OperationState {
+        match self.status {
+            OperationStatus::Pending
+            | OperationStatus::Started
+            | OperationStatus::Analyzed
+            | OperationStatus::ReadyForExecution => OperationState::Running,
+            OperationStatus::Finished | OperationStatus::Failed => OperationState::Terminating,
+            OperationStatus::Canceled => OperationState::Cancelled,
+            OperationStatus::Closed => self.final_state(),
+        }
+    }
+
+    /// The state GetStatus reports once the execution left the registry (connect §15.2):
+    /// `Succeeded` if its run finished, `Failed` if it failed, else `Cancelled` (interrupted,
+    /// or removed before its run ended, which cancels it, rx §2.2 T12). Read before or after
+    /// [`close`](Self::close), the answer is the same.
+    pub fn final_state(&self) -> OperationState {
+        match self.ended {
+            Some(OperationStatus::Finished) => OperationState::Succeeded,
+            Some(OperationStatus::Failed) => OperationState::Failed,
+            _ => OperationState::Cancelled,
+        }
     }
 
     /// The engine analyzed the plan (Spark's `postAnalyzed`, rx §2.1 item 4), with the

@@ -291,6 +291,72 @@ impl SparkError {
         .with_parameter("sqlConf", format!("\"{key}\""))
     }
 
+    /// The classes of Spark's `SparkSQLException` (connect §14: the refusals of
+    /// CloneSession).
+    pub const SQL_EXCEPTION: &'static [&'static str] = &[
+        "org.apache.spark.SparkSQLException",
+        "java.sql.SQLException",
+        "java.lang.Exception",
+        "java.lang.Throwable",
+        "java.lang.Object",
+    ];
+
+    /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_FORMAT` (SQLSTATE 42K04): a
+    /// CloneSession's `new_session_id` is no UUID. Text, parameter (`targetSessionId`) and
+    /// classes as Spark 4.3.0 sends them (connect §14.2).
+    pub fn clone_target_format(target: &str) -> Self {
+        Self::invalid_clone(
+            "TARGET_SESSION_ID_FORMAT",
+            target,
+            format!(
+                "Target session ID {target} for clone operation must be an UUID string of the \
+                 format '00112233-4455-6677-8899-aabbccddeeff'."
+            ),
+        )
+    }
+
+    /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_CLOSED` (SQLSTATE 42K04): a
+    /// CloneSession's target was released and is in the closed-session tombstones
+    /// (connect §14.2).
+    pub fn clone_target_closed(target: &str) -> Self {
+        Self::invalid_clone(
+            "TARGET_SESSION_ID_ALREADY_CLOSED",
+            target,
+            format!(
+                "Cannot clone session to target session ID {target} because a session with \
+                 this ID was previously closed."
+            ),
+        )
+    }
+
+    /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_EXISTS` (SQLSTATE 42K04): a
+    /// CloneSession's target is a live session, the source included (connect §14.2).
+    pub fn clone_target_exists(target: &str) -> Self {
+        Self::invalid_clone(
+            "TARGET_SESSION_ID_ALREADY_EXISTS",
+            target,
+            format!(
+                "Cannot clone session to target session ID {target} because a session with \
+                 this ID already exists."
+            ),
+        )
+    }
+
+    fn invalid_clone(sub: &str, target: &str, detail: String) -> Self {
+        Self {
+            condition: Some(format!("INVALID_CLONE_SESSION_REQUEST.{sub}")),
+            text: format!("Invalid session clone request. {detail}"),
+            sql_state: Some("42K04".to_owned()),
+            parameters: std::collections::BTreeMap::new(),
+            classes: Self::SQL_EXCEPTION
+                .iter()
+                .map(|c| (*c).to_owned())
+                .collect(),
+            cause: None,
+        }
+        .with_parameter("targetSessionId", target)
+    }
+
     fn invalid_plan_input(condition: &str, text: String) -> Self {
         Self {
             condition: Some(condition.to_owned()),

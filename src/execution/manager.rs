@@ -18,7 +18,7 @@ use super::log::{LogConfig, Stamp};
 use super::observer::ExecutionObserver;
 use super::registry::{
     Admit, Admitted, InterruptTarget, Leave, MaintenanceReport, ManagerStats, NewExecution,
-    Registry, RegistryConfig, RegistryNote,
+    Registry, RegistryConfig, RegistryNote, Remembered,
 };
 use super::state;
 use super::status::Removal;
@@ -27,8 +27,10 @@ use super::typed::{Execution, NonReattachable, Reattachable};
 use crate::observe::EventSender;
 use crate::sync::{Mutex, MutexGuard};
 use crate::time::Timer;
+use crate::wire::connect::get_status_response::{OperationState, OperationStatus};
 use crate::wire::connect::{
-    ExecutePlanRequest, InterruptRequest, InterruptResponse, InterruptType, ReattachExecuteRequest,
+    CloneSessionRequest, CloneSessionResponse, ExecutePlanRequest, GetStatusRequest,
+    GetStatusResponse, InterruptRequest, InterruptResponse, InterruptType, ReattachExecuteRequest,
     ReleaseExecuteRequest, ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse,
     interrupt_request, release_execute_request,
 };
@@ -186,6 +188,18 @@ impl Submitted {
 
 /// The registry as the manager holds it: the pure rules of rx §5 over shared executions.
 type Reg = Registry<Arc<ExecShared>>;
+
+/// An execution's GetStatus states, read under its own lock (connect §15.2). The registry
+/// asks with its lock held, the order every path takes (registry, then execution).
+impl Remembered for Arc<ExecShared> {
+    fn state(&self) -> OperationState {
+        self.lock().core.operation_state()
+    }
+
+    fn final_state(&self) -> OperationState {
+        self.lock().core.final_state()
+    }
+}
 
 pub(crate) struct ManagerInner {
     config: ManagerConfig,
@@ -989,6 +1003,117 @@ impl ExecutionManager {
                 server_side_session_id: owned(session.server_side()),
             })
         })
+    }
+
+    /// `GetStatus` (connect §15; Spark's `SparkConnectGetStatusHandler`): the states of the
+    /// session's operations, without creating the session (its idle clock is refreshed).
+    /// `operation_status` unset: no states; its `operation_ids` empty: every live operation
+    /// (sorted by id) then every inactive one of the last `inactive_operation_expiry`
+    /// (sorted by id); else each distinct id asked, in order, as spelled. A live operation is
+    /// `RUNNING` until its run ends, then `TERMINATING` (finished or failed, still
+    /// registered) or `CANCELLED` (interrupted); a removed one is `SUCCEEDED`, `FAILED` or
+    /// `CANCELLED` until its id expires; any other id is `UNKNOWN`. A state never returns
+    /// to `RUNNING` (an id reused after its expiry names a new operation).
+    ///
+    /// # Errors
+    /// `INVALID_HANDLE.SESSION_NOT_FOUND` (also for a session id that is no UUID),
+    /// `SESSION_CLOSED`, `SESSION_CHANGED` (a non-empty observed id that differs).
+    pub fn get_status(
+        &self,
+        request: &GetStatusRequest,
+    ) -> Result<GetStatusResponse, ConnectError> {
+        self.rpc(|now, _| {
+            let mut reg = self.inner.lock();
+            let observed = request
+                .client_observed_server_side_session_id
+                .as_deref()
+                .filter(|o| !o.is_empty());
+            let ids = request
+                .operation_status
+                .as_ref()
+                .map(|o| o.operation_ids.as_slice());
+            let (server_side, states) =
+                reg.operation_states(request.user_id(), &request.session_id, observed, ids, now)?;
+            Ok(GetStatusResponse {
+                session_id: request.session_id.clone(),
+                server_side_session_id: owned(&server_side),
+                operation_statuses: states
+                    .into_iter()
+                    .map(|(id, state)| OperationStatus::new(id, state))
+                    .collect(),
+                extensions: Vec::new(),
+            })
+        })
+    }
+
+    /// `CloneSession` (connect §14; Spark's `SparkConnectSessionManager.cloneSession`): checks
+    /// the source session and the target id and creates the target, a new session of the
+    /// same user with its own `server_side_session_id` and no operations, all under one
+    /// lock: nothing is created on an error, and a concurrent request cannot take the
+    /// target in between. `new_session_id` unset or empty: a generated id. The service
+    /// copies the configuration and the engine's state afterwards, and
+    /// [`discard_session`](Self::discard_session)s the target if that fails.
+    ///
+    /// # Errors
+    /// For the source: `INVALID_HANDLE.SESSION_NOT_FOUND` (also an id that is no UUID),
+    /// `SESSION_CLOSED`, `SESSION_CHANGED` (a non-empty observed id that differs); for the
+    /// target: `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_FORMAT`,
+    /// `…_ALREADY_CLOSED`, `…_ALREADY_EXISTS` (SQLSTATE 42K04); `SERVER_DRAINING` while
+    /// [draining](Self::refuse_new).
+    pub fn clone_session(
+        &self,
+        request: &CloneSessionRequest,
+    ) -> Result<CloneSessionResponse, ConnectError> {
+        self.rpc(|now, _| {
+            let mut reg = self.inner.lock();
+            let observed = request
+                .client_observed_server_side_session_id
+                .as_deref()
+                .filter(|o| !o.is_empty());
+            let cloned = reg.clone_session(
+                request.user_id(),
+                &request.session_id,
+                observed,
+                request.new_session_id.as_deref(),
+                now,
+            )?;
+            Ok(CloneSessionResponse {
+                session_id: request.session_id.clone(),
+                server_side_session_id: owned(&cloned.source_server_side),
+                new_session_id: owned(&cloned.session_id),
+                new_server_side_session_id: owned(&cloned.server_side),
+            })
+        })
+    }
+
+    /// Removes the session `(user_id, session_id)` without a tombstone if its
+    /// `server_side_session_id` is still `server_side_session_id`, abandoning its executions
+    /// (connect §14: the undoing of a [`clone_session`](Self::clone_session) whose copy
+    /// failed; the id may be used again). Returns whether it was removed.
+    pub fn discard_session(
+        &self,
+        user_id: &str,
+        session_id: &str,
+        server_side_session_id: &str,
+    ) -> bool {
+        let Some(sid) = parse_uuid(session_id) else {
+            return false;
+        };
+        let key = SessionKey {
+            user_id: Arc::from(user_id),
+            session_id: sid,
+        };
+        let mut wakes = Wakes::default();
+        let removed = {
+            let mut reg = self.inner.lock();
+            let closed = reg.discard_session(&key, server_side_session_id);
+            for exec in closed.iter().flat_map(|c| &c.abandoned) {
+                close(exec, Removal::Abandoned, &mut wakes);
+            }
+            closed.is_some()
+        };
+        wakes.wake();
+        removed
     }
 
     /// `ReleaseSession` (rx §5.6): closes the session if it exists — a closed-session

@@ -29,6 +29,17 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         upper-case operation id, ReleaseAll after an Interrupt. Prints `CASE {json}` lines
         (not asserted: each server has its own documented answer) and `DIFFERENCES DONE`.
 
+    python tests/python/connect_scenarios.py sessions PORT
+        CloneSession and GetStatus (connect §14, §15). Raw requests: clones of an unknown, a
+        malformed and a closed source, onto a malformed, a live and a closed target, with
+        a wrong observed id; GetStatus of an unknown, a malformed and a closed session, of
+        unknown operation ids, and of operations through their lives (running, finished
+        and not released, released, interrupted, failed), polled until each settles and
+        never back to running. Then PySpark's `cloneSession()`: the clone sees the
+        source's configuration and the two are independent afterwards; a refused clone
+        left no session behind. Prints `CASE {json}` lines (only outcomes, no ids, so
+        that two servers' lines compare) and `SESSIONS DONE`.
+
     python tests/python/connect_scenarios.py isolation PORT
         User A runs range(200000).toLocalIterator() in session S. Mid-stream, user B with
         the same session id S (its own session) tries to reattach to, release and interrupt
@@ -856,6 +867,261 @@ def artifacts_pyspark(port):
     sys.stdin.readline()
     spark.stop()
     print("ARTIFACTS PYSPARK DONE", flush=True)
+OPERATION_STATE = None
+
+
+def state_name(value):
+    global OPERATION_STATE
+    if OPERATION_STATE is None:
+        OPERATION_STATE = pb.GetStatusResponse.OperationStatus.OperationState
+    return OPERATION_STATE.Name(value)
+
+
+def read_to_end(s, session, who, op, plan):
+    """Runs a reattachable ExecutePlan of `plan` under `op` and reads it to its end,
+    reattaching after every stream the server rotates; returns the error code that ended
+    it, or "OK" after ResultComplete."""
+    last = None
+    responses = s.ExecutePlan(pb.ExecutePlanRequest(
+        session_id=session, user_context=who, operation_id=op, plan=plan,
+        request_options=reattachable()))
+    try:
+        while True:
+            for r in responses:
+                last = r.response_id
+                if r.HasField("result_complete"):
+                    return "OK"
+            request = pb.ReattachExecuteRequest(session_id=session, user_context=who,
+                                                operation_id=op)
+            if last is not None:
+                request.last_response_id = last
+            responses = s.ReattachExecute(request)
+    except grpc.RpcError as e:
+        return e.code().name
+
+
+def statuses(s, session, who, ids=None):
+    request = pb.GetStatusRequest(session_id=session, user_context=who)
+    if ids is not None:
+        request.operation_status.CopyFrom(
+            pb.GetStatusRequest.OperationStatusRequest(operation_ids=ids))
+    return [(o.operation_id, state_name(o.state))
+            for o in s.GetStatus(request).operation_statuses]
+
+
+def settled(s, session, who, op, final):
+    """Polls GetStatus of `op` for up to 10 s until its state is in `final`; fails if the
+    state ever goes back to running after it left it. Returns the last state."""
+    seen = []
+    deadline = time.monotonic() + 10
+    while True:
+        [(_, state)] = statuses(s, session, who, [op])
+        if not seen or seen[-1] != state:
+            seen.append(state)
+        if state in final or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if "OPERATION_STATE_RUNNING" in seen[1:] and seen[0] != "OPERATION_STATE_RUNNING":
+        raise AssertionError(f"{op}: back to running: {seen}")
+    for i, state in enumerate(seen[1:], 1):
+        if state == "OPERATION_STATE_RUNNING" and seen[i - 1] != "OPERATION_STATE_RUNNING":
+            raise AssertionError(f"{op}: back to running: {seen}")
+    return state
+
+
+def sessions(port):
+    s = stub(port)
+    who = user("tether-sessions")
+    source = str(uuid.uuid4())
+    config_set(s, source, who, "tether.clone.key", "v1")
+
+    def clone(session, target=None, observed=None):
+        request = pb.CloneSessionRequest(session_id=session, user_context=who)
+        if target is not None:
+            request.new_session_id = target
+        if observed is not None:
+            request.client_observed_server_side_session_id = observed
+        response = s.CloneSession(request)
+        return {"source_echoed": response.session_id == session,
+                "target_as_given": target in (None, "") or response.new_session_id == target,
+                "new_server_side_differs":
+                    response.new_server_side_session_id != response.server_side_session_id}
+
+    def absent(session):
+        return outcome("", lambda: statuses(s, session, who))["condition"]
+
+    unknown = str(uuid.uuid4())
+    target = str(uuid.uuid4())
+    expect(report(outcome("clone_unknown_source", lambda: clone(unknown, target))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND", sql_state="08003",
+           parameters=["handle"])
+    if absent(target) != "INVALID_HANDLE.SESSION_NOT_FOUND":
+        raise AssertionError("a refused clone created its target")
+    expect(report(outcome("clone_malformed_source", lambda: clone("not-a-uuid"))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND", sql_state="08003")
+    expect(report(outcome("clone_malformed_target", lambda: clone(source, "not-a-uuid"))),
+           code="INTERNAL", condition="INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_FORMAT",
+           sql_state="42K04", parameters=["targetSessionId"])
+    expect(report(outcome("clone_onto_itself", lambda: clone(source, source))),
+           code="INTERNAL",
+           condition="INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_EXISTS",
+           sql_state="42K04", parameters=["targetSessionId"])
+    expect(report(outcome("clone_wrong_observed", lambda: clone(
+        source, str(uuid.uuid4()), str(uuid.uuid4())))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_CHANGED", sql_state="08003")
+    expect(report(outcome("clone_given_target", lambda: clone(source, target))),
+           code="OK", result={"source_echoed": True, "target_as_given": True,
+                              "new_server_side_differs": True})
+    expect(report(outcome("clone_generated_target", lambda: clone(source, ""))), code="OK")
+    expect(report(outcome("clone_taken_target", lambda: clone(source, target))),
+           code="INTERNAL",
+           condition="INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_EXISTS",
+           sql_state="42K04", parameters=["targetSessionId"])
+    expect(report(outcome("clone_sees_source_conf", lambda: config_get(
+        s, target, who, "tether.clone.key"))), code="OK", result="v1")
+    closed = str(uuid.uuid4())
+    config_set(s, closed, who, "tether.clone.key", "closed")
+    s.ReleaseSession(pb.ReleaseSessionRequest(session_id=closed, user_context=who))
+    expect(report(outcome("clone_closed_source", lambda: clone(closed))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_CLOSED", sql_state="08003")
+    expect(report(outcome("clone_onto_closed", lambda: clone(source, closed))),
+           code="INTERNAL",
+           condition="INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_CLOSED",
+           sql_state="42K04", parameters=["targetSessionId"])
+
+    # GetStatus never creates a session.
+    expect(report(outcome("status_unknown_session", lambda: statuses(s, unknown, who, []))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND", sql_state="08003",
+           parameters=["handle"])
+    expect(report(outcome("status_unknown_session_again", lambda: statuses(s, unknown, who))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND")
+    expect(report(outcome("status_malformed_session", lambda: statuses(s, "x", who))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_NOT_FOUND")
+    expect(report(outcome("status_closed_session", lambda: statuses(s, closed, who))),
+           code="INTERNAL", condition="INVALID_HANDLE.SESSION_CLOSED", sql_state="08003")
+    expect(report(outcome("status_without_request", lambda: statuses(s, source, who))),
+           code="OK", result=[])
+    expect(report(outcome("status_of_no_operations", lambda: statuses(s, source, who, []))),
+           code="OK", result=[])
+    odd = str(uuid.uuid4())
+    expect(report(outcome("status_unknown_ids", lambda: [
+        state for _, state in statuses(s, source, who, [odd, "not-a-uuid", odd])])),
+           code="OK", result=["OPERATION_STATE_UNKNOWN", "OPERATION_STATE_UNKNOWN"])
+
+    # An operation through its life: running, then interrupted.
+    running = str(uuid.uuid4())
+    stream = s.ExecutePlan(pb.ExecutePlanRequest(
+        session_id=source, user_context=who, operation_id=running, plan=range_plan(10**12),
+        request_options=reattachable()))
+    next(stream)
+    expect(report(outcome("status_running", lambda: statuses(s, source, who, [running])[0][1])),
+           code="OK", result="OPERATION_STATE_RUNNING")
+    s.Interrupt(pb.InterruptRequest(
+        session_id=source, user_context=who, operation_id=running,
+        interrupt_type=pb.InterruptRequest.INTERRUPT_TYPE_OPERATION_ID))
+    # Read to its end (a rotated stream ends without the error; the state is polled below).
+    drain_error(stream)
+    expect(report(outcome("status_interrupted", lambda: settled(
+        s, source, who, running, {"OPERATION_STATE_CANCELLED"}))),
+           code="OK", result="OPERATION_STATE_CANCELLED")
+    s.ReleaseExecute(pb.ReleaseExecuteRequest(
+        session_id=source, user_context=who, operation_id=running,
+        release_all=pb.ReleaseExecuteRequest.ReleaseAll()))
+    expect(report(outcome("status_interrupted_released", lambda: settled(
+        s, source, who, running, {"OPERATION_STATE_CANCELLED"}))),
+           code="OK", result="OPERATION_STATE_CANCELLED")
+
+    # Finished: terminating while registered, succeeded once released.
+    finished = str(uuid.uuid4())
+    if read_to_end(s, source, who, finished, range_plan(10)) != "OK":
+        raise AssertionError("range(10) did not complete")
+    expect(report(outcome("status_finished_unreleased", lambda: settled(
+        s, source, who, finished, {"OPERATION_STATE_TERMINATING"}))),
+           code="OK", result="OPERATION_STATE_TERMINATING")
+    s.ReleaseExecute(pb.ReleaseExecuteRequest(
+        session_id=source, user_context=who, operation_id=finished,
+        release_all=pb.ReleaseExecuteRequest.ReleaseAll()))
+    expect(report(outcome("status_finished_released", lambda: settled(
+        s, source, who, finished, {"OPERATION_STATE_SUCCEEDED"}))),
+           code="OK", result="OPERATION_STATE_SUCCEEDED")
+
+    # Failed: a non-reattachable execution is removed at its end; a reattachable one stays.
+    failed = str(uuid.uuid4())
+    try:
+        drain(s.ExecutePlan(pb.ExecutePlanRequest(
+            session_id=source, user_context=who, operation_id=failed,
+            plan=pb.Plan(root=rel.Relation()))))
+    except grpc.RpcError:
+        pass
+    expect(report(outcome("status_failed", lambda: settled(
+        s, source, who, failed, {"OPERATION_STATE_FAILED"}))),
+           code="OK", result="OPERATION_STATE_FAILED")
+    kept = str(uuid.uuid4())
+    read_to_end(s, source, who, kept, pb.Plan(root=rel.Relation()))
+    expect(report(outcome("status_failed_unreleased", lambda: settled(
+        s, source, who, kept, {"OPERATION_STATE_TERMINATING"}))),
+           code="OK", result="OPERATION_STATE_TERMINATING")
+    expected = sorted([(kept, "OPERATION_STATE_TERMINATING"),
+                       (running, "OPERATION_STATE_CANCELLED"),
+                       (finished, "OPERATION_STATE_SUCCEEDED"),
+                       (failed, "OPERATION_STATE_FAILED")])
+    expect(report(outcome("status_of_every_operation", lambda: sorted(
+        statuses(s, source, who, [])) == expected)), code="OK", result=True)
+    # The clone has none of the source's operations.
+    expect(report(outcome("status_of_the_clone", lambda: statuses(s, target, who, []))),
+           code="OK", result=[])
+    s.ReleaseExecute(pb.ReleaseExecuteRequest(
+        session_id=source, user_context=who, operation_id=kept,
+        release_all=pb.ReleaseExecuteRequest.ReleaseAll()))
+
+    # PySpark's cloneSession(): the clone starts with the source's configuration, then the
+    # two are independent.
+    a = pyspark_session(port, "tether-pyspark-clone", str(uuid.uuid4()))
+    a.conf.set("tether.clone.shared", "from-a")
+    b = a.cloneSession()
+    ok = b.conf.get("tether.clone.shared") == "from-a"
+    b.conf.set("tether.clone.shared", "from-b")
+    a.conf.set("tether.clone.only-a", "a")
+    ok = ok and a.conf.get("tether.clone.shared") == "from-a"
+    ok = ok and b.conf.get("tether.clone.shared") == "from-b"
+    ok = ok and b.conf.get("tether.clone.only-a", None) is None
+    ok = ok and [r.id for r in b.range(3).collect()] == [0, 1, 2]
+    given = str(uuid.uuid4())
+    c = a.cloneSession(given)
+    ok = ok and c.client._session_id == given and c.conf.get("tether.clone.shared") == "from-a"
+    expect(report({"case": "pyspark_clone_session", "code": "OK", "result": ok}),
+           code="OK", result=True)
+    # A cloned PySpark session has no stop() of its own (pyspark-client 4.2.0): its server
+    # session is released raw.
+    for clone_of_a in (b, c):
+        s.ReleaseSession(pb.ReleaseSessionRequest(
+            session_id=clone_of_a.client._session_id, user_context=user("tether-pyspark-clone")))
+    a.stop()
+    s.ReleaseSession(pb.ReleaseSessionRequest(session_id=target, user_context=who))
+    s.ReleaseSession(pb.ReleaseSessionRequest(session_id=source, user_context=who))
+    print("SESSIONS DONE", flush=True)
+
+
+def config_set(s, session, who, key, value):
+    s.Config(pb.ConfigRequest(session_id=session, user_context=who,
+                              operation=pb.ConfigRequest.Operation(set=pb.ConfigRequest.Set(
+                                  pairs=[pb.KeyValue(key=key, value=value)]))))
+
+
+def config_get(s, session, who, key):
+    return s.Config(pb.ConfigRequest(
+        session_id=session, user_context=who, operation=pb.ConfigRequest.Operation(
+            get=pb.ConfigRequest.Get(keys=[key])))).pairs[0].value
+
+
+def drain_error(stream):
+    """Reads a stream to its end; returns the gRPC code that ended it ("OK" without one)."""
+    try:
+        for _ in stream:
+            pass
+        return "OK"
+    except grpc.RpcError as e:
+        return e.code().name
 
 
 def main():
@@ -868,6 +1134,8 @@ def main():
         differences(port)
     elif mode == "isolation":
         isolation(port)
+    elif mode == "sessions":
+        sessions(port)
     elif mode == "abandon-start":
         abandon_start(port, sys.argv[3], sys.argv[4])
     elif mode == "abandon-check":

@@ -1424,6 +1424,32 @@ fn artifacts_are_checked_kept_and_freed_with_their_session() {
     );
 }
 
+/// connect §14, §15: CloneSession's and GetStatus's answers (the script asserts each case's
+/// condition, SQLSTATE and parameters, the states of operations through their lives, never
+/// back to running, and PySpark's `cloneSession()`: the source's configuration, then
+/// independence); here, that every case ran and the refusals created no session.
+#[test]
+fn pyspark_clones_sessions_and_reads_operation_states() {
+    let test = "pyspark_clones_sessions_and_reads_operation_states";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::rotating(&[]);
+    let port = server.port.to_string();
+    let Some(cases) = scenarios(&python, test, &["sessions", &port], "SESSIONS DONE") else {
+        return;
+    };
+    assert_eq!(cases.len(), 28, "{cases:#?}");
+    // Each CloneSession and GetStatus was served (no UNIMPLEMENTED), in its RPC's span.
+    assert!(server.log_lines_with(&["rpc=\"CloneSession\"", "CloneSession new_session_id="]) >= 4);
+    assert!(server.log_lines_with(&["rpc=\"GetStatus\"", "GetStatus operations="]) >= 10);
+    // Everything was released at the end: the script's own sessions and PySpark's.
+    let stats = server.wait_for_stats(Duration::from_secs(10), "sessions released", |s| {
+        stat(s, "live_executions") == 0
+    });
+    assert_eq!(stat(&stats, "abandoned"), 0, "{stats:?}");
+}
+
 #[test]
 fn pyspark_killed_client_leaves_an_execution_that_is_abandoned() {
     let test = "pyspark_killed_client_leaves_an_execution_that_is_abandoned";

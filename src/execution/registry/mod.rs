@@ -33,12 +33,40 @@ use std::time::{Duration, Instant};
 use hashbrown::hash_map::{Entry, EntryRef};
 use uuid::Uuid;
 
-use super::error::ConnectError;
+use super::error::{ConnectError, SparkError};
 use super::error_store::ErrorStore;
 use super::inactive::InactiveIds;
 use super::keys::{ExecuteKey, FastMap, SessionKey, SessionRef, fast_map, parse_uuid, shown};
 use super::lru::Lru;
 use super::status::Removal;
+use crate::wire::connect::get_status_response::OperationState;
+
+/// What the registry reads of an execution for GetStatus (connect §15.2): its state while
+/// registered, and the final state it is remembered with among the session's inactive ids
+/// once removed (read as it leaves, before or after it is closed).
+pub(crate) trait Remembered {
+    /// The state while registered ([`ExecutionCore::operation_state`](super::ExecutionCore::operation_state)).
+    fn state(&self) -> OperationState;
+    /// The state once removed ([`ExecutionCore::final_state`](super::ExecutionCore::final_state)).
+    fn final_state(&self) -> OperationState;
+}
+
+/// The states [`Registry::operation_states`] reports: each operation id with its state
+/// (connect §15.2).
+pub(crate) type OperationStates = Vec<(String, OperationState)>;
+
+/// A session [`Registry::clone_session`] created (connect §14).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Cloned {
+    /// The source's `server_side_session_id`.
+    pub(crate) source_server_side: Arc<str>,
+    /// The new session's id as given, or generated.
+    pub(crate) session_id: Arc<str>,
+    /// The new session's key.
+    pub(crate) key: SessionKey,
+    /// The new session's `server_side_session_id`.
+    pub(crate) server_side: Arc<str>,
+}
 
 /// What one maintenance pass did ([`ExecutionManager::maintain`](super::ExecutionManager::maintain):
 /// Spark's `SparkConnectExecutionManager.periodicMaintenance`, rx §5.3, plus session
@@ -732,6 +760,165 @@ impl<E> Registry<E> {
         Ok(Admitted::New(exec))
     }
 
+    /// GetStatus (connect §15; Spark's `SparkConnectGetStatusHandler`): looks the session up
+    /// without creating it (as [`lookup_session`](Self::lookup_session): refreshed, the
+    /// observed id checked), then reports, for `ids`:
+    ///
+    /// - `None` (no `operation_status` asked): nothing;
+    /// - an empty list: every operation the session knows, the live ones (sorted by id)
+    ///   then the inactive ones of the last `inactive_operation_expiry` (sorted by id), each
+    ///   under its canonical id;
+    /// - else each distinct id once, in the order asked, as spelled: an inactive id's final
+    ///   state (it prevails, as in Spark), else a live one's [`Remembered::state`], else
+    ///   `Unknown` (also for an id that is no UUID).
+    ///
+    /// Returns the session's `server_side_session_id` and the states.
+    ///
+    /// # Errors
+    /// As [`lookup_session`](Self::lookup_session): `SESSION_NOT_FOUND` (also for a session
+    /// id that is no UUID), `SESSION_CLOSED`, `SESSION_CHANGED`.
+    pub(crate) fn operation_states(
+        &mut self,
+        user: &str,
+        raw_session_id: &str,
+        observed: Option<&str>,
+        ids: Option<&[String]>,
+        now: Instant,
+    ) -> Result<(Arc<str>, OperationStates), ConnectError>
+    where
+        E: Remembered,
+    {
+        let expiry = self.config.inactive_operation_expiry;
+        let (_, session) = self.lookup(user, raw_session_id, observed, now)?;
+        let server_side = session.server_side.clone();
+        let Some(ids) = ids else {
+            return Ok((server_side, Vec::new()));
+        };
+        let states = if ids.is_empty() {
+            let mut live: Vec<(Uuid, OperationState)> = session
+                .executions
+                .iter()
+                .map(|(op, e)| (*op, e.state()))
+                .collect();
+            live.sort_unstable_by_key(|(op, _)| *op);
+            let mut inactive: Vec<(Uuid, OperationState)> = session
+                .inactive
+                .states(now, expiry)
+                .filter(|(op, _)| !session.executions.contains_key(op))
+                .collect();
+            inactive.sort_unstable_by_key(|(op, _)| *op);
+            live.into_iter()
+                .chain(inactive)
+                .map(|(op, state)| (canonical(op), state))
+                .collect()
+        } else {
+            let mut seen = std::collections::HashSet::with_capacity(ids.len());
+            ids.iter()
+                .filter(|raw| seen.insert(raw.as_str()))
+                .map(|raw| {
+                    let state = parse_uuid(raw)
+                        .and_then(|op| {
+                            session
+                                .inactive
+                                .state(op, now, expiry)
+                                .or_else(|| session.executions.get(&op).map(Remembered::state))
+                        })
+                        .unwrap_or(OperationState::Unknown);
+                    (raw.clone(), state)
+                })
+                .collect()
+        };
+        Ok((server_side, states))
+    }
+
+    /// CloneSession (connect §14; Spark's `SparkConnectSessionManager.cloneSession`): in one
+    /// step, so that neither a concurrent clone nor a session created meanwhile can
+    /// interleave, checks the source `(user, raw_source)` as
+    /// [`lookup_session`](Self::lookup_session) does (refreshing it), then the target id
+    /// (`raw_target`, or a generated one when `None` or empty) in Spark's order, then
+    /// creates the target as a new session of the same user with a new
+    /// `server_side_session_id`, no executions and no inactive ids. Nothing is created on
+    /// an error.
+    ///
+    /// # Errors
+    /// `SESSION_NOT_FOUND` (also for a source id that is no UUID), `SESSION_CLOSED`,
+    /// `SESSION_CHANGED` for the source; then
+    /// `INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_FORMAT`,
+    /// `…TARGET_SESSION_ID_ALREADY_CLOSED` (the target is in the closed-session tombstones),
+    /// `…TARGET_SESSION_ID_ALREADY_EXISTS` (also the source itself); `SERVER_DRAINING`
+    /// while draining.
+    pub(crate) fn clone_session(
+        &mut self,
+        user: &str,
+        raw_source: &str,
+        observed: Option<&str>,
+        raw_target: Option<&str>,
+        now: Instant,
+    ) -> Result<Cloned, ConnectError> {
+        let (_, source) = self.lookup(user, raw_source, observed, now)?;
+        let source_server_side = source.server_side.clone();
+        let source_user = source.user.clone();
+        let target: Arc<str> = match raw_target {
+            Some(t) if !t.is_empty() => Arc::from(t),
+            _ => Arc::from(canonical(Uuid::new_v4())),
+        };
+        let Some(tid) = parse_uuid(&target) else {
+            return Err(SparkError::clone_target_format(&target).into());
+        };
+        let key = SessionRef {
+            user_id: user,
+            session_id: tid,
+        };
+        if self.closed_sessions.contains(&key) {
+            return Err(SparkError::clone_target_closed(&target).into());
+        }
+        let EntryRef::Vacant(slot) = self.sessions.entry_ref(&key) else {
+            return Err(SparkError::clone_target_exists(&target).into());
+        };
+        if self.draining {
+            return Err(ConnectError::ServerDraining);
+        }
+        let key = SessionKey {
+            user_id: source_user.clone(),
+            session_id: tid,
+        };
+        let server_side: Arc<str> = Arc::from(canonical(Uuid::new_v4()));
+        self.notes.push(RegistryNote::SessionStarted(key.clone()));
+        slot.insert_with_key(
+            key.clone(),
+            Session {
+                user: source_user,
+                echo_session_id: target.clone(),
+                server_side: server_side.clone(),
+                last_access: now,
+                executions: fast_map(),
+                inactive: InactiveIds::new(self.config.inactive_operations_per_session),
+                errors: ErrorStore::default(),
+            },
+        );
+        Ok(Cloned {
+            source_server_side,
+            session_id: target,
+            key,
+            server_side,
+        })
+    }
+
+    /// Removes the session `key` without a tombstone if its `server_side_session_id` is
+    /// `server_side` (the undoing of a [`clone_session`](Self::clone_session) whose engine
+    /// refused the copy, connect §14): as [`close_session`](Self::close_session) with
+    /// `tombstone` false. `None` if there is no such session (or another one by now).
+    pub(crate) fn discard_session(
+        &mut self,
+        key: &SessionKey,
+        server_side: &str,
+    ) -> Option<ClosedSession<E>> {
+        if self.sessions.get(key)?.server_side.as_ref() != server_side {
+            return None;
+        }
+        self.close_session(&key.user_id, key.session_id, false)
+    }
+
     /// ReattachExecute steps 1–2 (rx §5.5): the session (as
     /// [`lookup_session`](Self::lookup_session)), then the execution.
     ///
@@ -795,7 +982,10 @@ impl<E> Registry<E> {
         raw_operation_id: &str,
         now: Instant,
         decide: impl FnOnce(&Arc<str>, Option<&E>) -> Result<(R, bool), ConnectError>,
-    ) -> Result<(R, Option<E>), ConnectError> {
+    ) -> Result<(R, Option<E>), ConnectError>
+    where
+        E: Remembered,
+    {
         let (_, session) = Self::find_session(
             &mut self.sessions,
             &mut self.closed_sessions,
@@ -812,7 +1002,7 @@ impl<E> Registry<E> {
         let removed = match entry {
             Some(o) if remove => {
                 let (op, exec) = o.remove_entry();
-                session.inactive.insert(op, now);
+                session.inactive.insert(op, now, exec.final_state());
                 self.live -= 1;
                 self.released += 1;
                 Some(exec)
@@ -833,14 +1023,29 @@ impl<E> Registry<E> {
         how: Leave,
         now: Instant,
         is: impl FnOnce(&E) -> bool,
-    ) -> Option<E> {
+    ) -> Option<E>
+    where
+        E: Remembered,
+    {
         let session = self.session_mut(&key.user_id, key.session_id)?;
         let exec = match session.executions.entry(key.operation_id) {
             Entry::Occupied(o) if is(o.get()) => o.remove(),
             _ => return None,
         };
-        if matches!(how, Leave::Removed(_)) {
-            session.inactive.insert(key.operation_id, now);
+        // An abandoned execution is remembered as cancelled, whatever its run did (Spark
+        // records the termination reason `Canceled` for an abandoned removal, rx §5.8).
+        match how {
+            Leave::Removed(Removal::Abandoned) => {
+                session
+                    .inactive
+                    .insert(key.operation_id, now, OperationState::Cancelled);
+            }
+            Leave::Removed(Removal::Released) => {
+                session
+                    .inactive
+                    .insert(key.operation_id, now, exec.final_state());
+            }
+            Leave::Forgotten => {}
         }
         self.live -= 1;
         match how {
@@ -904,7 +1109,10 @@ impl<E> Registry<E> {
         &mut self,
         now: Instant,
         detached_since: impl FnMut(&E) -> Option<Instant>,
-    ) -> Maintenance<E> {
+    ) -> Maintenance<E>
+    where
+        E: Remembered,
+    {
         let mut out = Maintenance {
             report: MaintenanceReport::default(),
             with_sessions: Vec::new(),
@@ -946,7 +1154,10 @@ impl<E> Registry<E> {
         now: Instant,
         timeout: Duration,
         mut detached_since: impl FnMut(&E) -> Option<Instant>,
-    ) -> Vec<E> {
+    ) -> Vec<E>
+    where
+        E: Remembered,
+    {
         let mut due = Vec::new();
         for (key, s) in &self.sessions {
             for (op, exec) in &s.executions {

@@ -26,6 +26,26 @@ fn config() -> RegistryConfig {
     }
 }
 
+/// Test values report their state by their value (connect §15.2): `n % 10` 0 running, 1
+/// terminating, 2 cancelled while live; removed, `n % 3` 0 succeeded, 1 failed, 2 cancelled.
+impl Remembered for u32 {
+    fn state(&self) -> OperationState {
+        match self % 10 {
+            0 => OperationState::Running,
+            1 => OperationState::Terminating,
+            _ => OperationState::Cancelled,
+        }
+    }
+
+    fn final_state(&self) -> OperationState {
+        match self % 3 {
+            0 => OperationState::Succeeded,
+            1 => OperationState::Failed,
+            _ => OperationState::Cancelled,
+        }
+    }
+}
+
 fn secs(n: u64) -> Duration {
     Duration::from_secs(n)
 }
@@ -1010,4 +1030,213 @@ fn registry_steps_reach_every_answer() {
     ] {
         assert!(seen.contains(answer), "no step answered {answer}: {seen:?}");
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// CloneSession and GetStatus (connect §14, §15)
+// ---------------------------------------------------------------------------------------------
+
+fn condition_of(e: &ConnectError) -> String {
+    match e {
+        ConnectError::Spark(s) => s.condition.clone().unwrap_or_default(),
+        other => other.condition().unwrap_or_default().to_owned(),
+    }
+}
+
+/// connect §14.2: the source is checked first (not found, closed, changed), then the target
+/// (format, closed, taken); a refusal creates nothing; a success creates one session of the
+/// same user with its own server-side id and the id as given.
+#[test]
+fn clone_checks_in_sparks_order_and_creates_nothing_on_refusal() {
+    let t = Instant::now();
+    let mut r: Registry<u32> = Registry::new(config());
+    let unknown = "22222222-2222-4222-8222-222222222222";
+    let refused = |r: &mut Registry<u32>, source: &str, observed, target| {
+        let before = r.stats().sessions;
+        let e = r
+            .clone_session("u", source, observed, target, t)
+            .unwrap_err();
+        assert_eq!(r.stats().sessions, before, "nothing created");
+        condition_of(&e)
+    };
+    assert_eq!(
+        refused(&mut r, SID, None, Some(SID2)),
+        "INVALID_HANDLE.SESSION_NOT_FOUND"
+    );
+    assert_eq!(
+        refused(&mut r, "nope", None, None),
+        "INVALID_HANDLE.SESSION_NOT_FOUND"
+    );
+    let source = r
+        .get_or_create_session("u", SID, None, t)
+        .unwrap()
+        .server_side()
+        .clone();
+    assert_eq!(
+        refused(&mut r, SID, Some(unknown), Some("bad")),
+        "INVALID_HANDLE.SESSION_CHANGED"
+    );
+    assert_eq!(
+        refused(&mut r, SID, None, Some("bad")),
+        "INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_FORMAT"
+    );
+    assert_eq!(
+        refused(&mut r, SID, None, Some(SID)),
+        "INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_EXISTS"
+    );
+    r.get_or_create_session("u", unknown, None, t).unwrap();
+    r.close_session("u", parse_uuid(unknown).unwrap(), true);
+    assert_eq!(
+        refused(&mut r, SID, None, Some(unknown)),
+        "INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_CLOSED"
+    );
+    assert_eq!(
+        refused(&mut r, unknown, None, Some(SID2)),
+        "INVALID_HANDLE.SESSION_CLOSED"
+    );
+    // Another user's session of the same id is no source, and no obstacle.
+    let e = r.clone_session("v", SID, None, Some(SID2), t).unwrap_err();
+    assert_eq!(condition_of(&e), "INVALID_HANDLE.SESSION_NOT_FOUND");
+
+    let cloned = r
+        .clone_session("u", SID, Some(&source), Some(SID2), t + secs(1))
+        .unwrap();
+    assert_eq!(cloned.source_server_side, source);
+    assert_eq!(&*cloned.session_id, SID2);
+    assert_ne!(cloned.server_side, source);
+    let target = r.session(&cloned.key).unwrap();
+    assert_eq!(target.server_side(), &cloned.server_side);
+    assert_eq!(target.last_access(), t + secs(1));
+    assert!(
+        r.take_notes()
+            .contains(&RegistryNote::SessionStarted(cloned.key.clone()))
+    );
+    // Generated when unset or empty; the source is refreshed.
+    for target in [None, Some("")] {
+        let c = r
+            .clone_session("u", SID, None, target, t + secs(2))
+            .unwrap();
+        assert!(parse_uuid(&c.session_id).is_some());
+    }
+    assert_eq!(r.stats().sessions, 4);
+    // Draining: no new session, the checks before it still answer.
+    r.set_draining();
+    let e = r.clone_session("u", SID, None, None, t).unwrap_err();
+    assert_eq!(e, ConnectError::ServerDraining);
+    assert_eq!(
+        refused(&mut r, SID, None, Some(SID2)),
+        "INVALID_CLONE_SESSION_REQUEST.TARGET_SESSION_ID_ALREADY_EXISTS"
+    );
+}
+
+/// connect §14: undoing a clone removes the session only while it is the same one, and
+/// leaves no tombstone.
+#[test]
+fn discard_removes_only_the_same_session() {
+    let t = Instant::now();
+    let mut r: Registry<u32> = Registry::new(config());
+    r.get_or_create_session("u", SID, None, t).unwrap();
+    let c = r.clone_session("u", SID, None, Some(SID2), t).unwrap();
+    assert!(r.discard_session(&c.key, "other").is_none());
+    assert!(r.discard_session(&c.key, &c.server_side).is_some());
+    assert!(r.session(&c.key).is_none());
+    assert!(!r.is_session_closed(&c.key));
+    assert!(r.discard_session(&c.key, &c.server_side).is_none());
+    r.clone_session("u", SID, None, Some(SID2), t).unwrap();
+}
+
+/// connect §15: GetStatus never creates a session; reports nothing without
+/// `operation_status`, every live then inactive operation for an empty list, and each
+/// distinct id asked in order otherwise (`UNKNOWN` for ids it does not know).
+#[test]
+fn operation_states_of_live_and_inactive_operations() {
+    let t = Instant::now();
+    let mut r: Registry<u32> = Registry::new(config());
+    let mut plans = HashMap::new();
+    let e = r
+        .operation_states("u", SID, None, Some(&[]), t)
+        .unwrap_err();
+    assert_eq!(condition_of(&e), "INVALID_HANDLE.SESSION_NOT_FOUND");
+    let e = r.operation_states("u", "x", None, None, t).unwrap_err();
+    assert_eq!(condition_of(&e), "INVALID_HANDLE.SESSION_NOT_FOUND");
+    assert_eq!(r.stats().sessions, 0, "never creates a session");
+
+    let op3 = "11111111-2222-4333-8444-777777777777";
+    // Live: OP running (value 10), OP2 terminating (value 11).
+    admit(&mut r, &mut plans, req("u", SID, OP), 1, 10, t).unwrap();
+    admit(&mut r, &mut plans, req("u", SID, OP2), 1, 11, t).unwrap();
+    // Removed: op3 as value 4 (final state: failed).
+    admit(&mut r, &mut plans, req("u", SID, op3), 1, 4, t).unwrap();
+    r.remove(
+        &key("u", SID, op3),
+        Leave::Removed(Removal::Released),
+        t,
+        |_| true,
+    )
+    .unwrap();
+    let (server_side, none) = r.operation_states("u", SID, None, None, t).unwrap();
+    assert!(none.is_empty());
+    assert_eq!(
+        Some(&server_side),
+        r.session(&key("u", SID, OP).session())
+            .map(|s| s.server_side())
+    );
+    let (_, all) = r.operation_states("u", SID, None, Some(&[]), t).unwrap();
+    assert_eq!(
+        all,
+        vec![
+            (OP.to_owned(), OperationState::Running),
+            (OP2.to_owned(), OperationState::Terminating),
+            (op3.to_owned(), OperationState::Failed),
+        ]
+    );
+    let asked: Vec<String> = [op3, "nope", OP, op3, SID2]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    let (_, some) = r.operation_states("u", SID, None, Some(&asked), t).unwrap();
+    assert_eq!(
+        some,
+        vec![
+            (op3.to_owned(), OperationState::Failed),
+            ("nope".to_owned(), OperationState::Unknown),
+            (OP.to_owned(), OperationState::Running),
+            (SID2.to_owned(), OperationState::Unknown),
+        ]
+    );
+    // An abandoned execution is remembered as cancelled, whatever its run did (rx §5.8):
+    // value 13 would be failed if released.
+    let op4 = "11111111-2222-4333-8444-888888888888";
+    admit(&mut r, &mut plans, req("u", SID, op4), 1, 13, t).unwrap();
+    r.remove(
+        &key("u", SID, op4),
+        Leave::Removed(Removal::Abandoned),
+        t,
+        |_| true,
+    )
+    .unwrap();
+    let (_, four) = r
+        .operation_states("u", SID, None, Some(&[op4.to_owned()]), t)
+        .unwrap();
+    assert_eq!(four, vec![(op4.to_owned(), OperationState::Cancelled)]);
+    // The observed id is checked; another user sees nothing of this session.
+    let e = r
+        .operation_states("u", SID, Some(SID2), None, t)
+        .unwrap_err();
+    assert_eq!(condition_of(&e), "INVALID_HANDLE.SESSION_CHANGED");
+    assert!(r.operation_states("v", SID, None, None, t).is_err());
+    // An inactive id is forgotten after the expiry: UNKNOWN, and no longer listed.
+    let later = t + config().inactive_operation_expiry;
+    let (_, all) = r
+        .operation_states("u", SID, None, Some(&[]), later)
+        .unwrap();
+    assert_eq!(all.len(), 2);
+    let (_, one) = r
+        .operation_states("u", SID, None, Some(&[op3.to_owned()]), later)
+        .unwrap();
+    assert_eq!(one, vec![(op3.to_owned(), OperationState::Unknown)]);
+    // A closed session answers SESSION_CLOSED.
+    r.close_session("u", parse_uuid(SID).unwrap(), true);
+    let e = r.operation_states("u", SID, None, None, t).unwrap_err();
+    assert_eq!(condition_of(&e), "INVALID_HANDLE.SESSION_CLOSED");
 }

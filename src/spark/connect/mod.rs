@@ -7,7 +7,7 @@
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
 //! AnalyzePlan, FetchErrorDetails (connect §8), AddArtifacts and ArtifactStatus
-//! ([`ArtifactStore`]); the others of Spark's
+//! ([`ArtifactStore`]), CloneSession and GetStatus (connect §14, §15); the others of Spark's
 //! `SparkConnectService` answer `UNIMPLEMENTED`.
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
@@ -28,6 +28,7 @@
 //! | responses produced but not yet sent | unbounded | bounded (bytes and count); the producer waits (rx §3) |
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
+//! | GetStatus right after an `Interrupt` | `OPERATION_STATE_RUNNING` until the runner notices, then `CANCELLED` (measured) | `CANCELLED` from the interrupt on: the run ends at once (connect §15.2) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
 //! | FetchErrorDetails' `stack_trace` | the JVM's stack, whatever `spark.sql.connect.serverStacktrace.enabled` says | none: tether has no JVM stack (connect §8.1) |
 //! | the errors a session keeps for FetchErrorDetails | 20, Guava's approximate eviction (measured: it can evict more than the oldest) | `ManagerConfig::error_details_per_session` (20), exactly the oldest evicted (connect §8.1) |

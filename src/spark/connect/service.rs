@@ -1,7 +1,8 @@
 //! The Spark Connect service over an [`ExecutionManager`]: ExecutePlan, ReattachExecute,
 //! ReleaseExecute, Interrupt and ReleaseSession in full, Config and AnalyzePlan through the
 //! user's [`QueryEngine`], FetchErrorDetails from the sessions' stored errors, AddArtifacts and
-//! ArtifactStatus over an [`ArtifactStore`] (rx §1, §4, §5; connect §3, §8, §9).
+//! ArtifactStatus over an [`ArtifactStore`], CloneSession and GetStatus (rx §1, §4, §5;
+//! connect §3, §8, §9, §14, §15).
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
@@ -24,8 +25,9 @@ use crate::execution::{AdmissionPermit, Correlation};
 use crate::execution::{ConnectError, ExecutionManager, Producer, ResponseStream, SessionKey};
 use crate::wire::connect::{
     AddArtifactsRequest, AddArtifactsResponse, AnalyzePlanRequest, AnalyzePlanResponse,
-    ArtifactStatusesRequest, ArtifactStatusesResponse, ConfigRequest, ConfigResponse,
-    ExecutePlanRequest, ExecutePlanResponse, FetchErrorDetailsRequest, FetchErrorDetailsResponse,
+    ArtifactStatusesRequest, ArtifactStatusesResponse, CloneSessionRequest, CloneSessionResponse,
+    ConfigRequest, ConfigResponse, ExecutePlanRequest, ExecutePlanResponse,
+    FetchErrorDetailsRequest, FetchErrorDetailsResponse, GetStatusRequest, GetStatusResponse,
     InterruptRequest, InterruptResponse, KeyValue, ReattachExecuteRequest, ReleaseExecuteRequest,
     ReleaseExecuteResponse, ReleaseSessionRequest, ReleaseSessionResponse, UserContext,
     analyze_plan_request, analyze_plan_response, config_request, release_execute_request,
@@ -122,6 +124,26 @@ pub trait QueryEngine: Send + Sync + 'static {
     /// is [`default_conf`].
     fn default_conf(&self, key: &str) -> Option<String> {
         default_conf(key)
+    }
+
+    /// Copies the engine's state of session `source` (temporary views, registered
+    /// functions, catalog state) into the new session `target`, for CloneSession (connect §14;
+    /// Spark's `SparkSession.cloneSession`). Called once per CloneSession after the service
+    /// created `target` and copied the session configuration; not under any lock of the
+    /// service. The two sessions are independent afterwards. The default copies nothing (an
+    /// engine without session state).
+    ///
+    /// # Errors
+    /// The engine cannot copy the state: the CloneSession fails with this error, and the
+    /// service removes `target` again (no tombstone; its id may be used again). A panic is
+    /// answered as `[INTERNAL_ERROR]` the same way.
+    fn clone_session(
+        &self,
+        source: &SessionContext,
+        target: &SessionContext,
+    ) -> Result<(), ConnectError> {
+        let _ = (source, target);
+        Ok(())
     }
 }
 
@@ -1102,6 +1124,26 @@ impl<E: QueryEngine> SparkConnectService for ConnectService<E> {
             })
         })
     }
+
+    async fn clone_session(
+        &self,
+        request: tonic::Request<CloneSessionRequest>,
+    ) -> Result<tonic::Response<CloneSessionResponse>, tonic::Status> {
+        let (metadata, request) = (request.metadata(), request.get_ref());
+        let ids = (request.user_id(), request.session_id.as_str(), "");
+        self.rpc("CloneSession", ids, metadata, |_| {
+            self.clone_session_rpc(request)
+        })
+    }
+
+    async fn get_status(
+        &self,
+        request: tonic::Request<GetStatusRequest>,
+    ) -> Result<tonic::Response<GetStatusResponse>, tonic::Status> {
+        let (metadata, request) = (request.metadata(), request.get_ref());
+        let ids = (request.user_id(), request.session_id.as_str(), "");
+        self.rpc("GetStatus", ids, metadata, |_| self.get_status_rpc(request))
+    }
 }
 
 /// The methods of Spark's `SparkConnectService` this service answers.
@@ -1116,6 +1158,8 @@ const SERVED: &[&str] = &[
     "FetchErrorDetails",
     "AddArtifacts",
     "ArtifactStatus",
+    "CloneSession",
+    "GetStatus",
 ];
 
 /// [`ConnectService`] as a gRPC service (from [`ConnectService::into_service`], rx §1.1): a
@@ -1187,3 +1231,5 @@ impl<E: QueryEngine> tower::Service<tonic::codegen::http::Request<tonic::body::B
         })
     }
 }
+
+mod session_rpcs;

@@ -15,6 +15,8 @@
 //! * [`AddArtifactsRequest`] / [`AddArtifactsResponse`] and [`ArtifactStatusesRequest`] /
 //!   [`ArtifactStatusesResponse`] — upload artifacts to a session and ask which it has
 //!   (Spark's `SparkConnectAddArtifactsHandler`).
+//! * [`CloneSessionRequest`] / [`CloneSessionResponse`] and [`GetStatusRequest`] /
+//!   [`GetStatusResponse`] (connect §14, §15).
 //!
 //! # What is opaque
 //!
@@ -38,6 +40,7 @@ mod artifacts;
 mod config;
 mod errors;
 mod query;
+mod session;
 
 pub use self::artifacts::{
     AddArtifactsRequest, AddArtifactsResponse, ArtifactStatusesRequest, ArtifactStatusesResponse,
@@ -54,6 +57,10 @@ pub use self::errors::{
 pub use self::query::{
     Aggregate, DataType, Expression, Limit, Range, Relation, RelationCommon, aggregate, data_type,
     expression, relation,
+};
+pub use self::session::{
+    CloneSessionRequest, CloneSessionResponse, GetStatusRequest, GetStatusResponse,
+    get_status_request, get_status_response,
 };
 
 // ---------------------------------------------------------------------------------------------
