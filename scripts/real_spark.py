@@ -305,6 +305,9 @@ def main():
         with Step("the same Config requests to both servers"):
             same_cases("config", scenario(python, "config", spark_port),
                        scenario(python, "config", tether_port))
+        with Step("spark.sql() answered with a sql_command_result, on both servers"):
+            same_cases("sql", scenario(python, "sql", spark_port),
+                       scenario(python, "sql", tether_port))
     finally:
         tether.kill()
         subprocess.run(["bash", ORACLE, "stop", str(spark_port)], check=False)

@@ -15,6 +15,12 @@
 //! - `count()`, which PySpark sends as an `Aggregate` of `count(lit(1))` over a supported
 //!   relation: one row, one non-null `bigint` column `count(1)` (or the alias's name).
 //!
+//! - `spark.sql(query)`, which PySpark first sends as a `Command { sql_command { input } }`:
+//!   answered as Spark 4.3.0 answers a query (not a command), with one `sql_command_result`
+//!   response whose relation is the `input` relation as sent (`SQL { query, arguments }`
+//!   with its `plan_id`; measured), which PySpark then runs as its DataFrame's plan. This
+//!   engine runs no SQL: running that relation is refused as below.
+//!
 //! Any other relation or command is answered as Spark answers one it does not run,
 //! `[CONNECT_INVALID_PLAN.INVALID_ONE_OF_FIELD_NOT_SUPPORTED]` naming it (`PROJECT(3)`), an
 //! empty one as Spark does (`RELTYPE_NOT_SET`), an aggregate other than `count()` with
@@ -33,9 +39,9 @@ use prost::Message;
 use tether::execution::{ConnectError, SparkError};
 use tether::spark::connect::{QueryEngine, ResponseSource, SPARK_VERSION, SessionContext};
 use tether::wire::connect::{
-    Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Limit, Range,
-    aggregate, analyze_plan_request, analyze_plan_response, data_type, execute_plan_response,
-    expression, plan,
+    Aggregate, AnalyzePlanRequest, DataType, ExecutePlanRequest, ExecutePlanResponse, Limit, Plan,
+    Range, aggregate, analyze_plan_request, analyze_plan_response, data_type,
+    execute_plan_response, expression, plan,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -617,6 +623,46 @@ fn responses(output: Output, max_records: u32) -> ResponseSource {
 // The engine
 // ---------------------------------------------------------------------------------------------
 
+/// `Command.sql_command` (field 5) of Spark's `commands.proto`, as far as this engine reads it.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SqlCommandOnly {
+    #[prost(message, optional, tag = "5")]
+    sql_command: Option<SqlCommand>,
+}
+
+/// `SqlCommand.input` (field 6): the `Relation` PySpark builds for `spark.sql(query)`.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SqlCommand {
+    #[prost(bytes = "bytes", optional, tag = "6")]
+    input: Option<Bytes>,
+}
+
+/// `ExecutePlanResponse.SqlCommandResult`: field 1, the relation to run.
+#[derive(Clone, PartialEq, prost::Message)]
+struct SqlCommandResult {
+    #[prost(bytes = "bytes", tag = "1")]
+    relation: Bytes,
+}
+
+/// Spark's answer to `spark.sql(query)` for a query (connect §6): the `sql_command_result`
+/// carrying the command's `input` relation unchanged; `None` for any other plan.
+fn sql_command_result(plan: Option<&Plan>) -> Option<ExecutePlanResponse> {
+    let Some(plan::OpType::Command(bytes)) = plan.and_then(|p| p.op_type.as_ref()) else {
+        return None;
+    };
+    let input = SqlCommandOnly::decode(bytes.clone())
+        .ok()?
+        .sql_command?
+        .input?;
+    let result = SqlCommandResult { relation: input }.encode_to_vec();
+    Some(ExecutePlanResponse {
+        response_type: Some(execute_plan_response::ResponseType::SqlCommandResult(
+            result.into(),
+        )),
+        ..ExecutePlanResponse::default()
+    })
+}
+
 /// The [`QueryEngine`]: range, limit and count, as above.
 #[derive(Debug, Clone, Copy)]
 pub struct RangeEngine {
@@ -631,6 +677,10 @@ impl QueryEngine for RangeEngine {
         request: &ExecutePlanRequest,
     ) -> Result<ResponseSource, ConnectError> {
         let operation_id = request.operation_id.as_deref().unwrap_or("");
+        if let Some(result) = sql_command_result(request.plan.as_ref()) {
+            tracing::info!(operation_id, "spark.sql(): answered with its relation");
+            return Ok(Box::pin(futures::stream::iter([Ok(result)])));
+        }
         match interpret_plan(request.plan.as_ref(), self.config) {
             Ok(output) => {
                 tracing::info!(

@@ -105,6 +105,14 @@ Run with the interpreter of target/pyspark-venv (scripts/pyspark-env.sh):
         then `HOLDING` and waits for a line on stdin before `spark.stop()` (so the caller
         can look at what the server holds), then `ARTIFACTS PYSPARK DONE`.
 
+    python tests/python/connect_scenarios.py sql PORT
+        What `spark.sql(query)` gets: raw ExecutePlan of `Command { sql_command { input } }`
+        (input: `SQL { query, pos_arguments }` with a plan id), reattachable, answered with
+        one `sql_command_result` whose relation is the input as sent (Spark 4.3.0 measured);
+        then PySpark's `spark.sql(query, args)`, whose DataFrame plan is that relation.
+        Prints `CASE {json}` lines (compared between servers by scripts/real_spark.py) and
+        `SQL DONE`.
+
 Exit status: 0 when every check passed, 1 (with a traceback) when one failed, 3 with a
 message starting with "ENV:" when pyspark-client cannot be imported.
 """
@@ -1124,6 +1132,39 @@ def drain_error(stream):
         return e.code().name
 
 
+def sql(port):
+    s = stub(port)
+    session, a = str(uuid.uuid4()), user("tether-sql")
+    for name, query, args in [("sql_query", "SELECT id FROM range(3)", []),
+                              ("sql_positional", "SELECT ? AS x", [7])]:
+        plan = pb.Plan()
+        sql_input = plan.command.sql_command.input
+        sql_input.common.plan_id = 7
+        sql_input.sql.query = query
+        for value in args:
+            sql_input.sql.pos_arguments.add().literal.integer = value
+
+        def call():
+            results = []
+            for r in s.ExecutePlan(pb.ExecutePlanRequest(
+                    session_id=session, user_context=a, plan=plan,
+                    request_options=reattachable())):
+                if r.HasField("sql_command_result"):
+                    results.append(r.sql_command_result.relation.SerializeToString(
+                        deterministic=True) == sql_input.SerializeToString(deterministic=True))
+            return {"sql_command_results": len(results), "relation_as_sent": all(results)}
+        expect(report(outcome(name, call)), code="OK",
+               result={"sql_command_results": 1, "relation_as_sent": True})
+    spark = pyspark_session(port, "tether-sql", str(uuid.uuid4()))
+    df = spark.sql("SELECT ? AS x", args=[7])
+    relation = df._plan._plan  # a CachedRelation of the sql_command_result's relation
+    case = {"case": "pyspark_sql", "plan": type(df._plan).__name__,
+            "query": relation.sql.query, "arguments": len(relation.sql.pos_arguments)}
+    expect(report(case), plan="CachedRelation", query="SELECT ? AS x", arguments=1)
+    spark.stop()
+    print("SQL DONE", flush=True)
+
+
 def main():
     mode, port = sys.argv[1], int(sys.argv[2])
     if mode == "errors":
@@ -1143,6 +1184,8 @@ def main():
     elif mode == "drain-read":
         total = int(sys.argv[3]) if len(sys.argv) > 3 else 5_000_000
         drain_read(port, total, sys.argv[4] if len(sys.argv) > 4 else None)
+    elif mode == "sql":
+        sql(port)
     elif mode == "chunked":
         chunked(port, int(sys.argv[3]), sys.argv[4] == "1",
                 int(sys.argv[5]) if len(sys.argv) > 5 else None)

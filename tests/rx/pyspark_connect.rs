@@ -1773,3 +1773,21 @@ fn no_config_answer_carries_the_servers_token() {
     assert!(report["answers"].as_u64().unwrap() >= 8, "{report}");
     assert_eq!(server.log_count(token), 0, "the token is never logged");
 }
+
+/// `spark.sql(query)` (issue 33 item 9): the raw `Command { sql_command }` answered with one
+/// `sql_command_result` carrying the input relation as sent, as Spark 4.3.0 answers a query
+/// (`scripts/real_spark.py` compares the same cases with it), and PySpark's DataFrame then
+/// plans that relation (the script asserts each case).
+#[test]
+fn pyspark_sql_is_answered_with_a_sql_command_result() {
+    let test = "pyspark_sql_is_answered_with_a_sql_command_result";
+    let Some(python) = pyspark_python(test) else {
+        return;
+    };
+    let server = Server::start(&[]);
+    let port = server.port.to_string();
+    let Some(cases) = scenarios(&python, test, &["sql", &port], "SQL DONE") else {
+        return;
+    };
+    assert_eq!(cases.len(), 3, "{cases:#?}");
+}

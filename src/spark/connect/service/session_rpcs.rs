@@ -100,8 +100,8 @@ mod tests {
 
     use super::*;
     use crate::execution::{ExecutionManager, ManagerConfig, SessionKey};
-    use crate::spark::connect::SessionContext;
     use crate::spark::connect::ResponseSource;
+    use crate::spark::connect::SessionContext;
     use crate::wire::connect::{
         ConfigRequest, ExecutePlanRequest, KeyValue, UserContext, config_request,
     };
