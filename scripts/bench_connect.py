@@ -21,7 +21,10 @@ wrapping the client's stub), and tether's `examples/connect_client` (release bui
 of RUNS.
 
 Usage: python scripts/bench_connect.py TARGET_RELEASE_DIR [--rows N] [--runs R]
-[--warmup W] [--observability | --tls]. With --tls: tether over TLS against tether in
+[--warmup W] [--observability | --tls | --chunking]. With --chunking: one tether server
+read by a PySpark session that allows result chunking (its default) and one that does not
+(connect §10), paired rounds, twice: the default 10 000 rows per batch (every batch chunk 0
+of 1), and 1 000 000 rows per batch (8 MB) read in 1 MiB chunks against whole. With --tls: tether over TLS against tether in
 plaintext, the same paired rounds (certificates from openssl under target/bench-tls). With
 --observability: only tether's server with its metrics
 exported and its events written against the same without (paired ABBA rounds of PySpark's
@@ -173,11 +176,13 @@ def paired(args, label, arms, out):
     (ABBA), one toArrow() per server per round, each round's throughput ratio (second arm
     over the first); prints the median ratio with its interquartile range and writes the
     runs to target/`out`."""
-    (ref, _, _), (other, _, _) = arms
+    (ref, _, _, *_), (other, _, _, *_) = arms
     sessions = {}
-    for name, server, suffix in arms:
+    for name, server, suffix, *setup in arms:
         spark = connect_session.SparkSession.builder.remote(
             f"sc://localhost:{server.port}/;user_id=bench{suffix}").create()
+        for step in setup:
+            step(spark)
         for _ in range(args.warmup):
             spark.range(args.rows).toArrow()
         sessions[name] = spark
@@ -226,6 +231,31 @@ def observability(args):
         observed.stop()
 
 
+def chunking(args):
+    """PySpark allowing result chunking (connect §10) against PySpark not allowing it, from
+    one tether server: with the default batches, then with 8 MB batches read in 1 MiB
+    chunks (goal: within 5 %)."""
+    def chunked(preferred):
+        def setup(spark):
+            spark.client._allow_arrow_batch_chunking = True
+            spark.client._preferred_arrow_chunk_size = preferred
+        return setup
+
+    def whole(spark):
+        spark.client._allow_arrow_batch_chunking = False
+
+    for batch, preferred, label in ((10_000, None, "10 000 rows per batch"),
+                                    (1_000_000, 1 << 20, "1 000 000 rows (8 MB) per batch, "
+                                                         "1 MiB chunks")):
+        server = Tether(args.target, ["--max-records-per-batch", str(batch)])
+        try:
+            paired(args, f"; {label} (goal >= 0.95)",
+                   (("whole", server, "", whole), ("chunked", server, "", chunked(preferred))),
+                   f"bench-connect-chunking-{batch}.json")
+        finally:
+            server.stop()
+
+
 def tls_certificates(directory):
     """A throwaway CA and a server certificate for localhost it signed (openssl; written
     under target/, never committed); returns (ca, cert, key) paths."""
@@ -270,11 +300,16 @@ def main():
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--observability", action="store_true",
                         help="only tether with metrics and events against tether without")
+    parser.add_argument("--chunking", action="store_true",
+                        help="only PySpark allowing result chunking against not, one tether")
     parser.add_argument("--tls", action="store_true",
                         help="only tether over TLS against tether in plaintext")
     args = parser.parse_args()
     if args.observability:
         observability(args)
+        return
+    if args.chunking:
+        chunking(args)
         return
     if args.tls:
         tls(args)

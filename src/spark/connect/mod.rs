@@ -7,8 +7,11 @@
 //! [`wire::connect`](crate::wire::connect) (no `.proto` file is read). The served methods
 //! are ExecutePlan, ReattachExecute, ReleaseExecute, Interrupt, ReleaseSession, Config,
 //! AnalyzePlan, FetchErrorDetails (connect §8), AddArtifacts and ArtifactStatus
-//! ([`ArtifactStore`]), CloneSession and GetStatus (connect §14, §15); the others of Spark's
-//! `SparkConnectService` answer `UNIMPLEMENTED`.
+//! ([`ArtifactStore`]), CloneSession and GetStatus (connect §14, §15): all twelve of Spark
+//! 4.3.0's `SparkConnectService`; a method added later answers `UNIMPLEMENTED`. Results of
+//! any size go out in chunks when the client allows it (connect §10), admission caps the
+//! executions running at once ([`AdmissionConfig`](crate::execution::AdmissionConfig),
+//! connect §11), and the correlation headers reach the spans and events (connect §13).
 //!
 //! [`ConnectServer`] serves it: TLS and mutual TLS ([`tls`], connect §7.1), the token, the
 //! standard `grpc.health.v1` service ([`ConnectHealth`], connect §7.2) on the same port,
@@ -27,6 +30,8 @@
 //! | `ReleaseAll` after an `Interrupt` of a running execution | can fail with `SPARK_CONNECT_ILLEGAL_STATE.STATE_CONSISTENCY_EXECUTION_STATE_TRANSITION_INVALID_OPERATION_STATUS_MISMATCH` (`XXSC0`; measured) | succeeds and removes the execution (rx §5.7) |
 //! | responses produced but not yet sent | unbounded | bounded (bytes and count); the producer waits (rx §3) |
 //! | live executions per session | unbounded | capped (default 1 000): `EXECUTION_LIMIT_EXCEEDED`, `RESOURCE_EXHAUSTED` |
+//! | executions running at once | unbounded | optionally capped, server-wide and per user, FIFO waiting, then the retryable `SERVER_BUSY` (`UNAVAILABLE`; connect §11) |
+//! | a result batch larger than a message, the client not allowing chunking | sent; the client fails with gRPC's `RESOURCE_EXHAUSTED` | `ARROW_BATCH_TOO_LARGE` (`RESOURCE_EXHAUSTED`) naming the size and the way out (connect §10) |
 //! | a reattach before `ResultComplete` was delivered, from a position whose successors were released | can answer an empty stream with neither an error nor `ResultComplete`, which a client reattaches to forever | `INVALID_CURSOR.POSITION_NOT_AVAILABLE`; a reattach after `ResultComplete` was delivered is still the legitimate empty stream (rx §3.5) |
 //! | GetStatus right after an `Interrupt` | `OPERATION_STATE_RUNNING` until the runner notices, then `CANCELLED` (measured) | `CANCELLED` from the interrupt on: the run ends at once (connect §15.2) |
 //! | conditions connect §2 did not measure (interrupt-type and tag errors) | Spark's wording | tether's wording, same condition and SQLSTATE |
