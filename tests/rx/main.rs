@@ -11,7 +11,10 @@
 //! - [`pyspark_connect`]: the example server as a process, read by tether's client and by
 //!   the real PySpark client;
 //! - [`tls`]: TLS, mutual TLS and health (connect §7), in process and on the example
-//!   server, with tether's client and PySpark.
+//!   server, with tether's client and PySpark;
+//! - [`admission`]: the cap on running executions (connect §11), on the manual clock;
+//! - [`correlation`]: the correlation headers on spans and events (connect §13);
+//! - [`service_limits`]: results of any size and admission with PySpark (connect §10, §11).
 
 #[path = "../model_support/mod.rs"]
 mod model_support;

@@ -2,6 +2,7 @@
 //! the test server: one Arrow batch of 200 MiB read exactly once in chunks (also across
 //! rotated and broken streams), its clear error with chunking off, and ten clients against
 //! a cap of three.
+#![cfg(feature = "spark-connect")]
 
 use std::path::PathBuf;
 
