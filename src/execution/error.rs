@@ -145,7 +145,7 @@ pub enum ConnectError {
         waited: std::time::Duration,
     },
     /// tether-specific `ARROW_BATCH_TOO_LARGE`: a result batch's response is larger than
-    /// the largest message the server sends ([`MAX_MESSAGE_SIZE`](crate::spark::connect)
+    /// the largest message the server sends (`spark::connect::MAX_MESSAGE_SIZE`
     /// by default) and the client did not allow chunking (connect §10,
     /// `ResultChunkingOptions`; Spark 4.3.0 sends it and the client fails with gRPC's `RESOURCE_EXHAUSTED`
     /// "Received message larger than max"). Status code `RESOURCE_EXHAUSTED`.
